@@ -1,0 +1,41 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+# Dependencies go into .venv; the stamp is rebuilt whenever pyproject.toml changes.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test test-unit test-integration lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)  ## start the governor with one supervised echo worker; extra flags via ARGS="..."
+	$(PY) -m governor serve $(ARGS)
+
+test: $(STAMP)  ## the whole suite (unit + integration), as CI runs it
+	$(PY) -m pytest -q
+
+test-unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
+
+lint: $(STAMP)
+	$(PY) -m pip install --quiet ruff mypy
+	$(PY) -m ruff check governor worker tests benchmarks
+	$(PY) -m mypy
+
+bench: $(STAMP)  ## the benchmarks whose numbers go into docs/BENCHMARKS.md
+	$(PY) benchmarks/yield_throughput.py
+	$(PY) benchmarks/memory.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

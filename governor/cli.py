@@ -1,0 +1,113 @@
+"""`governor serve` and `governor send`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+import orjson
+
+from governor import __version__
+from governor.config import ConfigError, GovernorConfig
+from governor.logs import configure_logging
+from governor.options import add_options, from_namespace
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_YIELDED = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="governor", description="TCP ingress governor for inference workers")
+    parser.add_argument("--version", action="version", version=f"governor {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser(
+        "serve",
+        help="run the governor (spawns one worker unless --worker is given)",
+        description="Run the governor. Arguments after a literal -- go to the spawned worker.",
+    )
+    add_options(serve, GovernorConfig)
+
+    send = sub.add_parser("send", help="send one generate frame and print the streamed reply")
+    send.add_argument("prompt")
+    send.add_argument("--host", default="127.0.0.1")
+    send.add_argument("--port", type=int, default=7070)
+    send.add_argument("--max-new-tokens", type=int, default=16)
+    send.add_argument("--temperature", type=float)
+    send.add_argument("--top-p", type=float)
+    send.add_argument("--top-k", type=int)
+    send.add_argument("--seed", type=int)
+    send.add_argument("--no-stop-on-eos", action="store_true", help="keep generating past end-of-sequence")
+    send.add_argument("--no-stream", action="store_true", help="ask for the final reply only")
+    send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
+    send.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    worker_args: list[str] = []
+    if "--" in args_list:
+        cut = args_list.index("--")
+        args_list, worker_args = args_list[:cut], args_list[cut + 1 :]
+    parser = _parser()
+    args = parser.parse_args(args_list)
+    if args.command == "serve":
+        try:
+            config = from_namespace(GovernorConfig, args, worker_args=tuple(worker_args))
+        except ConfigError as exc:
+            parser.error(str(exc))
+        return _serve(config)
+    if worker_args:
+        parser.error("arguments after -- are only for 'governor serve'")
+    return _send(args)
+
+
+def _serve(config: GovernorConfig) -> int:
+    from governor.server import Server
+
+    configure_logging(config.log_level, "governor")
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # platforms without uvloop still work, slower
+        runner = asyncio.Runner()
+    with runner:
+        return runner.run(Server(config).serve())
+
+
+def _send(args: argparse.Namespace) -> int:
+    from governor.client import Client
+
+    fields = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
+    for name in ("temperature", "top_p", "top_k", "seed"):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    if args.no_stop_on_eos:
+        fields["stop_on_eos"] = False
+    out = sys.stdout
+    with Client(args.host, args.port, timeout=args.timeout) as client:
+        for reply in client.generate(args.prompt, **fields):
+            status = reply.get("status")
+            if args.json:
+                out.write(orjson.dumps(reply).decode() + "\n")
+            elif status == "token":
+                out.write(reply["text"])
+            elif status == "done":
+                if args.no_stream:
+                    out.write(reply["text"])
+                out.write("\n")
+                summary = " ".join(f"{k}={reply[k]}" for k in reply if k not in ("id", "status", "text"))
+                print(summary, file=sys.stderr)
+            out.flush()
+            if status == "yield":
+                print(f"yield: reason={reply['reason']} retry_hint_ms={reply['retry_hint_ms']}", file=sys.stderr)
+                return EXIT_YIELDED
+            if status == "error":
+                print(f"error: code={reply['code']} message={reply['message']}", file=sys.stderr)
+                return EXIT_ERROR
+    return 0

@@ -1,0 +1,185 @@
+"""Per-connection protocol core: bytes in, decisions and reply bytes out. No sockets.
+
+Every complete line is answered inside the same `receive_data` call, and all replies produced by
+one read leave in one write. A yield is decided here, synchronously: no task, no queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from time import perf_counter
+from typing import Any
+
+from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
+from governor.errors import (
+    DuplicateId,
+    FrameTooLarge,
+    GovernorError,
+    RequestRejected,
+    WorkerLost,
+    WorkerUnavailable,
+    error_from_code,
+)
+from governor.framing import TOO_LARGE, LineSplitter
+from governor.state import InflightRequest, ServerState
+from governor.validation import OP_GENERATE, OP_PING, GenerateRequest, validate_frame, verify_integrity
+from governor.wire import (
+    STATUS_DONE,
+    STATUS_ERROR,
+    STATUS_STATS,
+    STATUS_TOKEN,
+    decode,
+    encode,
+    encode_error,
+    encode_pong,
+    encode_yield,
+)
+
+log = logging.getLogger("governor.ingress")
+
+
+class Ingress:
+    """One client connection's state machine.
+
+    `write` receives the bytes to send; the transport adapter owns flow control and closing.
+    """
+
+    __slots__ = ("_state", "_write", "_splitter", "_pending", "active")
+
+    def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
+        self._state = state
+        self._write = write
+        self._splitter = LineSplitter(max_frame_bytes)
+        self._pending: list[bytes] = []
+        self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
+
+    # -- client side ------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        pending = self._pending
+        for line in self._splitter.feed(data):
+            if line is TOO_LARGE:
+                pending.append(self._reject(FrameTooLarge(f"frame exceeds {self._splitter.max_frame_bytes} bytes")))
+            elif line and line != b"\r":  # blank lines are keep-alives, not frames
+                pending.append(self._handle_frame(line))  # type: ignore[arg-type]
+        if pending:
+            self.flush()
+
+    def _handle_frame(self, line: bytes) -> bytes:
+        state = self._state
+        t0 = perf_counter()
+        try:
+            obj = decode(line)
+            op = validate_frame(obj, state.limits)
+        except RequestRejected as exc:
+            return self._reject(exc)
+        if op != OP_GENERATE:
+            return self._control(op, obj)
+        rid: str = obj["id"]
+        if rid in self.active:
+            return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
+        state.accounting.received += 1
+        limiter = state.limiter
+        if state.draining:
+            reply = self._yield(rid, YIELD_DRAINING)
+        elif not limiter.try_acquire():
+            reply = self._yield(rid, YIELD_INFLIGHT)
+        else:
+            reply = self._admit(obj, rid)
+        state.latency.admission_decision.observe(perf_counter() - t0)
+        return reply
+
+    def _yield(self, rid: str, reason: str) -> bytes:
+        state = self._state
+        state.accounting.record(Outcome.YIELDED, reason)
+        return encode_yield(rid, state.hints.hint_ms(state.clock(), state.limiter.max_inflight), reason)
+
+    def _admit(self, obj: dict[str, Any], rid: str) -> bytes:
+        state = self._state
+        try:
+            verify_integrity(obj, state.limits)
+        except RequestRejected as exc:
+            state.limiter.release()  # refunded: the failed frame leaves no trace on the limit
+            state.accounting.record(Outcome.REJECTED, exc.code)
+            return encode_error(exc)
+        request = InflightRequest(rid, obj.get("stream", True), self, state.clock())
+        self.active[rid] = request
+        try:
+            state.upstream.dispatch(request, GenerateRequest.from_frame(obj))
+        except WorkerUnavailable as exc:
+            state.finish(request, Outcome.FAILED, exc.code)
+            return encode_error(exc, rid)
+        return b""
+
+    def _reject(self, exc: RequestRejected) -> bytes:
+        acc = self._state.accounting
+        acc.received += 1
+        acc.record(Outcome.REJECTED, exc.code)
+        return encode_error(exc)
+
+    def _control(self, op: str, obj: dict[str, Any]) -> bytes:
+        if op == OP_PING:
+            return encode_pong(obj["id"])
+        body = self._state.snapshot()
+        body["id"] = obj["id"]
+        body["status"] = STATUS_STATS
+        return encode(body)
+
+    def connection_lost(self) -> None:
+        """The client is gone: free its slots now and tell the worker to stop its requests."""
+        state = self._state
+        for request in list(self.active.values()):
+            state.upstream.cancel(request)
+            state.finish(request, Outcome.FAILED, CLIENT_DISCONNECTED)
+        self._pending.clear()
+
+    # -- worker side ------------------------------------------------------------------------------
+
+    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
+        """A token, done or error frame from the worker, re-addressed to the client's id."""
+        state = self._state
+        status = frame.get("status")
+        if status == STATUS_TOKEN:
+            if request.t_first_token is None:
+                request.t_first_token = state.clock()
+                state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
+            request.num_tokens += 1
+            if request.stream:
+                frame["id"] = request.client_id
+                self._pending.append(encode(frame))
+            return
+        if status == STATUS_DONE:
+            now = state.clock()
+            frame["id"] = request.client_id
+            frame["total_ms"] = round((now - request.t_received) * 1000, 3)
+            if request.t_first_token is not None:
+                frame["ttft_ms"] = round((request.t_first_token - request.t_received) * 1000, 3)
+            queue_ms = frame.get("queue_wait_ms")
+            if type(queue_ms) in (int, float):
+                state.latency.queue_wait.observe(queue_ms / 1000)
+            state.finish(request, Outcome.EXECUTED)
+            self._pending.append(encode(frame))
+            return
+        if status == STATUS_ERROR:
+            error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
+        else:
+            log.warning("event=worker_protocol_error status=%r", status)
+            error = error_from_code("internal", f"worker sent an unknown status {status!r}", request.client_id)
+        self._settle_error(request, error)
+
+    def worker_lost(self, request: InflightRequest, message: str) -> None:
+        self._settle_error(request, WorkerLost(message, request.client_id))
+
+    def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
+        outcome = Outcome.REJECTED if isinstance(error, RequestRejected) else Outcome.FAILED
+        self._state.finish(request, outcome, error.code)
+        self._pending.append(encode_error(error))
+
+    def flush(self) -> None:
+        pending = self._pending
+        if pending:
+            data = b"".join(pending)
+            pending.clear()
+            if data:
+                self._write(data)

@@ -1,0 +1,124 @@
+"""Prometheus exposition of the governor's own counters.
+
+The hot path only bumps plain ints (see accounting.py) and `Histogram.observe` (a bisect and two
+adds); prometheus-client's own Counter/Histogram take a lock per call, which the yield path cannot
+afford. A custom collector turns the plain values into metric families at scrape time.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from governor.state import ServerState
+
+# Decision latency is microseconds; request latencies span ms (echo) to minutes (long generations).
+DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Histogram:
+    """Lock-free cumulative-bucket histogram for single-threaded (event loop) use."""
+
+    __slots__ = ("bounds", "counts", "total", "count")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        # bisect_left: a value equal to a bound belongs to that bound's `le` bucket.
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, float]]:
+        out: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(self.bounds, self.counts, strict=False):
+            running += n
+            out.append((repr(float(bound)), running))
+        out.append(("+Inf", self.count))
+        return out
+
+
+class LatencyMetrics:
+    __slots__ = ("admission_decision", "queue_wait", "time_to_first_token", "request_duration")
+
+    def __init__(self) -> None:
+        self.admission_decision = Histogram(DECISION_BUCKETS)
+        self.queue_wait = Histogram(LATENCY_BUCKETS)
+        self.time_to_first_token = Histogram(LATENCY_BUCKETS)
+        self.request_duration = Histogram(LATENCY_BUCKETS)
+
+
+_HISTOGRAM_HELP = {
+    "admission_decision": "Time from a complete generate frame to its admit, yield or reject decision.",
+    "queue_wait": "Time an admitted request waited inside the worker before its prefill started.",
+    "time_to_first_token": "Time from an admitted frame to its first token, measured at the governor.",
+    "request_duration": "Time from an admitted frame to its final reply, measured at the governor.",
+}
+
+
+class GovernorCollector(Collector):
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+        s = self._state
+        acc = s.accounting
+        yield GaugeMetricFamily(
+            "governor_inflight", "Admitted generate requests without a final reply.", s.limiter.inflight
+        )
+        yield GaugeMetricFamily("governor_max_inflight", "Hard cap on governor_inflight.", s.limiter.max_inflight)
+        yield GaugeMetricFamily("governor_connections", "Open client connections.", len(s.connections))
+        yield GaugeMetricFamily("governor_draining", "1 while the governor drains for shutdown.", int(s.draining))
+        yield CounterMetricFamily(
+            "governor_received", "Generate frames received (incl. unreadable ones).", acc.received
+        )
+        yield CounterMetricFamily("governor_executed", "Requests that ended with a done reply.", acc.executed)
+        for name, help_text, by_reason in (
+            ("governor_yielded", "Frames answered with yield, by the limit that refused them.", acc.yielded),
+            ("governor_rejected", "Frames refused as invalid, by error code.", acc.rejected),
+            ("governor_failed", "Admitted requests that failed, by reason.", acc.failed),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["reason"])
+            for reason, n in sorted(by_reason.items()):
+                family.add_metric([reason], n)
+            yield family
+        up = GaugeMetricFamily(
+            "governor_worker_up", "1 when the governor holds a live link to the worker.", labels=["worker"]
+        )
+        inflight = GaugeMetricFamily(
+            "governor_worker_inflight", "Requests in flight on each worker link.", labels=["worker"]
+        )
+        for link in s.upstream.links:
+            up.add_metric([link.address], int(link.is_connected))
+            inflight.add_metric([link.address], len(link.inflight))
+        yield up
+        yield inflight
+        yield CounterMetricFamily(
+            "governor_worker_restarts", "Spawned workers restarted after exiting.", s.worker_restarts
+        )
+        for attr, help_text in _HISTOGRAM_HELP.items():
+            h: Histogram = getattr(s.latency, attr)
+            yield HistogramMetricFamily(
+                f"governor_{attr}_seconds", help_text, buckets=h.cumulative(), sum_value=h.total
+            )
+
+
+def build_registry(state: ServerState) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GovernorCollector(state))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry

@@ -1,0 +1,132 @@
+"""Server lifecycle: start the worker link(s), listen, wait for a signal, drain, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import tempfile
+
+from governor.address import Address, parse_address
+from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
+from governor.config import GovernorConfig
+from governor.metrics import build_registry
+from governor.metrics_server import MetricsEndpoint
+from governor.protocol import GovernorProtocol
+from governor.state import ServerState
+from governor.supervisor import WorkerSupervisor
+from governor.upstream import Upstream, WorkerLink
+from governor.validation import IntegrityMode, Limits
+
+log = logging.getLogger("governor.server")
+
+CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
+
+
+def build_state(config: GovernorConfig, upstream: Upstream) -> ServerState:
+    policy = RetryHintPolicy(
+        base_ms=config.retry_hint_ms,
+        min_ms=config.retry_hint_min_ms,
+        max_ms=config.retry_hint_max_ms,
+        adaptive=config.retry_hint == "adaptive",
+    )
+    return ServerState(
+        limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
+        limiter=InflightLimiter(config.max_inflight),
+        hints=RetryHintEstimator(policy),
+        upstream=upstream,
+    )
+
+
+class Server:
+    def __init__(self, config: GovernorConfig) -> None:
+        self.config = config
+        self._stop = asyncio.Event()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def serve(self) -> int:
+        config = self.config
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+
+        runtime_dir: str | None = None
+        supervisor: WorkerSupervisor | None = None
+        if config.worker:
+            addresses = [parse_address(a) for a in config.worker]
+        else:
+            runtime_dir = tempfile.mkdtemp(prefix="governor-")
+            addresses = [Address(path=os.path.join(runtime_dir, "worker.sock"))]
+        upstream = Upstream(addresses)
+        state = build_state(config, upstream)
+        if runtime_dir is not None:
+            supervisor = self._spawn_worker(str(addresses[0]), upstream.links[0], state)
+
+        metrics: MetricsEndpoint | None = None
+        try:
+            upstream.start()
+            if config.metrics_port:
+                metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_connected > 0)
+                await metrics.start(config.host, config.metrics_port)
+            listener = await loop.create_server(
+                lambda: GovernorProtocol(state, config.max_frame_bytes), config.host, config.port, backlog=1024
+            )
+            log.info(
+                "event=listening host=%s port=%d metrics_port=%d max_inflight=%d workers=%s",
+                config.host,
+                config.port,
+                config.metrics_port,
+                config.max_inflight,
+                ",".join(link.address for link in upstream.links),
+            )
+            await self._stop.wait()
+            log.info("event=draining inflight=%d timeout_s=%.1f", state.limiter.inflight, config.drain_timeout_s)
+            listener.close()
+            await self._drain(state)
+        finally:
+            for connection in list(state.connections):
+                connection.close()
+            await upstream.close()
+            if supervisor is not None:
+                await supervisor.stop()
+            if metrics is not None:
+                await metrics.close()
+            if runtime_dir is not None:
+                shutil.rmtree(runtime_dir, ignore_errors=True)
+        log.info("event=stopped executed=%d", state.accounting.executed)
+        return 0
+
+    def _spawn_worker(self, listen: str, link: WorkerLink, state: ServerState) -> WorkerSupervisor:
+        def on_spawn(pid: int) -> None:
+            link.pid = pid
+
+        def on_restart() -> None:
+            state.worker_restarts += 1
+
+        supervisor = WorkerSupervisor(listen, list(self.config.worker_args), on_spawn, on_restart)
+        supervisor.start()
+        return supervisor
+
+    async def _drain(self, state: ServerState) -> None:
+        """New frames now yield with reason `draining`; wait for in-flight ones, then cancel the rest."""
+        state.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout_s
+        while state.limiter.inflight and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        if not state.limiter.inflight:
+            return
+        leftovers = [r for c in state.connections if c.ingress for r in c.ingress.active.values()]
+        log.warning("event=drain_timeout cancelling=%d", len(leftovers))
+        for request in leftovers:
+            state.upstream.cancel(request)  # the worker answers with done, finish_reason=cancelled
+        deadline = loop.time() + CANCEL_GRACE_S
+        while state.limiter.inflight and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for request in [r for r in leftovers if r.client_id in r.owner.active]:
+            request.owner.worker_lost(request, "shutdown: the worker did not confirm cancellation")
+            request.owner.flush()

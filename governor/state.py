@@ -1,0 +1,112 @@
+"""Server-wide state shared by every connection (uvicorn's ServerState idea).
+
+One object holds the limiter, the hint estimator, the accounting and the open connections, and
+`finish` is the single place a slot is released, so "released exactly once" is checkable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from governor.accounting import Accounting, Outcome
+from governor.admission import InflightLimiter, RetryHintEstimator
+from governor.metrics import LatencyMetrics
+from governor.validation import Limits
+
+if TYPE_CHECKING:
+    from governor.upstream import Upstream, WorkerLink
+
+
+class RequestOwner(Protocol):
+    """The client connection an admitted request answers to."""
+
+    active: dict[str, InflightRequest]
+
+    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None: ...
+
+    def worker_lost(self, request: InflightRequest, message: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class ClientConnection(Protocol):
+    """A client transport as the server sees it during drain and shutdown."""
+
+    @property
+    def ingress(self) -> RequestOwner | None: ...
+
+    def close(self) -> None: ...
+
+
+class InflightRequest:
+    """What the governor keeps for one admitted request; dropped at its final reply."""
+
+    __slots__ = ("client_id", "uid", "stream", "owner", "link", "t_received", "t_first_token", "num_tokens")
+
+    def __init__(self, client_id: str, stream: bool, owner: RequestOwner, t_received: float) -> None:
+        self.client_id = client_id
+        self.uid = ""  # assigned by the upstream on dispatch; unique across all connections
+        self.stream = stream
+        self.owner = owner
+        self.link: WorkerLink | None = None
+        self.t_received = t_received
+        self.t_first_token: float | None = None
+        self.num_tokens = 0
+
+
+class ServerState:
+    def __init__(
+        self,
+        limits: Limits,
+        limiter: InflightLimiter,
+        hints: RetryHintEstimator,
+        upstream: Upstream,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self.limiter = limiter
+        self.hints = hints
+        self.upstream = upstream
+        self.clock = clock
+        self.accounting = Accounting()
+        self.latency = LatencyMetrics()
+        self.connections: set[ClientConnection] = set()
+        self.draining = False
+        self.worker_restarts = 0
+
+    def finish(self, request: InflightRequest, outcome: Outcome, reason: str = "") -> None:
+        """Settle an admitted request: free its slot, count it, forget it everywhere."""
+        self.limiter.release()
+        self.accounting.record(outcome, reason)
+        request.owner.active.pop(request.client_id, None)
+        if request.link is not None:
+            request.link.inflight.pop(request.uid, None)
+        elapsed = self.clock() - request.t_received
+        self.latency.request_duration.observe(elapsed)
+        if outcome is Outcome.EXECUTED:
+            self.hints.observe_service_time(elapsed)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The `stats` reply body."""
+        acc = self.accounting
+        return {
+            "inflight": self.limiter.inflight,
+            "max_inflight": self.limiter.max_inflight,
+            "received_total": acc.received,
+            "executed_total": acc.executed,
+            "yielded_total": acc.yielded_total,
+            "rejected_total": acc.rejected_total,
+            "failed_total": acc.failed_total,
+            "yielded_by_reason": dict(acc.yielded),
+            "rejected_by_reason": dict(acc.rejected),
+            "failed_by_reason": dict(acc.failed),
+            "connections": len(self.connections),
+            "draining": self.draining,
+            "service_time_ms": None
+            if self.hints.service_time_s is None
+            else round(self.hints.service_time_s * 1000, 3),
+            "worker_restarts": self.worker_restarts,
+            "workers": [link.describe() for link in self.upstream.links],
+        }

@@ -1,0 +1,163 @@
+"""Links from the governor to its worker processes.
+
+Each `WorkerLink` is one persistent NDJSON connection multiplexing many requests under
+governor-assigned ids (client ids are only unique per client connection). A link that drops fails
+its in-flight requests with `worker_lost` at once and is reconnected with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+
+from governor.address import Address, open_connection
+from governor.errors import WorkerUnavailable
+from governor.framing import TOO_LARGE, LineSplitter
+from governor.state import InflightRequest, RequestOwner
+from governor.validation import OP_CANCEL, GenerateRequest
+from governor.wire import encode
+
+log = logging.getLogger("governor.upstream")
+
+# The worker is trusted and its `done` frames carry whole completions: allow far more than a
+# client frame, but still bound it so a broken worker cannot grow the governor without limit.
+MAX_WORKER_FRAME_BYTES = 64 * 1024 * 1024
+RECONNECT_MIN_S = 0.02
+RECONNECT_MAX_S = 1.0
+
+
+class WorkerLink(asyncio.Protocol):
+    def __init__(self, address: Address) -> None:
+        self.address = str(address)
+        self._address = address
+        self.inflight: dict[str, InflightRequest] = {}  # uid -> request
+        self.pid: int | None = None  # set when the governor spawned this worker
+        self._transport: asyncio.Transport | None = None
+        self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
+        self._closed: asyncio.Future[None] | None = None
+
+    @property
+    def is_connected(self) -> bool:
+        return self._transport is not None
+
+    def describe(self) -> dict[str, Any]:
+        return {"address": self.address, "up": self.is_connected, "inflight": len(self.inflight), "pid": self.pid}
+
+    async def connect(self) -> None:
+        self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
+        self._closed = asyncio.get_running_loop().create_future()
+        await open_connection(self._address, lambda: self)
+
+    async def wait_closed(self) -> None:
+        if self._closed is not None:
+            await asyncio.shield(self._closed)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    def send(self, frame: dict[str, Any]) -> None:
+        if self._transport is not None:
+            self._transport.write(encode(frame))
+
+    # -- asyncio.Protocol --------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        log.info("event=worker_connected worker=%s", self.address)
+
+    def data_received(self, data: bytes) -> None:
+        touched: set[RequestOwner] = set()
+        inflight = self.inflight
+        for line in self._splitter.feed(data):
+            if line is TOO_LARGE:
+                log.error("event=worker_protocol_error worker=%s error=frame_too_large", self.address)
+                continue
+            try:
+                frame = orjson.loads(line)  # type: ignore[arg-type]
+                request = inflight.get(frame["id"])
+            except (orjson.JSONDecodeError, TypeError, KeyError):
+                log.error("event=worker_protocol_error worker=%s frame=%r", self.address, line[:200])
+                continue
+            if request is None:
+                continue  # already settled (cancelled by its client, or the link was reset)
+            request.owner.worker_frame(request, frame)
+            touched.add(request.owner)
+        for owner in touched:
+            owner.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        lost = list(self.inflight.values())
+        if lost:
+            log.warning("event=worker_lost worker=%s inflight=%d", self.address, len(lost))
+        owners: set[RequestOwner] = set()
+        for request in lost:
+            request.owner.worker_lost(request, f"connection to worker {self.address} lost")
+            owners.add(request.owner)
+        for owner in owners:
+            owner.flush()
+        if self._closed is not None and not self._closed.done():
+            self._closed.set_result(None)
+
+
+class Upstream:
+    """The set of worker links and the choice of which one takes a request."""
+
+    def __init__(self, addresses: list[Address]) -> None:
+        self.links = [WorkerLink(a) for a in addresses]
+        self._next_uid = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def num_connected(self) -> int:
+        return sum(link.is_connected for link in self.links)
+
+    def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
+        """Hand an admitted request to the least-loaded connected worker."""
+        best: WorkerLink | None = None
+        for link in self.links:
+            if link.is_connected and (best is None or len(link.inflight) < len(best.inflight)):
+                best = link
+        if best is None:
+            raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
+        self._next_uid += 1
+        uid = format(self._next_uid, "x")
+        request.uid = uid
+        request.link = best
+        best.inflight[uid] = request
+        frame = generate.to_frame()
+        frame["id"] = uid
+        best.send(frame)
+
+    def cancel(self, request: InflightRequest) -> None:
+        if request.link is not None:
+            request.link.send({"id": request.uid, "op": OP_CANCEL})
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._maintain(link)) for link in self.links]
+
+    async def _maintain(self, link: WorkerLink) -> None:
+        delay = RECONNECT_MIN_S
+        while True:
+            try:
+                await link.connect()
+            except OSError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            delay = RECONNECT_MIN_S
+            await link.wait_closed()
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for link in self.links:
+            link.close()

@@ -1,0 +1,175 @@
+"""Frame validation and upload integrity: pure functions over decoded JSON, no I/O.
+
+Validation is split in two on purpose. `validate_frame` is cheap (type and range checks) and runs
+before admission, so a malformed frame is always told why. `verify_integrity` hashes the prompt and
+runs only after a slot was granted: a yield must cost no more than parsing, whatever the prompt size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from governor.errors import BadFrame, IntegrityMismatch, UnknownOp
+
+OP_GENERATE = "generate"
+OP_PING = "ping"
+OP_STATS = "stats"
+OP_CANCEL = "cancel"  # governor -> worker only
+CLIENT_OPS = frozenset({OP_GENERATE, OP_PING, OP_STATS})
+
+FINISH_REASONS = ("length", "eos", "cancelled")
+
+# Ids are echoed in every reply and kept as dict keys while in flight: bound them.
+MAX_ID_CHARS = 256
+MAX_SEED = 2**64 - 1
+DEFAULT_MAX_NEW_TOKENS = 16
+_is_hex64 = re.compile(r"[0-9a-f]{64}").fullmatch
+
+
+class IntegrityMode(StrEnum):
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+    OFF = "off"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_new_tokens: int = 4096
+    integrity: IntegrityMode = IntegrityMode.REQUIRED
+
+
+def _is_int(value: object) -> bool:
+    # bool is a subclass of int; JSON true must not pass as 1.
+    return type(value) is int
+
+
+def _is_number(value: object) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def frame_id(obj: object) -> str | None:
+    """The request id if the frame carries a usable one, else None (replies then carry null)."""
+    if type(obj) is dict:
+        rid = obj.get("id")
+        if type(rid) is str and 0 < len(rid) <= MAX_ID_CHARS:
+            return rid
+    return None
+
+
+def validate_frame(obj: Any, limits: Limits) -> str:
+    """Check a decoded frame and return its op. Raises a `RequestRejected` naming the field."""
+    if type(obj) is not dict:
+        raise BadFrame("frame must be a JSON object")
+    rid = obj.get("id")
+    if type(rid) is not str or not 0 < len(rid) <= MAX_ID_CHARS:
+        raise BadFrame(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters")
+    op = obj.get("op", OP_GENERATE)
+    if op == OP_GENERATE:
+        _validate_generate(obj, rid, limits)
+        return op
+    if op in CLIENT_OPS:
+        return op
+    if type(op) is not str:
+        raise BadFrame("op must be a string", rid)
+    raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats", rid)
+
+
+def _validate_generate(obj: dict[str, Any], rid: str, limits: Limits) -> None:
+    if type(obj.get("prompt")) is not str:
+        raise BadFrame("prompt must be a string", rid)
+    n = obj.get("max_new_tokens")
+    if n is not None and not (_is_int(n) and 1 <= n <= limits.max_new_tokens):
+        raise BadFrame(f"max_new_tokens must be an integer in [1, {limits.max_new_tokens}]", rid)
+    v = obj.get("temperature")
+    if v is not None and not (_is_number(v) and v >= 0):
+        raise BadFrame("temperature must be a number >= 0", rid)
+    v = obj.get("top_p")
+    if v is not None and not (_is_number(v) and 0 < v <= 1):
+        raise BadFrame("top_p must be a number in (0, 1]", rid)
+    v = obj.get("top_k")
+    if v is not None and not (_is_int(v) and v >= 0):
+        raise BadFrame("top_k must be an integer >= 0 (0 disables it)", rid)
+    v = obj.get("seed")
+    if v is not None and not (_is_int(v) and 0 <= v <= MAX_SEED):
+        raise BadFrame(f"seed must be an integer in [0, {MAX_SEED}]", rid)
+    v = obj.get("stop_on_eos")
+    if v is not None and type(v) is not bool:
+        raise BadFrame("stop_on_eos must be a boolean", rid)
+    v = obj.get("stream")
+    if v is not None and type(v) is not bool:
+        raise BadFrame("stream must be a boolean", rid)
+    if limits.integrity is IntegrityMode.OFF:
+        return
+    size = obj.get("size")
+    digest = obj.get("sha256")
+    if limits.integrity is IntegrityMode.REQUIRED and (size is None or digest is None):
+        raise BadFrame("size and sha256 are required (server runs with --integrity required)", rid)
+    if size is not None and not (_is_int(size) and size >= 0):
+        raise BadFrame("size must be an integer >= 0", rid)
+    if digest is not None and not (type(digest) is str and _is_hex64(digest)):
+        raise BadFrame("sha256 must be 64 lowercase hex characters", rid)
+
+
+def verify_integrity(obj: dict[str, Any], limits: Limits) -> None:
+    """Check declared size and digest against the prompt's UTF-8 bytes (after `validate_frame`)."""
+    if limits.integrity is IntegrityMode.OFF:
+        return
+    size = obj.get("size")
+    digest = obj.get("sha256")
+    if size is None and digest is None:
+        return
+    data = obj["prompt"].encode("utf-8")
+    rid = obj["id"]
+    if size is not None and size != len(data):
+        raise IntegrityMismatch(f"size mismatch: declared {size}, prompt has {len(data)} bytes", rid)
+    if digest is not None and digest != hashlib.sha256(data).hexdigest():
+        raise IntegrityMismatch("sha256 mismatch: digest of the prompt bytes differs", rid)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """A validated generate request, as forwarded to a worker."""
+
+    id: str
+    prompt: str
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop_on_eos: bool = True
+    stream: bool = True
+
+    @classmethod
+    def from_frame(cls, obj: dict[str, Any], request_id: str | None = None) -> GenerateRequest:
+        """Build from a frame that passed `validate_frame`; absent fields take the defaults."""
+        get = obj.get
+        return cls(
+            id=obj["id"] if request_id is None else request_id,
+            prompt=obj["prompt"],
+            max_new_tokens=get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+            temperature=float(get("temperature", 1.0)),
+            top_p=float(get("top_p", 1.0)),
+            top_k=get("top_k", 0),
+            seed=get("seed"),
+            stop_on_eos=get("stop_on_eos", True),
+            stream=get("stream", True),
+        )
+
+    def to_frame(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "op": OP_GENERATE,
+            "prompt": self.prompt,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop_on_eos": self.stop_on_eos,
+            "stream": self.stream,
+        }

@@ -1,0 +1,73 @@
+"""NDJSON codec and reply encoders: the bytes of protocol v1 (see docs/protocol.md).
+
+Shared by the governor, the worker and clients; imports only the stdlib and orjson.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+from governor.errors import BadJson, GovernorError
+
+PROTOCOL_VERSION = 1
+
+STATUS_TOKEN = "token"
+STATUS_DONE = "done"
+STATUS_ERROR = "error"
+STATUS_YIELD = "yield"
+STATUS_PONG = "pong"
+STATUS_STATS = "stats"
+FINAL_STATUSES = frozenset({STATUS_DONE, STATUS_ERROR, STATUS_YIELD})
+
+_NL = orjson.OPT_APPEND_NEWLINE
+_dumps = orjson.dumps
+
+
+def decode(line: bytes) -> Any:
+    """One frame's bytes to a Python value; any parse failure is `BadJson`."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise BadJson(f"invalid JSON: {exc}") from None
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One frame, newline-terminated."""
+    return _dumps(obj, option=_NL)
+
+
+def encode_yield(request_id: str, retry_hint_ms: int, reason: str) -> bytes:
+    return _dumps(
+        {"id": request_id, "status": STATUS_YIELD, "retry_hint_ms": retry_hint_ms, "reason": reason},
+        option=_NL,
+    )
+
+
+def encode_error(error: GovernorError, request_id: str | None = None) -> bytes:
+    rid = error.request_id if request_id is None else request_id
+    return _dumps({"id": rid, "status": STATUS_ERROR, "code": error.code, "message": error.message}, option=_NL)
+
+
+def encode_token(request_id: str, index: int, token_id: int, text: str) -> bytes:
+    return _dumps(
+        {"id": request_id, "status": STATUS_TOKEN, "index": index, "token_id": token_id, "text": text},
+        option=_NL,
+    )
+
+
+def encode_pong(request_id: str) -> bytes:
+    return _dumps({"id": request_id, "status": STATUS_PONG, "protocol": PROTOCOL_VERSION}, option=_NL)
+
+
+def generate_frame(request_id: str, prompt: str, *, integrity: bool = True, **fields: Any) -> dict[str, Any]:
+    """A client's generate frame, with `size` and `sha256` computed from the prompt's UTF-8 bytes."""
+    frame: dict[str, Any] = {"id": request_id, "op": "generate", "prompt": prompt}
+    frame.update(fields)
+    if integrity:
+        data = prompt.encode("utf-8")
+        frame["size"] = len(data)
+        frame["sha256"] = hashlib.sha256(data).hexdigest()
+    return frame

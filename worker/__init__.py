@@ -1,0 +1,1 @@
+"""The inference worker process: engines behind an NDJSON socket server."""

@@ -1,0 +1,3 @@
+from worker.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""`worker serve`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from governor.config import ConfigError
+from governor.logs import configure_logging
+from governor.options import add_options, from_namespace
+from worker.config import WorkerConfig
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="worker", description="inference worker behind a governor")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve", help="run the worker's socket server")
+    add_options(serve_parser, WorkerConfig)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = from_namespace(WorkerConfig, args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    configure_logging(config.log_level, "worker")
+    from worker.service import serve
+
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        return runner.run(serve(config))

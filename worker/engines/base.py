@@ -1,0 +1,42 @@
+"""The contract between the worker's socket server and an engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from governor.errors import GovernorError
+from governor.validation import GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str  # "length" | "eos" | "cancelled"
+    queue_wait_ms: float
+
+
+class RequestSink(Protocol):
+    """Where an engine reports one request's progress; `done` or `error` is called exactly once."""
+
+    def token(self, index: int, token_id: int, text: str) -> None: ...
+
+    def done(self, completion: Completion) -> None: ...
+
+    def error(self, error: GovernorError) -> None: ...
+
+
+class RequestHandle(Protocol):
+    def cancel(self) -> None:
+        """Stop generating; the sink then gets `done` with finish_reason `cancelled`."""
+
+
+class Engine(Protocol):
+    async def start(self) -> None:
+        """Load what is needed; the worker listens only after this returns."""
+
+    def submit(self, request: GenerateRequest, sink: RequestSink) -> RequestHandle: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,68 @@
+"""The echo engine: streams the prompt's UTF-8 bytes back as tokens, with configurable delays.
+
+No model needed, so the governor can be tested and a deployment load-tested without a GPU.
+Token ids are byte values; each token's text is what those bytes decode to so far (a multi-byte
+character appears with its last byte). The prompt's end plays the part of end-of-sequence: with
+`stop_on_eos` the echo stops there, without it the prompt repeats until `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+
+from governor.validation import GenerateRequest
+from worker.engines.base import Completion, RequestSink
+
+
+class EchoEngine:
+    def __init__(self, token_delay_ms: float = 0.0, first_token_delay_ms: float = 0.0) -> None:
+        self.token_delay_s = token_delay_ms / 1000.0
+        self.first_token_delay_s = first_token_delay_ms / 1000.0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        return None
+
+    def submit(self, request: GenerateRequest, sink: RequestSink) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._run(request, sink))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _run(self, request: GenerateRequest, sink: RequestSink) -> None:
+        data = request.prompt.encode("utf-8")
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pieces: list[str] = []
+        finish_reason = "length"
+        try:
+            if self.first_token_delay_s:
+                await asyncio.sleep(self.first_token_delay_s)
+            for index in range(request.max_new_tokens):
+                if not data or (request.stop_on_eos and index >= len(data)):
+                    finish_reason = "eos"
+                    break
+                if index and self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+                byte = data[index % len(data)]
+                text = decoder.decode(bytes((byte,)))
+                pieces.append(text)
+                sink.token(index, byte, text)
+        except asyncio.CancelledError:
+            finish_reason = "cancelled"
+        pieces.append(decoder.decode(b"", final=True))
+        sink.done(
+            Completion(
+                text="".join(pieces),
+                prompt_tokens=len(data),
+                completion_tokens=len(pieces) - 1,
+                finish_reason=finish_reason,
+                queue_wait_ms=0.0,
+            )
+        )
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,165 @@
+"""The worker's socket server: NDJSON frames from the governor in, engine events out.
+
+Uses the governor's framing, validation and reply encoders, so both ends speak one protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+from governor.address import parse_address, start_listener
+from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected
+from governor.framing import TOO_LARGE, LineSplitter
+from governor.validation import (
+    OP_CANCEL,
+    OP_PING,
+    GenerateRequest,
+    IntegrityMode,
+    Limits,
+    validate_frame,
+    verify_integrity,
+)
+from governor.wire import STATUS_DONE, decode, encode, encode_error, encode_pong, encode_token
+from worker.config import WorkerConfig
+from worker.engines.base import Completion, Engine, RequestHandle
+
+log = logging.getLogger("worker.service")
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+# The governor already enforced its limits; the worker re-validates shape, not policy.
+WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
+
+
+class _Sink:
+    """Routes one request's engine events to its connection under the governor's id."""
+
+    __slots__ = ("_conn", "_id")
+
+    def __init__(self, conn: WorkerConnection, request_id: str) -> None:
+        self._conn = conn
+        self._id = request_id
+
+    def token(self, index: int, token_id: int, text: str) -> None:
+        self._conn.queue(encode_token(self._id, index, token_id, text))
+
+    def done(self, completion: Completion) -> None:
+        self._conn.settle(
+            self._id,
+            encode(
+                {
+                    "id": self._id,
+                    "status": STATUS_DONE,
+                    "text": completion.text,
+                    "prompt_tokens": completion.prompt_tokens,
+                    "completion_tokens": completion.completion_tokens,
+                    "finish_reason": completion.finish_reason,
+                    "queue_wait_ms": round(completion.queue_wait_ms, 3),
+                }
+            ),
+        )
+
+    def error(self, error: GovernorError) -> None:
+        self._conn.settle(self._id, encode_error(error, self._id))
+
+
+class WorkerConnection(asyncio.Protocol):
+    """One governor link. Frames emitted during one loop iteration leave in one write."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._transport: asyncio.Transport | None = None
+        self._splitter = LineSplitter(MAX_FRAME_BYTES)
+        self._pending: list[bytes] = []
+        self._flush_scheduled = False
+        self._active: dict[str, RequestHandle] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        for line in self._splitter.feed(data):
+            if line is TOO_LARGE:
+                self.queue(encode_error(FrameTooLarge(f"frame exceeds {MAX_FRAME_BYTES} bytes")))
+            elif line:
+                self._handle(line)  # type: ignore[arg-type]
+
+    def _handle(self, line: bytes) -> None:
+        try:
+            frame = decode(line)
+            op = frame.get("op") if type(frame) is dict else None
+            if op == OP_CANCEL:
+                handle = self._active.get(frame.get("id"))
+                if handle is not None:
+                    handle.cancel()
+                return
+            if op == OP_PING:
+                self.queue(encode_pong(str(frame.get("id"))))
+                return
+            validate_frame(frame, WORKER_LIMITS)
+            verify_integrity(frame, WORKER_LIMITS)
+            request = GenerateRequest.from_frame(frame)
+            if request.id in self._active:
+                raise DuplicateId(f"id {request.id!r} is already running", request.id)
+        except RequestRejected as exc:
+            self.queue(encode_error(exc))
+            return
+        self._active[request.id] = self._engine.submit(request, _Sink(self, request.id))
+
+    def queue(self, data: bytes) -> None:
+        self._pending.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def settle(self, request_id: str, data: bytes) -> None:
+        self._active.pop(request_id, None)
+        self.queue(data)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(b"".join(self._pending))
+        self._pending.clear()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        for handle in list(self._active.values()):
+            handle.cancel()
+
+
+async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(0.5)
+    log.warning("event=parent_gone parent_pid=%d", parent_pid)
+    stop.set()
+
+
+def make_engine(config: WorkerConfig) -> Engine:
+    from worker.engines.echo import EchoEngine
+
+    return EchoEngine(config.token_delay_ms, config.first_token_delay_ms)
+
+
+async def serve(config: WorkerConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    engine = make_engine(config)
+    await engine.start()
+    address = parse_address(config.listen)
+    server = await start_listener(address, lambda: WorkerConnection(engine))
+    log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
+    watcher = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+    await stop.wait()
+    server.close()
+    if watcher is not None:
+        watcher.cancel()
+    await engine.close()
+    if address.is_unix and os.path.exists(address.path):
+        os.unlink(address.path)
+    log.info("event=worker_stopped")
+    return 0
