@@ -10,6 +10,18 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from governor.errors import ERRORS_BY_CODE, RequestFailed, RequestRejected
+
+YIELD_INFLIGHT = "inflight"
+YIELD_DRAINING = "draining"
+YIELD_REASONS = (YIELD_INFLIGHT, YIELD_DRAINING)
+CLIENT_DISCONNECTED = "client_disconnected"
+REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
+FAILURE_REASONS = (
+    *(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestFailed)),
+    CLIENT_DISCONNECTED,
+)
+
 
 class Outcome(StrEnum):
     EXECUTED = "executed"

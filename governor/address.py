@@ -43,7 +43,7 @@ async def open_connection(address: Address, protocol_factory: Callable[[], async
         transport, _ = await loop.create_unix_connection(protocol_factory, address.path)
     else:
         transport, _ = await loop.create_connection(protocol_factory, address.host, address.port)
-    return transport  # type: ignore[return-value]
+    return transport
 
 
 async def start_listener(

@@ -5,7 +5,6 @@ Pure logic with the clock passed in (`now`, seconds, monotonic) so tests control
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -95,4 +94,4 @@ class RetryHintEstimator:
         else:
             wait_ms = p.base_ms
         wait_ms *= 1.0 + p.jitter * (2.0 * self._random() - 1.0)
-        return max(1, math.ceil(min(max(wait_ms, p.min_ms), p.max_ms)))
+        return max(1, round(min(max(wait_ms, p.min_ms), p.max_ms)))

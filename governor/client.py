@@ -54,6 +54,6 @@ class Client:
             for line in self._splitter.feed(data):
                 if line is TOO_LARGE:
                     raise ConnectionError("reply larger than the client limit")
-                self._ready.append(line)  # type: ignore[arg-type]
+                self._ready.append(line)
         reply: dict[str, Any] = orjson.loads(self._ready.pop(0))
         return reply

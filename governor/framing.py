@@ -7,20 +7,18 @@ Each byte is searched for a newline once, so a client trickling a long line cost
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Final
 
 
-class _TooLarge:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "TOO_LARGE"
+class _Marker(Enum):
+    TOO_LARGE = "TOO_LARGE"
 
 
-TOO_LARGE: Final = _TooLarge()
+TOO_LARGE: Final = _Marker.TOO_LARGE
 """Marker item in `feed()` output: one line exceeded the cap and was skipped."""
 
-Item = bytes | _TooLarge
+Item = bytes | _Marker
 
 
 class LineSplitter:

@@ -62,7 +62,7 @@ class Ingress:
             if line is TOO_LARGE:
                 pending.append(self._reject(FrameTooLarge(f"frame exceeds {self._splitter.max_frame_bytes} bytes")))
             elif line and line != b"\r":  # blank lines are keep-alives, not frames
-                pending.append(self._handle_frame(line))  # type: ignore[arg-type]
+                pending.append(self._handle_frame(line))
         if pending:
             self.flush()
 
@@ -156,7 +156,7 @@ class Ingress:
             if request.t_first_token is not None:
                 frame["ttft_ms"] = round((request.t_first_token - request.t_received) * 1000, 3)
             queue_ms = frame.get("queue_wait_ms")
-            if type(queue_ms) in (int, float):
+            if isinstance(queue_ms, int | float):
                 state.latency.queue_wait.observe(queue_ms / 1000)
             state.finish(request, Outcome.EXECUTED)
             self._pending.append(encode(frame))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -48,7 +48,8 @@ def _show(value: Any) -> str:
 
 def from_namespace(cls: type[T], namespace: argparse.Namespace, **extra: Any) -> T:
     """Instantiate `cls` from the flags given (absent flags keep the dataclass defaults)."""
-    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls) if hasattr(namespace, f.name)}
+    fields = dataclasses.fields(cast(Any, cls))
+    values = {f.name: getattr(namespace, f.name) for f in fields if hasattr(namespace, f.name)}
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if typing.get_origin(hints[name]) is tuple:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from governor.errors import InternalError
 from governor.ingress import Ingress
@@ -23,7 +24,7 @@ class GovernorProtocol(asyncio.Protocol):
         self._ingress: Ingress | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)
         self._ingress = Ingress(self._state, self._transport.write, self._max_frame_bytes)
         self._state.connections.add(self)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -67,7 +67,7 @@ class WorkerLink(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)
         log.info("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
@@ -78,7 +78,7 @@ class WorkerLink(asyncio.Protocol):
                 log.error("event=worker_protocol_error worker=%s error=frame_too_large", self.address)
                 continue
             try:
-                frame = orjson.loads(line)  # type: ignore[arg-type]
+                frame = orjson.loads(line)
                 request = inflight.get(frame["id"])
             except (orjson.JSONDecodeError, TypeError, KeyError):
                 log.error("event=worker_protocol_error worker=%s frame=%r", self.address, line[:200])

@@ -70,9 +70,9 @@ def validate_frame(obj: Any, limits: Limits) -> str:
     op = obj.get("op", OP_GENERATE)
     if op == OP_GENERATE:
         _validate_generate(obj, rid, limits)
-        return op
+        return OP_GENERATE
     if op in CLIENT_OPS:
-        return op
+        return str(op)
     if type(op) is not str:
         raise BadFrame("op must be a string", rid)
     raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats", rid)

@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import signal
+from typing import cast
 
 from governor.address import parse_address, start_listener
 from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected
@@ -77,14 +78,14 @@ class WorkerConnection(asyncio.Protocol):
         self._active: dict[str, RequestHandle] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
             if line is TOO_LARGE:
                 self.queue(encode_error(FrameTooLarge(f"frame exceeds {MAX_FRAME_BYTES} bytes")))
             elif line:
-                self._handle(line)  # type: ignore[arg-type]
+                self._handle(line)
 
     def _handle(self, line: bytes) -> None:
         try:

@@ -29,7 +29,7 @@ class RequestSink(Protocol):
 
 
 class RequestHandle(Protocol):
-    def cancel(self) -> None:
+    def cancel(self) -> object:
         """Stop generating; the sink then gets `done` with finish_reason `cancelled`."""
 
 

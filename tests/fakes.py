@@ -1,0 +1,77 @@
+"""Test doubles for unit tests (integration tests use the real processes)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
+from governor.errors import WorkerUnavailable
+from governor.ingress import Ingress
+from governor.state import InflightRequest, ServerState
+from governor.validation import OP_CANCEL, GenerateRequest, IntegrityMode, Limits
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeUpstream:
+    """Records dispatches and cancels instead of talking to a worker."""
+
+    def __init__(self) -> None:
+        self.links: list[Any] = []
+        self.available = True
+        self.dispatched: dict[str, tuple[InflightRequest, GenerateRequest]] = {}
+        self.sent_frames: list[dict[str, Any]] = []
+        self._next = 0
+
+    def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
+        if not self.available:
+            raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
+        self._next += 1
+        request.uid = str(self._next)
+        self.dispatched[request.uid] = (request, generate)
+
+    def cancel(self, request: InflightRequest) -> None:
+        self.sent_frames.append({"id": request.uid, "op": OP_CANCEL})
+
+
+class FakeTransportWrites:
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def __call__(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    def lines(self) -> list[bytes]:
+        return b"".join(self.chunks).splitlines()
+
+
+def make_state(
+    max_inflight: int = 2,
+    integrity: IntegrityMode = IntegrityMode.REQUIRED,
+    clock: FakeClock | None = None,
+    upstream: FakeUpstream | None = None,
+    max_new_tokens: int = 64,
+    hint_policy: RetryHintPolicy | None = None,
+) -> ServerState:
+    return ServerState(
+        limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
+        limiter=InflightLimiter(max_inflight),
+        hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), rng=random.Random(7)),
+        upstream=upstream or FakeUpstream(),  # type: ignore[arg-type]
+        clock=clock or FakeClock(),
+    )
+
+
+def make_ingress(state: ServerState, max_frame_bytes: int = 4096) -> tuple[Ingress, FakeTransportWrites]:
+    writes = FakeTransportWrites()
+    return Ingress(state, writes, max_frame_bytes), writes

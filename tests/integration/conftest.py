@@ -1,0 +1,171 @@
+"""Real processes on loopback: a governor (which spawns its real worker) and raw TCP clients."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from governor.framing import LineSplitter
+from governor.wire import FINAL_STATUSES, encode, generate_frame
+
+pytestmark = pytest.mark.integration
+START_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Conn:
+    """A pipelining NDJSON client over one real TCP connection."""
+
+    def __init__(self, port: int, timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self._splitter = LineSplitter(1 << 24)
+        self._ready: list[dict[str, Any]] = []
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, rid: str, prompt: str = "hello", **fields: Any) -> None:
+        self.sock.sendall(encode(generate_frame(rid, prompt, **fields)))
+
+    def recv(self) -> dict[str, Any]:
+        while not self._ready:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by server")
+            self._ready.extend(orjson.loads(line) for line in self._splitter.feed(data))  # type: ignore[arg-type]
+        return self._ready.pop(0)
+
+    def until_final(self, rid: str) -> list[dict[str, Any]]:
+        """All replies for `rid` up to its final one (replies for other ids are kept aside)."""
+        out: list[dict[str, Any]] = []
+        aside: list[dict[str, Any]] = []
+        while True:
+            reply = self.recv()
+            if reply.get("id") != rid:
+                aside.append(reply)
+                continue
+            out.append(reply)
+            if reply["status"] in FINAL_STATUSES or reply["status"] in ("pong", "stats"):
+                self._ready[:0] = aside
+                return out
+
+    def finals(self, count: int) -> dict[str, dict[str, Any]]:
+        """Read until `count` final replies arrived; returns id -> final reply."""
+        done: dict[str, dict[str, Any]] = {}
+        while len(done) < count:
+            reply = self.recv()
+            if reply["status"] in FINAL_STATUSES:
+                done[reply["id"]] = reply
+        return done
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class Governor:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, metrics_port: int, log: Path) -> None:
+        self.proc = proc
+        self.port = port
+        self.metrics_port = metrics_port
+        self.log = log
+        self._conns: list[Conn] = []
+
+    def conn(self) -> Conn:
+        conn = Conn(self.port)
+        self._conns.append(conn)
+        return conn
+
+    def stats(self) -> dict[str, Any]:
+        c = Conn(self.port)
+        try:
+            c.send_raw(b'{"id":"stats","op":"stats"}\n')
+            return c.until_final("stats")[-1]
+        finally:
+            c.close()
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        _, text = self.http("/metrics")
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}; governor log:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self, timeout: float = 15.0) -> int:
+        for conn in self._conns:
+            conn.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+@pytest.fixture
+def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
+    started: list[Governor] = []
+
+    def start(*flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True) -> Governor:
+        port, metrics_port = free_port(), free_port()
+        log = tmp_path / f"governor-{len(started)}.log"
+        argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
+        argv += [*flags, "--", *worker_args] if worker_args else list(flags)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with log.open("wb") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        governor = Governor(proc, port, metrics_port, log)
+        started.append(governor)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"governor exited early:\n{log.read_text()}")
+            try:
+                return governor.http("/readyz")[0] == (200 if wait_ready else 503)
+            except OSError:
+                return False
+
+        governor.wait_until(ready, START_TIMEOUT_S, "governor readiness")
+        return governor
+
+    yield start
+    for governor in started:
+        try:
+            governor.stop()
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,210 @@
+"""The issue's acceptance checks, each against a real governor and its real worker process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from governor.wire import encode, generate_frame
+from tests.integration.conftest import Governor, free_port
+
+pytestmark = pytest.mark.integration
+Start = Callable[..., Governor]
+
+
+def test_streamed_echo_generate(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "1"))
+    c = gov.conn()
+    c.send("r1", "héllo", max_new_tokens=32)
+    replies = c.until_final("r1")
+    tokens, done = replies[:-1], replies[-1]
+    assert [t["index"] for t in tokens] == list(range(6))
+    assert "".join(t["text"] for t in tokens) == "héllo"
+    assert done["status"] == "done" and done["text"] == "héllo" and done["finish_reason"] == "eos"
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (6, 6)
+    assert 0 <= done["ttft_ms"] <= done["total_ms"] and "queue_wait_ms" in done
+    c.send("r2", "abcdef", max_new_tokens=2, stream=False)
+    (done2,) = c.until_final("r2")
+    assert (done2["text"], done2["finish_reason"]) == ("ab", "length")
+
+
+def test_burst_of_four_times_cap_admits_exactly_cap_and_yields_the_rest(start_governor: Start) -> None:
+    cap = 4
+    gov = start_governor("--max-inflight", str(cap), worker_args=("--first-token-delay-ms", "300"))
+    conns = [gov.conn() for _ in range(4)]
+    # Every frame is on the wire before the first completion (300 ms away): a true burst.
+    for i, c in enumerate(conns):
+        c.send_raw(b"".join(encode(generate_frame(f"c{i}-{j}", "xy", max_new_tokens=2)) for j in range(cap)))
+    finals: dict[str, dict[str, object]] = {}
+    for c in conns:
+        finals.update(c.finals(cap))
+        c.close()
+    statuses = [f["status"] for f in finals.values()]
+    assert len(finals) == 4 * cap
+    assert statuses.count("done") == cap and statuses.count("yield") == 3 * cap
+    yields = [f for f in finals.values() if f["status"] == "yield"]
+    assert all(f["reason"] == "inflight" and int(f["retry_hint_ms"]) > 0 for f in yields)  # type: ignore[call-overload]
+    stats = gov.stats()
+    assert stats["inflight"] == 0 and stats["received_total"] == 4 * cap
+    assert (stats["executed_total"], stats["yielded_total"]) == (cap, 3 * cap)
+
+
+def test_every_error_code_while_the_connection_keeps_serving(start_governor: Start) -> None:
+    gov = start_governor("--max-frame-bytes", "256", "--max-new-tokens-limit", "64")
+    c = gov.conn()
+    bystander = gov.conn()
+    bystander.send("b1", "ok", max_new_tokens=4)
+    cases = [
+        (b"{not json\n", "bad_json", None),
+        (b'{"id":"f1","prompt":7}\n', "bad_frame", "f1"),
+        (encode(generate_frame("f2", "x", max_new_tokens=65)), "bad_frame", "f2"),
+        (b'{"id":"' + b"z" * 300 + b'"}\n', "frame_too_large", None),
+        (encode({**generate_frame("f3", "abc"), "size": 4}), "integrity", "f3"),
+        (encode({**generate_frame("f4", "abc"), "sha256": "f" * 64}), "integrity", "f4"),
+        (b'{"id":"f5","op":"format_disk"}\n', "unknown_op", "f5"),
+        (b"\xff\xfe\x00garbage\n", "bad_json", None),
+    ]
+    for data, code, rid in cases:
+        c.send_raw(data)
+        reply = c.recv()
+        assert (reply["status"], reply["code"], reply["id"]) == ("error", code, rid), reply
+    # The bystander connection was never disturbed.
+    assert bystander.until_final("b1")[-1]["text"] == "ok"
+    c.send("after", "fine")
+    assert c.until_final("after")[-1]["status"] == "done"
+    stats = gov.stats()
+    assert stats["rejected_total"] == len(cases)
+    assert stats["inflight"] == 0
+    assert stats["received_total"] == stats["executed_total"] + stats["rejected_total"] + stats["yielded_total"]
+
+
+def test_duplicate_id_while_in_flight(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--first-token-delay-ms", "200"))
+    c = gov.conn()
+    c.send("same", "abc")
+    c.send("same", "abc")
+    first = c.recv()
+    assert (first["status"], first["code"], first["id"]) == ("error", "duplicate_id", "same")
+    assert c.until_final("same")[-1]["status"] == "done"
+    assert gov.stats()["rejected_by_reason"]["duplicate_id"] == 1
+
+
+def test_no_worker_gives_worker_unavailable(start_governor: Start) -> None:
+    gov = start_governor("--worker", f"127.0.0.1:{free_port()}", wait_ready=False)
+    c = gov.conn()
+    c.send("w", "abc")
+    reply = c.recv()
+    assert (reply["status"], reply["code"]) == ("error", "worker_unavailable")
+    assert gov.stats()["inflight"] == 0
+
+
+def test_client_disconnect_mid_stream_frees_its_slot(start_governor: Start) -> None:
+    gov = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "20"))
+    c = gov.conn()
+    c.send("long", "x" * 500, max_new_tokens=500)
+    assert c.recv()["status"] == "token"
+    c.close()
+    gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="slot release after disconnect")
+    assert gov.stats()["failed_by_reason"]["client_disconnected"] == 1
+    c2 = gov.conn()
+    c2.send("next", "ok")
+    assert c2.until_final("next")[-1]["status"] == "done"
+
+
+def test_killed_worker_fails_inflight_with_worker_lost_and_is_restarted(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "20"))
+    (worker,) = gov.stats()["workers"]
+    c = gov.conn()
+    c.send("a", "x" * 300, max_new_tokens=300)
+    c.send("b", "y" * 300, max_new_tokens=300)
+    c.recv()
+    os.kill(worker["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    finals = c.finals(2)
+    assert time.monotonic() - killed_at < 1.0
+    assert {f["code"] for f in finals.values()} == {"worker_lost"}
+    assert gov.stats()["inflight"] == 0
+
+    def restarted() -> bool:
+        workers = gov.stats()["workers"]
+        return bool(workers[0]["up"]) and workers[0]["pid"] != worker["pid"]
+
+    gov.wait_until(restarted, what="worker restart")
+    c.send("c", "back")
+    assert c.until_final("c")[-1]["text"] == "back"
+    stats = gov.stats()
+    assert stats["worker_restarts"] == 1 and stats["failed_by_reason"]["worker_lost"] == 2
+
+
+def test_metrics_endpoint_matches_what_was_sent(start_governor: Start) -> None:
+    gov = start_governor("--max-inflight", "2", worker_args=("--first-token-delay-ms", "200"))
+    c = gov.conn()
+    c.send_raw(b"".join(encode(generate_frame(f"m{i}", "ab")) for i in range(5)) + b"]]\n")
+    finals = c.finals(6)
+    assert sorted(f["status"] for f in finals.values()) == ["done"] * 2 + ["error"] + ["yield"] * 3
+    m = gov.metrics()
+    assert m[("governor_received_total", ())] == 6
+    assert m[("governor_executed_total", ())] == 2
+    assert m[("governor_yielded_total", (("reason", "inflight"),))] == 3
+    assert m[("governor_rejected_total", (("reason", "bad_json"),))] == 1
+    assert m[("governor_inflight", ())] == 0 and m[("governor_max_inflight", ())] == 2
+    assert m[("governor_request_duration_seconds_count", ())] == 2
+    assert m[("governor_time_to_first_token_seconds_count", ())] == 2
+    assert m[("governor_admission_decision_seconds_count", ())] == 5
+    assert gov.http("/healthz")[0] == 200 and gov.http("/readyz")[0] == 200
+    assert gov.http("/nope")[0] == 404
+
+
+def test_sigterm_drains_inflight_then_exits_zero(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--first-token-delay-ms", "500"))
+    c = gov.conn()
+    c.send("inflight", "done-anyway")
+    time.sleep(0.1)
+    gov.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.1)
+    c.send("late", "x")
+    late = c.recv()
+    assert (late["id"], late["status"], late["reason"]) == ("late", "yield", "draining")
+    assert c.until_final("inflight")[-1]["text"] == "done-anyway"
+    assert gov.proc.wait(10) == 0
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", gov.port), timeout=1).close()
+
+
+def test_drain_timeout_cancels_what_is_left(start_governor: Start) -> None:
+    gov = start_governor("--drain-timeout-s", "0.2", worker_args=("--token-delay-ms", "50"))
+    c = gov.conn()
+    c.send("slow", "z" * 200, max_new_tokens=200)
+    assert c.recv()["status"] == "token"
+    gov.proc.send_signal(signal.SIGTERM)
+    final = c.until_final("slow")[-1]
+    assert (final["status"], final["finish_reason"]) == ("done", "cancelled")
+    assert 0 < final["completion_tokens"] < 200
+    assert gov.proc.wait(10) == 0
+
+
+def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
+    gov = start_governor()
+    out = subprocess.run(
+        [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "hello governor"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    assert out.stdout == "hello governor\n"
+    assert "finish_reason=eos" in out.stderr
+    dead = subprocess.run(
+        [sys.executable, "-m", "governor", "send", "--port", str(free_port()), "x"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert dead.returncode != 0

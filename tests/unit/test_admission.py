@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
+
+
+def test_limiter_admits_up_to_the_cap_then_refuses() -> None:
+    limiter = InflightLimiter(2)
+    assert [limiter.try_acquire() for _ in range(3)] == [True, True, False]
+    limiter.release()
+    assert limiter.try_acquire()
+
+
+def test_release_without_acquire_fails_loudly() -> None:
+    with pytest.raises(RuntimeError):
+        InflightLimiter(1).release()
+    with pytest.raises(ValueError):
+        InflightLimiter(0)
+
+
+@given(st.integers(1, 8), st.lists(st.booleans(), max_size=200))
+def test_inflight_never_exceeds_cap_under_any_interleaving(cap: int, ops: list[bool]) -> None:
+    limiter = InflightLimiter(cap)
+    held = 0
+    for acquire in ops:
+        if acquire:
+            if limiter.try_acquire():
+                held += 1
+            else:
+                assert held == cap  # refused only when really full
+        elif held:
+            limiter.release()
+            held -= 1
+        assert 0 <= limiter.inflight == held <= cap
+
+
+def no_jitter(**kw: float | bool) -> RetryHintPolicy:
+    return RetryHintPolicy(jitter=0.0, **kw)  # type: ignore[arg-type]
+
+
+def test_hint_is_base_value_before_any_observation() -> None:
+    hints = RetryHintEstimator(no_jitter(base_ms=40))
+    assert hints.hint_ms(now=0.0, capacity=4) == 40
+
+
+def test_burst_of_yields_is_spread_over_expected_slot_releases() -> None:
+    hints = RetryHintEstimator(no_jitter())
+    hints.observe_service_time(0.4)  # 4 slots, 400 ms each -> one frees every 100 ms
+    got = [hints.hint_ms(now=10.0, capacity=4) for _ in range(4)]
+    assert got == [100, 200, 300, 400]
+    # Appointments not taken up expire with time: later, the queue of promises is gone.
+    assert hints.hint_ms(now=20.0, capacity=4) == 100
+
+
+def test_hint_is_clamped_and_never_zero() -> None:
+    hints = RetryHintEstimator(no_jitter(min_ms=5, max_ms=250))
+    hints.observe_service_time(0.0001)
+    assert hints.hint_ms(now=0.0, capacity=100) == 5
+    hints.observe_service_time(1000.0)
+    assert all(hints.hint_ms(now=0.0, capacity=1) == 250 for _ in range(3))
+
+
+def test_fixed_mode_ignores_observations() -> None:
+    hints = RetryHintEstimator(no_jitter(adaptive=False, base_ms=70))
+    hints.observe_service_time(5.0)
+    assert hints.hint_ms(now=0.0, capacity=1) == 70
+
+
+def test_service_time_is_an_ewma() -> None:
+    hints = RetryHintEstimator(RetryHintPolicy(smoothing=0.5))
+    hints.observe_service_time(1.0)
+    hints.observe_service_time(3.0)
+    assert hints.service_time_s == pytest.approx(2.0)
+
+
+def test_jitter_spreads_identical_hints() -> None:
+    hints = RetryHintEstimator(RetryHintPolicy(base_ms=100, jitter=0.2), rng=random.Random(1))
+    values = {hints.hint_ms(now=0.0, capacity=1) for _ in range(50)}
+    assert len(values) > 10
+    assert all(80 <= v <= 120 for v in values)
+
+
+@given(
+    st.lists(st.floats(0, 100), max_size=20),
+    st.lists(st.tuples(st.floats(0, 1e4), st.integers(1, 512)), min_size=1, max_size=50),
+)
+def test_hint_is_always_a_positive_int_within_bounds(samples: list[float], calls: list[tuple[float, int]]) -> None:
+    policy = RetryHintPolicy(min_ms=2, max_ms=3000)
+    hints = RetryHintEstimator(policy, rng=random.Random(0))
+    for s in samples:
+        hints.observe_service_time(s)
+    for now, capacity in sorted(calls):
+        hint = hints.hint_ms(now=now, capacity=capacity)
+        assert isinstance(hint, int) and 2 <= hint <= 3000
+
+
+def test_policy_validation() -> None:
+    with pytest.raises(ValueError):
+        RetryHintPolicy(min_ms=10, max_ms=5)
+    with pytest.raises(ValueError):
+        RetryHintPolicy(jitter=1.0)

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from governor import cli
+from governor.address import Address, parse_address
+from governor.config import ConfigError, GovernorConfig
+from worker.config import WorkerConfig
+
+
+def parse_serve(argv: list[str]) -> GovernorConfig:
+    captured: dict[str, GovernorConfig] = {}
+
+    def fake_serve(config: GovernorConfig) -> int:
+        captured["config"] = config
+        return 0
+
+    original = cli._serve
+    cli._serve = fake_serve
+    try:
+        assert cli.main(["serve", *argv]) == 0
+    finally:
+        cli._serve = original
+    return captured["config"]
+
+
+def test_defaults_match_the_documented_contract() -> None:
+    config = parse_serve([])
+    assert (config.host, config.port, config.metrics_port) == ("127.0.0.1", 7070, 9464)
+    assert config.integrity == "required" and config.max_frame_bytes == 1024 * 1024
+    assert config.worker == () and config.worker_args == ()
+
+
+def test_flags_and_worker_passthrough_after_double_dash() -> None:
+    config = parse_serve(
+        ["--max-inflight", "4", "--integrity", "off", "--", "--engine", "echo", "--token-delay-ms", "50"]
+    )
+    assert config.max_inflight == 4 and config.integrity == "off"
+    assert config.worker_args == ("--engine", "echo", "--token-delay-ms", "50")
+
+
+def test_repeatable_worker_flag() -> None:
+    config = parse_serve(["--worker", "unix:/tmp/a.sock", "--worker", "127.0.0.1:9000"])
+    assert config.worker == ("unix:/tmp/a.sock", "127.0.0.1:9000")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--max-inflight", "0"], "--max-inflight"),
+        (["--worker", "nowhere"], "--worker"),
+        (["--retry-hint-min-ms", "50", "--retry-hint-max-ms", "10"], "--retry-hint-min-ms"),
+        (["--integrity", "maybe"], "--integrity"),
+    ],
+)
+def test_invalid_configuration_fails_naming_the_setting(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_serve(argv)
+    assert info.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_config_validation_outside_the_cli() -> None:
+    with pytest.raises(ConfigError, match="drain"):
+        GovernorConfig(drain_timeout_s=-1)
+    with pytest.raises(ConfigError, match="listen"):
+        WorkerConfig(listen="bogus")
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("unix:/tmp/w.sock", Address(path="/tmp/w.sock")),
+        ("127.0.0.1:7071", Address(host="127.0.0.1", port=7071)),
+        ("[::1]:7071", Address(host="::1", port=7071)),
+    ],
+)
+def test_addresses_round_trip(text: str, address: Address) -> None:
+    assert parse_address(text) == address
+    assert str(address) == text
+
+
+@pytest.mark.parametrize("text", ["unix:", "host", "host:0", "host:99999", ":80", "h:x"])
+def test_bad_addresses(text: str) -> None:
+    with pytest.raises(ValueError, match="address"):
+        parse_address(text)

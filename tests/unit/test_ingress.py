@@ -1,0 +1,239 @@
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from governor.accounting import Outcome
+from governor.admission import RetryHintPolicy
+from governor.ingress import Ingress
+from governor.validation import IntegrityMode
+from governor.wire import encode, generate_frame
+from tests.fakes import FakeClock, FakeUpstream, make_ingress, make_state
+
+
+def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
+    return encode(generate_frame(rid, prompt, **fields))
+
+
+def replies(writes: Any) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in writes.lines()]
+
+
+def test_yield_is_written_in_the_same_call_and_byte_exact() -> None:
+    state = make_state(max_inflight=1, hint_policy=RetryHintPolicy(jitter=0.0, base_ms=50))
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b"))
+    assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":50,"reason":"inflight"}\n']
+    assert state.limiter.inflight == 1
+    assert state.accounting.yielded["inflight"] == 1
+
+
+def test_replies_for_one_read_leave_in_one_write() -> None:
+    state = make_state(max_inflight=1)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(b"".join(frame(f"r{i}") for i in range(10)) + b"garbage\n")
+    assert len(writes.chunks) == 1
+    statuses = [r["status"] for r in replies(writes)]
+    assert statuses == ["yield"] * 9 + ["error"]
+
+
+def test_each_bad_input_gets_its_code_and_the_connection_keeps_serving() -> None:
+    state = make_state(max_inflight=4, max_new_tokens=8)
+    ingress, writes = make_ingress(state, max_frame_bytes=200)
+    bad = [
+        (b"{nope\n", "bad_json", None),
+        (b'{"id":"x","op":"generate"}\n', "bad_frame", "x"),
+        (b"x" * 300 + b"\n", "frame_too_large", None),
+        (encode({**generate_frame("i", "abc"), "sha256": "0" * 64}), "integrity", "i"),
+        (b'{"id":"u","op":"reboot"}\n', "unknown_op", "u"),
+        (frame("m", max_new_tokens=9), "bad_frame", "m"),
+    ]
+    for data, code, rid in bad:
+        ingress.receive_data(data)
+        reply = replies(writes)[-1]
+        assert (reply["status"], reply["code"], reply["id"]) == ("error", code, rid)
+    ingress.receive_data(frame("dup"))
+    ingress.receive_data(frame("dup"))
+    assert replies(writes)[-1]["code"] == "duplicate_id"
+    assert state.limiter.inflight == 1  # the integrity failure's slot was refunded; "dup" holds one
+    ingress.receive_data(b'{"id":"p","op":"ping"}\n')
+    assert replies(writes)[-1] == {"id": "p", "status": "pong", "protocol": 1}
+    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.accounting.rejected["bad_frame"] == 2
+
+
+def test_worker_frames_are_readdressed_and_done_settles_the_slot() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(clock=clock, upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("client-id", "ab"))
+    (uid,) = upstream.dispatched
+    request, generate = upstream.dispatched[uid]
+    assert generate.prompt == "ab" and request.client_id == "client-id"
+    clock.advance(0.01)
+    ingress.worker_frame(request, {"id": uid, "status": "token", "index": 0, "token_id": 97, "text": "a"})
+    clock.advance(0.02)
+    ingress.worker_frame(
+        request,
+        {
+            "id": uid,
+            "status": "done",
+            "text": "a",
+            "prompt_tokens": 2,
+            "completion_tokens": 1,
+            "finish_reason": "length",
+            "queue_wait_ms": 0.0,
+        },
+    )
+    ingress.flush()
+    token, done = replies(writes)
+    assert token == {"id": "client-id", "status": "token", "index": 0, "token_id": 97, "text": "a"}
+    assert done["id"] == "client-id" and done["finish_reason"] == "length"
+    assert done["ttft_ms"] == 10.0 and done["total_ms"] == 30.0
+    assert state.limiter.inflight == 0 and state.accounting.executed == 1
+    assert state.hints.service_time_s == pytest.approx(0.03)
+
+
+def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("q", stream=False))
+    request, _ = upstream.dispatched["1"]
+    ingress.worker_frame(request, {"id": "1", "status": "token", "index": 0, "token_id": 1, "text": "h"})
+    ingress.worker_frame(request, {"id": "1", "status": "done", "text": "h", "finish_reason": "eos"})
+    ingress.flush()
+    assert [r["status"] for r in replies(writes)] == ["done"]
+
+
+def test_worker_error_codes_are_counted_as_failed_or_rejected() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=3, upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b"))
+    ingress.worker_frame(
+        upstream.dispatched["1"][0], {"id": "1", "status": "error", "code": "bad_frame", "message": "m"}
+    )
+    ingress.worker_lost(upstream.dispatched["2"][0], "gone")
+    ingress.flush()
+    assert [(r["id"], r["code"]) for r in replies(writes)] == [("a", "bad_frame"), ("b", "worker_lost")]
+    assert state.accounting.rejected["bad_frame"] == 1 and state.accounting.failed["worker_lost"] == 1
+    assert state.limiter.inflight == 0
+
+
+def test_no_worker_means_worker_unavailable_and_no_slot_held() -> None:
+    upstream = FakeUpstream()
+    upstream.available = False
+    state = make_state(upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a"))
+    assert replies(writes)[0]["code"] == "worker_unavailable"
+    assert state.limiter.inflight == 0 and state.accounting.failed["worker_unavailable"] == 1
+
+
+def test_disconnect_frees_slots_and_cancels_in_the_worker() -> None:
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
+    ingress, _ = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b"))
+    ingress.connection_lost()
+    assert state.limiter.inflight == 0
+    assert sorted(f["id"] for f in upstream.sent_frames) == ["1", "2"]
+    assert state.accounting.failed["client_disconnected"] == 2
+    assert state.accounting.unbalanced_by(0) == 0
+
+
+def test_draining_yields_with_reason_draining() -> None:
+    state = make_state()
+    state.draining = True
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a"))
+    assert replies(writes)[0]["reason"] == "draining"
+    assert state.limiter.inflight == 0
+
+
+def test_stats_reports_the_counters() -> None:
+    state = make_state(max_inflight=1)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b") + b'{"id":"s","op":"stats"}\n')
+    stats = replies(writes)[-1]
+    assert stats["status"] == "stats"
+    assert (stats["inflight"], stats["max_inflight"], stats["yielded_total"], stats["received_total"]) == (1, 1, 1, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=12))
+def test_any_bytes_get_a_reply_per_line_and_never_raise(chunks: list[bytes]) -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=2, integrity=IntegrityMode.OPTIONAL, upstream=upstream)
+    ingress, writes = make_ingress(state, max_frame_bytes=64)
+    for chunk in chunks:
+        ingress.receive_data(chunk)
+    stream = b"".join(chunks)
+    *complete, tail = stream.split(b"\n")
+    expected = sum(1 for line in complete if line not in (b"", b"\r")) + (len(tail) > 64)
+    assert len(writes.lines()) + len(upstream.dispatched) == expected
+    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    ingress.connection_lost()
+    assert state.limiter.inflight == 0
+
+
+class IngressMachine(RuleBasedStateMachine):
+    """Several connections, arbitrary interleavings of frames, completions and disconnects."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.upstream = FakeUpstream()
+        self.state = make_state(max_inflight=3, upstream=self.upstream)
+        self.conns: list[Ingress] = [make_ingress(self.state)[0] for _ in range(3)]
+        self.n = 0
+
+    @rule(conn=st.integers(0, 2), count=st.integers(1, 6))
+    def send(self, conn: int, count: int) -> None:
+        data = b""
+        for _ in range(count):
+            self.n += 1
+            data += frame(f"r{self.n}")
+        self.conns[conn].receive_data(data)
+
+    @rule(conn=st.integers(0, 2), rid=st.integers(1, 20))
+    def send_maybe_duplicate(self, conn: int, rid: int) -> None:
+        self.conns[conn].receive_data(frame(f"r{rid}"))
+
+    @precondition(lambda self: self.state.limiter.inflight > 0)
+    @rule(data=st.data(), ok=st.booleans())
+    def worker_finishes_one(self, data: st.DataObject, ok: bool) -> None:
+        live = [r for c in self.conns for r in c.active.values()]
+        request = data.draw(st.sampled_from(live))
+        if ok:
+            request.owner.worker_frame(
+                request, {"id": request.uid, "status": "done", "text": "", "finish_reason": "eos"}
+            )
+        else:
+            request.owner.worker_lost(request, "gone")
+
+    @rule(conn=st.integers(0, 2))
+    def disconnect(self, conn: int) -> None:
+        self.conns[conn].connection_lost()
+        self.conns[conn] = make_ingress(self.state)[0]
+
+    @invariant()
+    def cap_holds_and_counters_balance(self) -> None:
+        inflight = self.state.limiter.inflight
+        assert 0 <= inflight <= 3
+        assert inflight == sum(len(c.active) for c in self.conns)
+        assert self.state.accounting.unbalanced_by(inflight) == 0
+
+
+TestIngressMachine = IngressMachine.TestCase
+TestIngressMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_outcome_enum_matches_accounting_names() -> None:
+    assert {o.value for o in Outcome} == {"executed", "yielded", "rejected", "failed"}
