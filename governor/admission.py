@@ -64,13 +64,15 @@ class RetryHintEstimator:
     completion is observed, and in fixed mode, the hint is the base value with jitter.
     """
 
-    __slots__ = ("policy", "service_time_s", "_next_appointment", "_random")
+    __slots__ = ("policy", "service_time_s", "_next_ms", "_random", "_jitter_lo", "_jitter_span")
 
     def __init__(self, policy: RetryHintPolicy, rng: random.Random | None = None) -> None:
         self.policy = policy
         self.service_time_s: float | None = None
-        self._next_appointment = 0.0
+        self._next_ms = 0.0  # the latest appointment handed out, on the caller's clock, in ms
         self._random = (rng or random.Random()).random
+        self._jitter_lo = 1.0 - policy.jitter
+        self._jitter_span = 2.0 * policy.jitter
 
     def observe_service_time(self, seconds: float) -> None:
         if seconds < 0:
@@ -78,20 +80,27 @@ class RetryHintEstimator:
         if self.service_time_s is None:
             self.service_time_s = seconds
         else:
-            a = self.policy.smoothing
-            self.service_time_s += a * (seconds - self.service_time_s)
+            self.service_time_s += self.policy.smoothing * (seconds - self.service_time_s)
 
     def hint_ms(self, now: float, capacity: int) -> int:
+        """`now` in seconds on the same clock as the service times; `capacity` >= 1."""
         p = self.policy
-        if p.adaptive and self.service_time_s is not None and capacity > 0:
-            gap = self.service_time_s / capacity
-            horizon = p.max_ms / 1000.0
-            appointment = max(self._next_appointment, now) + gap
-            if appointment - now > horizon:
-                appointment = now + horizon
-            self._next_appointment = appointment
-            wait_ms = (appointment - now) * 1000.0
+        service_time = self.service_time_s
+        if service_time is not None and p.adaptive:
+            now_ms = now * 1000.0
+            appointment = self._next_ms
+            if appointment < now_ms:
+                appointment = now_ms
+            appointment += service_time * 1000.0 / capacity
+            if appointment - now_ms > p.max_ms:
+                appointment = now_ms + p.max_ms
+            self._next_ms = appointment
+            wait_ms = appointment - now_ms
         else:
             wait_ms = p.base_ms
-        wait_ms *= 1.0 + p.jitter * (2.0 * self._random() - 1.0)
-        return max(1, round(min(max(wait_ms, p.min_ms), p.max_ms)))
+        wait_ms *= self._jitter_lo + self._jitter_span * self._random()
+        if wait_ms < p.min_ms:
+            wait_ms = p.min_ms
+        elif wait_ms > p.max_ms:
+            wait_ms = p.max_ms
+        return round(wait_ms) or 1

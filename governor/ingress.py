@@ -11,8 +11,11 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any
 
+from orjson import JSONDecodeError, loads
+
 from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
 from governor.errors import (
+    BadJson,
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -23,13 +26,12 @@ from governor.errors import (
 )
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.state import InflightRequest, ServerState
-from governor.validation import OP_GENERATE, OP_PING, GenerateRequest, validate_frame, verify_integrity
+from governor.validation import OP_GENERATE, OP_PING, GenerateRequest, frame_op, validate_generate, verify_integrity
 from governor.wire import (
     STATUS_DONE,
     STATUS_ERROR,
     STATUS_STATS,
     STATUS_TOKEN,
-    decode,
     encode,
     encode_error,
     encode_pong,
@@ -70,8 +72,10 @@ class Ingress:
         state = self._state
         t0 = perf_counter()
         try:
-            obj = decode(line)
-            op = validate_frame(obj, state.limits)
+            obj = loads(line)
+            op = frame_op(obj)
+        except JSONDecodeError as exc:
+            return self._reject(BadJson(f"invalid JSON: {exc}"))
         except RequestRejected as exc:
             return self._reject(exc)
         if op != OP_GENERATE:
@@ -80,24 +84,20 @@ class Ingress:
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
         state.accounting.received += 1
-        limiter = state.limiter
-        if state.draining:
-            reply = self._yield(rid, YIELD_DRAINING)
-        elif not limiter.try_acquire():
-            reply = self._yield(rid, YIELD_INFLIGHT)
-        else:
-            reply = self._admit(obj, rid)
+        if state.draining or not state.limiter.try_acquire():
+            # The hot path under overload: decided and encoded here, written with this read's replies.
+            reason = YIELD_DRAINING if state.draining else YIELD_INFLIGHT
+            state.accounting.yielded[reason] += 1
+            reply = encode_yield(rid, state.hints.hint_ms(state.clock(), state.limiter.max_inflight), reason)
+            state.latency.admission_decision.observe(perf_counter() - t0)
+            return reply
         state.latency.admission_decision.observe(perf_counter() - t0)
-        return reply
-
-    def _yield(self, rid: str, reason: str) -> bytes:
-        state = self._state
-        state.accounting.record(Outcome.YIELDED, reason)
-        return encode_yield(rid, state.hints.hint_ms(state.clock(), state.limiter.max_inflight), reason)
+        return self._admit(obj, rid)
 
     def _admit(self, obj: dict[str, Any], rid: str) -> bytes:
         state = self._state
         try:
+            validate_generate(obj, state.limits)
             verify_integrity(obj, state.limits)
         except RequestRejected as exc:
             state.limiter.release()  # refunded: the failed frame leaves no trace on the limit

@@ -26,19 +26,21 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class Histogram:
     """Lock-free cumulative-bucket histogram for single-threaded (event loop) use."""
 
-    __slots__ = ("bounds", "counts", "total", "count")
+    __slots__ = ("bounds", "counts", "total")
 
     def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = tuple(bounds)
         self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
         self.total = 0.0
-        self.count = 0
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
     def observe(self, value: float) -> None:
         # bisect_left: a value equal to a bound belongs to that bound's `le` bucket.
         self.counts[bisect_left(self.bounds, value)] += 1
         self.total += value
-        self.count += 1
 
     def cumulative(self) -> list[tuple[str, float]]:
         out: list[tuple[str, float]] = []
@@ -46,7 +48,7 @@ class Histogram:
         for bound, n in zip(self.bounds, self.counts, strict=False):
             running += n
             out.append((repr(float(bound)), running))
-        out.append(("+Inf", self.count))
+        out.append(("+Inf", running + self.counts[-1]))
         return out
 
 

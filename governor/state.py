@@ -57,6 +57,19 @@ class InflightRequest:
 
 
 class ServerState:
+    __slots__ = (
+        "limits",
+        "limiter",
+        "hints",
+        "upstream",
+        "clock",
+        "accounting",
+        "latency",
+        "connections",
+        "draining",
+        "worker_restarts",
+    )
+
     def __init__(
         self,
         limits: Limits,

@@ -1,8 +1,9 @@
 """Frame validation and upload integrity: pure functions over decoded JSON, no I/O.
 
-Validation is split in two on purpose. `validate_frame` is cheap (type and range checks) and runs
-before admission, so a malformed frame is always told why. `verify_integrity` hashes the prompt and
-runs only after a slot was granted: a yield must cost no more than parsing, whatever the prompt size.
+Checks run in three steps so that shedding load stays cheap. `frame_op` (the envelope: object, id,
+op) runs before admission; `validate_generate` (every field) and `verify_integrity` (hashes the
+prompt) run only once a slot was granted, and a failure refunds the slot. A yield therefore costs
+little more than parsing, whatever the frame's size, and says nothing about the frame's validity.
 """
 
 from __future__ import annotations
@@ -51,17 +52,11 @@ def _is_number(value: object) -> bool:
     return type(value) is int or type(value) is float
 
 
-def frame_id(obj: object) -> str | None:
-    """The request id if the frame carries a usable one, else None (replies then carry null)."""
-    if type(obj) is dict:
-        rid = obj.get("id")
-        if type(rid) is str and 0 < len(rid) <= MAX_ID_CHARS:
-            return rid
-    return None
+def frame_op(obj: Any) -> str:
+    """Check a frame's envelope (object, id, op) and return its op.
 
-
-def validate_frame(obj: Any, limits: Limits) -> str:
-    """Check a decoded frame and return its op. Raises a `RequestRejected` naming the field."""
+    This is all that runs before admission; see `validate_generate` for the rest.
+    """
     if type(obj) is not dict:
         raise BadFrame("frame must be a JSON object")
     rid = obj.get("id")
@@ -69,7 +64,6 @@ def validate_frame(obj: Any, limits: Limits) -> str:
         raise BadFrame(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters")
     op = obj.get("op", OP_GENERATE)
     if op == OP_GENERATE:
-        _validate_generate(obj, rid, limits)
         return OP_GENERATE
     if op in CLIENT_OPS:
         return str(op)
@@ -78,7 +72,9 @@ def validate_frame(obj: Any, limits: Limits) -> str:
     raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats", rid)
 
 
-def _validate_generate(obj: dict[str, Any], rid: str, limits: Limits) -> None:
+def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
+    """Type and range checks of a generate frame's fields. Raises `BadFrame` naming the field."""
+    rid = obj["id"]
     if type(obj.get("prompt")) is not str:
         raise BadFrame("prompt must be a string", rid)
     n = obj.get("max_new_tokens")

@@ -12,15 +12,17 @@ import signal
 from typing import cast
 
 from governor.address import parse_address, start_listener
-from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected
+from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected, UnknownOp
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.validation import (
     OP_CANCEL,
+    OP_GENERATE,
     OP_PING,
     GenerateRequest,
     IntegrityMode,
     Limits,
-    validate_frame,
+    frame_op,
+    validate_generate,
     verify_integrity,
 )
 from governor.wire import STATUS_DONE, decode, encode, encode_error, encode_pong, encode_token
@@ -99,7 +101,9 @@ class WorkerConnection(asyncio.Protocol):
             if op == OP_PING:
                 self.queue(encode_pong(str(frame.get("id"))))
                 return
-            validate_frame(frame, WORKER_LIMITS)
+            if frame_op(frame) != OP_GENERATE:
+                raise UnknownOp("the worker serves generate, cancel and ping", frame.get("id"))
+            validate_generate(frame, WORKER_LIMITS)
             verify_integrity(frame, WORKER_LIMITS)
             request = GenerateRequest.from_frame(frame)
             if request.id in self._active:

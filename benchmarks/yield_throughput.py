@@ -1,0 +1,114 @@
+"""Yield-path throughput: the governor against a bare uvloop+orjson server, same client, same run.
+
+The governor runs with --max-inflight 1 and one long request holding the slot, so every measured
+frame goes through the full path (split, parse, validate, duplicate check, admission, retry hint,
+accounting, decision histogram) and is answered with a yield. Runs alternate bare/governor to
+share the machine's noise; the result is the ratio of medians.
+
+    python benchmarks/yield_throughput.py [--repeats 3] [--seconds 3] [--connections 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from benchmarks.common import ROOT, free_port, machine, start, stats, stop, wait_for_port, wait_until
+from governor.wire import encode, generate_frame
+
+
+def measure(port: int, args: argparse.Namespace) -> float:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.yield_client",
+            "--port",
+            str(port),
+            "--seconds",
+            str(args.seconds),
+            "--connections",
+            str(args.connections),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(orjson.loads(out.stdout)["frames_per_s"])
+
+
+def run_bare(args: argparse.Namespace) -> float:
+    port = free_port()
+    proc = start(["-m", "benchmarks.bare_server", str(port)])
+    try:
+        wait_for_port(port)
+        return measure(port, args)
+    finally:
+        stop(proc)
+
+
+def run_governor(args: argparse.Namespace, log: Path) -> float:
+    port = free_port()
+    proc = start(
+        [
+            "-m",
+            "governor",
+            "serve",
+            "--port",
+            str(port),
+            "--metrics-port",
+            "0",
+            "--max-inflight",
+            "1",
+            "--log-level",
+            "warning",
+            "--",
+            "--first-token-delay-ms",
+            "3600000",
+        ],
+        log,
+    )
+    try:
+        wait_for_port(port)
+        wait_until(lambda: stats(port)["workers"][0]["up"])
+        holder = socket.create_connection(("127.0.0.1", port))
+        holder.sendall(encode(generate_frame("holder", "x")))
+        wait_until(lambda: stats(port)["inflight"] == 1)
+        try:
+            return measure(port, args)
+        finally:
+            holder.close()
+    finally:
+        stop(proc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--connections", type=int, default=4)
+    args = parser.parse_args()
+    log = ROOT / "benchmarks" / "out" / "yield_governor.log"
+    log.parent.mkdir(exist_ok=True)
+    bare, gov = [], []
+    for i in range(args.repeats):
+        bare.append(run_bare(args))
+        gov.append(run_governor(args, log))
+        print(f"run {i + 1}: bare {bare[-1]:,.0f} frames/s, governor {gov[-1]:,.0f} frames/s", flush=True)
+    b, g = statistics.median(bare), statistics.median(gov)
+    print(f"\nmachine: {machine()}")
+    print("| server | median frames/s | runs |\n|---|---|---|")
+    print(f"| bare uvloop+orjson | {b:,.0f} | {', '.join(f'{x:,.0f}' for x in bare)} |")
+    print(f"| governor (yield path) | {g:,.0f} | {', '.join(f'{x:,.0f}' for x in gov)} |")
+    print(f"\ngovernor / bare = {g / b:.2f}")
+
+
+if __name__ == "__main__":
+    main()
