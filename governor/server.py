@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import resource
 import shutil
 import signal
 import tempfile
@@ -38,6 +39,19 @@ def build_state(config: GovernorConfig, upstream: Upstream) -> ServerState:
         hints=RetryHintEstimator(policy),
         upstream=upstream,
     )
+
+
+def raise_fd_limit() -> int:
+    """Lift the soft open-files limit to the hard one: each client connection is a descriptor."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
 
 
 class Server:
@@ -76,11 +90,12 @@ class Server:
                 lambda: GovernorProtocol(state, config.max_frame_bytes), config.host, config.port, backlog=1024
             )
             log.info(
-                "event=listening host=%s port=%d metrics_port=%d max_inflight=%d workers=%s",
+                "event=listening host=%s port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
                 config.host,
                 config.port,
                 config.metrics_port,
                 config.max_inflight,
+                raise_fd_limit(),
                 ",".join(link.address for link in upstream.links),
             )
             await self._stop.wait()

@@ -35,6 +35,16 @@ def test_streamed_echo_generate(start_governor: Start) -> None:
     assert (done2["text"], done2["finish_reason"]) == ("ab", "length")
 
 
+def test_half_closed_client_still_gets_its_replies(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--first-token-delay-ms", "100"))
+    c = gov.conn()
+    c.send_raw(encode(generate_frame("h1", "bye", stream=False)) + encode(generate_frame("h2", "now", stream=False)))
+    c.sock.shutdown(socket.SHUT_WR)
+    finals = c.finals(2)
+    assert {k: v["text"] for k, v in finals.items()} == {"h1": "bye", "h2": "now"}
+    assert c.sock.recv(1) == b""  # then the governor closes its side
+
+
 def test_burst_of_four_times_cap_admits_exactly_cap_and_yields_the_rest(start_governor: Start) -> None:
     cap = 4
     gov = start_governor("--max-inflight", str(cap), worker_args=("--first-token-delay-ms", "300"))
