@@ -58,8 +58,13 @@ class Server:
     def __init__(self, config: GovernorConfig) -> None:
         self.config = config
         self._stop = asyncio.Event()
+        self._skip_drain = asyncio.Event()
 
     def request_stop(self) -> None:
+        """First signal: drain. A second one cuts the drain short (in-flight requests are cancelled)."""
+        if self._stop.is_set():
+            log.warning("event=drain_cut_short")
+            self._skip_drain.set()
         self._stop.set()
 
     async def serve(self) -> int:
@@ -131,7 +136,7 @@ class Server:
         state.draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout_s
-        while state.limiter.inflight and loop.time() < deadline:
+        while state.limiter.inflight and loop.time() < deadline and not self._skip_drain.is_set():
             await asyncio.sleep(0.01)
         if not state.limiter.inflight:
             return
@@ -142,6 +147,6 @@ class Server:
         deadline = loop.time() + CANCEL_GRACE_S
         while state.limiter.inflight and loop.time() < deadline:
             await asyncio.sleep(0.01)
-        for request in [r for r in leftovers if r.client_id in r.owner.active]:
+        for request in [r for r in leftovers if r.owner.active.get(r.client_id) is r]:
             request.owner.worker_lost(request, "shutdown: the worker did not confirm cancellation")
             request.owner.flush()

@@ -200,6 +200,19 @@ def test_drain_timeout_cancels_what_is_left(start_governor: Start) -> None:
     assert gov.proc.wait(10) == 0
 
 
+def test_second_signal_cuts_the_drain_short(start_governor: Start) -> None:
+    gov = start_governor("--drain-timeout-s", "60", worker_args=("--token-delay-ms", "50"))
+    c = gov.conn()
+    c.send("slow", "z" * 200, max_new_tokens=200)
+    assert c.recv()["status"] == "token"
+    gov.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    gov.proc.send_signal(signal.SIGINT)
+    final = c.until_final("slow")[-1]
+    assert (final["status"], final["finish_reason"]) == ("done", "cancelled")
+    assert gov.proc.wait(10) == 0
+
+
 def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
     gov = start_governor()
     out = subprocess.run(
