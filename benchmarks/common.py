@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 from governor.client import Client
@@ -48,16 +49,26 @@ def stats(port: int) -> dict[str, Any]:
         return list(client.request({"id": "stats", "op": "stats"}))[-1]
 
 
-def start(argv: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+def start(argv: list[str], log: Path | None = None) -> Popen:
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
-        return subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
+def start_governor(*flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None) -> tuple[Popen, int]:
+    """A governor with its spawned worker on a free port (metrics off), once the worker is linked."""
+    port = free_port()
+    argv = ["-m", "governor", "serve", "--port", str(port), "--metrics-port", "0", "--log-level", "warning", *flags]
+    proc = start([*argv, "--", *worker_args] if worker_args else argv, log)
+    wait_for_port(port)
+    wait_until(lambda: stats(port)["workers"][0]["up"])
+    return proc, port
+
+
+def stop(proc: Popen) -> None:
     proc.terminate()
     try:
         proc.wait(15)

@@ -16,7 +16,7 @@ import time
 
 import orjson
 
-from benchmarks.common import free_port, machine, rss_mib, start, stats, stop, wait_for_port, wait_until
+from benchmarks.common import machine, rss_mib, start_governor, stats, stop, wait_until
 from governor.wire import FINAL_STATUSES, encode, generate_frame
 
 PROMPT = "a short prompt of about thirty-two bytes"
@@ -81,25 +81,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--idle-connections", type=int, default=1000)
     args = parser.parse_args()
-    port = free_port()
-    proc = start(
-        [
-            "-m",
-            "governor",
-            "serve",
-            "--port",
-            str(port),
-            "--metrics-port",
-            "0",
-            "--max-inflight",
-            "64",
-            "--log-level",
-            "warning",
-        ]
-    )
+    proc, port = start_governor("--max-inflight", "64")
     try:
-        wait_for_port(port)
-        wait_until(lambda: stats(port)["workers"][0]["up"])
         time.sleep(1.0)
         rows = [("idle, worker connected", rss_mib(proc.pid), "")]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.common import ROOT, free_port, machine, start, stats, stop, wait_for_port, wait_until
+from benchmarks.common import ROOT, free_port, machine, start, start_governor, stats, stop, wait_for_port, wait_until
 from governor.wire import encode, generate_frame
 
 
@@ -55,29 +55,8 @@ def run_bare(args: argparse.Namespace) -> float:
 
 
 def run_governor(args: argparse.Namespace, log: Path) -> float:
-    port = free_port()
-    proc = start(
-        [
-            "-m",
-            "governor",
-            "serve",
-            "--port",
-            str(port),
-            "--metrics-port",
-            "0",
-            "--max-inflight",
-            "1",
-            "--log-level",
-            "warning",
-            "--",
-            "--first-token-delay-ms",
-            "3600000",
-        ],
-        log,
-    )
+    proc, port = start_governor("--max-inflight", "1", worker_args=("--first-token-delay-ms", "3600000"), log=log)
     try:
-        wait_for_port(port)
-        wait_until(lambda: stats(port)["workers"][0]["up"])
         holder = socket.create_connection(("127.0.0.1", port))
         holder.sendall(encode(generate_frame("holder", "x")))
         wait_until(lambda: stats(port)["inflight"] == 1)

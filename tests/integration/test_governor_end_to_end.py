@@ -188,28 +188,20 @@ def test_sigterm_drains_inflight_then_exits_zero(start_governor: Start) -> None:
         socket.create_connection(("127.0.0.1", gov.port), timeout=1).close()
 
 
-def test_drain_timeout_cancels_what_is_left(start_governor: Start) -> None:
-    gov = start_governor("--drain-timeout-s", "0.2", worker_args=("--token-delay-ms", "50"))
+@pytest.mark.parametrize("cut_short", [False, True], ids=["drain-timeout", "second-signal"])
+def test_what_the_drain_leaves_is_cancelled(start_governor: Start, cut_short: bool) -> None:
+    drain_timeout = "60" if cut_short else "0.2"
+    gov = start_governor("--drain-timeout-s", drain_timeout, worker_args=("--token-delay-ms", "50"))
     c = gov.conn()
     c.send("slow", "z" * 200, max_new_tokens=200)
     assert c.recv()["status"] == "token"
     gov.proc.send_signal(signal.SIGTERM)
+    if cut_short:
+        time.sleep(0.2)
+        gov.proc.send_signal(signal.SIGINT)
     final = c.until_final("slow")[-1]
     assert (final["status"], final["finish_reason"]) == ("done", "cancelled")
     assert 0 < final["completion_tokens"] < 200
-    assert gov.proc.wait(10) == 0
-
-
-def test_second_signal_cuts_the_drain_short(start_governor: Start) -> None:
-    gov = start_governor("--drain-timeout-s", "60", worker_args=("--token-delay-ms", "50"))
-    c = gov.conn()
-    c.send("slow", "z" * 200, max_new_tokens=200)
-    assert c.recv()["status"] == "token"
-    gov.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    gov.proc.send_signal(signal.SIGINT)
-    final = c.until_final("slow")[-1]
-    assert (final["status"], final["finish_reason"]) == ("done", "cancelled")
     assert gov.proc.wait(10) == 0
 
 
