@@ -9,6 +9,9 @@ from governor.address import parse_address
 from governor.options import option
 
 MIB = 1024 * 1024
+# The worker reads frames of up to 32 MiB (worker/service.py); a forwarded frame is at most about
+# as long as the client's, so this cap keeps every admitted frame readable by the worker.
+MAX_FRAME_BYTES_LIMIT = 16 * MIB
 
 
 class ConfigError(ValueError):
@@ -52,7 +55,10 @@ class GovernorConfig:
                 0 < self.retry_hint_min_ms <= self.retry_hint_max_ms,
                 "--retry-hint-min-ms must be > 0 and <= --retry-hint-max-ms",
             ),
-            (self.max_frame_bytes >= 64, "--max-frame-bytes must be >= 64"),
+            (
+                64 <= self.max_frame_bytes <= MAX_FRAME_BYTES_LIMIT,
+                f"--max-frame-bytes must be in [64, {MAX_FRAME_BYTES_LIMIT}]",
+            ),
             (self.max_new_tokens_limit >= 1, "--max-new-tokens-limit must be >= 1"),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
         ]

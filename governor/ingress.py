@@ -19,6 +19,7 @@ from governor.errors import (
     DuplicateId,
     FrameTooLarge,
     GovernorError,
+    InternalError,
     RequestRejected,
     WorkerLost,
     WorkerUnavailable,
@@ -96,17 +97,20 @@ class Ingress:
 
     def _admit(self, obj: dict[str, Any], rid: str) -> bytes:
         state = self._state
+        # Registered before anything can fail: whatever happens next, the slot is released by
+        # `finish` below, by the worker's final reply, or by `connection_lost` — never stranded.
+        request = InflightRequest(rid, True, self, state.clock())
+        self.active[rid] = request
         try:
             validate_generate(obj, state.limits)
             verify_integrity(obj, state.limits)
+            generate = GenerateRequest.from_frame(obj)
         except RequestRejected as exc:
-            state.limiter.release()  # refunded: the failed frame leaves no trace on the limit
-            state.accounting.record(Outcome.REJECTED, exc.code)
+            state.finish(request, Outcome.REJECTED, exc.code)  # the slot is refunded at once
             return encode_error(exc)
-        request = InflightRequest(rid, obj.get("stream", True), self, state.clock())
-        self.active[rid] = request
+        request.stream = generate.stream
         try:
-            state.upstream.dispatch(request, GenerateRequest.from_frame(obj))
+            state.upstream.dispatch(request, generate)
         except WorkerUnavailable as exc:
             state.finish(request, Outcome.FAILED, exc.code)
             return encode_error(exc, rid)
@@ -125,6 +129,15 @@ class Ingress:
         body["id"] = obj["id"]
         body["status"] = STATUS_STATS
         return encode(body)
+
+    def fail_internal(self) -> None:
+        """A bug surfaced while handling this connection's input: send what is ready, count it,
+        say so. The caller closes the connection, which settles its in-flight requests."""
+        acc = self._state.accounting
+        acc.received += 1
+        acc.record(Outcome.FAILED, InternalError.code)
+        self._pending.append(encode_error(InternalError("internal error; closing the connection")))
+        self.flush()
 
     def connection_lost(self) -> None:
         """The client is gone: free its slots now and tell the worker to stop its requests."""

@@ -96,6 +96,8 @@ class ServerState:
         request.owner.active.pop(request.client_id, None)
         if request.link is not None:
             request.link.inflight.pop(request.uid, None)
+        if outcome is Outcome.REJECTED:
+            return  # an invalid frame refused after admission never ran: no duration to report
         elapsed = self.clock() - request.t_received
         self.latency.request_duration.observe(elapsed)
         if outcome is Outcome.EXECUTED:

@@ -57,13 +57,17 @@ class WorkerSupervisor:
         backoff = BACKOFF_MIN_S
         while not self._stopping:
             started = time.monotonic()
-            self._process = await asyncio.create_subprocess_exec(*self.argv, start_new_session=True)
-            log.info("event=worker_spawned pid=%d", self._process.pid)
-            self._on_spawn(self._process.pid)
-            code = await self._process.wait()
-            if self._stopping:
-                return
-            log.warning("event=worker_exited pid=%d code=%d restart_in_s=%.2f", self._process.pid, code, backoff)
+            try:
+                self._process = await asyncio.create_subprocess_exec(*self.argv, start_new_session=True)
+            except OSError as exc:
+                log.error("event=worker_spawn_failed error=%r retry_in_s=%.2f", exc, backoff)
+            else:
+                log.info("event=worker_spawned pid=%d", self._process.pid)
+                self._on_spawn(self._process.pid)
+                code = await self._process.wait()
+                if self._stopping:
+                    return
+                log.warning("event=worker_exited pid=%d code=%d restart_in_s=%.2f", self._process.pid, code, backoff)
             if time.monotonic() - started > STABLE_AFTER_S:
                 backoff = BACKOFF_MIN_S
             await asyncio.sleep(backoff)

@@ -62,13 +62,13 @@ def frame_op(obj: Any) -> str:
     rid = obj.get("id")
     if type(rid) is not str or not 0 < len(rid) <= MAX_ID_CHARS:
         raise BadFrame(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters")
-    op = obj.get("op", OP_GENERATE)
-    if op == OP_GENERATE:
+    op = obj.get("op")
+    if op is None or op == OP_GENERATE:
         return OP_GENERATE
-    if op in CLIENT_OPS:
-        return str(op)
-    if type(op) is not str:
+    if type(op) is not str:  # before the set lookup: a list or object is unhashable
         raise BadFrame("op must be a string", rid)
+    if op in CLIENT_OPS:
+        return op
     raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats", rid)
 
 
@@ -126,6 +126,12 @@ def verify_integrity(obj: dict[str, Any], limits: Limits) -> None:
         raise IntegrityMismatch("sha256 mismatch: digest of the prompt bytes differs", rid)
 
 
+def _field(obj: dict[str, Any], key: str, default: Any) -> Any:
+    # JSON null means "not given" for every optional field, as in validate_generate.
+    value = obj.get(key)
+    return default if value is None else value
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """A validated generate request, as forwarded to a worker."""
@@ -142,18 +148,17 @@ class GenerateRequest:
 
     @classmethod
     def from_frame(cls, obj: dict[str, Any], request_id: str | None = None) -> GenerateRequest:
-        """Build from a frame that passed `validate_frame`; absent fields take the defaults."""
-        get = obj.get
+        """Build from a frame that passed `validate_generate`; absent or null fields take the defaults."""
         return cls(
             id=obj["id"] if request_id is None else request_id,
             prompt=obj["prompt"],
-            max_new_tokens=get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
-            temperature=float(get("temperature", 1.0)),
-            top_p=float(get("top_p", 1.0)),
-            top_k=get("top_k", 0),
-            seed=get("seed"),
-            stop_on_eos=get("stop_on_eos", True),
-            stream=get("stream", True),
+            max_new_tokens=_field(obj, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+            temperature=float(_field(obj, "temperature", 1.0)),
+            top_p=float(_field(obj, "top_p", 1.0)),
+            top_k=_field(obj, "top_k", 0),
+            seed=obj.get("seed"),
+            stop_on_eos=_field(obj, "stop_on_eos", True),
+            stream=_field(obj, "stream", True),
         )
 
     def to_frame(self) -> dict[str, Any]:

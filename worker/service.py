@@ -31,7 +31,7 @@ from worker.engines.base import Completion, Engine, RequestHandle
 
 log = logging.getLogger("worker.service")
 
-MAX_FRAME_BYTES = 16 * 1024 * 1024
+MAX_FRAME_BYTES = 32 * 1024 * 1024  # twice the governor's largest --max-frame-bytes
 # The governor already enforced its limits; the worker re-validates shape, not policy.
 WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
 

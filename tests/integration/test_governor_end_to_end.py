@@ -35,14 +35,69 @@ def test_streamed_echo_generate(start_governor: Start) -> None:
     assert (done2["text"], done2["finish_reason"]) == ("ab", "length")
 
 
-def test_half_closed_client_still_gets_its_replies(start_governor: Start) -> None:
-    gov = start_governor(worker_args=("--first-token-delay-ms", "100"))
+def test_closing_the_connection_cancels_even_a_non_streamed_request(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "50"))
     c = gov.conn()
-    c.send_raw(encode(generate_frame("h1", "bye", stream=False)) + encode(generate_frame("h2", "now", stream=False)))
-    c.sock.shutdown(socket.SHUT_WR)
-    finals = c.finals(2)
-    assert {k: v["text"] for k, v in finals.items()} == {"h1": "bye", "h2": "now"}
-    assert c.sock.recv(1) == b""  # then the governor closes its side
+    c.send("quiet", "q" * 200, max_new_tokens=200, stream=False)
+    gov.wait_until(lambda: gov.stats()["inflight"] == 1, what="admission")
+    c.sock.shutdown(socket.SHUT_WR)  # FIN: the governor treats the client as gone
+    gov.wait_until(lambda: gov.stats()["inflight"] == 0, timeout=1.0, what="slot release on FIN")
+    assert gov.stats()["failed_by_reason"]["client_disconnected"] == 1
+    assert c.sock.recv(1) == b""
+
+
+def test_null_means_absent_and_odd_ops_are_bad_frames(start_governor: Start) -> None:
+    gov = start_governor()
+    c = gov.conn()
+    nulls = {
+        "max_new_tokens": None,
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+        "seed": None,
+        "stop_on_eos": None,
+        "stream": None,
+        "op": None,
+    }
+    c.send("n", "nulls", **nulls)
+    replies = c.until_final("n")
+    assert [r["status"] for r in replies] == ["token"] * 5 + ["done"]
+    assert replies[-1]["text"] == "nulls"
+    # An unhashable op in the same read as a valid frame: both answered, connection kept.
+    c.send_raw(b'{"id":"o","op":[1]}\n{"id":"o2","op":{"a":1}}\n' + encode(generate_frame("after", "ok")))
+    assert [(r["id"], r["code"]) for r in (c.recv(), c.recv())] == [("o", "bad_frame"), ("o2", "bad_frame")]
+    assert c.until_final("after")[-1]["text"] == "ok"
+    stats = gov.stats()
+    assert stats["inflight"] == 0 and stats["failed_total"] == 0
+    assert stats["received_total"] == stats["executed_total"] + stats["rejected_total"]
+
+
+def test_a_client_that_never_reads_is_paused_not_buffered(start_governor: Start) -> None:
+    gov = start_governor()
+    pid = gov.proc.pid
+
+    def rss_mib() -> float:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+    before = rss_mib()
+    hog = socket.create_connection(("127.0.0.1", gov.port))
+    hog.setblocking(False)
+    chunk = b'{"id":"p","op":"ping"}\n' * 4096  # ~96 KiB of pings, ~150 KiB of pongs
+    sent = 0
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and sent < 256 * 1024 * 1024:
+        try:
+            sent += hog.send(chunk)
+        except BlockingIOError:
+            time.sleep(0.01)
+    # Loopback socket buffers hold a few MiB; past them the governor must have stopped reading.
+    assert sent < 64 * 1024 * 1024, f"{sent} bytes accepted from a client that reads nothing"
+    assert rss_mib() - before < 48
+    other = gov.conn()
+    other.send("still", "fine")
+    assert other.until_final("still")[-1]["text"] == "fine"
+    hog.close()
 
 
 def test_burst_of_four_times_cap_admits_exactly_cap_and_yields_the_rest(start_governor: Start) -> None:

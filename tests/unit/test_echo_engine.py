@@ -69,3 +69,15 @@ def test_cancel_ends_with_finish_reason_cancelled() -> None:
     sink = asyncio.run(main())
     assert sink.completion is not None and sink.completion.finish_reason == "cancelled"
     assert 0 < sink.completion.completion_tokens < 100 == sink.completion.prompt_tokens
+
+
+def test_cancel_before_the_task_starts_still_reports_done() -> None:
+    async def main() -> Recorder:
+        sink = Recorder()
+        task = EchoEngine().submit(GenerateRequest(id="a", prompt="abc", max_new_tokens=3), sink)
+        task.cancel()  # same loop iteration: the coroutine never runs
+        await asyncio.gather(task, return_exceptions=True)
+        return sink
+
+    sink = asyncio.run(main())
+    assert sink.completion == Completion("", 3, 0, "cancelled", 0.0)

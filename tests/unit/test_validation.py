@@ -84,6 +84,19 @@ def test_non_object_frames_and_bad_json() -> None:
             decode(raw)
 
 
+def test_null_fields_mean_absent() -> None:
+    frame = good(**dict.fromkeys(["max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_on_eos", "stream"]))
+    assert validate_frame(frame, LIMITS) == "generate"
+    request = GenerateRequest.from_frame(frame)
+    assert request == GenerateRequest(id="r1", prompt="héllo")
+
+
+@pytest.mark.parametrize("op", [[1], {"a": 1}, 3, True])
+def test_non_string_op_is_bad_frame(op: Any) -> None:
+    with pytest.raises(BadFrame, match="op"):
+        frame_op({"id": "a", "op": op})
+
+
 def test_unknown_op_and_control_ops() -> None:
     with pytest.raises(UnknownOp) as info:
         validate_frame({"id": "a", "op": "explode"}, LIMITS)

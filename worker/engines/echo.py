@@ -27,7 +27,14 @@ class EchoEngine:
     def submit(self, request: GenerateRequest, sink: RequestSink) -> asyncio.Task[None]:
         task = asyncio.create_task(self._run(request, sink))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+
+        def settle(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            if task.cancelled():  # cancelled before its first step: _run never started to report
+                prompt_tokens = len(request.prompt.encode("utf-8"))
+                sink.done(Completion("", prompt_tokens, 0, "cancelled", 0.0))
+
+        task.add_done_callback(settle)
         return task
 
     async def _run(self, request: GenerateRequest, sink: RequestSink) -> None:
