@@ -64,15 +64,21 @@ class RetryHintEstimator:
     completion is observed, and in fixed mode, the hint is the base value with jitter.
     """
 
-    __slots__ = ("policy", "service_time_s", "_next_ms", "_random", "_jitter_lo", "_jitter_span")
+    __slots__ = ("policy", "capacity", "service_time_s", "_gap_ms", "_next_ms", "_random", "_jitter_lo", "_jitter_span")
 
-    def __init__(self, policy: RetryHintPolicy, rng: random.Random | None = None) -> None:
+    def __init__(self, policy: RetryHintPolicy, capacity: int, rng: random.Random | None = None) -> None:
         self.policy = policy
+        self.capacity = capacity
         self.service_time_s: float | None = None
+        self._gap_ms = 0.0  # expected ms between slot releases at saturation; 0 = not known (yet)
         self._next_ms = 0.0  # the latest appointment handed out, on the caller's clock, in ms
         self._random = (rng or random.Random()).random
         self._jitter_lo = 1.0 - policy.jitter
         self._jitter_span = 2.0 * policy.jitter
+
+    def set_capacity(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._update_gap()
 
     def observe_service_time(self, seconds: float) -> None:
         if seconds < 0:
@@ -81,21 +87,28 @@ class RetryHintEstimator:
             self.service_time_s = seconds
         else:
             self.service_time_s += self.policy.smoothing * (seconds - self.service_time_s)
+        self._update_gap()
 
-    def hint_ms(self, now: float, capacity: int) -> int:
-        """`now` in seconds on the same clock as the service times; `capacity` >= 1."""
+    def _update_gap(self) -> None:
+        # Computed when its inputs change, not per hint: under overload hints outnumber completions.
+        if self.policy.adaptive and self.service_time_s is not None and self.capacity > 0:
+            self._gap_ms = self.service_time_s * 1000.0 / self.capacity
+        else:
+            self._gap_ms = 0.0
+
+    def hint_ms(self, now: float) -> int:
+        """`now` in seconds, on the same clock as the service times."""
         p = self.policy
-        service_time = self.service_time_s
-        if service_time is not None and p.adaptive:
+        gap = self._gap_ms
+        if gap:
             now_ms = now * 1000.0
             appointment = self._next_ms
             if appointment < now_ms:
                 appointment = now_ms
-            appointment += service_time * 1000.0 / capacity
-            if appointment - now_ms > p.max_ms:
-                appointment = now_ms + p.max_ms
-            self._next_ms = appointment
-            wait_ms = appointment - now_ms
+            wait_ms = appointment + gap - now_ms
+            if wait_ms > p.max_ms:
+                wait_ms = p.max_ms
+            self._next_ms = now_ms + wait_ms
         else:
             wait_ms = p.base_ms
         wait_ms *= self._jitter_lo + self._jitter_span * self._random()

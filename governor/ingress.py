@@ -15,7 +15,6 @@ from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
 from governor.errors import (
-    BadJson,
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -33,6 +32,7 @@ from governor.wire import (
     STATUS_ERROR,
     STATUS_STATS,
     STATUS_TOKEN,
+    bad_json,
     encode,
     encode_error,
     encode_pong,
@@ -48,7 +48,17 @@ class Ingress:
     `write` receives the bytes to send; the transport adapter owns flow control and closing.
     """
 
-    __slots__ = ("_state", "_write", "_splitter", "_pending", "active")
+    __slots__ = (
+        "_state",
+        "_write",
+        "_splitter",
+        "_pending",
+        "active",
+        "_limiter",
+        "_hints",
+        "_accounting",
+        "_decisions",
+    )
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
@@ -56,27 +66,35 @@ class Ingress:
         self._splitter = LineSplitter(max_frame_bytes)
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
+        # Direct references to the shared objects the per-frame path touches (one lookup less each).
+        self._limiter = state.limiter
+        self._hints = state.hints
+        self._accounting = state.accounting
+        self._decisions = state.latency.admission_decision
 
     # -- client side ------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
+        # One clock reading per read serves every frame it completes: they arrived together.
+        started = perf_counter()
+        now = self._state.clock()
         pending = self._pending
         for line in self._splitter.feed(data):
             if line is TOO_LARGE:
                 pending.append(self._reject(FrameTooLarge(f"frame exceeds {self._splitter.max_frame_bytes} bytes")))
             elif line and line != b"\r":  # blank lines are keep-alives, not frames
-                pending.append(self._handle_frame(line))
+                pending.append(self._handle_frame(line, now, started))
         if pending:
             self.flush()
 
-    def _handle_frame(self, line: bytes) -> bytes:
+    def _handle_frame(self, line: bytes, now: float, started: float) -> bytes:
+        """Answer one frame; `started` (perf_counter) is when its read began, for the decision latency."""
         state = self._state
-        t0 = perf_counter()
         try:
             obj = loads(line)
             op = frame_op(obj)
         except JSONDecodeError as exc:
-            return self._reject(BadJson(f"invalid JSON: {exc}"))
+            return self._reject(bad_json(exc))
         except RequestRejected as exc:
             return self._reject(exc)
         if op != OP_GENERATE:
@@ -84,22 +102,24 @@ class Ingress:
         rid: str = obj["id"]
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
-        state.accounting.received += 1
-        if state.draining or not state.limiter.try_acquire():
+        accounting = self._accounting
+        accounting.received += 1
+        limiter = self._limiter
+        if state.draining or not limiter.try_acquire():
             # The hot path under overload: decided and encoded here, written with this read's replies.
             reason = YIELD_DRAINING if state.draining else YIELD_INFLIGHT
-            state.accounting.yielded[reason] += 1
-            reply = encode_yield(rid, state.hints.hint_ms(state.clock(), state.limiter.max_inflight), reason)
-            state.latency.admission_decision.observe(perf_counter() - t0)
+            accounting.yielded[reason] += 1
+            reply = encode_yield(rid, self._hints.hint_ms(now), reason)
+            self._decisions.observe(perf_counter() - started)
             return reply
-        state.latency.admission_decision.observe(perf_counter() - t0)
-        return self._admit(obj, rid)
+        self._decisions.observe(perf_counter() - started)
+        return self._admit(obj, rid, now)
 
-    def _admit(self, obj: dict[str, Any], rid: str) -> bytes:
+    def _admit(self, obj: dict[str, Any], rid: str, now: float) -> bytes:
         state = self._state
         # Registered before anything can fail: whatever happens next, the slot is released by
         # `finish` below, by the worker's final reply, or by `connection_lost` — never stranded.
-        request = InflightRequest(rid, True, self, state.clock())
+        request = InflightRequest(rid, True, self, now)
         self.active[rid] = request
         try:
             validate_generate(obj, state.limits)

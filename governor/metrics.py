@@ -63,7 +63,7 @@ class LatencyMetrics:
 
 
 _HISTOGRAM_HELP = {
-    "admission_decision": "Time from a complete, valid generate frame to its admit or yield decision.",
+    "admission_decision": "Time from the read that completed a generate frame to its admit or yield decision.",
     "queue_wait": "Time an admitted request waited inside the worker before its prefill started.",
     "time_to_first_token": "Time from an admitted frame to its first token, measured at the governor.",
     "request_duration": "Time from an admitted frame to its final reply, measured at the governor.",

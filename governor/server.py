@@ -36,7 +36,7 @@ def build_state(config: GovernorConfig, upstream: Upstream) -> ServerState:
     return ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
         limiter=InflightLimiter(config.max_inflight),
-        hints=RetryHintEstimator(policy),
+        hints=RetryHintEstimator(policy, config.max_inflight),
         upstream=upstream,
     )
 

@@ -26,12 +26,16 @@ _NL = orjson.OPT_APPEND_NEWLINE
 _dumps = orjson.dumps
 
 
+def bad_json(exc: orjson.JSONDecodeError) -> BadJson:
+    return BadJson(f"invalid JSON: {exc}")
+
+
 def decode(line: bytes) -> Any:
     """One frame's bytes to a Python value; any parse failure is `BadJson`."""
     try:
         return orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise BadJson(f"invalid JSON: {exc}") from None
+        raise bad_json(exc) from None
 
 
 def encode(obj: dict[str, Any]) -> bytes:

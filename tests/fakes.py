@@ -66,7 +66,7 @@ def make_state(
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
         limiter=InflightLimiter(max_inflight),
-        hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), rng=random.Random(7)),
+        hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7)),
         upstream=upstream or FakeUpstream(),  # type: ignore[arg-type]
         clock=clock or FakeClock(),
     )
