@@ -170,6 +170,38 @@ def test_no_worker_gives_worker_unavailable(start_governor: Start) -> None:
     assert gov.stats()["inflight"] == 0
 
 
+def test_external_worker_over_tcp_with_optional_integrity(start_governor: Start) -> None:
+    worker_port = free_port()
+    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{worker_port}", "--token-delay-ms", "20"]
+
+    def start_worker() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    worker = start_worker()
+    try:
+        gov = start_governor("--worker", f"127.0.0.1:{worker_port}", "--integrity", "optional")
+        c = gov.conn()
+        c.send_raw(b'{"id":"plain","prompt":"no digest"}\n')  # optional: frames without size/sha256 pass
+        assert c.until_final("plain")[-1]["text"] == "no digest"
+        c.send_raw(b'{"id":"wrong","prompt":"abc","size":2}\n')  # but what is declared is checked
+        assert c.recv()["code"] == "integrity"
+        c.send("long", "l" * 100, max_new_tokens=100)
+        assert c.recv()["status"] == "token"
+        worker.kill()
+        worker.wait()
+        assert c.until_final("long")[-1]["code"] == "worker_lost"
+        c.send("gap", "x")
+        assert c.recv()["code"] == "worker_unavailable"
+        assert gov.http("/readyz")[0] == 503
+        worker = start_worker()  # the governor reconnects by itself
+        gov.wait_until(lambda: gov.http("/readyz")[0] == 200, what="reconnect to the restarted worker")
+        c.send("back", "again")
+        assert c.until_final("back")[-1]["text"] == "again"
+    finally:
+        worker.kill()
+        worker.wait()
+
+
 def test_client_disconnect_mid_stream_frees_its_slot(start_governor: Start) -> None:
     gov = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "20"))
     c = gov.conn()
