@@ -137,7 +137,7 @@ class Ingress:
         return b""
 
     def _reject(self, exc: RequestRejected) -> bytes:
-        acc = self._state.accounting
+        acc = self._accounting
         acc.received += 1
         acc.record(Outcome.REJECTED, exc.code)
         return encode_error(exc)
@@ -152,8 +152,13 @@ class Ingress:
 
     def fail_internal(self) -> None:
         """A bug surfaced while handling this connection's input: send what is ready, count it,
-        say so. The caller closes the connection, which settles its in-flight requests."""
-        acc = self._state.accounting
+        say so. The caller closes the connection, which settles its in-flight requests.
+
+        The internal error is counted as one more received frame that failed: the frame that hit
+        the bug was either already settled (a yield or reject counted before the failure) or is
+        in `active` and gets settled on close, so the balance holds either way.
+        """
+        acc = self._accounting
         acc.received += 1
         acc.record(Outcome.FAILED, InternalError.code)
         self._pending.append(encode_error(InternalError("internal error; closing the connection")))
@@ -177,7 +182,6 @@ class Ingress:
             if request.t_first_token is None:
                 request.t_first_token = state.clock()
                 state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
-            request.num_tokens += 1
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))

@@ -6,6 +6,7 @@ One object holds the limiter, the hint estimator, the accounting and the open co
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -14,6 +15,8 @@ from governor.accounting import Accounting, Outcome
 from governor.admission import InflightLimiter, RetryHintEstimator
 from governor.metrics import LatencyMetrics
 from governor.validation import Limits
+
+log = logging.getLogger("governor.state")
 
 if TYPE_CHECKING:
     from governor.upstream import Upstream, WorkerLink
@@ -43,7 +46,7 @@ class ClientConnection(Protocol):
 class InflightRequest:
     """What the governor keeps for one admitted request; dropped at its final reply."""
 
-    __slots__ = ("client_id", "uid", "stream", "owner", "link", "t_received", "t_first_token", "num_tokens")
+    __slots__ = ("client_id", "uid", "stream", "owner", "link", "t_received", "t_first_token", "settled")
 
     def __init__(self, client_id: str, stream: bool, owner: RequestOwner, t_received: float) -> None:
         self.client_id = client_id
@@ -53,7 +56,7 @@ class InflightRequest:
         self.link: WorkerLink | None = None
         self.t_received = t_received
         self.t_first_token: float | None = None
-        self.num_tokens = 0
+        self.settled = False
 
 
 class ServerState:
@@ -90,7 +93,12 @@ class ServerState:
         self.worker_restarts = 0
 
     def finish(self, request: InflightRequest, outcome: Outcome, reason: str = "") -> None:
-        """Settle an admitted request: free its slot, count it, forget it everywhere."""
+        """Settle an admitted request: free its slot, count it, forget it everywhere. Exactly once:
+        a second call (a late frame racing a disconnect, say) must not free someone else's slot."""
+        if request.settled:
+            log.error("event=double_settle id=%r outcome=%s", request.client_id, outcome.value)
+            return
+        request.settled = True
         self.limiter.release()
         self.accounting.record(outcome, reason)
         request.owner.active.pop(request.client_id, None)

@@ -149,6 +149,18 @@ def test_disconnect_frees_slots_and_cancels_in_the_worker() -> None:
     assert state.accounting.unbalanced_by(0) == 0
 
 
+def test_a_request_is_settled_at_most_once() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=2, upstream=upstream)
+    ingress, _ = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b"))
+    request = upstream.dispatched["1"][0]
+    state.finish(request, Outcome.EXECUTED)
+    state.finish(request, Outcome.FAILED, "worker_lost")  # must not free b's slot
+    assert state.limiter.inflight == 1 and list(ingress.active) == ["b"]
+    assert (state.accounting.executed, state.accounting.failed["worker_lost"]) == (1, 0)
+
+
 def test_draining_yields_with_reason_draining() -> None:
     state = make_state()
     state.draining = True
