@@ -34,8 +34,8 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## the benchmarks whose numbers go into docs/BENCHMARKS.md
-	$(PY) benchmarks/yield_throughput.py
-	$(PY) benchmarks/memory.py
+	$(PY) -m benchmarks.yield_throughput
+	$(PY) -m benchmarks.memory
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,11 +1,12 @@
 """Yield-path throughput: the governor against a bare uvloop+orjson server, same client, same run.
 
-The governor runs with --max-inflight 1 and one long request holding the slot, so every measured
-frame goes through the full path (split, parse, validate, duplicate check, admission, retry hint,
-accounting, decision histogram) and is answered with a yield. Runs alternate bare/governor to
-share the machine's noise; the result is the ratio of medians.
+The governor runs with --max-inflight 1. A few requests complete first, so the retry hint runs
+its adaptive path (computed from the observed service time); then one long request holds the
+slot, and every measured frame goes through the whole yield path (split, parse, envelope check,
+duplicate check, admission, retry hint, accounting, decision histogram) and is answered with a
+yield. Runs alternate bare/governor to share the machine's noise.
 
-    python benchmarks/yield_throughput.py [--repeats 3] [--seconds 3] [--connections 4]
+    python -m benchmarks.yield_throughput [--repeats 3] [--seconds 3] [--connections 4]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import orjson
 
 from benchmarks.common import ROOT, free_port, machine, start, start_governor, stats, stop, wait_for_port, wait_until
+from governor.client import Client
 from governor.wire import encode, generate_frame
 
 
@@ -54,14 +56,22 @@ def run_bare(args: argparse.Namespace) -> float:
         stop(proc)
 
 
-def run_governor(args: argparse.Namespace, log: Path) -> float:
-    proc, port = start_governor("--max-inflight", "1", worker_args=("--first-token-delay-ms", "3600000"), log=log)
+def run_governor(args: argparse.Namespace, log: Path) -> tuple[float, list[int]]:
+    """Frames/s on the yield path, and the retry hints a client sees right after the run."""
+    proc, port = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "1000"), log=log)
     try:
+        with Client("127.0.0.1", port) as client:
+            for _ in range(20):  # empty prompts end at once (eos): service times get observed
+                assert list(client.generate(""))[-1]["status"] == "done"
+        assert stats(port)["service_time_ms"] is not None
         holder = socket.create_connection(("127.0.0.1", port))
-        holder.sendall(encode(generate_frame("holder", "x")))
+        holder.sendall(encode(generate_frame("holder", "x", max_new_tokens=4096, stop_on_eos=False)))
         wait_until(lambda: stats(port)["inflight"] == 1)
         try:
-            return measure(port, args)
+            rate = measure(port, args)
+            with Client("127.0.0.1", port) as client:
+                hints = [list(client.generate("x"))[-1]["retry_hint_ms"] for _ in range(5)]
+            return rate, hints
         finally:
             holder.close()
     finally:
@@ -79,8 +89,13 @@ def main() -> None:
     bare, gov = [], []
     for i in range(args.repeats):
         bare.append(run_bare(args))
-        gov.append(run_governor(args, log))
-        print(f"run {i + 1}: bare {bare[-1]:,.0f} frames/s, governor {gov[-1]:,.0f} frames/s", flush=True)
+        rate, hints = run_governor(args, log)
+        gov.append(rate)
+        print(
+            f"run {i + 1}: bare {bare[-1]:,.0f} frames/s, governor {gov[-1]:,.0f} frames/s "
+            f"(retry hints right after: {hints} ms)",
+            flush=True,
+        )
     b, g = statistics.median(bare), statistics.median(gov)
     print(f"\nmachine: {machine()}")
     print("| server | median frames/s | runs |\n|---|---|---|")

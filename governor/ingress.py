@@ -124,7 +124,7 @@ class Ingress:
         try:
             validate_generate(obj, state.limits)
             verify_integrity(obj, state.limits)
-            generate = GenerateRequest.from_frame(obj)
+            generate = GenerateRequest.from_frame(obj, state.limits)
         except RequestRejected as exc:
             state.finish(request, Outcome.REJECTED, exc.code)  # the slot is refunded at once
             return encode_error(exc)

@@ -66,7 +66,7 @@ _HISTOGRAM_HELP = {
     "admission_decision": "Time from the read that completed a generate frame to its admit or yield decision.",
     "queue_wait": "Time an admitted request waited inside the worker before its prefill started.",
     "time_to_first_token": "Time from an admitted frame to its first token, measured at the governor.",
-    "request_duration": "Time from an admitted frame to its final reply, measured at the governor.",
+    "request_duration": "Time from frame arrival to the final reply, for requests dispatched to a worker.",
 }
 
 

@@ -40,8 +40,11 @@ class GovernorProtocol(asyncio.Protocol):
             self._transport.close()
 
     def eof_received(self) -> bool | None:
-        # The client closed (or half-closed) its side: it is treated as gone. Returning None closes
-        # ours too, and connection_lost frees its slots and cancels its requests in the worker.
+        # The client closed (or half-closed) its side: it is treated as gone. Its slots are freed and
+        # its requests cancelled now, not when our side has flushed (a full write buffer can take
+        # long); returning None then closes our side once the replies already written are out.
+        if self._ingress is not None:
+            self._ingress.connection_lost()
         return None
 
     def pause_writing(self) -> None:

@@ -104,8 +104,8 @@ class ServerState:
         request.owner.active.pop(request.client_id, None)
         if request.link is not None:
             request.link.inflight.pop(request.uid, None)
-        if outcome is Outcome.REJECTED:
-            return  # an invalid frame refused after admission never ran: no duration to report
+        if request.link is None:
+            return  # never reached a worker (invalid after admission, or no worker): no duration
         elapsed = self.clock() - request.t_received
         self.latency.request_duration.observe(elapsed)
         if outcome is Outcome.EXECUTED:

@@ -74,15 +74,21 @@ class WorkerLink(asyncio.Protocol):
         touched: set[RequestOwner] = set()
         inflight = self.inflight
         for line in self._splitter.feed(data):
-            if line is TOO_LARGE:
-                log.error("event=worker_protocol_error worker=%s error=frame_too_large", self.address)
-                continue
             try:
+                if line is TOO_LARGE:
+                    raise ValueError("frame too large")
                 frame = orjson.loads(line)
-                request = inflight.get(frame["id"])
-            except (orjson.JSONDecodeError, TypeError, KeyError):
-                log.error("event=worker_protocol_error worker=%s frame=%r", self.address, line[:200])
-                continue
+                rid = frame["id"]
+                if type(rid) is not str:
+                    raise ValueError("frame without a request id")
+            except (orjson.JSONDecodeError, ValueError, TypeError, KeyError) as exc:
+                # A reply we cannot attribute may have been some request's final one: rather than
+                # leave that request hanging, treat the link as broken. connection_lost then fails
+                # everything in flight on it with worker_lost, and the link reconnects.
+                log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, line[:200])
+                self.close()
+                break
+            request = inflight.get(rid)
             if request is None:
                 continue  # already settled (cancelled by its client, or the link was reset)
             request.owner.worker_frame(request, frame)

@@ -147,12 +147,13 @@ class GenerateRequest:
     stream: bool = True
 
     @classmethod
-    def from_frame(cls, obj: dict[str, Any], request_id: str | None = None) -> GenerateRequest:
-        """Build from a frame that passed `validate_generate`; absent or null fields take the defaults."""
+    def from_frame(cls, obj: dict[str, Any], limits: Limits) -> GenerateRequest:
+        """Build from a frame that passed `validate_generate`; absent or null fields take the defaults
+        (the default token count never exceeds the server's limit)."""
         return cls(
-            id=obj["id"] if request_id is None else request_id,
+            id=obj["id"],
             prompt=obj["prompt"],
-            max_new_tokens=_field(obj, "max_new_tokens", DEFAULT_MAX_NEW_TOKENS),
+            max_new_tokens=_field(obj, "max_new_tokens", min(DEFAULT_MAX_NEW_TOKENS, limits.max_new_tokens)),
             temperature=float(_field(obj, "temperature", 1.0)),
             top_p=float(_field(obj, "top_p", 1.0)),
             top_k=_field(obj, "top_k", 0),

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
+
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
 from governor.errors import WorkerUnavailable
 from governor.ingress import Ingress
@@ -23,10 +25,17 @@ class FakeClock:
         self.now += seconds
 
 
+class FakeLink:
+    def __init__(self) -> None:
+        self.address = "fake"
+        self.inflight: dict[str, InflightRequest] = {}
+
+
 class FakeUpstream:
     """Records dispatches and cancels instead of talking to a worker."""
 
     def __init__(self) -> None:
+        self.link = FakeLink()
         self.links: list[Any] = []
         self.available = True
         self.dispatched: dict[str, tuple[InflightRequest, GenerateRequest]] = {}
@@ -38,6 +47,8 @@ class FakeUpstream:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next += 1
         request.uid = str(self._next)
+        request.link = self.link  # type: ignore[assignment]
+        self.link.inflight[request.uid] = request
         self.dispatched[request.uid] = (request, generate)
 
     def cancel(self, request: InflightRequest) -> None:
@@ -75,3 +86,30 @@ def make_state(
 def make_ingress(state: ServerState, max_frame_bytes: int = 4096) -> tuple[Ingress, FakeTransportWrites]:
     writes = FakeTransportWrites()
     return Ingress(state, writes, max_frame_bytes), writes
+
+
+class FakeTransport:
+    """Enough of asyncio.Transport for protocol unit tests."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+        self.closed = False
+        self.reading = True
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def replies(self) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in bytes(self.written).splitlines()]

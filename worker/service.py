@@ -105,7 +105,7 @@ class WorkerConnection(asyncio.Protocol):
                 raise UnknownOp("the worker serves generate, cancel and ping", frame.get("id"))
             validate_generate(frame, WORKER_LIMITS)
             verify_integrity(frame, WORKER_LIMITS)
-            request = GenerateRequest.from_frame(frame)
+            request = GenerateRequest.from_frame(frame, WORKER_LIMITS)
             if request.id in self._active:
                 raise DuplicateId(f"id {request.id!r} is already running", request.id)
         except RequestRejected as exc:

@@ -51,6 +51,7 @@ def test_repeatable_worker_flag() -> None:
         (["--worker", "nowhere"], "--worker"),
         (["--retry-hint-min-ms", "50", "--retry-hint-max-ms", "10"], "--retry-hint-min-ms"),
         (["--integrity", "maybe"], "--integrity"),
+        (["--max-frame-bytes", str(16 * 1024 * 1024 + 1)], "--max-frame-bytes"),
     ],
 )
 def test_invalid_configuration_fails_naming_the_setting(

@@ -87,7 +87,7 @@ def test_non_object_frames_and_bad_json() -> None:
 def test_null_fields_mean_absent() -> None:
     frame = good(**dict.fromkeys(["max_new_tokens", "temperature", "top_p", "top_k", "seed", "stop_on_eos", "stream"]))
     assert validate_frame(frame, LIMITS) == "generate"
-    request = GenerateRequest.from_frame(frame)
+    request = GenerateRequest.from_frame(frame, LIMITS)
     assert request == GenerateRequest(id="r1", prompt="héllo")
 
 
@@ -121,10 +121,12 @@ def test_integrity_modes() -> None:
 
 
 def test_generate_request_defaults_and_round_trip() -> None:
-    request = GenerateRequest.from_frame({"id": "a", "prompt": "p"})
+    request = GenerateRequest.from_frame({"id": "a", "prompt": "p"}, LIMITS)
     assert (request.max_new_tokens, request.temperature, request.stream, request.stop_on_eos) == (16, 1.0, True, True)
-    again = GenerateRequest.from_frame(request.to_frame())
+    again = GenerateRequest.from_frame(request.to_frame(), LIMITS)
     assert again == request
+    # The default never exceeds a lower server limit.
+    assert GenerateRequest.from_frame({"id": "a", "prompt": "p"}, Limits(max_new_tokens=8)).max_new_tokens == 8
 
 
 def test_reply_bytes_are_pinned() -> None:

@@ -1,0 +1,59 @@
+"""WorkerLink's handling of what the worker sends, with a fake transport and owner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from governor.address import Address
+from governor.state import InflightRequest
+from governor.upstream import WorkerLink
+from tests.fakes import FakeTransport
+
+
+class Owner:
+    def __init__(self) -> None:
+        self.active: dict[str, InflightRequest] = {}
+        self.frames: list[dict[str, Any]] = []
+        self.lost: list[str] = []
+        self.flushes = 0
+
+    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
+        self.frames.append(frame)
+
+    def worker_lost(self, request: InflightRequest, message: str) -> None:
+        self.lost.append(request.client_id)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
+    link = WorkerLink(Address(path="/tmp/x.sock"))
+    transport = FakeTransport()
+    link.connection_made(transport)  # type: ignore[arg-type]
+    owner = Owner()
+    request = InflightRequest("client-1", True, owner, 0.0)
+    request.uid, request.link = "u1", link
+    link.inflight["u1"] = request
+    return link, transport, owner
+
+
+def test_frames_are_routed_by_uid_and_unknown_uids_skipped() -> None:
+    link, transport, owner = linked()
+    link.data_received(b'{"id":"u1","status":"token","index":0}\n{"id":"gone","status":"done"}\n')
+    assert owner.frames == [{"id": "u1", "status": "token", "index": 0}]
+    assert owner.flushes == 1 and not transport.closed
+
+
+@pytest.mark.parametrize(
+    "garbage", [b"not json\n", b'{"status":"done"}\n', b'{"id":null,"status":"error"}\n', b"[1]\n"]
+)
+def test_an_unattributable_reply_breaks_the_link_so_nothing_hangs(garbage: bytes) -> None:
+    link, transport, owner = linked()
+    link.data_received(garbage + b'{"id":"u1","status":"done"}\n')
+    assert transport.closed and owner.frames == []  # nothing after the garbage is trusted
+    link.connection_lost(None)
+    assert owner.lost == ["client-1"]
+    assert not link.is_connected
