@@ -85,7 +85,8 @@ class WorkerLink(asyncio.Protocol):
                 # A reply we cannot attribute may have been some request's final one: rather than
                 # leave that request hanging, treat the link as broken. connection_lost then fails
                 # everything in flight on it with worker_lost, and the link reconnects.
-                log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, line[:200])
+                preview = line[:200] if isinstance(line, bytes) else line
+                log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, preview)
                 self.close()
                 break
             request = inflight.get(rid)
