@@ -56,14 +56,15 @@ def run_bare(args: argparse.Namespace) -> float:
         stop(proc)
 
 
-def run_governor(args: argparse.Namespace, log: Path) -> tuple[float, list[int]]:
-    """Frames/s on the yield path, and the retry hints a client sees right after the run."""
+def run_governor(args: argparse.Namespace, log: Path) -> tuple[float, list[int], float]:
+    """Frames/s on the yield path, the retry hints a client sees right after, the service time (ms)."""
     proc, port = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "1000"), log=log)
     try:
         with Client("127.0.0.1", port) as client:
             for _ in range(20):  # empty prompts end at once (eos): service times get observed
                 assert list(client.generate(""))[-1]["status"] == "done"
-        assert stats(port)["service_time_ms"] is not None
+        service_time_ms = stats(port)["service_time_ms"]
+        assert service_time_ms is not None
         holder = socket.create_connection(("127.0.0.1", port))
         holder.sendall(encode(generate_frame("holder", "x", max_new_tokens=4096, stop_on_eos=False)))
         wait_until(lambda: stats(port)["inflight"] == 1)
@@ -71,7 +72,7 @@ def run_governor(args: argparse.Namespace, log: Path) -> tuple[float, list[int]]
             rate = measure(port, args)
             with Client("127.0.0.1", port) as client:
                 hints = [list(client.generate("x"))[-1]["retry_hint_ms"] for _ in range(5)]
-            return rate, hints
+            return rate, hints, service_time_ms
         finally:
             holder.close()
     finally:
@@ -89,11 +90,11 @@ def main() -> None:
     bare, gov = [], []
     for i in range(args.repeats):
         bare.append(run_bare(args))
-        rate, hints = run_governor(args, log)
+        rate, hints, service_time_ms = run_governor(args, log)
         gov.append(rate)
         print(
             f"run {i + 1}: bare {bare[-1]:,.0f} frames/s, governor {gov[-1]:,.0f} frames/s "
-            f"(retry hints right after: {hints} ms)",
+            f"(observed service time {service_time_ms} ms; retry hints right after: {hints} ms)",
             flush=True,
         )
     b, g = statistics.median(bare), statistics.median(gov)
