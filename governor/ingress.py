@@ -26,7 +26,7 @@ from governor.errors import (
 )
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.state import InflightRequest, ServerState
-from governor.validation import OP_GENERATE, OP_PING, GenerateRequest, frame_op, validate_generate, verify_integrity
+from governor.validation import OP_GENERATE, OP_PING, checked_request, frame_op
 from governor.wire import (
     STATUS_DONE,
     STATUS_ERROR,
@@ -122,9 +122,7 @@ class Ingress:
         request = InflightRequest(rid, True, self, now)
         self.active[rid] = request
         try:
-            validate_generate(obj, state.limits)
-            verify_integrity(obj, state.limits)
-            generate = GenerateRequest.from_frame(obj, state.limits)
+            generate = checked_request(obj, state.limits)
         except RequestRejected as exc:
             state.finish(request, Outcome.REJECTED, exc.code)  # the slot is refunded at once
             return encode_error(exc)

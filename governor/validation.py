@@ -126,6 +126,13 @@ def verify_integrity(obj: dict[str, Any], limits: Limits) -> None:
         raise IntegrityMismatch("sha256 mismatch: digest of the prompt bytes differs", rid)
 
 
+def checked_request(obj: dict[str, Any], limits: Limits) -> GenerateRequest:
+    """Every check after the envelope, in order (fields, then integrity), and the request they allow."""
+    validate_generate(obj, limits)
+    verify_integrity(obj, limits)
+    return GenerateRequest.from_frame(obj, limits)
+
+
 def _field(obj: dict[str, Any], key: str, default: Any) -> Any:
     # JSON null means "not given" for every optional field, as in validate_generate.
     value = obj.get(key)

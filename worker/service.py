@@ -18,12 +18,10 @@ from governor.validation import (
     OP_CANCEL,
     OP_GENERATE,
     OP_PING,
-    GenerateRequest,
     IntegrityMode,
     Limits,
+    checked_request,
     frame_op,
-    validate_generate,
-    verify_integrity,
 )
 from governor.wire import STATUS_DONE, decode, encode, encode_error, encode_pong, encode_token
 from worker.config import WorkerConfig
@@ -103,9 +101,7 @@ class WorkerConnection(asyncio.Protocol):
                 return
             if frame_op(frame) != OP_GENERATE:
                 raise UnknownOp("the worker serves generate, cancel and ping", frame.get("id"))
-            validate_generate(frame, WORKER_LIMITS)
-            verify_integrity(frame, WORKER_LIMITS)
-            request = GenerateRequest.from_frame(frame, WORKER_LIMITS)
+            request = checked_request(frame, WORKER_LIMITS)
             if request.id in self._active:
                 raise DuplicateId(f"id {request.id!r} is already running", request.id)
         except RequestRejected as exc:
