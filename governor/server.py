@@ -86,6 +86,7 @@ class Server:
             supervisor = self._spawn_worker(str(addresses[0]), upstream.links[0], state)
 
         metrics: MetricsEndpoint | None = None
+        max_open_files = raise_fd_limit()
         try:
             upstream.start()
             if config.metrics_port:
@@ -100,7 +101,7 @@ class Server:
                 config.port,
                 config.metrics_port,
                 config.max_inflight,
-                raise_fd_limit(),
+                max_open_files,
                 ",".join(link.address for link in upstream.links),
             )
             await self._stop.wait()
@@ -147,6 +148,6 @@ class Server:
         deadline = loop.time() + CANCEL_GRACE_S
         while state.limiter.inflight and loop.time() < deadline:
             await asyncio.sleep(0.01)
-        for request in [r for r in leftovers if r.owner.active.get(r.client_id) is r]:
+        for request in [r for r in leftovers if not r.settled]:
             request.owner.worker_lost(request, "shutdown: the worker did not confirm cancellation")
             request.owner.flush()
