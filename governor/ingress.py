@@ -48,17 +48,7 @@ class Ingress:
     `write` receives the bytes to send; the transport adapter owns flow control and closing.
     """
 
-    __slots__ = (
-        "_state",
-        "_write",
-        "_splitter",
-        "_pending",
-        "active",
-        "_limiter",
-        "_hints",
-        "_accounting",
-        "_decisions",
-    )
+    __slots__ = ("_state", "_write", "_splitter", "_pending", "active")
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
@@ -66,11 +56,6 @@ class Ingress:
         self._splitter = LineSplitter(max_frame_bytes)
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
-        # Direct references to the shared objects the per-frame path touches (one lookup less each).
-        self._limiter = state.limiter
-        self._hints = state.hints
-        self._accounting = state.accounting
-        self._decisions = state.latency.admission_decision
 
     # -- client side ------------------------------------------------------------------------------
 
@@ -102,17 +87,17 @@ class Ingress:
         rid: str = obj["id"]
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
-        accounting = self._accounting
+        accounting = state.accounting
         accounting.received += 1
-        limiter = self._limiter
-        if state.draining or not limiter.try_acquire():
+        decisions = state.latency.admission_decision
+        if state.draining or not state.limiter.try_acquire():
             # The hot path under overload: decided and encoded here, written with this read's replies.
             reason = YIELD_DRAINING if state.draining else YIELD_INFLIGHT
             accounting.yielded[reason] += 1
-            reply = encode_yield(rid, self._hints.hint_ms(now), reason)
-            self._decisions.observe(perf_counter() - started)
+            reply = encode_yield(rid, state.hints.hint_ms(now), reason)
+            decisions.observe(perf_counter() - started)
             return reply
-        self._decisions.observe(perf_counter() - started)
+        decisions.observe(perf_counter() - started)
         return self._admit(obj, rid, now)
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float) -> bytes:
@@ -135,7 +120,7 @@ class Ingress:
         return b""
 
     def _reject(self, exc: RequestRejected) -> bytes:
-        acc = self._accounting
+        acc = self._state.accounting
         acc.received += 1
         acc.record(Outcome.REJECTED, exc.code)
         return encode_error(exc)
@@ -156,7 +141,7 @@ class Ingress:
         the bug was either already settled (a yield or reject counted before the failure) or is
         in `active` and gets settled on close, so the balance holds either way.
         """
-        acc = self._accounting
+        acc = self._state.accounting
         acc.received += 1
         acc.record(Outcome.FAILED, InternalError.code)
         self._pending.append(encode_error(InternalError("internal error; closing the connection")))
