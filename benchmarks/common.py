@@ -59,10 +59,12 @@ def start(argv: list[str], log: Path | None = None) -> Popen:
 
 
 def start_governor(*flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None) -> tuple[Popen, int]:
-    """A governor with its spawned worker on a free port (metrics off), once the worker is linked."""
+    """A governor with its spawned worker (echo unless `worker_args` choose) on a free port (metrics
+    off), once the worker is linked."""
     port = free_port()
     argv = ["-m", "governor", "serve", "--port", str(port), "--metrics-port", "0", "--log-level", "warning", *flags]
-    proc = start([*argv, "--", *worker_args] if worker_args else argv, log)
+    engine = () if "--engine" in worker_args else ("--engine", "echo")
+    proc = start([*argv, "--", *engine, *worker_args], log)
     wait_for_port(port)
     wait_until(lambda: stats(port)["workers"][0]["up"])
     return proc, port

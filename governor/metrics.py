@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from governor.state import ServerState
+    from governor.upstream import WorkerLink
 
 # Decision latency is microseconds; request latencies span ms (echo) to minutes (long generations).
 DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2)
@@ -70,6 +71,38 @@ _HISTOGRAM_HELP = {
 }
 
 
+# The worker's pushed statistics (worker/engines/gpt2.py `stats`) exported per worker link. Keys
+# ending in `_total` are counters (they restart at 0 when a worker restarts); the rest are gauges.
+WORKER_STATS_HELP = {
+    "steps_total": "Engine steps (one batched forward each).",
+    "step_sequences_total": "Sequences summed over steps; / steps = mean batch size.",
+    "prefill_tokens_total": "Prompt tokens run through the model.",
+    "generated_tokens_total": "Tokens generated (streamed to clients).",
+    "finished_total": "Requests the engine finished (any finish reason).",
+    "busy_seconds_total": "Seconds spent in engine steps; its rate is the engine's utilisation.",
+    "running": "Sequences in the running batch (prefilling or decoding).",
+    "waiting": "Requests queued inside the worker, waiting for a batch slot or KV cache room.",
+    "kv_cache_used_tokens": "KV cache rows reserved by running sequences.",
+    "kv_cache_capacity_tokens": "KV cache size in tokens (--kv-cache-tokens).",
+    "kv_cache_bytes": "Bytes of the preallocated KV cache.",
+}
+
+
+def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    for key, help_text in WORKER_STATS_HELP.items():
+        samples = [(link.address, link.engine_stats[key]) for link in links if key in link.engine_stats]
+        if not samples:
+            continue
+        family: GaugeMetricFamily | CounterMetricFamily
+        if key.endswith("_total"):
+            family = CounterMetricFamily(f"governor_worker_{key[:-6]}", help_text, labels=["worker"])
+        else:
+            family = GaugeMetricFamily(f"governor_worker_{key}", help_text, labels=["worker"])
+        for address, value in samples:
+            family.add_metric([address], value)
+        yield family
+
+
 class GovernorCollector(Collector):
     def __init__(self, state: ServerState) -> None:
         self._state = state
@@ -107,6 +140,7 @@ class GovernorCollector(Collector):
             inflight.add_metric([link.address], len(link.inflight))
         yield up
         yield inflight
+        yield from _worker_stats_families(s.upstream.links)
         yield CounterMetricFamily(
             "governor_worker_restarts", "Spawned workers restarted after exiting.", s.worker_restarts
         )

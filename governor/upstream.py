@@ -19,7 +19,7 @@ from governor.errors import WorkerUnavailable
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.state import InflightRequest, RequestOwner
 from governor.validation import OP_CANCEL, GenerateRequest
-from governor.wire import encode
+from governor.wire import WORKER_STATS_ID, encode
 
 log = logging.getLogger("governor.upstream")
 
@@ -36,6 +36,7 @@ class WorkerLink(asyncio.Protocol):
         self._address = address
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # set when the governor spawned this worker
+        self.engine_stats: dict[str, Any] = {}  # the worker's latest pushed statistics
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
         self._closed: asyncio.Future[None] | None = None
@@ -89,6 +90,9 @@ class WorkerLink(asyncio.Protocol):
                 log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, preview)
                 self.close()
                 break
+            if rid == WORKER_STATS_ID:
+                self.engine_stats = frame
+                continue
             request = inflight.get(rid)
             if request is None:
                 continue  # already settled (cancelled by its client, or the link was reset)
@@ -99,6 +103,7 @@ class WorkerLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self.engine_stats = {}
         lost = list(self.inflight.values())
         if lost:
             log.warning("event=worker_lost worker=%s inflight=%d", self.address, len(lost))

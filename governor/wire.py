@@ -21,6 +21,9 @@ STATUS_YIELD = "yield"
 STATUS_PONG = "pong"
 STATUS_STATS = "stats"
 FINAL_STATUSES = frozenset({STATUS_DONE, STATUS_ERROR, STATUS_YIELD})
+# Worker -> governor only: the engine's statistics, pushed periodically. Request ids the governor
+# assigns are hex strings, so this one can never collide with a request's.
+WORKER_STATS_ID = "~stats"
 
 _NL = orjson.OPT_APPEND_NEWLINE
 _dumps = orjson.dumps

@@ -13,9 +13,28 @@ from governor.options import option
 @dataclass(frozen=True)
 class WorkerConfig:
     listen: str = option("127.0.0.1:7071", "where to accept governor links: unix:PATH or HOST:PORT")
-    engine: Literal["echo"] = option("echo", "what generates tokens")
+    engine: Literal["gpt2", "echo"] = option(
+        "gpt2", "what generates tokens: the GPT-2 engine, or an echo of the prompt"
+    )
+    model: str = option(
+        "random-gpt2",
+        "gpt2: a local Hugging Face GPT-2 directory, or random-gpt2 (GPT-2 small, random weights) / random-tiny",
+        metavar="PATH",
+    )
+    device: Literal["auto", "cpu", "cuda"] = option("auto", "gpt2: where the model runs; auto = cuda when available")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
+        "auto", "gpt2: weights and KV cache type; auto = float32 on cpu, bfloat16 on cuda"
+    )
+    max_batch_size: int = option(32, "gpt2: most sequences in one step (running requests, decoding or prefilling)")
+    prefill_max_batch_size: int = option(0, "gpt2: most waiting requests admitted per step; 0 = --max-batch-size")
+    max_prefill_tokens: int = option(2048, "gpt2: prompt tokens per step; longer prompts are prefilled in chunks")
+    kv_cache_tokens: int = option(
+        16384, "gpt2: KV cache size in tokens, allocated once; requests wait while their span does not fit"
+    )
+    threads: int = option(0, "gpt2: torch CPU threads; 0 = torch's default (the physical cores)")
     token_delay_ms: float = option(0.0, "echo: delay between consecutive tokens")
     first_token_delay_ms: float = option(0.0, "echo: delay before the first token")
+    stats_interval_s: float = option(1.0, "how often engine statistics are pushed to connected governors")
     parent_pid: int = option(0, "exit when this process is gone (set by a spawning governor); 0 = never")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
 
@@ -26,3 +45,10 @@ class WorkerConfig:
             raise ConfigError(f"--listen: {exc}") from None
         if self.token_delay_ms < 0 or self.first_token_delay_ms < 0:
             raise ConfigError("--token-delay-ms and --first-token-delay-ms must be >= 0")
+        for name in ("max_batch_size", "max_prefill_tokens", "kv_cache_tokens"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.prefill_max_batch_size < 0 or self.threads < 0:
+            raise ConfigError("--prefill-max-batch-size and --threads must be >= 0")
+        if self.stats_interval_s <= 0:
+            raise ConfigError("--stats-interval-s must be > 0")

@@ -23,7 +23,16 @@ from governor.validation import (
     checked_request,
     frame_op,
 )
-from governor.wire import STATUS_DONE, decode, encode, encode_error, encode_pong, encode_token
+from governor.wire import (
+    STATUS_DONE,
+    STATUS_STATS,
+    WORKER_STATS_ID,
+    decode,
+    encode,
+    encode_error,
+    encode_pong,
+    encode_token,
+)
 from worker.config import WorkerConfig
 from worker.engines.base import Completion, Engine, RequestHandle
 
@@ -47,20 +56,20 @@ class _Sink:
         self._conn.queue(encode_token(self._id, index, token_id, text))
 
     def done(self, completion: Completion) -> None:
-        self._conn.settle(
-            self._id,
-            encode(
-                {
-                    "id": self._id,
-                    "status": STATUS_DONE,
-                    "text": completion.text,
-                    "prompt_tokens": completion.prompt_tokens,
-                    "completion_tokens": completion.completion_tokens,
-                    "finish_reason": completion.finish_reason,
-                    "queue_wait_ms": round(completion.queue_wait_ms, 3),
-                }
-            ),
-        )
+        frame = {
+            "id": self._id,
+            "status": STATUS_DONE,
+            "text": completion.text,
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+            "finish_reason": completion.finish_reason,
+            "queue_wait_ms": round(completion.queue_wait_ms, 3),
+        }
+        for key in ("prefill_ms", "worker_ttft_ms", "decode_ms"):
+            value = getattr(completion, key)
+            if value is not None:
+                frame[key] = round(value, 3)
+        self._conn.settle(self._id, encode(frame))
 
     def error(self, error: GovernorError) -> None:
         self._conn.settle(self._id, encode_error(error, self._id))
@@ -69,8 +78,9 @@ class _Sink:
 class WorkerConnection(asyncio.Protocol):
     """One governor link. Frames emitted during one loop iteration leave in one write."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, connections: set[WorkerConnection]) -> None:
         self._engine = engine
+        self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_FRAME_BYTES)
         self._pending: list[bytes] = []
@@ -79,6 +89,8 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        self._connections.add(self)
+        self.queue(stats_frame(self._engine))
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
@@ -127,6 +139,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._connections.discard(self)
         for handle in list(self._active.values()):
             handle.cancel()
 
@@ -138,10 +151,28 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
-def make_engine(config: WorkerConfig) -> Engine:
-    from worker.engines.echo import EchoEngine
+def stats_frame(engine: Engine) -> bytes:
+    """Engine statistics, pushed to the governor under a reserved id (it exports them as metrics)."""
+    return encode({"id": WORKER_STATS_ID, "status": STATUS_STATS, **engine.stats()})
 
-    return EchoEngine(config.token_delay_ms, config.first_token_delay_ms)
+
+async def _push_stats(engine: Engine, connections: set[WorkerConnection], interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        if connections:
+            frame = stats_frame(engine)
+            for conn in connections:
+                conn.queue(frame)
+
+
+def make_engine(config: WorkerConfig) -> Engine:
+    if config.engine == "echo":
+        from worker.engines.echo import EchoEngine
+
+        return EchoEngine(config.token_delay_ms, config.first_token_delay_ms)
+    from worker.engines.gpt2 import GPT2Engine
+
+    return GPT2Engine(config)
 
 
 async def serve(config: WorkerConfig) -> int:
@@ -152,13 +183,16 @@ async def serve(config: WorkerConfig) -> int:
     engine = make_engine(config)
     await engine.start()
     address = parse_address(config.listen)
-    server = await start_listener(address, lambda: WorkerConnection(engine))
+    connections: set[WorkerConnection] = set()
+    server = await start_listener(address, lambda: WorkerConnection(engine, connections))
     log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
-    watcher = asyncio.create_task(_watch_parent(config.parent_pid, stop)) if config.parent_pid else None
+    tasks = [asyncio.create_task(_push_stats(engine, connections, config.stats_interval_s))]
+    if config.parent_pid:
+        tasks.append(asyncio.create_task(_watch_parent(config.parent_pid, stop)))
     await stop.wait()
     server.close()
-    if watcher is not None:
-        watcher.cancel()
+    for task in tasks:
+        task.cancel()
     await engine.close()
     if address.is_unix and os.path.exists(address.path):
         os.unlink(address.path)

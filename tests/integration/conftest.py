@@ -142,10 +142,16 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
     started: list[Governor] = []
 
     def start(*flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True) -> Governor:
+        """A governor; unless flags name an external --worker, it spawns one running `worker_args`
+        (the echo engine unless they choose another)."""
         port, metrics_port = free_port(), free_port()
         log = tmp_path / f"governor-{len(started)}.log"
         argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
-        argv += [*flags, "--", *worker_args] if worker_args else list(flags)
+        if "--worker" in flags:
+            argv += flags
+        else:
+            engine = () if "--engine" in worker_args else ("--engine", "echo")
+            argv += [*flags, "--", *engine, *worker_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with log.open("wb") as out:  # the child keeps its own descriptor
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -172,7 +172,8 @@ def test_no_worker_gives_worker_unavailable(start_governor: Start) -> None:
 
 def test_external_worker_over_tcp_with_optional_integrity(start_governor: Start) -> None:
     worker_port = free_port()
-    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{worker_port}", "--token-delay-ms", "20"]
+    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{worker_port}"]
+    argv += ["--engine", "echo", "--token-delay-ms", "20"]
 
     def start_worker() -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -68,6 +68,9 @@ class EchoEngine:
             )
         )
 
+    def stats(self) -> dict[str, float]:
+        return {"running": len(self._tasks)}
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()

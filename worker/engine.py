@@ -1,0 +1,174 @@
+"""The GPT-2 engine's synchronous core: add / cancel / step. One thread drives it (engines/gpt2.py).
+
+`step()` = schedule → run → postprocess, as in nano-vllm. It returns the events of that step
+(tokens, finished requests) instead of calling anyone, so it can be tested and benchmarked
+without sockets or threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from governor.errors import BadFrame
+from governor.validation import GenerateRequest
+from worker.engines.base import Completion
+from worker.runner import ModelRunner
+from worker.scheduler import Scheduler
+from worker.sequence import SamplingParams, Sequence
+from worker.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    seq: Sequence
+    index: int
+    token_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    seq: Sequence
+    completion: Completion
+
+
+Event = TokenEvent | FinishEvent
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic totals since start; the governor exports them as worker_* metrics."""
+
+    steps: int = 0
+    step_sequences: int = 0  # summed over steps: mean batch size = step_sequences / steps
+    prefill_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    busy_seconds: float = 0.0
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer: Tokenizer,
+        scheduler: Scheduler,
+        max_context: int,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.max_context = max_context
+        self.clock = clock
+        self.counters = EngineCounters()
+        self._eos = tokenizer.eos_token_id
+        self._detokenizers: dict[Sequence, IncrementalDetokenizer] = {}
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    def add(self, request: GenerateRequest) -> Sequence:
+        """Queue a request; raises `BadFrame` if it can never run (never truncates silently)."""
+        prompt_ids = self.tokenizer.encode(request.prompt)
+        if not prompt_ids:
+            raise BadFrame("prompt is empty: the model needs at least one prompt token", request.id)
+        total = len(prompt_ids) + request.max_new_tokens
+        if total > self.max_context:
+            raise BadFrame(
+                f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({request.max_new_tokens}) = {total} "
+                f"exceeds the model context of {self.max_context} tokens",
+                request.id,
+            )
+        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+        seq = Sequence(
+            request.id, prompt_ids, request.max_new_tokens, sampling, request.stop_on_eos, t_arrival=self.clock()
+        )
+        if not self.scheduler.fits_ever(seq):
+            raise BadFrame(
+                f"prompt + max_new_tokens needs {seq.kv_tokens_needed} KV cache tokens; "
+                f"the worker's --kv-cache-tokens is {self.scheduler.config.kv_cache_tokens}",
+                request.id,
+            )
+        self._detokenizers[seq] = IncrementalDetokenizer(self.tokenizer)
+        self.scheduler.add(seq)
+        return seq
+
+    def cancel(self, seq: Sequence) -> FinishEvent | None:
+        """Take a request out at this step boundary; None if it already finished."""
+        if seq not in self._detokenizers:
+            return None
+        return self._finish(seq, "cancelled", self.clock())
+
+    def fail_all(self) -> list[Sequence]:
+        """Drop every request (after a failed step) and return them; their spans are freed."""
+        now = self.clock()
+        failed = [*self.scheduler.running, *self.scheduler.waiting]
+        for seq in failed:
+            self.scheduler.finish(seq, "error", now)
+            self.runner.release(seq)
+            del self._detokenizers[seq]
+        return failed
+
+    def step(self) -> list[Event]:
+        scheduler = self.scheduler
+        started = self.clock()
+        chunks = scheduler.schedule(started)
+        if not chunks:
+            return []
+        sampled = iter(self.runner.run(chunks))
+        now = self.clock()
+        counters = self.counters
+        counters.steps += 1
+        counters.step_sequences += len(chunks)
+        counters.busy_seconds += now - started
+        events: list[Event] = []
+        for chunk in chunks:
+            seq = chunk.seq
+            if chunk.start < seq.num_prompt_tokens:
+                counters.prefill_tokens += chunk.num_tokens
+            seq.num_computed = chunk.end
+            if not chunk.samples:
+                continue
+            token = next(sampled)
+            if seq.t_first_token is None:
+                seq.t_first_token = now
+            if token == self._eos and seq.stop_on_eos:
+                events.append(self._finish(seq, "eos", now))
+                continue
+            seq.output_ids.append(token)
+            counters.generated_tokens += 1
+            detokenizer = self._detokenizers[seq]
+            text = detokenizer.push(token)
+            if len(seq.output_ids) < seq.max_new_tokens:
+                events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text))
+            else:
+                events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text + detokenizer.flush()))
+                events.append(self._finish(seq, "length", now))
+        return events
+
+    def _finish(self, seq: Sequence, reason: str, now: float) -> FinishEvent:
+        self.scheduler.finish(seq, reason, now)
+        self.runner.release(seq)
+        del self._detokenizers[seq]
+        self.counters.finished += 1
+        return FinishEvent(seq, completion_of(seq, self.tokenizer.decode(seq.output_ids)))
+
+
+def completion_of(seq: Sequence, text: str) -> Completion:
+    def ms(start: float | None, end: float | None) -> float | None:
+        return None if start is None or end is None else (end - start) * 1000
+
+    return Completion(
+        text=text,
+        prompt_tokens=seq.num_prompt_tokens,
+        completion_tokens=len(seq.output_ids),
+        finish_reason=seq.finish_reason or "cancelled",
+        queue_wait_ms=ms(seq.t_arrival, seq.t_admitted if seq.t_admitted is not None else seq.t_finished) or 0.0,
+        prefill_ms=ms(seq.t_admitted, seq.t_first_token),
+        worker_ttft_ms=ms(seq.t_arrival, seq.t_first_token),
+        decode_ms=ms(seq.t_first_token, seq.t_finished),
+    )

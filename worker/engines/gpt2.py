@@ -1,0 +1,214 @@
+"""The GPT-2 engine behind the worker's socket server: `LLMEngine` driven by one thread.
+
+The event loop only moves frames; model steps run on a dedicated thread (torch releases the GIL
+inside its kernels), so a long prefill never stalls reading cancellations or writing tokens.
+Everything the engine core touches (tokenizer included: a fast tokenizer must not be used from two
+threads at once) is used on that thread only. Requests and cancellations reach it through an inbox
+read at step boundaries; each step's events come back to the loop in one `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from governor.errors import GovernorError, InternalError, RequestRejected
+from governor.validation import GenerateRequest
+from worker.config import WorkerConfig
+from worker.engine import FinishEvent, LLMEngine, TokenEvent
+from worker.engines.base import RequestSink
+from worker.loading import load, resolve_device, resolve_dtype
+from worker.runner import ModelRunner
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequence import Sequence
+
+log = logging.getLogger("worker.gpt2")
+
+
+class _Handle:
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: GPT2Engine) -> None:
+        self._engine = engine
+
+    def cancel(self) -> None:
+        self._engine._post(_Cancel(self))
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    handle: _Handle
+    request: GenerateRequest
+    sink: RequestSink
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    handle: _Handle
+
+
+# What the engine thread hands to the loop: (sink, event or error), in order.
+_Delivery = list[tuple[RequestSink, TokenEvent | FinishEvent | GovernorError]]
+
+
+class GPT2Engine:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self._engine: LLMEngine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._wakeup = threading.Condition()
+        self._inbox: list[_Submit | _Cancel] = []
+        self._stopping = False
+        # Owned by the engine thread:
+        self._by_handle: dict[_Handle, Sequence] = {}
+        self._sinks: dict[Sequence, tuple[_Handle, RequestSink]] = {}
+        self.kv_cache_bytes = 0
+
+    async def start(self) -> None:
+        config = self.config
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        loaded = await asyncio.to_thread(load, config.model, device, dtype)
+        scheduler = Scheduler(
+            SchedulerConfig(
+                max_batch_size=config.max_batch_size,
+                prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
+                max_prefill_tokens=config.max_prefill_tokens,
+                kv_cache_tokens=config.kv_cache_tokens,
+            )
+        )
+        runner = ModelRunner(loaded.model, config.kv_cache_tokens)
+        self.kv_cache_bytes = runner.cache.nbytes
+        self._engine = LLMEngine(runner, loaded.tokenizer, scheduler, max_context=loaded.shape.n_positions)
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="gpt2-engine", daemon=True)
+        self._thread.start()
+        log.info(
+            "event=engine_ready model=%s device=%s dtype=%s layers=%d kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
+            config.model,
+            device,
+            str(dtype).removeprefix("torch."),
+            loaded.shape.n_layer,
+            config.kv_cache_tokens,
+            self.kv_cache_bytes / 2**20,
+            torch.get_num_threads(),
+        )
+
+    def submit(self, request: GenerateRequest, sink: RequestSink) -> _Handle:
+        handle = _Handle(self)
+        self._post(_Submit(handle, request, sink))
+        return handle
+
+    def _post(self, item: _Submit | _Cancel) -> None:
+        with self._wakeup:
+            self._inbox.append(item)
+            self._wakeup.notify()
+
+    def stats(self) -> dict[str, float]:
+        engine = self._engine
+        if engine is None:
+            return {}
+        c = engine.counters
+        s = engine.scheduler
+        return {
+            "steps_total": c.steps,
+            "step_sequences_total": c.step_sequences,
+            "prefill_tokens_total": c.prefill_tokens,
+            "generated_tokens_total": c.generated_tokens,
+            "finished_total": c.finished,
+            "busy_seconds_total": round(c.busy_seconds, 6),
+            "running": len(s.running),
+            "waiting": len(s.waiting),
+            "kv_cache_used_tokens": s.kv.num_used,
+            "kv_cache_capacity_tokens": s.kv.capacity,
+            "kv_cache_bytes": self.kv_cache_bytes,
+        }
+
+    async def close(self) -> None:
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        assert engine is not None
+        while True:
+            with self._wakeup:
+                while not self._inbox and not engine.has_work and not self._stopping:
+                    self._wakeup.wait()
+                inbox, self._inbox = self._inbox, []
+                stopping = self._stopping
+            out: _Delivery = []
+            self._take(engine, inbox, out)
+            if stopping:
+                for seq in list(self._sinks):
+                    finished = engine.cancel(seq)
+                    if finished is not None:
+                        self._emit(finished, out)
+                self._deliver(out)
+                return
+            if engine.has_work:
+                try:
+                    for event in engine.step():
+                        self._emit(event, out)
+                except Exception as exc:  # a failed step fails its requests, not the worker
+                    log.exception("event=engine_step_failed")
+                    for seq in engine.fail_all():
+                        handle, sink = self._sinks.pop(seq)
+                        del self._by_handle[handle]
+                        out.append((sink, InternalError(f"engine step failed: {type(exc).__name__}: {exc}")))
+            self._deliver(out)
+
+    def _take(self, engine: LLMEngine, inbox: list[_Submit | _Cancel], out: _Delivery) -> None:
+        for item in inbox:
+            if isinstance(item, _Submit):
+                try:
+                    seq = engine.add(item.request)
+                except RequestRejected as exc:
+                    out.append((item.sink, exc))
+                    continue
+                except Exception as exc:  # e.g. a tokenizer failure: that request fails, nothing else
+                    log.exception("event=engine_add_failed")
+                    out.append((item.sink, InternalError(f"cannot start the request: {type(exc).__name__}: {exc}")))
+                    continue
+                self._by_handle[item.handle] = seq
+                self._sinks[seq] = (item.handle, item.sink)
+            else:
+                seq_or_none = self._by_handle.get(item.handle)
+                if seq_or_none is not None:
+                    finished = engine.cancel(seq_or_none)
+                    if finished is not None:
+                        self._emit(finished, out)
+
+    def _emit(self, event: TokenEvent | FinishEvent, out: _Delivery) -> None:
+        if isinstance(event, TokenEvent):
+            out.append((self._sinks[event.seq][1], event))
+            return
+        handle, sink = self._sinks.pop(event.seq)
+        del self._by_handle[handle]
+        out.append((sink, event))
+
+    def _deliver(self, out: _Delivery) -> None:
+        if out and self._loop is not None:
+            self._loop.call_soon_threadsafe(_dispatch, out)
+
+
+def _dispatch(out: _Delivery) -> None:
+    for sink, event in out:
+        if isinstance(event, TokenEvent):
+            sink.token(event.index, event.token_id, event.text)
+        elif isinstance(event, FinishEvent):
+            sink.done(event.completion)
+        else:
+            sink.error(event)

@@ -1,0 +1,106 @@
+"""Model and tokenizer loading: a local Hugging Face GPT-2 directory, or an embedded random model.
+
+Offline by construction: `HF_HUB_OFFLINE` is set before transformers is imported and every call
+passes `local_files_only=True`, so nothing is ever fetched from a hub.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from worker.model import GPT2
+from worker.model_shape import GPT2Shape
+from worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+RANDOM_GPT2 = "random-gpt2"
+RANDOM_TINY = "random-tiny"
+RANDOM_MODELS = (RANDOM_GPT2, RANDOM_TINY)
+RANDOM_SEED = 0
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ModelLoadError(Exception):
+    """The model named by --model cannot be loaded (missing, not GPT-2, unreadable)."""
+
+
+@dataclass
+class LoadedModel:
+    model: GPT2
+    tokenizer: Tokenizer
+    shape: GPT2Shape
+    eos_token_id: int
+
+
+def random_config(name: str) -> Any:
+    """GPT-2 small's architecture (`GPT2Config()` defaults), or a 2-layer toy over bytes."""
+    from transformers import GPT2Config
+
+    if name == RANDOM_GPT2:
+        return GPT2Config()
+    # 256 byte tokens + end-of-text: the byte tokenizer covers the whole vocabulary.
+    return GPT2Config(
+        vocab_size=257, n_positions=1024, n_embd=64, n_layer=2, n_head=4, bos_token_id=256, eos_token_id=256
+    )
+
+
+def load_hf_model(spec: str) -> tuple[Any, Tokenizer]:
+    """The transformers `GPT2LMHeadModel` (float32, CPU, eval) and tokenizer that `spec` names.
+
+    Random models get seeded weights from transformers' own initialisation, so the engine, the
+    tests and the benchmark's HF baselines all see the same weights.
+    """
+    from transformers import AutoConfig, AutoTokenizer, GPT2LMHeadModel
+
+    if spec in RANDOM_MODELS:
+        config = random_config(spec)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(RANDOM_SEED)
+            model = GPT2LMHeadModel(config)
+        return model.eval(), ByteTokenizer(config.vocab_size, config.eos_token_id)
+    path = Path(spec)
+    if not path.is_dir():
+        raise ModelLoadError(f"--model {spec!r}: no such directory (or use one of {', '.join(RANDOM_MODELS)})")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"--model {spec!r}: cannot read config.json: {exc}") from None
+    if config.model_type != "gpt2":
+        raise ModelLoadError(f"--model {spec!r}: model_type is {config.model_type!r}, this engine runs gpt2")
+    try:
+        model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return model.eval(), HFTokenizer(tokenizer)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"--model {spec!r}: {exc}") from None
+
+
+def load(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    hf_model, tokenizer = load_hf_model(spec)
+    shape = GPT2Shape.from_config(hf_model.config)
+    model = GPT2(shape)
+    model.load_hf_state_dict(hf_model.state_dict())
+    del hf_model
+    model = model.to(device=device, dtype=dtype).eval()
+    model.requires_grad_(False)
+    return LoadedModel(model, tokenizer, shape, tokenizer.eos_token_id)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError("--device cuda: CUDA is not available on this machine")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]

@@ -1,0 +1,72 @@
+"""One request's state inside the GPT-2 engine. No torch."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """Token ids, cache position and timings of one request.
+
+    `num_computed` counts the tokens whose keys and values are in the cache. While it is below
+    `len(prompt_ids)` the sequence is prefilling (maybe in chunks); afterwards each step feeds the
+    last sampled token. Compared by identity: two requests never share a sequence.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop_on_eos: bool
+    t_arrival: float
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    kv_start: int = -1
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+    t_admitted: float | None = None
+    t_first_token: float | None = None
+    t_finished: float | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def kv_tokens_needed(self) -> int:
+        """Cache rows for the whole life of the sequence; the last sampled token is never fed back."""
+        return len(self.prompt_ids) + self.max_new_tokens - 1
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed < len(self.prompt_ids)
+
+    def token_at(self, index: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[index] if index < n else self.output_ids[index - n]
