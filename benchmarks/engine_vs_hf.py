@@ -1,0 +1,341 @@
+"""The GPT-2 engine against Hugging Face `generate` on the same weights, in one process and one run.
+
+    python -m benchmarks.engine_vs_hf [--model random-gpt2] [--workloads uniform,mixed] [--device cpu]
+
+For each workload it runs the baselines (HF one request at a time; HF static batches of 8 and 32
+with left padding; transformers' own continuous batching manager) and this engine with every
+request submitted at once, and prints generated tokens/s, the ratios, the peak RSS of each run and
+whether the engine's greedy tokens equal HF's. Then it times decode steps at batch 1/8/32 next to
+the bare chain of GPT-2's matrix multiplies at the same shapes, to show how close to the hardware a
+step is. Tokens/s counts useful tokens: each request's own `max_new_tokens` (end-of-sequence is
+ignored everywhere, so every request generates exactly that many), not the padding rows a static
+batch keeps computing after its short requests are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import machine
+from governor.validation import GenerateRequest
+from worker.engine import FinishEvent, LLMEngine
+from worker.loading import load, load_hf_model
+from worker.runner import ModelRunner
+from worker.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    prompts: list[str]
+    max_new_tokens: list[int]
+
+    @property
+    def useful_tokens(self) -> int:
+        return sum(self.max_new_tokens)
+
+
+def make_workload(name: str, seed: int) -> Workload:
+    rng = random.Random(seed)
+    alphabet = "abcdefghijklmnopqrstuvwxyz      "
+
+    def text(n: int) -> str:  # n ASCII characters: n tokens for the byte tokenizer of the random models
+        return "".join(rng.choice(alphabet) for _ in range(n))
+
+    if name == "uniform":
+        return Workload(name, [text(64) for _ in range(32)], [64] * 32)
+    if name == "mixed":
+        lengths = [rng.randint(16, 512) for _ in range(32)]
+        return Workload(name, [text(n) for n in lengths], [rng.randint(8, 128) for _ in range(32)])
+    raise SystemExit(f"unknown workload {name!r}; expected uniform or mixed")
+
+
+@dataclass
+class RunResult:
+    method: str
+    seconds: float
+    tokens: int
+    peak_rss_mib: float
+    outputs: list[list[int]] | None = None
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@contextlib.contextmanager
+def peak_rss() -> Iterator[list[float]]:
+    """Samples this process's RSS every 20 ms while the block runs; yields [peak] (filled at exit)."""
+    box = [_rss_mib()]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.02):
+            box[0] = max(box[0], _rss_mib())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield box
+    finally:
+        done.set()
+        thread.join()
+        box[0] = max(box[0], _rss_mib())
+
+
+def timed(method: str, tokens: int, fn: Callable[[], list[list[int]] | None]) -> RunResult:
+    with peak_rss() as peak:
+        start = time.perf_counter()
+        outputs = fn()
+        seconds = time.perf_counter() - start
+    return RunResult(method, seconds, tokens, peak[0], outputs)
+
+
+# -- Hugging Face baselines ---------------------------------------------------------------------------
+
+
+class HF:
+    def __init__(self, model: Any, pad_id: int, device: torch.device) -> None:
+        from transformers import GenerationConfig
+
+        self.model = model
+        self.pad_id = pad_id
+        self.device = device
+        # End-of-sequence is ignored by every method, so each request generates exactly its count.
+        model.generation_config.eos_token_id = None
+        self._config = lambda n: GenerationConfig(
+            do_sample=False, max_new_tokens=n, eos_token_id=None, pad_token_id=pad_id
+        )
+
+    def sequential(self, ids: list[list[int]], new: list[int]) -> list[list[int]]:
+        return self.static(ids, new, batch_size=1)
+
+    @torch.inference_mode()
+    def static(self, ids: list[list[int]], new: list[int], batch_size: int) -> list[list[int]]:
+        outputs: list[list[int]] = []
+        for i in range(0, len(ids), batch_size):
+            group, group_new = ids[i : i + batch_size], new[i : i + batch_size]
+            width = max(map(len, group))
+            input_ids = torch.tensor([[self.pad_id] * (width - len(g)) + g for g in group], device=self.device)
+            mask = torch.tensor([[0] * (width - len(g)) + [1] * len(g) for g in group], device=self.device)
+            out = self.model.generate(input_ids, attention_mask=mask, generation_config=self._config(max(group_new)))
+            outputs += [row[width : width + n].tolist() for row, n in zip(out, group_new, strict=True)]
+        return outputs
+
+    def continuous(self, ids: list[list[int]], new: list[int]) -> list[list[int]]:
+        # Not under torch.inference_mode: transformers' manager fails inside it.
+        results: dict[str, list[int]] = {}
+        with self.model.continuous_batching_context_manager(generation_config=self._config(max(new))) as manager:
+            for i, (prompt, n) in enumerate(zip(ids, new, strict=True)):
+                manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
+            while len(results) < len(ids):
+                result = manager.get_result(timeout=60)
+                if result is None:
+                    raise RuntimeError("transformers' continuous batching returned no result within 60 s")
+                if result.is_finished():
+                    results[result.request_id] = list(result.generated_tokens)
+        return [results[str(i)] for i in range(len(ids))]
+
+
+# -- this engine ----------------------------------------------------------------------------------------
+
+
+def make_engine(loaded: Any, config: SchedulerConfig) -> LLMEngine:
+    runner = ModelRunner(loaded.model, config.kv_cache_tokens)
+    return LLMEngine(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
+
+
+def run_engine(engine: LLMEngine, prompts: list[str], new: list[int]) -> list[list[int]]:
+    seqs = [
+        engine.add(GenerateRequest(id=str(i), prompt=p, max_new_tokens=n, temperature=0.0, stop_on_eos=False))
+        for i, (p, n) in enumerate(zip(prompts, new, strict=True))
+    ]
+    while engine.has_work:
+        engine.step()
+    return [seq.output_ids for seq in seqs]
+
+
+# -- decode step vs bare matmuls ---------------------------------------------------------------------
+
+
+def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9) -> float:
+    engine = make_engine(loaded, config)
+    for i in range(batch):
+        engine.add(GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, stop_on_eos=False))
+    engine.step()  # the prefill
+    engine.step()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        events = engine.step()
+        times.append(time.perf_counter() - start)
+        assert sum(not isinstance(e, FinishEvent) for e in events) == batch
+    return statistics.median(times) * 1000
+
+
+@torch.inference_mode()
+def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
+    """The matrix multiplies of one decode step alone (same weights, same shapes), nothing else."""
+    model = loaded.model
+    param = next(model.parameters())
+    x = torch.randn(batch, loaded.shape.n_embd, dtype=param.dtype, device=param.device)
+    h = torch.randn(batch, loaded.shape.n_inner, dtype=param.dtype, device=param.device)
+    layers = [
+        (blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj) for blk in model.transformer.h
+    ]
+
+    def chain() -> None:
+        for c_attn, a_proj, c_fc, m_proj in layers:
+            torch.addmm(c_attn.bias, x, c_attn.weight)
+            torch.addmm(a_proj.bias, x, a_proj.weight)
+            torch.addmm(c_fc.bias, x, c_fc.weight)
+            torch.addmm(m_proj.bias, h, m_proj.weight)
+        x @ model.lm_head_t
+
+    chain()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        chain()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="random-gpt2")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--workloads", default="uniform,mixed")
+    parser.add_argument(
+        "--methods",
+        default="hf-sequential,hf-static-8,hf-static-32,hf-continuous,engine",
+        help="comma-separated subset (hf-sequential is skipped for the mixed workload unless named alone)",
+    )
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-prefill-tokens", type=int, default=2048)
+    parser.add_argument("--kv-cache-tokens", type=int, default=32768)
+    parser.add_argument("--step-batches", default="1,8,32", help="decode-step timing at these batch sizes")
+    parser.add_argument("--json", type=Path, help="write every result here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    methods = args.methods.split(",")
+    print(f"machine: {machine()}; torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}")
+    import transformers
+
+    print(f"transformers {transformers.__version__}; model {args.model}, float32")
+    loaded = load(args.model, device, torch.float32)
+    hf_model, tokenizer = load_hf_model(args.model)
+    hf = HF(hf_model.to(device), tokenizer.eos_token_id, device)
+    config = SchedulerConfig(
+        max_batch_size=args.max_batch_size,
+        prefill_max_batch_size=args.max_batch_size,
+        max_prefill_tokens=args.max_prefill_tokens,
+        kv_cache_tokens=args.kv_cache_tokens,
+    )
+
+    # Warm-up: first calls allocate and pick kernels.
+    run_engine(make_engine(loaded, config), ["warm up"], [2])
+    hf.static([tokenizer.encode("warm up")], [2], batch_size=1)
+
+    report: dict[str, Any] = {"machine": machine(), "model": args.model, "threads": args.threads, "workloads": {}}
+    for name in args.workloads.split(","):
+        workload = make_workload(name, args.seed)
+        ids = [tokenizer.encode(p) for p in workload.prompts]
+        new = workload.max_new_tokens
+        print(
+            f"\n== {name}: {len(ids)} requests, {sum(map(len, ids))} prompt tokens "
+            f"(lengths {min(map(len, ids))}-{max(map(len, ids))}), {workload.useful_tokens} new tokens "
+            f"(per request {min(new)}-{max(new)})"
+        )
+        results: list[RunResult] = []
+        for method in methods:
+            if method == "hf-sequential" and name == "mixed" and len(methods) > 1:
+                continue
+            try:
+                if method == "hf-sequential":
+                    result = timed(method, workload.useful_tokens, lambda: hf.sequential(ids, new))
+                elif method.startswith("hf-static-"):
+                    size = int(method.rsplit("-", 1)[1])
+                    result = timed(method, workload.useful_tokens, lambda: hf.static(ids, new, size))
+                elif method == "hf-continuous":
+                    result = timed(method, workload.useful_tokens, lambda: hf.continuous(ids, new))
+                elif method == "engine":
+                    engine = make_engine(loaded, config)
+                    result = timed(method, workload.useful_tokens, lambda: run_engine(engine, workload.prompts, new))
+                    result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
+                    result.extra["steps"] = engine.counters.steps
+                    result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
+                else:
+                    raise SystemExit(f"unknown method {method!r}")
+            except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+                print(f"  {method:<14} failed: {type(exc).__name__}: {exc}")
+                continue
+            results.append(result)
+            extra = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.extra.items())
+            print(
+                f"  {method:<14} {result.seconds:8.2f} s  {result.tok_s:8.1f} tok/s  "
+                f"peak RSS {result.peak_rss_mib:7.0f} MiB  {extra}",
+                flush=True,
+            )
+        by_method = {r.method: r for r in results}
+        engine_result = by_method.get("engine")
+        if engine_result is not None:
+            for r in results:
+                if r is engine_result:
+                    continue
+                same = sum(a == b for a, b in zip(engine_result.outputs or [], r.outputs or [], strict=False))
+                print(
+                    f"  engine / {r.method:<14} = {engine_result.tok_s / r.tok_s:5.2f}x   "
+                    f"greedy outputs identical: {same}/{len(ids)}"
+                )
+        report["workloads"][name] = {
+            "requests": len(ids),
+            "prompt_tokens": sum(map(len, ids)),
+            "new_tokens": workload.useful_tokens,
+            "results": [
+                {"method": r.method, "seconds": r.seconds, "tok_s": r.tok_s, "peak_rss_mib": r.peak_rss_mib, **r.extra}
+                for r in results
+            ],
+        }
+
+    print("\n== decode step (median of 9) vs the bare matmul chain of the same shapes")
+    steps = {}
+    for batch in map(int, args.step_batches.split(",")):
+        step = decode_step_ms(loaded, config, batch)
+        bare = bare_matmuls_ms(loaded, batch)
+        steps[batch] = {"step_ms": step, "bare_matmuls_ms": bare}
+        print(f"  batch {batch:3d}: step {step:7.1f} ms   bare matmuls {bare:7.1f} ms   ratio {step / bare:4.2f}")
+    report["decode_steps"] = steps
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

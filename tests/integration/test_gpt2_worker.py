@@ -1,0 +1,86 @@
+"""The real governor in front of a real GPT-2 worker process (a tiny checkpoint saved by the test)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import Governor
+from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
+from worker.loading import load_hf_model
+
+pytestmark = pytest.mark.integration
+
+Start = Callable[..., Governor]
+
+
+def gpt2_governor(start_governor: Start, model_dir: Path, *flags: str) -> Governor:
+    return start_governor(
+        *flags, worker_args=("--engine", "gpt2", "--model", str(model_dir), "--device", "cpu", "--stats-interval-s", "0.1")
+    )
+
+
+def worker(gov: Governor, name: str) -> float:
+    """A governor_worker_* metric, summed over workers."""
+    return sum(v for (metric, _), v in gov.metrics().items() if metric == f"governor_worker_{name}")
+
+
+def test_streamed_greedy_tokens_equal_hf_generate(start_governor: Start, tiny_gpt2_dir: Path) -> None:
+    gov = gpt2_governor(start_governor, tiny_gpt2_dir)
+    c = gov.conn()
+    prompt = "The quick brown fox, naïve café"
+    c.send("g", prompt, max_new_tokens=24, temperature=0)
+    replies = c.until_final("g")
+    tokens, done = replies[:-1], replies[-1]
+    expected = hf_greedy(load_hf_model(str(tiny_gpt2_dir)), prompt, 24)
+    assert [t["token_id"] for t in tokens] == expected
+    assert done["status"] == "done" and done["completion_tokens"] == len(expected)
+    assert "".join(t["text"] for t in tokens) == done["text"]
+    for key in ("queue_wait_ms", "prefill_ms", "worker_ttft_ms", "decode_ms", "ttft_ms"):
+        assert done[key] >= 0, key
+    assert done["worker_ttft_ms"] <= done["ttft_ms"] <= done["total_ms"]
+
+
+def test_a_request_beyond_the_context_is_bad_frame_and_frees_its_slot(
+    start_governor: Start, tiny_gpt2_dir: Path
+) -> None:
+    gov = gpt2_governor(start_governor, tiny_gpt2_dir)
+    c = gov.conn()
+    c.send("long", "hello", max_new_tokens=N_POSITIONS)
+    (reply,) = c.until_final("long")
+    assert reply["code"] == "bad_frame" and f"context of {N_POSITIONS} tokens" in reply["message"]
+    stats = gov.stats()
+    assert stats["inflight"] == 0 and stats["rejected_by_reason"]["bad_frame"] == 1
+    c.send("ok", "hello", max_new_tokens=3, stop_on_eos=False)
+    assert c.until_final("ok")[-1]["completion_tokens"] == 3
+
+
+def test_a_vanished_client_is_cancelled_in_the_worker(start_governor: Start, tiny_gpt2_dir: Path) -> None:
+    gov = gpt2_governor(start_governor, tiny_gpt2_dir, "--integrity", "optional")
+    c = gov.conn()
+    max_new = N_POSITIONS - 8
+    c.send("gone", "hello", max_new_tokens=max_new, stop_on_eos=False)
+    assert c.recv()["status"] == "token"
+    c.sock.shutdown(socket.SHUT_RDWR)
+    c.close()
+    gov.wait_until(lambda: worker(gov, "finished_total") == 1, what="the worker finished the cancelled request")
+    assert gov.stats()["inflight"] == 0
+    assert worker(gov, "running") == 0 and worker(gov, "kv_cache_used_tokens") == 0
+    assert worker(gov, "generated_tokens_total") < max_new  # it stopped early, it did not run to the end
+
+
+def test_engine_statistics_are_exported_as_worker_metrics(start_governor: Start, tiny_gpt2_dir: Path) -> None:
+    gov = gpt2_governor(start_governor, tiny_gpt2_dir)
+    c = gov.conn()
+    for i in range(4):
+        c.send(f"r{i}", "Governors keep inference workers healthy", max_new_tokens=5, stop_on_eos=False)
+    finals = c.finals(4)
+    assert all(f["status"] == "done" for f in finals.values())
+    gov.wait_until(lambda: worker(gov, "generated_tokens_total") == 20, what="worker stats push")
+    assert worker(gov, "finished_total") == 4
+    assert worker(gov, "prefill_tokens_total") == 4 * finals["r0"]["prompt_tokens"]
+    assert worker(gov, "kv_cache_capacity_tokens") == 16384 and worker(gov, "kv_cache_bytes") > 0
+    assert 1 <= worker(gov, "step_sequences_total") / worker(gov, "steps_total") <= 4

@@ -1,0 +1,181 @@
+"""The GPT-2 engine core on a real (tiny) model, judged against transformers' own `generate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from governor.errors import BadFrame
+from governor.validation import GenerateRequest
+from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
+from worker.engine import FinishEvent, LLMEngine, TokenEvent
+from worker.loading import LoadedModel, ModelLoadError, load, load_hf_model
+from worker.runner import ModelRunner
+from worker.scheduler import Scheduler, SchedulerConfig
+from worker.sequence import Sequence
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_gpt2_dir: Path) -> LoadedModel:
+    return load(str(tiny_gpt2_dir), CPU, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_gpt2_dir: Path) -> tuple[Any, Any]:
+    return load_hf_model(str(tiny_gpt2_dir))
+
+
+def make_engine(loaded: LoadedModel, **overrides: int) -> LLMEngine:
+    config = SchedulerConfig(**{"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096, **overrides})
+    return LLMEngine(ModelRunner(loaded.model, config.kv_cache_tokens), loaded.tokenizer, Scheduler(config), N_POSITIONS)
+
+
+def request(rid: str, prompt: str, max_new_tokens: int, **kw: Any) -> GenerateRequest:
+    return GenerateRequest(id=rid, prompt=prompt, max_new_tokens=max_new_tokens, **{"temperature": 0.0, **kw})
+
+
+def drain(engine: LLMEngine, events: dict[str, list[TokenEvent | FinishEvent]] | None = None) -> dict[str, Any]:
+    """Step until idle; return each request's FinishEvent (and collect every event if asked)."""
+    finished: dict[str, FinishEvent] = {}
+    while engine.has_work:
+        for event in engine.step():
+            if events is not None:
+                events.setdefault(event.seq.request_id, []).append(event)
+            if isinstance(event, FinishEvent):
+                finished[event.seq.request_id] = event
+    return finished
+
+
+PROMPTS = [
+    ("a", "The quick brown fox", 30),
+    ("b", "Governors keep", 7),
+    ("c", "naïve café, Straße, 日本語 " * 3, 25),
+    ("d", "x", 40),
+    ("e", "Continuous batching lets requests join and leave at every step. " * 2, 12),
+]
+
+
+def test_loads_a_local_directory_through_from_pretrained(loaded: LoadedModel, hf: tuple[Any, Any]) -> None:
+    model, tokenizer = hf
+    assert loaded.shape.n_positions == N_POSITIONS
+    assert loaded.tokenizer.encode("Hello") == tokenizer.encode("Hello")
+    assert torch.equal(loaded.model.transformer.wte.weight, model.transformer.wte.weight)
+
+
+def test_refuses_a_missing_or_non_gpt2_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="no such directory"):
+        load(str(tmp_path / "absent"), CPU, torch.float32)
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ModelLoadError, match="this engine runs gpt2"):
+        load(str(tmp_path), CPU, torch.float32)
+
+
+def test_greedy_tokens_equal_hf_generate_for_a_mixed_batch_with_late_arrivals(
+    loaded: LoadedModel, hf: tuple[Any, Any]
+) -> None:
+    # A 64-token prefill budget splits the long prompts into chunks, and the last two requests
+    # arrive while the first three are mid-decode.
+    engine = make_engine(loaded)
+    finished: dict[str, FinishEvent] = {}
+    for rid, prompt, n in PROMPTS[:3]:
+        engine.add(request(rid, prompt, n))
+    for _ in range(4):
+        finished |= {e.seq.request_id: e for e in engine.step() if isinstance(e, FinishEvent)}
+    for rid, prompt, n in PROMPTS[3:]:
+        engine.add(request(rid, prompt, n))
+    finished |= drain(engine)
+    assert len(finished) == len(PROMPTS)
+    for rid, prompt, n in PROMPTS:
+        expected = hf_greedy(hf, prompt, n)
+        assert finished[rid].seq.output_ids == expected, rid
+        completion = finished[rid].completion
+        assert completion.finish_reason == ("length" if len(expected) == n else "eos")
+        assert completion.text == loaded.tokenizer.decode(expected)
+
+
+def test_streamed_pieces_add_up_to_the_final_text(loaded: LoadedModel) -> None:
+    # (A random model emits invalid byte sequences too; pieces of valid text are never split:
+    # see test_tokenizer.py.)
+    engine = make_engine(loaded)
+    for rid, prompt, n in PROMPTS:
+        engine.add(request(rid, prompt, n, temperature=1.0, seed=7, stop_on_eos=False))
+    events: dict[str, list[TokenEvent | FinishEvent]] = {}
+    finished = drain(engine, events)
+    for rid, _, n in PROMPTS:
+        tokens = [e for e in events[rid] if isinstance(e, TokenEvent)]
+        assert [t.index for t in tokens] == list(range(n))
+        assert "".join(t.text for t in tokens) == finished[rid].completion.text
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(loaded: LoadedModel) -> None:
+    sampling = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": 42, "stop_on_eos": False}
+    alone = make_engine(loaded)
+    alone.add(request("s", "The quick brown fox", 30, **sampling))
+    solo = drain(alone)["s"].seq.output_ids
+
+    crowded = make_engine(loaded)
+    crowded.add(request("other1", "Governors keep", 20, temperature=1.0, seed=1, stop_on_eos=False))
+    crowded.step()
+    crowded.add(request("s", "The quick brown fox", 30, **sampling))
+    crowded.add(request("other2", "x" * 50, 10, temperature=1.0, stop_on_eos=False))
+    assert drain(crowded)["s"].seq.output_ids == solo
+
+    other_seed = make_engine(loaded)
+    other_seed.add(request("s", "The quick brown fox", 30, **{**sampling, "seed": 43}))
+    assert drain(other_seed)["s"].seq.output_ids != solo
+
+
+def test_cancel_mid_decode_leaves_the_batch_and_frees_its_kv_span(loaded: LoadedModel) -> None:
+    engine = make_engine(loaded)
+    long = engine.add(request("long", "The quick brown fox", 100, stop_on_eos=False))
+    other = engine.add(request("other", "Governors keep", 5, stop_on_eos=False))
+    for _ in range(3):
+        engine.step()
+    event = engine.cancel(long)
+    assert event is not None
+    assert event.completion.finish_reason == "cancelled"
+    assert event.completion.completion_tokens == len(long.output_ids) > 0
+    assert engine.scheduler.running == [other]
+    assert engine.scheduler.kv.num_used == other.kv_tokens_needed
+    drain(engine)
+    assert engine.scheduler.kv.num_used == 0
+    assert engine.cancel(long) is None  # already gone: a late cancel is a no-op
+
+
+def test_a_request_beyond_the_model_context_is_bad_frame_naming_the_limit(loaded: LoadedModel) -> None:
+    engine = make_engine(loaded)
+    prompt_tokens = len(loaded.tokenizer.encode("x" * 100))
+    with pytest.raises(BadFrame, match=f"context of {N_POSITIONS} tokens") as info:
+        engine.add(request("r", "x" * 100, N_POSITIONS - prompt_tokens + 1))
+    assert info.value.request_id == "r"
+    engine.add(request("ok", "x" * 100, N_POSITIONS - prompt_tokens))  # exactly at the limit is fine
+    with pytest.raises(BadFrame, match="prompt is empty"):
+        engine.add(request("e", "", 4))
+
+
+def test_a_request_larger_than_the_whole_kv_cache_is_bad_frame(loaded: LoadedModel) -> None:
+    engine = make_engine(loaded, kv_cache_tokens=32)
+    with pytest.raises(BadFrame, match="--kv-cache-tokens is 32"):
+        engine.add(request("r", "The quick brown fox", 40))
+
+
+def test_requests_wait_for_kv_room_and_the_budget_is_never_exceeded(loaded: LoadedModel) -> None:
+    budget = 60
+    engine = make_engine(loaded, kv_cache_tokens=budget)
+    seqs: list[Sequence] = [
+        engine.add(request(str(i), prompt, 20, stop_on_eos=False)) for i, (_, prompt, _) in enumerate(PROMPTS[:2] * 3)
+    ]
+    peak = 0
+    while engine.has_work:
+        engine.step()
+        used = sum(s.kv_tokens_needed for s in engine.scheduler.running)
+        assert used == engine.scheduler.kv.num_used <= budget
+        peak = max(peak, used)
+    assert all(len(s.output_ids) == 20 for s in seqs)
+    assert peak > budget // 2
+    assert max(s.t_admitted - s.t_arrival for s in seqs if s.t_admitted is not None) > 0
