@@ -10,7 +10,7 @@ ARGS ?=
 # a local CPU wheel. Set TORCH_SPEC (e.g. to a CUDA index URL's build) to choose another.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration lint typecheck bench clean
+.PHONY: run test test-unit test-integration lint typecheck bench bench-engine clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -40,6 +40,9 @@ lint: $(STAMP)
 bench: $(STAMP)  ## the benchmarks whose numbers go into docs/BENCHMARKS.md
 	$(PY) -m benchmarks.yield_throughput
 	$(PY) -m benchmarks.memory
+
+bench-engine: $(STAMP)  ## the GPT-2 engine vs transformers' generate (about 15 minutes on 2 cores)
+	$(PY) -m benchmarks.engine_vs_hf
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

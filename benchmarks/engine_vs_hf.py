@@ -103,10 +103,10 @@ def peak_rss() -> Iterator[list[float]]:
         box[0] = max(box[0], _rss_mib())
 
 
-def timed(method: str, tokens: int, fn: Callable[[], list[list[int]] | None]) -> RunResult:
+def timed(method: str, tokens: int, fn: Callable[..., list[list[int]]], *args: Any) -> RunResult:
     with peak_rss() as peak:
         start = time.perf_counter()
-        outputs = fn()
+        outputs = fn(*args)
         seconds = time.perf_counter() - start
     return RunResult(method, seconds, tokens, peak[0], outputs)
 
@@ -181,7 +181,9 @@ def run_engine(engine: LLMEngine, prompts: list[str], new: list[int]) -> list[li
 def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9) -> float:
     engine = make_engine(loaded, config)
     for i in range(batch):
-        engine.add(GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, stop_on_eos=False))
+        engine.add(
+            GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False)
+        )
     engine.step()  # the prefill
     engine.step()
     times = []
@@ -200,9 +202,7 @@ def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
     param = next(model.parameters())
     x = torch.randn(batch, loaded.shape.n_embd, dtype=param.dtype, device=param.device)
     h = torch.randn(batch, loaded.shape.n_inner, dtype=param.dtype, device=param.device)
-    layers = [
-        (blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj) for blk in model.transformer.h
-    ]
+    layers = [(blk.attn.c_attn, blk.attn.c_proj, blk.mlp.c_fc, blk.mlp.c_proj) for blk in model.transformer.h]
 
     def chain() -> None:
         for c_attn, a_proj, c_fc, m_proj in layers:
@@ -219,6 +219,23 @@ def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
         chain()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000
+
+
+def profile_decode(loaded: Any, config: SchedulerConfig, batch: int = 32, steps: int = 5) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = make_engine(loaded, config)
+    for i in range(batch):
+        engine.add(
+            GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False)
+        )
+    engine.step()
+    engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            engine.step()
+    print(f"\n== torch.profiler, {steps} decode steps at batch {batch}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 # -- main ----------------------------------------------------------------------------------------------
@@ -240,6 +257,12 @@ def main() -> None:
     parser.add_argument("--max-prefill-tokens", type=int, default=2048)
     parser.add_argument("--kv-cache-tokens", type=int, default=32768)
     parser.add_argument("--step-batches", default="1,8,32", help="decode-step timing at these batch sizes")
+    parser.add_argument(
+        "--memory-runs", type=int, default=3, help="repeat the last workload on one engine, RSS after each"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="print torch.profiler's table for decode steps at batch 32"
+    )
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args()
 
@@ -280,15 +303,15 @@ def main() -> None:
                 continue
             try:
                 if method == "hf-sequential":
-                    result = timed(method, workload.useful_tokens, lambda: hf.sequential(ids, new))
+                    result = timed(method, workload.useful_tokens, hf.sequential, ids, new)
                 elif method.startswith("hf-static-"):
                     size = int(method.rsplit("-", 1)[1])
-                    result = timed(method, workload.useful_tokens, lambda: hf.static(ids, new, size))
+                    result = timed(method, workload.useful_tokens, hf.static, ids, new, size)
                 elif method == "hf-continuous":
-                    result = timed(method, workload.useful_tokens, lambda: hf.continuous(ids, new))
+                    result = timed(method, workload.useful_tokens, hf.continuous, ids, new)
                 elif method == "engine":
                     engine = make_engine(loaded, config)
-                    result = timed(method, workload.useful_tokens, lambda: run_engine(engine, workload.prompts, new))
+                    result = timed(method, workload.useful_tokens, run_engine, engine, workload.prompts, new)
                     result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
                     result.extra["steps"] = engine.counters.steps
                     result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
@@ -333,6 +356,24 @@ def main() -> None:
         steps[batch] = {"step_ms": step, "bare_matmuls_ms": bare}
         print(f"  batch {batch:3d}: step {step:7.1f} ms   bare matmuls {bare:7.1f} ms   ratio {step / bare:4.2f}")
     report["decode_steps"] = steps
+
+    if args.memory_runs:
+        # One engine, the same workload again and again: the KV cache is allocated once, so RSS
+        # should not grow from run to run.
+        engine = make_engine(loaded, config)
+        rss = []
+        for _ in range(args.memory_runs):
+            run_engine(engine, workload.prompts, workload.max_new_tokens)
+            rss.append(_rss_mib())
+        report["rss_after_runs_mib"] = rss
+        print(
+            f"\n== RSS after each of {args.memory_runs} runs of {workload.name} on one engine: "
+            + ", ".join(f"{r:.0f}" for r in rss)
+            + " MiB"
+        )
+
+    if args.profile:
+        profile_decode(loaded, config)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 

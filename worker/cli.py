@@ -32,5 +32,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
+    from worker.loading import ModelLoadError
+
     with runner:
-        return runner.run(serve(config))
+        try:
+            return runner.run(serve(config))
+        except ModelLoadError as exc:
+            print(f"worker: error: {exc}", file=sys.stderr)
+            return 2

@@ -103,15 +103,14 @@ class LLMEngine:
             return None
         return self._finish(seq, "cancelled", self.clock())
 
-    def fail_all(self) -> list[Sequence]:
-        """Drop every request (after a failed step) and return them; their spans are freed."""
+    def fail_all(self) -> None:
+        """Drop every request after a failed step (its state may be half-updated); spans are freed."""
         now = self.clock()
-        failed = [*self.scheduler.running, *self.scheduler.waiting]
-        for seq in failed:
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(seq, "error", now)
+        for seq in self._detokenizers:
             self.runner.release(seq)
-            del self._detokenizers[seq]
-        return failed
+        self._detokenizers.clear()
 
     def step(self) -> list[Event]:
         scheduler = self.scheduler
@@ -128,7 +127,7 @@ class LLMEngine:
         events: list[Event] = []
         for chunk in chunks:
             seq = chunk.seq
-            if chunk.start < seq.num_prompt_tokens:
+            if chunk.is_prefill:
                 counters.prefill_tokens += chunk.num_tokens
             seq.num_computed = chunk.end
             if not chunk.samples:

@@ -22,13 +22,6 @@ class SpanAllocator:
         self._starts: list[int] = [0]  # free spans, ordered by start
         self._lengths: list[int] = [capacity]
 
-    @property
-    def num_free(self) -> int:
-        return self.capacity - self.num_used
-
-    def can_allocate(self, length: int) -> bool:
-        return any(free >= length for free in self._lengths)
-
     def allocate(self, length: int) -> int | None:
         """Reserve `length` contiguous rows; return the first row, or None if no free span fits."""
         if length <= 0:

@@ -19,7 +19,3 @@ class KVCache:
         self.keys = storage[0]  # [L, H, T, D]
         self.values = storage[1]
         self.nbytes = storage.numel() * storage.element_size()
-
-    @staticmethod
-    def bytes_per_token(shape: GPT2Shape, dtype: torch.dtype) -> int:
-        return 2 * shape.n_layer * shape.n_embd * torch.empty((), dtype=dtype).element_size()

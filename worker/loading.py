@@ -35,7 +35,6 @@ class LoadedModel:
     model: GPT2
     tokenizer: Tokenizer
     shape: GPT2Shape
-    eos_token_id: int
 
 
 def random_config(name: str) -> Any:
@@ -84,12 +83,18 @@ def load_hf_model(spec: str) -> tuple[Any, Tokenizer]:
 def load(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     hf_model, tokenizer = load_hf_model(spec)
     shape = GPT2Shape.from_config(hf_model.config)
+    if tokenizer.vocab_size > shape.vocab_size:
+        # Prompt ids past the embedding would fail every step they are in (a sticky assert on CUDA).
+        raise ModelLoadError(
+            f"--model {spec!r}: the tokenizer has {tokenizer.vocab_size} tokens, "
+            f"the model's vocabulary only {shape.vocab_size}"
+        )
     model = GPT2(shape)
     model.load_hf_state_dict(hf_model.state_dict())
     del hf_model
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
-    return LoadedModel(model, tokenizer, shape, tokenizer.eos_token_id)
+    return LoadedModel(model, tokenizer, shape)
 
 
 def resolve_device(name: str) -> torch.device:

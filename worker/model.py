@@ -23,6 +23,8 @@ from torch import Tensor, nn
 from worker.kv_cache import KVCache
 from worker.model_shape import GPT2Shape
 
+LM_HEAD_TRANSPOSE_ROWS = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Segment:
@@ -78,10 +80,13 @@ class Attention(nn.Module):
             k_seg = keys[:, seg.kv_start : seg.kv_start + seg.kv_len]  # [H, S, D], a view of the arena
             v_seg = values[:, seg.kv_start : seg.kv_start + seg.kv_len]
             if q_len == 1:
-                # A decode token sees every cached key. Three plain ops: SDPA's general path costs
-                # twice as much per call here, and a decode step makes one call per sequence and layer.
-                o = torch.matmul(q_seg, k_seg.transpose(1, 2)).softmax(dim=-1) @ v_seg  # [H, 1, D]
-            elif q_len == seg.kv_len:  # a whole prompt: plainly causal
+                # A decode token sees every cached key. Plain bmm's, the result written in place:
+                # SDPA's general path costs twice as much per call, and a decode step makes one
+                # call per sequence and layer.
+                scores = torch.bmm(q_seg, k_seg.transpose(1, 2))  # [H, 1, S]
+                torch.bmm(scores.softmax(dim=-1), v_seg, out=out[seg.q_start].unsqueeze(1))
+                continue
+            if q_len == seg.kv_len:  # a whole prompt: plainly causal
                 o = F.scaled_dot_product_attention(q_seg, k_seg, v_seg, is_causal=True, scale=1.0)
             else:
                 # A later prompt chunk: query i sits at position kv_len - q_len + i.
@@ -129,9 +134,10 @@ class GPT2(nn.Module):
         super().__init__()
         self.shape = shape
         self.transformer = Transformer(shape)
-        # The tied LM head as a contiguous [C, V] copy: `x @ W` on it is faster on CPU than
-        # F.linear on the [V, C] embedding (measured: 8 vs 14 ms at batch 1, 33 vs 37 at batch 32,
-        # GPT-2 small fp32, 2 threads), for the price of a second copy of the embedding.
+        # The tied LM head. Below LM_HEAD_TRANSPOSE_ROWS rows, `x @ W` on a contiguous [C, V] copy
+        # of the embedding is the fastest form on CPU; from there on, `wte @ x.T` is (GPT-2 small,
+        # fp32, 2 threads, ms per call: batch 1: 8.5 / 12.1, batch 8: 21.2 / 15.7, batch 32:
+        # 33.3 / 25.5; F.linear: 12.0, 23.2, 37.1). The copy costs V x C more memory (147 MiB).
         self.lm_head_t: Tensor
         self.register_buffer("lm_head_t", torch.empty(shape.n_embd, shape.vocab_size), persistent=False)
 
@@ -143,7 +149,9 @@ class GPT2(nn.Module):
         for i, block in enumerate(t.h):
             x = block(x, batch, cache.keys[i], cache.values[i])
         last = t.ln_f(x.index_select(0, batch.sample_rows))  # [n, C]
-        return last @ self.lm_head_t  # [n, V]
+        if last.shape[0] < LM_HEAD_TRANSPOSE_ROWS:
+            return last @ self.lm_head_t  # [n, V]
+        return torch.mm(t.wte.weight, last.t()).t()  # [V, n] -> a [n, V] view
 
     def load_hf_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Copy weights from a `GPT2LMHeadModel` state dict (shapes checked, nothing left over)."""

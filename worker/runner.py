@@ -30,7 +30,7 @@ class ModelRunner:
         for chunk in chunks:
             seq = chunk.seq
             q_start = len(ids)
-            if chunk.start < seq.num_prompt_tokens:
+            if chunk.is_prefill:
                 ids += seq.prompt_ids[chunk.start : chunk.end]
             else:
                 ids.append(seq.token_at(chunk.start))  # a decode step feeds the last sampled token

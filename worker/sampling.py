@@ -32,14 +32,24 @@ def sample(logits: Tensor, params: list[SamplingParams], generators: list[torch.
 
 
 def _sample_row(logits: Tensor, p: SamplingParams, generator: torch.Generator) -> int:
-    logits = logits.float() / p.temperature
+    # Shifted so the largest logit is 0: a tiny temperature then sends the others to -inf, never
+    # to inf - inf = NaN (which would make multinomial raise and fail the whole step).
+    logits = logits.float()
+    logits = (logits - logits.max()) / p.temperature
     if 0 < p.top_k < logits.numel():
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token when the tokens ranked above it already cover top_p (the first is always kept).
-        drop = probs.cumsum(dim=-1) - probs > p.top_p
+        # transformers' TopPLogitsWarper: ascending order, drop the tokens whose cumulative mass
+        # stays within 1 - top_p; the most likely token is always kept.
+        sorted_logits, order = torch.sort(logits)
+        drop = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - p.top_p
+        drop[-1] = False
         logits = logits.index_fill(0, order[drop], float("-inf"))
-    return int(torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).item())
+    # Inverse-CDF draw: one uniform number per token instead of the vocabulary-sized exponential
+    # draw torch.multinomial makes (measured 1 ms per row for GPT-2's 50,257 logits on CPU).
+    # Float64 keeps the CDF exact enough that filtered tokens (probability 0) cannot be hit.
+    cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)
+    u = torch.rand((), dtype=torch.float64, generator=generator, device=cdf.device) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True).item())
+    return index if index < cdf.numel() else int(logits.argmax().item())  # u rounded up to the total

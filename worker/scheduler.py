@@ -48,6 +48,10 @@ class Chunk:
         return self.end == self.seq.num_tokens
 
     @property
+    def is_prefill(self) -> bool:
+        return self.start < self.seq.num_prompt_tokens
+
+    @property
     def num_tokens(self) -> int:
         return self.end - self.start
 

@@ -104,7 +104,8 @@ class WorkerConnection(asyncio.Protocol):
             frame = decode(line)
             op = frame.get("op") if type(frame) is dict else None
             if op == OP_CANCEL:
-                handle = self._active.get(frame.get("id"))
+                rid = frame.get("id")
+                handle = self._active.get(rid) if type(rid) is str else None
                 if handle is not None:
                     handle.cancel()
                 return

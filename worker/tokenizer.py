@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 class Tokenizer(Protocol):
     eos_token_id: int
+    vocab_size: int  # ids it can produce: 0 .. vocab_size - 1
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -41,6 +42,7 @@ class HFTokenizer:
             raise ValueError("the tokenizer has no end-of-sequence token")
         self._tokenizer = tokenizer
         self.eos_token_id: int = tokenizer.eos_token_id
+        self.vocab_size = len(tokenizer)  # added tokens included
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))

@@ -19,7 +19,8 @@ Start = Callable[..., Governor]
 
 def gpt2_governor(start_governor: Start, model_dir: Path, *flags: str) -> Governor:
     return start_governor(
-        *flags, worker_args=("--engine", "gpt2", "--model", str(model_dir), "--device", "cpu", "--stats-interval-s", "0.1")
+        *flags,
+        worker_args=("--engine", "gpt2", "--model", str(model_dir), "--device", "cpu", "--stats-interval-s", "0.1"),
     )
 
 

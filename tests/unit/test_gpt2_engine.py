@@ -32,7 +32,9 @@ def hf(tiny_gpt2_dir: Path) -> tuple[Any, Any]:
 
 def make_engine(loaded: LoadedModel, **overrides: int) -> LLMEngine:
     config = SchedulerConfig(**{"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096, **overrides})
-    return LLMEngine(ModelRunner(loaded.model, config.kv_cache_tokens), loaded.tokenizer, Scheduler(config), N_POSITIONS)
+    return LLMEngine(
+        ModelRunner(loaded.model, config.kv_cache_tokens), loaded.tokenizer, Scheduler(config), N_POSITIONS
+    )
 
 
 def request(rid: str, prompt: str, max_new_tokens: int, **kw: Any) -> GenerateRequest:

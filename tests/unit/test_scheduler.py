@@ -98,7 +98,7 @@ def test_every_request_finishes_within_every_budget(
         chunks = s.schedule(float(step))
         assert chunks, "work remains but nothing was scheduled"
         assert len({id(c.seq) for c in chunks}) == len(chunks) <= max_batch
-        assert sum(c.num_tokens for c in chunks if c.start < c.seq.num_prompt_tokens) <= prefill_budget
+        assert sum(c.num_tokens for c in chunks if c.is_prefill) <= prefill_budget
         assert s.kv.num_used == sum(x.kv_tokens_needed for x in s.running) <= capacity
         run(chunks)
         for x in list(s.running):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 from dataclasses import dataclass
 
@@ -142,7 +144,7 @@ class GPT2Engine:
 
     def _run(self) -> None:
         engine = self._engine
-        assert engine is not None
+        assert engine is not None  # start() sets it before starting this thread
         while True:
             with self._wakeup:
                 while not self._inbox and not engine.has_work and not self._stopping:
@@ -150,25 +152,36 @@ class GPT2Engine:
                 inbox, self._inbox = self._inbox, []
                 stopping = self._stopping
             out: _Delivery = []
-            self._take(engine, inbox, out)
-            if stopping:
-                for seq in list(self._sinks):
-                    finished = engine.cancel(seq)
-                    if finished is not None:
-                        self._emit(finished, out)
-                self._deliver(out)
-                return
-            if engine.has_work:
-                try:
+            try:
+                self._take(engine, inbox, out)
+                if stopping:
+                    for seq in list(self._sinks):
+                        finished = engine.cancel(seq)
+                        if finished is not None:
+                            self._emit(finished, out)
+                elif engine.has_work:
                     for event in engine.step():
                         self._emit(event, out)
-                except Exception as exc:  # a failed step fails its requests, not the worker
-                    log.exception("event=engine_step_failed")
-                    for seq in engine.fail_all():
-                        handle, sink = self._sinks.pop(seq)
-                        del self._by_handle[handle]
-                        out.append((sink, InternalError(f"engine step failed: {type(exc).__name__}: {exc}")))
+            except Exception as exc:  # a failed step fails the requests it holds, not the thread
+                log.exception("event=engine_step_failed")
+                self._fail_everything(engine, exc, out)
+                if engine.runner.device.type == "cuda":
+                    # CUDA errors are sticky: every later step would fail too. Exit; the
+                    # governor restarts the worker.
+                    log.critical("event=engine_fatal device=cuda action=exit")
+                    os.kill(os.getpid(), signal.SIGTERM)
             self._deliver(out)
+            if stopping:
+                return
+
+    def _fail_everything(self, engine: LLMEngine, exc: Exception, out: _Delivery) -> None:
+        """Every request still owned gets its one final reply: an `internal` error."""
+        engine.fail_all()
+        error = f"engine step failed: {type(exc).__name__}: {exc}"
+        for _, sink in self._sinks.values():
+            out.append((sink, InternalError(error)))
+        self._sinks.clear()
+        self._by_handle.clear()
 
     def _take(self, engine: LLMEngine, inbox: list[_Submit | _Cancel], out: _Delivery) -> None:
         for item in inbox:

@@ -1,0 +1,109 @@
+"""The engine thread behind the worker's event loop: every request gets exactly one final reply."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from governor.errors import GovernorError
+from governor.validation import GenerateRequest
+from worker.config import WorkerConfig
+from worker.engines.base import Completion
+from worker.engines.gpt2 import GPT2Engine
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finals: list[Completion | GovernorError] = []
+        self.settled = asyncio.Event()
+
+    def token(self, index: int, token_id: int, text: str) -> None:
+        self.tokens.append(token_id)
+
+    def done(self, completion: Completion) -> None:
+        self.finals.append(completion)
+        self.settled.set()
+
+    def error(self, error: GovernorError) -> None:
+        self.finals.append(error)
+        self.settled.set()
+
+
+def request(rid: str, max_new_tokens: int = 8) -> GenerateRequest:
+    return GenerateRequest(id=rid, prompt="The quick brown fox", max_new_tokens=max_new_tokens, stop_on_eos=False)
+
+
+async def settle(*sinks: Sink) -> None:
+    await asyncio.wait_for(asyncio.gather(*(s.settled.wait() for s in sinks)), timeout=30)
+
+
+@pytest.fixture
+def config(tiny_gpt2_dir: Path) -> WorkerConfig:
+    return WorkerConfig(model=str(tiny_gpt2_dir), device="cpu", kv_cache_tokens=1024)
+
+
+def test_a_failing_step_fails_every_held_request_once_and_the_engine_serves_on(config: WorkerConfig) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        assert engine._engine is not None
+        runner = engine._engine.runner
+        real_run = runner.run
+
+        def broken(chunks: object) -> list[int]:
+            raise RuntimeError("boom")
+
+        runner.run = broken  # type: ignore[method-assign]
+        sinks = [Sink(), Sink()]
+        for i, sink in enumerate(sinks):
+            engine.submit(request(str(i)), sink)
+        await settle(*sinks)
+        runner.run = real_run  # type: ignore[method-assign]
+        after = Sink()
+        engine.submit(request("after"), after)
+        await settle(after)
+        await asyncio.sleep(0.05)  # nothing else arrives late
+        await engine.close()
+        for sink in sinks:
+            assert len(sink.finals) == 1 and isinstance(sink.finals[0], GovernorError)
+            assert sink.finals[0].code == "internal" and "boom" in sink.finals[0].message
+        assert len(after.finals) == 1 and isinstance(after.finals[0], Completion)
+        assert after.finals[0].completion_tokens == 8 == len(after.tokens)
+        assert engine.stats()["kv_cache_used_tokens"] == 0
+
+    asyncio.run(scenario())
+
+
+def test_cancel_and_close_end_requests_with_cancelled(config: WorkerConfig) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        cancelled, pending = Sink(), Sink()
+        engine.submit(request("c", 100), cancelled).cancel()
+        await settle(cancelled)
+        engine.submit(request("p", 100), pending)
+        await engine.close()
+        await settle(pending)
+        for sink in (cancelled, pending):
+            assert len(sink.finals) == 1
+            final = sink.finals[0]
+            assert isinstance(final, Completion) and final.finish_reason == "cancelled"
+
+    asyncio.run(scenario())
+
+
+def test_a_request_the_engine_refuses_gets_its_error(config: WorkerConfig) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        sink = Sink()
+        engine.submit(GenerateRequest(id="e", prompt="", max_new_tokens=4), sink)
+        await settle(sink)
+        await engine.close()
+        assert len(sink.finals) == 1
+        assert isinstance(sink.finals[0], GovernorError) and sink.finals[0].code == "bad_frame"
+
+    asyncio.run(scenario())
