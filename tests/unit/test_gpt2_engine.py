@@ -181,3 +181,15 @@ def test_requests_wait_for_kv_room_and_the_budget_is_never_exceeded(loaded: Load
     assert all(len(s.output_ids) == 20 for s in seqs)
     assert peak > budget // 2
     assert max(s.t_admitted - s.t_arrival for s in seqs if s.t_admitted is not None) > 0
+
+
+def test_the_embedded_random_tiny_model_needs_no_files() -> None:
+    tiny = load("random-tiny", CPU, torch.float32)
+    again = load("random-tiny", CPU, torch.float32)
+    assert tiny.shape.n_layer == 2 and tiny.tokenizer.vocab_size == tiny.shape.vocab_size == 257
+    assert torch.equal(tiny.model.transformer.wte.weight, again.model.transformer.wte.weight)  # seeded
+    engine = LLMEngine(
+        ModelRunner(tiny.model, 256), tiny.tokenizer, Scheduler(SchedulerConfig(kv_cache_tokens=256)), 1024
+    )
+    engine.add(request("t", "héllo", 5, stop_on_eos=False))
+    assert len(drain(engine)["t"].seq.output_ids) == 5
