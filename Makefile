@@ -6,8 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ARGS ?=
-# Installed before the project when no torch is importable: on these machines this pin resolves to
-# a local CPU wheel. Set TORCH_SPEC (e.g. to a CUDA index URL's build) to choose another.
+# Installed before the project when no torch is importable: on our build machines this pin resolves
+# to a local CPU wheel. Elsewhere choose the build, e.g.
+#   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration lint typecheck bench bench-engine clean
@@ -16,7 +17,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet '$(TORCH_SPEC)'
+	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_SPEC)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
