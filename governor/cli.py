@@ -1,4 +1,4 @@
-"""`governor serve` and `governor send`."""
+"""`governor serve`, `governor send` and `governor bench`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import orjson
 
 from governor import __version__
+from governor.bench.config import BenchConfig
 from governor.config import ConfigError, GovernorConfig
 from governor.logs import configure_logging
 from governor.options import add_options, from_namespace
@@ -44,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("--no-stream", action="store_true", help="ask for the final reply only")
     send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
     send.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
+
+    bench = sub.add_parser(
+        "bench",
+        help="drive a running governor (or --direct a worker) with a workload and report latency figures",
+    )
+    add_options(bench, BenchConfig)
     return parser
 
 
@@ -63,6 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(config)
     if worker_args:
         parser.error("arguments after -- are only for 'governor serve'")
+    if args.command == "bench":
+        try:
+            bench_config = from_namespace(BenchConfig, args)
+        except ConfigError as exc:
+            parser.error(str(exc))
+        from governor.bench.main import run_bench
+
+        return run_bench(bench_config)
     return _send(args)
 
 

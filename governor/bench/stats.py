@@ -3,7 +3,8 @@
 Definitions (docs/BENCHMARKS.md repeats them):
 - TTFT = first token − submit; TPOT = (last token − first token) / (tokens − 1), requests with one
   token excluded; ITL = every gap between consecutive tokens, pooled over requests;
-  latency = final reply − submit; reject latency = submit → `yield` reply.
+  latency = final reply − submit (the first submission, when retried); reject latency = submit →
+  `yield` reply, for every yielded attempt.
 - Rejected (yielded) and failed requests are excluded from token and latency figures.
 - Timestamps are the client's monotonic clock, in seconds; figures are reported in ms.
 """
@@ -59,6 +60,9 @@ class RequestSample:
     code: str | None = None  # error code, or yield reason
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    attempts: int = 0  # submissions, retries included
+    yield_latencies: list[float] = field(default_factory=list)  # submit -> yield, for every yielded attempt
+    server: dict[str, float] = field(default_factory=dict)  # the server's own timings from `done` (ms)
 
     @property
     def ttft(self) -> float | None:
@@ -82,10 +86,6 @@ class RequestSample:
     def latency(self) -> float | None:
         return self.t_final - self.t_submit if self.status == "done" and self.t_final is not None else None
 
-    @property
-    def reject_latency(self) -> float | None:
-        return self.t_final - self.t_submit if self.status == "yield" and self.t_final is not None else None
-
 
 def _ms(values: list[float]) -> list[float]:
     return [v * 1000 for v in values]
@@ -94,7 +94,8 @@ def _ms(values: list[float]) -> list[float]:
 @dataclass(frozen=True, slots=True)
 class Summary:
     requests: int  # completed with done
-    rejected: int  # yielded
+    rejected: int  # yielded (finally, after any retries)
+    retries: int
     errors: dict[str, int]
     prompt_tokens: int
     completion_tokens: int
@@ -103,8 +104,13 @@ class Summary:
     tpot_ms: Distribution
     itl_ms: Distribution
     latency_ms: Distribution
-    reject_latency_ms: Distribution
+    reject_latency_ms: Distribution  # every yield reply, retried or final
     goodput_rps: float  # done requests meeting both SLOs, per second of wall time
+
+    @property
+    def retry_amplification(self) -> float:
+        """Attempts per completed request (1.0 = no retries)."""
+        return (self.requests + self.retries) / self.requests if self.requests else 0.0
 
     @property
     def output_tok_s(self) -> float:
@@ -135,6 +141,7 @@ def summarize(
     return Summary(
         requests=len(done),
         rejected=sum(s.status == "yield" for s in samples),
+        retries=sum(max(0, s.attempts - 1) for s in samples),
         errors=errors,
         prompt_tokens=sum(s.prompt_tokens for s in done),
         completion_tokens=sum(s.completion_tokens for s in done),
@@ -143,6 +150,6 @@ def summarize(
         tpot_ms=Distribution.of(_ms([t for s in done if (t := s.tpot) is not None])),
         itl_ms=Distribution.of(_ms([gap for s in done for gap in s.itls])),
         latency_ms=Distribution.of(_ms([t for s in done if (t := s.latency) is not None])),
-        reject_latency_ms=Distribution.of(_ms([t for s in samples if (t := s.reject_latency) is not None])),
+        reject_latency_ms=Distribution.of(_ms([t for s in samples for t in s.yield_latencies])),
         goodput_rps=good / wall_s if wall_s > 0 else 0.0,
     )

@@ -44,7 +44,7 @@ def test_rejected_and_failed_requests_are_excluded_from_token_and_latency_figure
     samples = [
         done(0.0, [0.1, 0.2], 0.3, n_prompt=5),
         done(0.0, [0.4, 0.5, 0.6], 0.7, n_prompt=7),
-        RequestSample(0.0, "yield", 0.001, [], "inflight"),
+        RequestSample(0.0, "yield", 0.001, [], "inflight", attempts=1, yield_latencies=[0.001]),
         RequestSample(0.0, "error", 0.2, [0.05], "worker_lost", 9, 1),
     ]
     summary = summarize(samples, wall_s=2.0)
@@ -54,6 +54,16 @@ def test_rejected_and_failed_requests_are_excluded_from_token_and_latency_figure
     assert summary.itl_ms.count == 3  # 1 gap + 2 gaps, pooled
     assert summary.reject_latency_ms == Distribution.of([1.0])
     assert summary.output_tok_s == 2.5 and summary.total_tok_s == 8.5
+
+
+def test_retries_count_every_attempt_after_the_first() -> None:
+    retried = done(0.0, [0.5], 0.6)
+    retried.attempts, retried.yield_latencies = 3, [0.001, 0.002]
+    first_time = done(0.0, [0.1], 0.2)
+    first_time.attempts = 1
+    summary = summarize([retried, first_time], 1.0)
+    assert summary.retries == 2 and summary.retry_amplification == 2.0
+    assert summary.reject_latency_ms.count == 2 and summary.rejected == 0
 
 
 def test_goodput_counts_done_requests_meeting_both_slos_per_second() -> None:

@@ -1,0 +1,69 @@
+"""`governor bench` options: one frozen dataclass; the flags are generated from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from governor.address import parse_address
+from governor.config import ConfigError
+from governor.options import option
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    address: str = option("127.0.0.1:7070", "the governor to drive: HOST:PORT or unix:PATH")
+    direct: str = option(
+        "",
+        "connect straight to this worker address instead (same protocol), to measure the governor's cost",
+        metavar="ADDRESS",
+    )
+    num_requests: int = option(100, "requests per run")
+    prompt: str = option("Hello, governor.", "the prompt (see --prompt-repeats, --unique-prompts)")
+    prompt_repeats: int = option(1, "send the prompt repeated this many times")
+    unique_prompts: bool = option(False, "prefix each prompt with its request number, so no two are alike")
+    prompt_len_dist: str = option(
+        "", "fixed:N or uniform:LO-HI: random prompts of that many characters instead of --prompt", metavar="DIST"
+    )
+    max_new_tokens: int = option(16, "tokens to generate per request")
+    stop_on_eos: bool = option(True, "stop at end-of-sequence (--no-stop-on-eos: always max_new_tokens)")
+    seed: int = option(0, "seed of prompts and schedules")
+    submit_interval_ms: float = option(0.0, "gap between submissions; 0 = all at once")
+    submit_schedule: Literal["relative", "absolute", "poisson"] = option(
+        "absolute", "relative: sleep after each; absolute: t0 + i*interval; poisson: exponential gaps"
+    )
+    concurrency: int = option(0, "closed loop: N clients, each sends its next request when one ends; 0 = open loop")
+    retry: bool = option(False, "retry yielded requests after retry_hint_ms (default: a yield is final)")
+    max_retries: int = option(5, "with --retry: attempts after the first")
+    connections: int = option(1, "TCP connections the requests are spread over")
+    warmup_runs: int = option(0, "runs whose results are discarded")
+    repeat_runs: int = option(1, "measured runs")
+    slo_ttft_ms: float = option(0.0, "goodput counts requests with TTFT at most this; 0 = no TTFT SLO")
+    slo_tpot_ms: float = option(0.0, "goodput counts requests with TPOT at most this; 0 = no TPOT SLO")
+    json: str = option("", "write every sample and summary to this file", metavar="PATH")
+    timeout_s: float = option(300.0, "cut a run off after this; unanswered requests count as errors 'timeout'")
+
+    def __post_init__(self) -> None:
+        for name in ("address", "direct"):
+            try:
+                if getattr(self, name):
+                    parse_address(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(f"--{name}: {exc}") from None
+        if self.num_requests <= 0 or self.connections <= 0 or self.repeat_runs <= 0:
+            raise ConfigError("--num-requests, --connections and --repeat-runs must be > 0")
+        if min(self.concurrency, self.warmup_runs, self.max_retries, self.prompt_repeats - 1) < 0:
+            raise ConfigError("--concurrency, --warmup-runs, --max-retries must be >= 0, --prompt-repeats > 0")
+        if self.submit_interval_ms < 0 or self.timeout_s <= 0:
+            raise ConfigError("--submit-interval-ms must be >= 0 and --timeout-s > 0")
+        dist = self.prompt_len_dist
+        if dist and not _valid_dist(dist):
+            raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")
+
+
+def _valid_dist(text: str) -> bool:
+    kind, _, spec = text.partition(":")
+    if kind == "fixed":
+        return spec.isdigit() and int(spec) > 0
+    low, _, high = spec.partition("-")
+    return kind == "uniform" and low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)

@@ -1,0 +1,39 @@
+"""`governor bench`: warm-up runs, measured runs, the report and the JSON file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+from governor.bench.config import BenchConfig
+from governor.bench.report import format_run, to_json
+from governor.bench.runner import BenchRun, RunResult, make_prompts
+from governor.bench.stats import Summary, summarize
+
+
+async def _runs(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
+    rng = random.Random(config.seed)
+    prompts = make_prompts(config, rng)
+    measured: list[tuple[Summary, RunResult]] = []
+    for n in range(config.warmup_runs + config.repeat_runs):
+        result = await BenchRun(config, prompts, f"r{n}", rng).run()
+        summary = summarize(result.samples, result.wall_s, config.slo_ttft_ms or None, config.slo_tpot_ms or None)
+        if n < config.warmup_runs:
+            print(f"warm-up run {n + 1}/{config.warmup_runs}: {summary.requests} done, {summary.rejected} yielded")
+            continue
+        measured.append((summary, result))
+        print(format_run(f"run {len(measured)}/{config.repeat_runs}", config, summary, result), flush=True)
+    return measured
+
+
+def run_bench(config: BenchConfig) -> int:
+    try:
+        runs = asyncio.run(_runs(config))
+    except OSError as exc:
+        print(f"governor bench: cannot reach {config.direct or config.address}: {exc}")
+        return 1
+    if config.json:
+        Path(config.json).write_text(json.dumps(to_json(config, runs)))
+    return 0

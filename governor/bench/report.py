@@ -1,0 +1,74 @@
+"""The printed report of one run, and its JSON form."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from governor.bench.config import BenchConfig
+from governor.bench.runner import RunResult
+from governor.bench.stats import Distribution, Summary
+
+
+def _num(x: float | None) -> str:
+    return "        -" if x is None else f"{x:9.2f}"
+
+
+def _dist(name: str, d: Distribution) -> str:
+    if not d.count:
+        return f"  {name:<24} -"
+    return f"  {name:<24} p50 {_num(d.p50)}  p95 {_num(d.p95)}  p99 {_num(d.p99)}  mean {_num(d.mean)}  (n={d.count})"
+
+
+def server_distributions(result: RunResult) -> dict[str, Distribution]:
+    """The server's own timings from `done` (queue wait, prefill, TTFT, total), beside the client's."""
+    keys = sorted({k for s in result.samples if s.status == "done" for k in s.server})
+    return {k: Distribution.of([s.server[k] for s in result.samples if k in s.server]) for k in keys}
+
+
+def format_run(title: str, config: BenchConfig, summary: Summary, result: RunResult) -> str:
+    schedule = "closed loop" if config.concurrency else f"{config.submit_schedule}, {config.submit_interval_ms} ms"
+    errors = ", ".join(f"{k}={v}" for k, v in sorted(summary.errors.items())) or "none"
+    lines = [
+        f"== {title}",
+        f"  Requests (accepted)      {summary.requests}",
+        f"  Rejected (yielded)       {summary.rejected}",
+        f"  Errors                   {errors}",
+        f"  Retries                  {summary.retries} (amplification {summary.retry_amplification:.2f} attempts"
+        " per completed request)",
+        f"  Goodput                  {summary.goodput_rps:.2f} req/s"
+        f" (SLO ttft {config.slo_ttft_ms or '-'} ms, tpot {config.slo_tpot_ms or '-'} ms)",
+        f"  Prompt tokens            {summary.prompt_tokens}",
+        f"  Completion tokens        {summary.completion_tokens}",
+        f"  Wall                     {summary.wall_s:.3f} s",
+        f"  Submit wall              {result.submit_wall_s:.3f} s ({schedule})",
+        f"  Throughput               {summary.output_tok_s:.1f} completion tok/s,"
+        f" {summary.total_tok_s:.1f} total tok/s",
+        "  client timings (ms):",
+    ]
+    if result.submit_lags_s:
+        lines.append(_dist("Submit lag", Distribution.of([x * 1000 for x in result.submit_lags_s])))
+    lines += [
+        _dist("Reject latency", summary.reject_latency_ms),
+        _dist("TTFT", summary.ttft_ms),
+        _dist("TPOT", summary.tpot_ms),
+        _dist("ITL", summary.itl_ms),
+        _dist("Latency", summary.latency_ms),
+        "  server timings from done (ms):",
+    ]
+    lines += [_dist(k, d) for k, d in server_distributions(result).items()]
+    return "\n".join(lines)
+
+
+def to_json(config: BenchConfig, runs: list[tuple[Summary, RunResult]]) -> dict[str, Any]:
+    return {
+        "config": asdict(config),
+        "runs": [
+            {
+                "summary": asdict(summary),
+                "submit_lags_s": result.submit_lags_s,
+                "samples": [asdict(s) for s in result.samples],
+            }
+            for summary, result in runs
+        ],
+    }

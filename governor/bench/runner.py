@@ -1,0 +1,202 @@
+"""Drives a governor (or, with --direct, a worker) with a workload and records what each request saw.
+
+Open loop (`--concurrency 0`): requests are submitted on the chosen schedule whatever happens to
+the earlier ones, spread round-robin over `--connections` pipelined connections. Closed loop
+(`--concurrency N`): N clients, each sending its next request when its previous one ended.
+With `--retry` a yielded request is sent again after its `retry_hint_ms` (times a jitter factor
+in [1, 1.2)), up to `--max-retries` times; its TTFT and latency then count from its first
+submission, as its user would see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import orjson
+
+from governor.address import parse_address
+from governor.bench.config import BenchConfig
+from governor.bench.schedule import ScheduleKind, SubmitSchedule
+from governor.bench.stats import RequestSample
+from governor.framing import TOO_LARGE, LineSplitter
+from governor.wire import WORKER_STATS_ID, encode, generate_frame
+
+MAX_REPLY_BYTES = 64 * 1024 * 1024
+
+
+@dataclass
+class RunResult:
+    samples: list[RequestSample]
+    wall_s: float
+    submit_lags_s: list[float]  # absolute and poisson schedules only
+    submit_wall_s: float  # first to last first-attempt submission
+
+
+@dataclass
+class _Request:
+    index: int
+    prompt: str
+    sample: RequestSample
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, on_reply: Any) -> None:
+        self._on_reply = on_reply
+        self._splitter = LineSplitter(MAX_REPLY_BYTES)
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        for line in self._splitter.feed(data):
+            if line is not TOO_LARGE:
+                self._on_reply(orjson.loads(line), now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._on_reply(None, time.monotonic())
+
+
+def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
+    """The workload's prompts: --prompt repeated, or random text of --prompt-len-dist characters."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz     "
+    prompts: list[str] = []
+    for i in range(config.num_requests):
+        if config.prompt_len_dist:
+            kind, _, spec = config.prompt_len_dist.partition(":")
+            low, _, high = spec.partition("-")
+            n = int(low) if kind == "fixed" else rng.randint(int(low), int(high))
+            prompt = "".join(rng.choice(alphabet) for _ in range(n))
+        else:
+            prompt = config.prompt * config.prompt_repeats
+        prompts.append(f"{i}: {prompt}" if config.unique_prompts else prompt)
+    return prompts
+
+
+class BenchRun:
+    def __init__(self, config: BenchConfig, prompts: list[str], run_id: str, rng: random.Random) -> None:
+        self.config = config
+        self.prompts = prompts
+        self.run_id = run_id
+        self.rng = rng
+        self._pending: dict[str, tuple[_Request, float]] = {}  # attempt id -> (request, sent at)
+        self._connections: list[_Connection] = []
+        self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
+
+    async def run(self) -> RunResult:
+        address = parse_address(self.config.direct or self.config.address)
+        loop = asyncio.get_running_loop()
+        for _ in range(self.config.connections):
+            conn = _Connection(self._on_reply)
+            if address.is_unix:
+                await loop.create_unix_connection(lambda c=conn: c, address.path)  # type: ignore[misc]
+            else:
+                await loop.create_connection(lambda c=conn: c, address.host, address.port)  # type: ignore[misc]
+            self._connections.append(conn)
+        requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
+        t0 = time.monotonic()
+        lags: list[float] = []
+        try:
+            await asyncio.wait_for(self._submit_all(requests, t0, lags), self.config.timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            for conn in self._connections:
+                if conn.transport is not None:
+                    conn.transport.close()
+        for request in requests:
+            if not request.sample.status:
+                request.sample.status, request.sample.code = "error", "timeout"
+        finals = [r.sample.t_final for r in requests if r.sample.t_final is not None]
+        submits = [r.sample.t_submit for r in requests if r.sample.t_submit]
+        return RunResult(
+            samples=[r.sample for r in requests],
+            wall_s=(max(finals) if finals else time.monotonic()) - t0,
+            submit_lags_s=lags,
+            submit_wall_s=(max(submits) - min(submits)) if submits else 0.0,
+        )
+
+    async def _submit_all(self, requests: list[_Request], t0: float, lags: list[float]) -> None:
+        config = self.config
+        if config.concurrency:
+            queue = list(reversed(requests))
+
+            async def client() -> None:
+                while queue:
+                    request = queue.pop()
+                    self._send(request)
+                    await request.finished.wait()
+
+            await asyncio.gather(*(client() for _ in range(config.concurrency)))
+            return
+        schedule = SubmitSchedule(ScheduleKind(config.submit_schedule), config.submit_interval_ms / 1000)
+        targets = schedule.targets(len(requests), self.rng)
+        for request in requests:
+            if targets is not None:
+                delay = t0 + targets[request.index] - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                lags.append(time.monotonic() - t0 - targets[request.index])
+            self._send(request)
+            if targets is None and schedule.relative_gap():
+                await asyncio.sleep(schedule.relative_gap())
+        await asyncio.gather(*(r.finished.wait() for r in requests))
+
+    def _send(self, request: _Request) -> None:
+        sample = request.sample
+        attempt_id = f"{self.run_id}-{request.index}-{sample.attempts}"
+        frame = generate_frame(attempt_id, request.prompt, **self._fields)
+        conn = self._connections[request.index % len(self._connections)]
+        now = time.monotonic()
+        if sample.attempts == 0:
+            sample.t_submit = now
+        sample.attempts += 1
+        self._pending[attempt_id] = (request, now)
+        if conn.transport is None:
+            self._settle(request, "error", now, "connection_lost")
+            return
+        conn.transport.write(encode(frame))
+
+    def _on_reply(self, reply: dict[str, Any] | None, now: float) -> None:
+        if reply is None:  # a connection closed: what was pending on it cannot complete
+            for request, _ in list(self._pending.values()):
+                if not request.finished.is_set():
+                    self._settle(request, "error", now, "connection_lost")
+            return
+        rid = reply.get("id")
+        if rid == WORKER_STATS_ID or rid not in self._pending:
+            return
+        request, sent = self._pending[rid]
+        sample = request.sample
+        status = reply.get("status")
+        if status == "token":
+            sample.token_times.append(now)
+            return
+        del self._pending[rid]
+        if status == "done":
+            sample.prompt_tokens = int(reply.get("prompt_tokens", 0))
+            sample.completion_tokens = int(reply.get("completion_tokens", 0))
+            sample.server = {k: v for k, v in reply.items() if k.endswith("_ms")}
+            self._settle(request, "done", now)
+        elif status == "yield":
+            sample.yield_latencies.append(now - sent)
+            if self.config.retry and sample.attempts <= self.config.max_retries:
+                hint_s = float(reply.get("retry_hint_ms", 50)) / 1000 * self.rng.uniform(1.0, 1.2)
+                asyncio.get_running_loop().call_later(hint_s, self._send, request)
+            else:
+                self._settle(request, "yield", now, str(reply.get("reason")))
+        else:
+            self._settle(request, "error", now, str(reply.get("code")))
+
+    @staticmethod
+    def _settle(request: _Request, status: str, now: float, code: str | None = None) -> None:
+        sample = request.sample
+        sample.status, sample.t_final, sample.code = status, now, code
+        request.finished.set()

@@ -1,0 +1,46 @@
+"""`governor bench` against a real governor and echo worker: its counts match the governor's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import Governor
+
+pytestmark = pytest.mark.integration
+
+
+def bench(gov: Governor, out: Path, *flags: str) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "governor", "bench", "--address", f"127.0.0.1:{gov.port}", "--json", str(out)]
+    proc = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Requests (accepted)" in proc.stdout
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Governor], tmp_path: Path) -> None:
+    gov = start_governor("--max-inflight", "4", worker_args=("--token-delay-ms", "2"))
+    report = bench(gov, tmp_path / "burst.json", "--num-requests", "40", "--max-new-tokens", "8", "--no-stop-on-eos")
+    (run,) = report["runs"]
+    summary = run["summary"]
+    stats = gov.stats()
+    assert summary["requests"] + summary["rejected"] == 40 and summary["errors"] == {}
+    assert (stats["executed_total"], stats["yielded_total"]) == (summary["requests"], summary["rejected"])
+    assert summary["rejected"] > 0  # a burst of 40 against a cap of 4
+    assert summary["completion_tokens"] == 8 * summary["requests"]
+    assert summary["ttft_ms"]["count"] == summary["requests"] and summary["itl_ms"]["count"] == 7 * summary["requests"]
+
+    retried = bench(gov, tmp_path / "retry.json", "--num-requests", "20", "--retry", "--max-retries", "50")
+    summary = retried["runs"][0]["summary"]
+    after = gov.stats()
+    assert summary["requests"] == 20 and summary["rejected"] == 0
+    assert after["executed_total"] - stats["executed_total"] == 20
+    assert after["yielded_total"] - stats["yielded_total"] == summary["retries"]
+    assert after["received_total"] == after["executed_total"] + after["yielded_total"]
