@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -45,8 +46,11 @@ class _Request:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, on_reply: Any) -> None:
+    def __init__(
+        self, on_reply: Callable[[dict[str, Any], float], None], on_lost: Callable[[_Connection], None]
+    ) -> None:
         self._on_reply = on_reply
+        self._on_lost = on_lost
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
         self.transport: asyncio.Transport | None = None
 
@@ -61,7 +65,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._on_reply(None, time.monotonic())
+        self._on_lost(self)
 
 
 def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
@@ -86,7 +90,7 @@ class BenchRun:
         self.prompts = prompts
         self.run_id = run_id
         self.rng = rng
-        self._pending: dict[str, tuple[_Request, float]] = {}  # attempt id -> (request, sent at)
+        self._pending: dict[str, tuple[_Request, float, _Connection]] = {}  # attempt id -> (request, sent, on)
         self._connections: list[_Connection] = []
         self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
 
@@ -94,7 +98,7 @@ class BenchRun:
         address = parse_address(self.config.direct or self.config.address)
         loop = asyncio.get_running_loop()
         for _ in range(self.config.connections):
-            conn = _Connection(self._on_reply)
+            conn = _Connection(self._on_reply, self._on_lost)
             if address.is_unix:
                 await loop.create_unix_connection(lambda c=conn: c, address.path)  # type: ignore[misc]
             else:
@@ -158,22 +162,24 @@ class BenchRun:
         if sample.attempts == 0:
             sample.t_submit = now
         sample.attempts += 1
-        self._pending[attempt_id] = (request, now)
+        self._pending[attempt_id] = (request, now, conn)
         if conn.transport is None:
             self._settle(request, "error", now, "connection_lost")
             return
         conn.transport.write(encode(frame))
 
-    def _on_reply(self, reply: dict[str, Any] | None, now: float) -> None:
-        if reply is None:  # a connection closed: what was pending on it cannot complete
-            for request, _ in list(self._pending.values()):
-                if not request.finished.is_set():
-                    self._settle(request, "error", now, "connection_lost")
-            return
+    def _on_lost(self, lost: _Connection) -> None:
+        """What was pending on a closed connection cannot complete."""
+        now = time.monotonic()
+        for request, _, conn in list(self._pending.values()):
+            if conn is lost and not request.finished.is_set():
+                self._settle(request, "error", now, "connection_lost")
+
+    def _on_reply(self, reply: dict[str, Any], now: float) -> None:
         rid = reply.get("id")
         if rid == WORKER_STATS_ID or rid not in self._pending:
             return
-        request, sent = self._pending[rid]
+        request, sent, _ = self._pending[rid]
         sample = request.sample
         status = reply.get("status")
         if status == "token":
