@@ -41,6 +41,10 @@ class BenchConfig:
     slo_ttft_ms: float = option(0.0, "goodput counts requests with TTFT at most this; 0 = no TTFT SLO")
     slo_tpot_ms: float = option(0.0, "goodput counts requests with TPOT at most this; 0 = no TPOT SLO")
     json: str = option("", "write every sample and summary to this file", metavar="PATH")
+    plot: str = option(
+        "", "write a PNG: TTFT CDF per run, and the governor's inflight and yields over time", metavar="PATH"
+    )
+    poll_interval_ms: float = option(100.0, "how often the governor's stats are polled for --plot and --json")
     timeout_s: float = option(300.0, "cut a run off after this; unanswered requests count as errors 'timeout'")
 
     def __post_init__(self) -> None:
@@ -54,8 +58,8 @@ class BenchConfig:
             raise ConfigError("--num-requests, --connections and --repeat-runs must be > 0")
         if min(self.concurrency, self.warmup_runs, self.max_retries, self.prompt_repeats - 1) < 0:
             raise ConfigError("--concurrency, --warmup-runs, --max-retries must be >= 0, --prompt-repeats > 0")
-        if self.submit_interval_ms < 0 or self.timeout_s <= 0:
-            raise ConfigError("--submit-interval-ms must be >= 0 and --timeout-s > 0")
+        if self.submit_interval_ms < 0 or self.timeout_s <= 0 or self.poll_interval_ms <= 0:
+            raise ConfigError("--submit-interval-ms must be >= 0, --timeout-s and --poll-interval-ms > 0")
         dist = self.prompt_len_dist
         if dist and not _valid_dist(dist):
             raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")

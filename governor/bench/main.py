@@ -36,4 +36,8 @@ def run_bench(config: BenchConfig) -> int:
         return 1
     if config.json:
         Path(config.json).write_text(json.dumps(to_json(config, runs)))
+    if config.plot:
+        from governor.bench.plot import write_plot
+
+        write_plot(Path(config.plot), [(f"run {i + 1}", result) for i, (_, result) in enumerate(runs)])
     return 0

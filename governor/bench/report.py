@@ -67,6 +67,7 @@ def to_json(config: BenchConfig, runs: list[tuple[Summary, RunResult]]) -> dict[
             {
                 "summary": asdict(summary),
                 "submit_lags_s": result.submit_lags_s,
+                "timeline": result.timeline,
                 "samples": [asdict(s) for s in result.samples],
             }
             for summary, result in runs

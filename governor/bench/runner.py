@@ -11,6 +11,7 @@ submission, as its user would see them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any, cast
 
 import orjson
 
-from governor.address import parse_address
+from governor.address import Address, parse_address
 from governor.bench.config import BenchConfig
 from governor.bench.schedule import ScheduleKind, SubmitSchedule
 from governor.bench.stats import RequestSample
@@ -35,6 +36,9 @@ class RunResult:
     wall_s: float
     submit_lags_s: list[float]  # absolute and poisson schedules only
     submit_wall_s: float  # first to last first-attempt submission
+    # (seconds since t0, inflight, yielded_total) from the governor's stats, polled during the run;
+    # empty with --direct (a worker has no stats op)
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -107,11 +111,15 @@ class BenchRun:
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
         t0 = time.monotonic()
         lags: list[float] = []
+        timeline: list[tuple[float, int, int]] = []
+        poller = None if self.config.direct else asyncio.create_task(self._poll_stats(address, t0, timeline))
         try:
             await asyncio.wait_for(self._submit_all(requests, t0, lags), self.config.timeout_s)
         except TimeoutError:
             pass
         finally:
+            if poller is not None:
+                poller.cancel()
             for conn in self._connections:
                 if conn.transport is not None:
                     conn.transport.close()
@@ -125,7 +133,23 @@ class BenchRun:
             wall_s=(max(finals) if finals else time.monotonic()) - t0,
             submit_lags_s=lags,
             submit_wall_s=(max(submits) - min(submits)) if submits else 0.0,
+            timeline=timeline,
         )
+
+    async def _poll_stats(self, address: Address, t0: float, timeline: list[tuple[float, int, int]]) -> None:
+        """The governor's inflight and yield count over the run, over a connection of its own."""
+        if address.is_unix:
+            reader, writer = await asyncio.open_unix_connection(address.path, limit=MAX_REPLY_BYTES)
+        else:
+            reader, writer = await asyncio.open_connection(address.host, address.port, limit=MAX_REPLY_BYTES)
+        try:
+            for n in itertools.count():
+                writer.write(encode({"id": f"poll-{n}", "op": "stats"}))
+                stats = orjson.loads(await reader.readline())
+                timeline.append((time.monotonic() - t0, int(stats["inflight"]), int(stats["yielded_total"])))
+                await asyncio.sleep(self.config.poll_interval_ms / 1000)
+        finally:
+            writer.close()
 
     async def _submit_all(self, requests: list[_Request], t0: float, lags: list[float]) -> None:
         config = self.config

@@ -27,8 +27,23 @@ def bench(gov: Governor, out: Path, *flags: str) -> dict[str, Any]:
 
 def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Governor], tmp_path: Path) -> None:
     gov = start_governor("--max-inflight", "4", worker_args=("--token-delay-ms", "2"))
-    report = bench(gov, tmp_path / "burst.json", "--num-requests", "40", "--max-new-tokens", "8", "--no-stop-on-eos")
+    plot = tmp_path / "burst.png"
+    report = bench(
+        gov,
+        tmp_path / "burst.json",
+        "--num-requests",
+        "40",
+        "--max-new-tokens",
+        "8",
+        "--no-stop-on-eos",
+        "--poll-interval-ms",
+        "5",
+        "--plot",
+        str(plot),
+    )
     (run,) = report["runs"]
+    assert plot.read_bytes().startswith(b"\x89PNG")
+    assert run["timeline"] and all(0 <= inflight <= 4 for _, inflight, _ in run["timeline"])
     summary = run["summary"]
     stats = gov.stats()
     assert summary["requests"] + summary["rejected"] == 40 and summary["errors"] == {}
