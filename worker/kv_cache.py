@@ -14,7 +14,6 @@ from worker.model_shape import GPT2Shape
 
 class KVCache:
     def __init__(self, shape: GPT2Shape, capacity: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.capacity = capacity
         storage = torch.zeros(2, shape.n_layer, shape.n_head, capacity, shape.head_dim, dtype=dtype, device=device)
         self.keys = storage[0]  # [L, H, T, D]
         self.values = storage[1]

@@ -69,7 +69,6 @@ class GPT2Engine:
         # Owned by the engine thread:
         self._by_handle: dict[_Handle, Sequence] = {}
         self._sinks: dict[Sequence, tuple[_Handle, RequestSink]] = {}
-        self.kv_cache_bytes = 0
 
     async def start(self) -> None:
         config = self.config
@@ -87,7 +86,6 @@ class GPT2Engine:
             )
         )
         runner = ModelRunner(loaded.model, config.kv_cache_tokens)
-        self.kv_cache_bytes = runner.cache.nbytes
         self._engine = LLMEngine(runner, loaded.tokenizer, scheduler, max_context=loaded.shape.n_positions)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="gpt2-engine", daemon=True)
@@ -99,7 +97,7 @@ class GPT2Engine:
             str(dtype).removeprefix("torch."),
             loaded.shape.n_layer,
             config.kv_cache_tokens,
-            self.kv_cache_bytes / 2**20,
+            runner.cache.nbytes / 2**20,
             torch.get_num_threads(),
         )
 
@@ -130,7 +128,7 @@ class GPT2Engine:
             "waiting": len(s.waiting),
             "kv_cache_used_tokens": s.kv.num_used,
             "kv_cache_capacity_tokens": s.kv.capacity,
-            "kv_cache_bytes": self.kv_cache_bytes,
+            "kv_cache_bytes": engine.runner.cache.nbytes,
         }
 
     async def close(self) -> None:
