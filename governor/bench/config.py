@@ -61,13 +61,15 @@ class BenchConfig:
         if self.submit_interval_ms < 0 or self.timeout_s <= 0 or self.poll_interval_ms <= 0:
             raise ConfigError("--submit-interval-ms must be >= 0, --timeout-s and --poll-interval-ms > 0")
         dist = self.prompt_len_dist
-        if dist and not _valid_dist(dist):
+        if dist and parse_length_dist(dist) is None:
             raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")
 
 
-def _valid_dist(text: str) -> bool:
+def parse_length_dist(text: str) -> tuple[int, int] | None:
+    """`fixed:N` -> (N, N), `uniform:LO-HI` -> (LO, HI); None if the text is neither."""
     kind, _, spec = text.partition(":")
-    if kind == "fixed":
-        return spec.isdigit() and int(spec) > 0
-    low, _, high = spec.partition("-")
-    return kind == "uniform" and low.isdigit() and high.isdigit() and 0 < int(low) <= int(high)
+    low, _, high = spec.partition("-") if kind == "uniform" else (spec, "", spec)
+    if kind not in ("fixed", "uniform") or not (low.isdigit() and high.isdigit()):
+        return None
+    bounds = int(low), int(high)
+    return bounds if 0 < bounds[0] <= bounds[1] else None

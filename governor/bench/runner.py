@@ -20,14 +20,13 @@ from typing import Any, cast
 
 import orjson
 
-from governor.address import Address, parse_address
-from governor.bench.config import BenchConfig
+from governor.address import Address, open_connection, parse_address
+from governor.bench.config import BenchConfig, parse_length_dist
 from governor.bench.schedule import ScheduleKind, SubmitSchedule
 from governor.bench.stats import RequestSample
+from governor.client import MAX_REPLY_BYTES
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.wire import WORKER_STATS_ID, encode, generate_frame
-
-MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -75,12 +74,12 @@ class _Connection(asyncio.Protocol):
 def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
     """The workload's prompts: --prompt repeated, or random text of --prompt-len-dist characters."""
     alphabet = "abcdefghijklmnopqrstuvwxyz     "
+    lengths = parse_length_dist(config.prompt_len_dist) if config.prompt_len_dist else None
     prompts: list[str] = []
     for i in range(config.num_requests):
-        if config.prompt_len_dist:
-            kind, _, spec = config.prompt_len_dist.partition(":")
-            low, _, high = spec.partition("-")
-            n = int(low) if kind == "fixed" else rng.randint(int(low), int(high))
+        if lengths is not None:
+            low, high = lengths
+            n = low if low == high else rng.randint(low, high)
             prompt = "".join(rng.choice(alphabet) for _ in range(n))
         else:
             prompt = config.prompt * config.prompt_repeats
@@ -100,13 +99,9 @@ class BenchRun:
 
     async def run(self) -> RunResult:
         address = parse_address(self.config.direct or self.config.address)
-        loop = asyncio.get_running_loop()
         for _ in range(self.config.connections):
             conn = _Connection(self._on_reply, self._on_lost)
-            if address.is_unix:
-                await loop.create_unix_connection(lambda c=conn: c, address.path)  # type: ignore[misc]
-            else:
-                await loop.create_connection(lambda c=conn: c, address.host, address.port)  # type: ignore[misc]
+            await open_connection(address, lambda c=conn: c)  # type: ignore[misc]
             self._connections.append(conn)
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
         t0 = time.monotonic()
@@ -173,8 +168,8 @@ class BenchRun:
                     await asyncio.sleep(delay)
                 lags.append(time.monotonic() - t0 - targets[request.index])
             self._send(request)
-            if targets is None and schedule.relative_gap():
-                await asyncio.sleep(schedule.relative_gap())
+            if targets is None and schedule.interval_s:
+                await asyncio.sleep(schedule.interval_s)
         await asyncio.gather(*(r.finished.wait() for r in requests))
 
     def _send(self, request: _Request) -> None:

@@ -31,7 +31,7 @@ class SubmitSchedule:
 
     def targets(self, count: int, rng: random.Random) -> list[float] | None:
         """Submit times relative to t0 for the absolute and poisson schedules; None for relative,
-        whose next submission depends on when the previous one finished (see `relative_gap`)."""
+        whose next submission waits `interval_s` after the previous one was sent."""
         if self.kind is ScheduleKind.RELATIVE:
             return None
         if self.kind is ScheduleKind.ABSOLUTE or self.interval_s == 0:
@@ -42,10 +42,6 @@ class SubmitSchedule:
             out.append(t)
             t += rng.expovariate(1.0 / self.interval_s)
         return out
-
-    def relative_gap(self) -> float:
-        """The pause after each submission under the relative schedule."""
-        return self.interval_s
 
 
 def submit_lags(targets: list[float], actual: list[float]) -> list[float]:

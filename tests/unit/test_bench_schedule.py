@@ -26,7 +26,7 @@ def test_poisson_gaps_average_the_interval_over_many_draws() -> None:
 
 def test_relative_has_no_targets_only_a_pause_and_zero_is_a_burst() -> None:
     relative = SubmitSchedule(ScheduleKind.RELATIVE, 0.1)
-    assert relative.targets(3, random.Random(0)) is None and relative.relative_gap() == 0.1
+    assert relative.targets(3, random.Random(0)) is None and relative.interval_s == 0.1
     assert SubmitSchedule(ScheduleKind.POISSON, 0.0).targets(3, random.Random(0)) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError):
         SubmitSchedule(ScheduleKind.ABSOLUTE, -1.0)
