@@ -33,8 +33,7 @@ from benchmarks.common import machine
 from governor.validation import GenerateRequest
 from worker.engine import FinishEvent, LLMEngine
 from worker.loading import load, load_hf_model
-from worker.runner import ModelRunner
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -160,11 +159,6 @@ class HF:
 # -- this engine ----------------------------------------------------------------------------------------
 
 
-def make_engine(loaded: Any, config: SchedulerConfig) -> LLMEngine:
-    runner = ModelRunner(loaded.model, config.kv_cache_tokens)
-    return LLMEngine(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
-
-
 def run_engine(engine: LLMEngine, prompts: list[str], new: list[int]) -> list[list[int]]:
     seqs = [
         engine.add(GenerateRequest(id=str(i), prompt=p, max_new_tokens=n, temperature=0.0, stop_on_eos=False))
@@ -178,14 +172,20 @@ def run_engine(engine: LLMEngine, prompts: list[str], new: list[int]) -> list[li
 # -- decode step vs bare matmuls ---------------------------------------------------------------------
 
 
-def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9) -> float:
-    engine = make_engine(loaded, config)
+def decoding_engine(loaded: Any, config: SchedulerConfig, batch: int, steps: int) -> LLMEngine:
+    """`batch` greedy requests (64-token prompts) past their prefill, with `steps` decode steps to go."""
+    engine = LLMEngine.for_model(loaded, config)
     for i in range(batch):
         engine.add(
             GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False)
         )
     engine.step()  # the prefill
     engine.step()
+    return engine
+
+
+def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9) -> float:
+    engine = decoding_engine(loaded, config, batch, steps)
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -224,13 +224,7 @@ def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
 def profile_decode(loaded: Any, config: SchedulerConfig, batch: int = 32, steps: int = 5) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    engine = make_engine(loaded, config)
-    for i in range(batch):
-        engine.add(
-            GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False)
-        )
-    engine.step()
-    engine.step()
+    engine = decoding_engine(loaded, config, batch, steps)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             engine.step()
@@ -284,7 +278,7 @@ def main() -> None:
     )
 
     # Warm-up: first calls allocate and pick kernels.
-    run_engine(make_engine(loaded, config), ["warm up"], [2])
+    run_engine(LLMEngine.for_model(loaded, config), ["warm up"], [2])
     hf.static([tokenizer.encode("warm up")], [2], batch_size=1)
 
     report: dict[str, Any] = {"machine": machine(), "model": args.model, "threads": args.threads, "workloads": {}}
@@ -310,7 +304,7 @@ def main() -> None:
                 elif method == "hf-continuous":
                     result = timed(method, workload.useful_tokens, hf.continuous, ids, new)
                 elif method == "engine":
-                    engine = make_engine(loaded, config)
+                    engine = LLMEngine.for_model(loaded, config)
                     result = timed(method, workload.useful_tokens, run_engine, engine, workload.prompts, new)
                     result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
                     result.extra["steps"] = engine.counters.steps
@@ -360,7 +354,7 @@ def main() -> None:
     if args.memory_runs:
         # One engine, the same workload again and again: the KV cache is allocated once, so RSS
         # should not grow from run to run.
-        engine = make_engine(loaded, config)
+        engine = LLMEngine.for_model(loaded, config)
         rss = []
         for _ in range(args.memory_runs):
             run_engine(engine, workload.prompts, workload.max_new_tokens)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from governor.errors import BadFrame
 from governor.validation import GenerateRequest
 from worker.engines.base import Completion
+from worker.loading import LoadedModel
 from worker.runner import ModelRunner
-from worker.scheduler import Scheduler
+from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence
 from worker.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -66,6 +67,12 @@ class LLMEngine:
         self.counters = EngineCounters()
         self._eos = tokenizer.eos_token_id
         self._detokenizers: dict[Sequence, IncrementalDetokenizer] = {}
+
+    @classmethod
+    def for_model(cls, loaded: LoadedModel, config: SchedulerConfig) -> LLMEngine:
+        """An engine over a loaded model: its own KV cache of `config.kv_cache_tokens` rows."""
+        runner = ModelRunner(loaded.model, config.kv_cache_tokens)
+        return cls(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
 
     @property
     def has_work(self) -> bool:

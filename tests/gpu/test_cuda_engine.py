@@ -8,11 +8,9 @@ import pytest
 import torch
 
 from governor.validation import GenerateRequest
-from tests.tiny_gpt2 import N_POSITIONS
 from worker.engine import FinishEvent, LLMEngine
 from worker.loading import load, load_hf_model
-from worker.runner import ModelRunner
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
@@ -22,7 +20,7 @@ PROMPTS = [("a", "The quick brown fox", 30), ("b", "naïve café " * 4, 12), ("c
 def run(model_dir: Path, dtype: torch.dtype) -> dict[str, list[int]]:
     loaded = load(str(model_dir), torch.device("cuda"), dtype)
     config = SchedulerConfig(max_batch_size=8, max_prefill_tokens=16, kv_cache_tokens=2048)
-    engine = LLMEngine(ModelRunner(loaded.model, 2048), loaded.tokenizer, Scheduler(config), N_POSITIONS)
+    engine = LLMEngine.for_model(loaded, config)
     for rid, prompt, n in PROMPTS:
         engine.add(GenerateRequest(id=rid, prompt=prompt, max_new_tokens=n, temperature=0.0))
     out: dict[str, list[int]] = {}

@@ -13,8 +13,7 @@ from governor.validation import GenerateRequest
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.loading import LoadedModel, ModelLoadError, load, load_hf_model
-from worker.runner import ModelRunner
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 
 CPU = torch.device("cpu")
@@ -32,9 +31,7 @@ def hf(tiny_gpt2_dir: Path) -> tuple[Any, Any]:
 
 def make_engine(loaded: LoadedModel, **overrides: int) -> LLMEngine:
     config = SchedulerConfig(**{"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096, **overrides})
-    return LLMEngine(
-        ModelRunner(loaded.model, config.kv_cache_tokens), loaded.tokenizer, Scheduler(config), N_POSITIONS
-    )
+    return LLMEngine.for_model(loaded, config)
 
 
 def request(rid: str, prompt: str, max_new_tokens: int, **kw: Any) -> GenerateRequest:
@@ -188,8 +185,6 @@ def test_the_embedded_random_tiny_model_needs_no_files() -> None:
     again = load("random-tiny", CPU, torch.float32)
     assert tiny.shape.n_layer == 2 and tiny.tokenizer.vocab_size == tiny.shape.vocab_size == 257
     assert torch.equal(tiny.model.transformer.wte.weight, again.model.transformer.wte.weight)  # seeded
-    engine = LLMEngine(
-        ModelRunner(tiny.model, 256), tiny.tokenizer, Scheduler(SchedulerConfig(kv_cache_tokens=256)), 1024
-    )
+    engine = LLMEngine.for_model(tiny, SchedulerConfig(kv_cache_tokens=256))
     engine.add(request("t", "héllo", 5, stop_on_eos=False))
     assert len(drain(engine)["t"].seq.output_ids) == 5

@@ -24,8 +24,7 @@ from worker.config import WorkerConfig
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.engines.base import RequestSink
 from worker.loading import load, resolve_device, resolve_dtype
-from worker.runner import ModelRunner
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 
 log = logging.getLogger("worker.gpt2")
@@ -77,16 +76,13 @@ class GPT2Engine:
         device = resolve_device(config.device)
         dtype = resolve_dtype(config.dtype, device)
         loaded = await asyncio.to_thread(load, config.model, device, dtype)
-        scheduler = Scheduler(
-            SchedulerConfig(
-                max_batch_size=config.max_batch_size,
-                prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
-                max_prefill_tokens=config.max_prefill_tokens,
-                kv_cache_tokens=config.kv_cache_tokens,
-            )
+        scheduling = SchedulerConfig(
+            max_batch_size=config.max_batch_size,
+            prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
+            max_prefill_tokens=config.max_prefill_tokens,
+            kv_cache_tokens=config.kv_cache_tokens,
         )
-        runner = ModelRunner(loaded.model, config.kv_cache_tokens)
-        self._engine = LLMEngine(runner, loaded.tokenizer, scheduler, max_context=loaded.shape.n_positions)
+        self._engine = engine = LLMEngine.for_model(loaded, scheduling)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="gpt2-engine", daemon=True)
         self._thread.start()
@@ -97,7 +93,7 @@ class GPT2Engine:
             str(dtype).removeprefix("torch."),
             loaded.shape.n_layer,
             config.kv_cache_tokens,
-            runner.cache.nbytes / 2**20,
+            engine.runner.cache.nbytes / 2**20,
             torch.get_num_threads(),
         )
 
