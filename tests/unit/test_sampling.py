@@ -35,3 +35,10 @@ def test_a_seed_reproduces_the_draws_and_another_seed_differs() -> None:
     a = draw(logits, SamplingParams(seed=123), 30)
     assert a == draw(logits, SamplingParams(seed=123), 30)
     assert a != draw(logits, SamplingParams(seed=124), 30)
+
+
+def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing() -> None:
+    # Dividing raw logits by 1e-300 overflows to inf; inf - inf is NaN, which multinomial refuses.
+    logits = torch.tensor([[1.0, 3.0, 2.0]])
+    params = SamplingParams(temperature=1e-300, seed=3)
+    assert sample(logits, [params], [make_generator(params, CPU)]) == [1]
