@@ -25,7 +25,10 @@ class WorkerConfig:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
         "auto", "gpt2: weights and KV cache type; auto = float32 on cpu, bfloat16 on cuda"
     )
-    max_batch_size: int = option(32, "gpt2: most sequences in one step (running requests, decoding or prefilling)")
+    max_batch_size: int = option(32, "gpt2: the decode batch: most sequences that get a token in one step")
+    max_running: int = option(
+        0, "gpt2: most admitted requests (holding KV); above --max-batch-size they take turns; 0 = --max-batch-size"
+    )
     prefill_max_batch_size: int = option(0, "gpt2: most waiting requests admitted per step; 0 = --max-batch-size")
     max_prefill_tokens: int = option(2048, "gpt2: prompt tokens per step; longer prompts are prefilled in chunks")
     kv_cache_tokens: int = option(
@@ -48,7 +51,7 @@ class WorkerConfig:
         for name in ("max_batch_size", "max_prefill_tokens", "kv_cache_tokens"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
-        if self.prefill_max_batch_size < 0 or self.threads < 0:
-            raise ConfigError("--prefill-max-batch-size and --threads must be >= 0")
+        if min(self.prefill_max_batch_size, self.max_running, self.threads) < 0:
+            raise ConfigError("--prefill-max-batch-size, --max-running and --threads must be >= 0")
         if self.stats_interval_s <= 0:
             raise ConfigError("--stats-interval-s must be > 0")

@@ -7,14 +7,23 @@ efficient), while `max_prefill_tokens` caps the prompt tokens per step so that a
 delays the running sequences' next token by a bounded amount: a longer prompt is split into
 chunks over several steps. Sequences join at any step boundary and leave the moment they finish.
 
-Admission is FIFO and needs three things: room in the running set (`max_batch_size`), a free
-admission this step (`prefill_max_batch_size`) and a free KV span for the sequence's whole life
-(prompt + max_new_tokens - 1). A head request that does not fit blocks those behind it, so a large
-request is not starved by a stream of small ones; while it waits, its wait is queue wait.
+Three knobs shape a step, after the token budget:
+- `max_batch_size` is the decode batch: most sequences that each get one token per step;
+- `max_running` (default: `max_batch_size`) bounds the admitted sequences, those holding a KV span.
+  Above the decode batch, running sequences take turns, the one whose last turn is oldest first:
+  requests get their first token sooner and each later token later (TTFT bought with TPOT);
+- `prefill_max_batch_size` bounds admissions per step: how fast a burst moves from waiting into
+  prefill, independently of the decode batch.
+
+Admission is FIFO and needs room in the running set, a free admission this step and a free KV
+span for the sequence's whole life (prompt + max_new_tokens - 1). A head request that does not fit
+blocks those behind it, so a large request is not starved by a stream of small ones; while it
+waits, its wait is queue wait.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass
 
@@ -28,11 +37,18 @@ class SchedulerConfig:
     prefill_max_batch_size: int = 32
     max_prefill_tokens: int = 2048
     kv_cache_tokens: int = 32768
+    max_running: int = 0  # 0 = max_batch_size
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "prefill_max_batch_size", "max_prefill_tokens", "kv_cache_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_running < 0:
+            raise ValueError("max_running must be >= 0")
+
+    @property
+    def running_cap(self) -> int:
+        return self.max_running or self.max_batch_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +78,7 @@ class Scheduler:
         self.kv = SpanAllocator(config.kv_cache_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._steps = 0
 
     @property
     def has_work(self) -> bool:
@@ -76,7 +93,11 @@ class Scheduler:
     def schedule(self, now: float) -> list[Chunk]:
         """The next step's chunks: decodes first, then prompt chunks up to the prefill budget."""
         config = self.config
-        chunks = [Chunk(seq, seq.num_computed, seq.num_tokens) for seq in self.running if not seq.is_prefilling]
+        self._steps += 1
+        decoding = [seq for seq in self.running if not seq.is_prefilling]
+        if len(decoding) > config.max_batch_size:
+            decoding = heapq.nsmallest(config.max_batch_size, decoding, key=lambda seq: seq.last_step)
+        chunks = [Chunk(seq, seq.num_computed, seq.num_tokens) for seq in decoding]
         budget = config.max_prefill_tokens
         for seq in self.running:
             if budget and seq.is_prefilling:
@@ -84,10 +105,7 @@ class Scheduler:
         admitted = 0
         waiting = self.waiting
         while (
-            budget
-            and waiting
-            and admitted < config.prefill_max_batch_size
-            and len(self.running) < config.max_batch_size
+            budget and waiting and admitted < config.prefill_max_batch_size and len(self.running) < config.running_cap
         ):
             seq = waiting[0]
             start = self.kv.allocate(seq.kv_tokens_needed)
@@ -100,6 +118,8 @@ class Scheduler:
             self.running.append(seq)
             admitted += 1
             budget -= self._add_prefill_chunk(chunks, seq, budget)
+        for chunk in chunks:
+            chunk.seq.last_step = self._steps
         return chunks
 
     @staticmethod

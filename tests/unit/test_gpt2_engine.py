@@ -74,12 +74,14 @@ def test_refuses_a_missing_or_non_gpt2_model(tmp_path: Path) -> None:
         load(str(tmp_path), CPU, torch.float32)
 
 
+@pytest.mark.parametrize("batching", [{}, {"max_batch_size": 2, "max_running": 5}], ids=["all-decode", "taking-turns"])
 def test_greedy_tokens_equal_hf_generate_for_a_mixed_batch_with_late_arrivals(
-    loaded: LoadedModel, hf: tuple[Any, Any]
+    loaded: LoadedModel, hf: tuple[Any, Any], batching: dict[str, int]
 ) -> None:
     # A 64-token prefill budget splits the long prompts into chunks, and the last two requests
-    # arrive while the first three are mid-decode.
-    engine = make_engine(loaded)
+    # arrive while the first three are mid-decode; with a decode batch of 2 under 5 running
+    # requests, they also take turns at decoding.
+    engine = make_engine(loaded, **batching)
     finished: dict[str, FinishEvent] = {}
     for rid, prompt, n in PROMPTS[:3]:
         engine.add(request(rid, prompt, n))

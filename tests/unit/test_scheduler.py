@@ -82,13 +82,19 @@ def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
     st.integers(1, 6),
     st.integers(1, 4),
     st.integers(1, 40),
+    st.integers(0, 8),
     st.integers(0, 2**16),
 )
 def test_every_request_finishes_within_every_budget(
-    requests: list[tuple[int, int]], max_batch: int, max_admit: int, prefill_budget: int, cancel_seed: int
+    requests: list[tuple[int, int]],
+    max_batch: int,
+    max_admit: int,
+    prefill_budget: int,
+    max_running: int,
+    cancel_seed: int,
 ) -> None:
     capacity = 45  # every request fits alone: 30 + 12 - 1
-    s = Scheduler(SchedulerConfig(max_batch, max_admit, prefill_budget, capacity))
+    s = Scheduler(SchedulerConfig(max_batch, max_admit, prefill_budget, capacity, max_running))
     seqs = [seq(p, n, str(i)) for i, (p, n) in enumerate(requests)]
     for x in seqs:
         s.add(x)
@@ -97,7 +103,9 @@ def test_every_request_finishes_within_every_budget(
             break
         chunks = s.schedule(float(step))
         assert chunks, "work remains but nothing was scheduled"
-        assert len({id(c.seq) for c in chunks}) == len(chunks) <= max_batch
+        assert len({id(c.seq) for c in chunks}) == len(chunks)
+        assert sum(not c.is_prefill for c in chunks) <= max_batch
+        assert len(s.running) <= (max_running or max_batch)
         assert sum(c.num_tokens for c in chunks if c.is_prefill) <= prefill_budget
         assert s.kv.num_used == sum(x.kv_tokens_needed for x in s.running) <= capacity
         run(chunks)
@@ -108,3 +116,20 @@ def test_every_request_finishes_within_every_budget(
                 s.finish(x, "cancelled", float(step))
     assert not s.has_work and s.kv.num_used == 0
     assert all(x.status is SequenceStatus.FINISHED for x in seqs)
+
+
+def test_above_the_decode_batch_running_sequences_take_turns_oldest_turn_first() -> None:
+    s = Scheduler(SchedulerConfig(max_batch_size=2, max_running=4, prefill_max_batch_size=4, max_prefill_tokens=100))
+    seqs = [seq(3, 20, str(i)) for i in range(5)]
+    for x in seqs:
+        s.add(x)
+    first = s.schedule(0.0)
+    assert [c.seq.request_id for c in first] == ["0", "1", "2", "3"]  # four admitted and prefilled at once
+    run(first)
+    turns = []
+    for _ in range(4):
+        chunks = s.schedule(0.0)
+        turns.append([c.seq.request_id for c in chunks])
+        run(chunks)
+    assert turns == [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]
+    assert len(s.running) == 4 and list(s.waiting) == [seqs[4]]

@@ -81,6 +81,7 @@ class GPT2Engine:
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
             max_prefill_tokens=config.max_prefill_tokens,
             kv_cache_tokens=config.kv_cache_tokens,
+            max_running=config.max_running,
         )
         self._engine = engine = LLMEngine.for_model(loaded, scheduling)
         self._loop = asyncio.get_running_loop()
