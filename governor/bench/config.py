@@ -32,6 +32,10 @@ class BenchConfig:
     submit_schedule: Literal["relative", "absolute", "poisson"] = option(
         "absolute", "relative: sleep after each; absolute: t0 + i*interval; poisson: exponential gaps"
     )
+    submit_work_ms: float = option(
+        0.0,
+        "blocking work on the submit path before each first submission (a stand-in for client-side tokenization)",
+    )
     concurrency: int = option(0, "closed loop: N clients, each sends its next request when one ends; 0 = open loop")
     retry: bool = option(False, "retry yielded requests after retry_hint_ms (default: a yield is final)")
     max_retries: int = option(5, "with --retry: attempts after the first")
@@ -58,8 +62,10 @@ class BenchConfig:
             raise ConfigError("--num-requests, --connections and --repeat-runs must be > 0")
         if min(self.concurrency, self.warmup_runs, self.max_retries, self.prompt_repeats - 1) < 0:
             raise ConfigError("--concurrency, --warmup-runs, --max-retries must be >= 0, --prompt-repeats > 0")
-        if self.submit_interval_ms < 0 or self.timeout_s <= 0 or self.poll_interval_ms <= 0:
-            raise ConfigError("--submit-interval-ms must be >= 0, --timeout-s and --poll-interval-ms > 0")
+        if min(self.submit_interval_ms, self.submit_work_ms) < 0 or self.timeout_s <= 0 or self.poll_interval_ms <= 0:
+            raise ConfigError(
+                "--submit-interval-ms and --submit-work-ms must be >= 0, --timeout-s and --poll-interval-ms > 0"
+            )
         dist = self.prompt_len_dist
         if dist and parse_length_dist(dist) is None:
             raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")

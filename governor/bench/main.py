@@ -13,7 +13,8 @@ from governor.bench.runner import BenchRun, RunResult, make_prompts
 from governor.bench.stats import Summary, summarize
 
 
-async def _runs(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
+async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
+    """Warm-up runs, then the measured runs, each reported as it ends; the benchmark scripts call this."""
     rng = random.Random(config.seed)
     prompts = make_prompts(config, rng)
     measured: list[tuple[Summary, RunResult]] = []
@@ -30,7 +31,7 @@ async def _runs(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
 
 def run_bench(config: BenchConfig) -> int:
     try:
-        runs = asyncio.run(_runs(config))
+        runs = asyncio.run(measure(config))
     except OSError as exc:
         print(f"governor bench: cannot reach {config.direct or config.address}: {exc}")
         return 1

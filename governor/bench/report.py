@@ -20,14 +20,30 @@ def _dist(name: str, d: Distribution) -> str:
     return f"  {name:<24} p50 {_num(d.p50)}  p95 {_num(d.p95)}  p99 {_num(d.p99)}  mean {_num(d.mean)}  (n={d.count})"
 
 
+# The server's timings from `done` (docs/protocol.md), in the order of a request's life.
+SERVER_TIMINGS = {
+    "queue_wait_ms": "Queue wait (worker)",
+    "prefill_ms": "Prefill->first token",
+    "worker_ttft_ms": "TTFT (worker)",
+    "ttft_ms": "TTFT (governor)",
+    "decode_ms": "Decode (worker)",
+    "total_ms": "Latency (governor)",
+}
+
+
 def server_distributions(result: RunResult) -> dict[str, Distribution]:
-    """The server's own timings from `done` (queue wait, prefill, TTFT, total), beside the client's."""
-    keys = sorted({k for s in result.samples if s.status == "done" for k in s.server})
-    return {k: Distribution.of([s.server[k] for s in result.samples if k in s.server]) for k in keys}
+    """The server's own timings from `done`, beside the client's, under readable names."""
+    present = {k for s in result.samples if s.status == "done" for k in s.server}
+    keys = [k for k in SERVER_TIMINGS if k in present] + sorted(present - SERVER_TIMINGS.keys())
+    return {
+        SERVER_TIMINGS.get(k, k): Distribution.of([s.server[k] for s in result.samples if k in s.server]) for k in keys
+    }
 
 
 def format_run(title: str, config: BenchConfig, summary: Summary, result: RunResult) -> str:
     schedule = "closed loop" if config.concurrency else f"{config.submit_schedule}, {config.submit_interval_ms} ms"
+    if result.submit_wall_s > 0:
+        schedule += f"; arrivals {result.arrival_rate:.1f} req/s"
     errors = ", ".join(f"{k}={v}" for k, v in sorted(summary.errors.items())) or "none"
     lines = [
         f"== {title}",

@@ -39,6 +39,11 @@ class RunResult:
     # empty with --direct (a worker has no stats op)
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
 
+    @property
+    def arrival_rate(self) -> float:
+        """First submissions per second over the submit wall: the arrival rate the server saw."""
+        return (len(self.samples) - 1) / self.submit_wall_s if self.submit_wall_s > 0 else 0.0
+
 
 @dataclass
 class _Request:
@@ -166,8 +171,9 @@ class BenchRun:
                 delay = t0 + targets[request.index] - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                lags.append(time.monotonic() - t0 - targets[request.index])
             self._send(request)
+            if targets is not None:
+                lags.append(request.sample.t_submit - t0 - targets[request.index])
             if targets is None and schedule.interval_s:
                 await asyncio.sleep(schedule.interval_s)
         await asyncio.gather(*(r.finished.wait() for r in requests))
@@ -177,6 +183,10 @@ class BenchRun:
         attempt_id = f"{self.run_id}-{request.index}-{sample.attempts}"
         frame = generate_frame(attempt_id, request.prompt, **self._fields)
         conn = self._connections[request.index % len(self._connections)]
+        if sample.attempts == 0 and self.config.submit_work_ms:
+            # Blocks the event loop like synchronous client work (tokenizing, building the request)
+            # would, but sleeps rather than spins, so it takes no CPU from a server on the same machine.
+            time.sleep(self.config.submit_work_ms / 1000)
         now = time.monotonic()
         if sample.attempts == 0:
             sample.t_submit = now

@@ -59,3 +59,22 @@ def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Gov
     assert after["executed_total"] - stats["executed_total"] == 20
     assert after["yielded_total"] - stats["yielded_total"] == summary["retries"]
     assert after["received_total"] == after["executed_total"] + after["yielded_total"]
+
+
+def test_a_slow_submit_path_stretches_a_relative_schedule_but_not_an_absolute_one(
+    start_governor: Callable[..., Governor], tmp_path: Path
+) -> None:
+    gov = start_governor("--max-inflight", "64")
+    flags = ("--num-requests", "20", "--submit-interval-ms", "10", "--submit-work-ms", "5", "--max-new-tokens", "1")
+    walls = {}
+    for schedule in ("relative", "absolute"):
+        report = bench(gov, tmp_path / f"{schedule}.json", *flags, "--submit-schedule", schedule)
+        (run,) = report["runs"]
+        assert run["summary"]["requests"] == 20
+        submits = sorted(s["t_submit"] for s in run["samples"])
+        walls[schedule] = submits[-1] - submits[0]
+        if schedule == "absolute":
+            assert len(run["submit_lags_s"]) == 20
+    # relative: each gap is the 5 ms of submit work plus the 10 ms sleep; absolute targets 10 ms gaps
+    assert walls["relative"] >= 19 * 0.015
+    assert walls["absolute"] < walls["relative"]

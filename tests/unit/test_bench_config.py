@@ -29,6 +29,7 @@ def test_prompt_length_distributions_and_unique_prompts() -> None:
         {"prompt_len_dist": "normal:5"},
         {"num_requests": 0},
         {"submit_interval_ms": -1.0},
+        {"submit_work_ms": -0.5},
         {"address": "nowhere"},
         {"direct": "unix:"},
         {"concurrency": -1},
