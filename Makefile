@@ -11,7 +11,8 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration lint typecheck bench bench-engine clean
+.PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-experiments \
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -38,12 +39,31 @@ lint: $(STAMP)
 	$(PY) -m ruff check governor worker tests benchmarks
 	$(PY) -m mypy
 
-bench: $(STAMP)  ## the benchmarks whose numbers go into docs/BENCHMARKS.md
+bench: $(STAMP)  ## the governor's own benchmarks (yield path, memory); bench-experiments runs all six experiments
 	$(PY) -m benchmarks.yield_throughput
 	$(PY) -m benchmarks.memory
 
-bench-engine: $(STAMP)  ## the GPT-2 engine vs transformers' generate (about 15 minutes on 2 cores)
+bench-engine: $(STAMP)  ## experiment 5: the GPT-2 engine vs transformers' generate (about 15 minutes on 2 cores)
 	$(PY) -m benchmarks.engine_vs_hf
+
+# The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
+bench-burst: $(STAMP)  ## experiment 1: a prefill-heavy burst, unlimited vs --max-inflight 64
+	$(PY) -m benchmarks.burst --repeats 2
+
+bench-prefill: $(STAMP)  ## experiment 2: --prefill-max-batch-size 8 vs 32 under decode batch 8
+	$(PY) -m benchmarks.prefill_admission
+
+bench-schedule: $(STAMP)  ## experiment 3: relative vs absolute submit schedule, slow submit path on/off
+	$(PY) -m benchmarks.submit_schedule
+
+bench-overhead: $(STAMP)  ## experiment 4: yield path vs a bare server, admitted path vs --direct
+	$(PY) -m benchmarks.yield_throughput --repeats 5 --seconds 3
+	$(PY) -m benchmarks.admitted_overhead
+
+bench-sweep: $(STAMP)  ## experiment 6: load sweep 10-150% of capacity, with and without the cap
+	$(PY) -m benchmarks.load_sweep
+
+bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -13,6 +15,10 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from governor.bench.config import BenchConfig
+from governor.bench.main import measure
+from governor.bench.runner import RunResult
+from governor.bench.stats import Distribution, Summary
 from governor.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,15 +64,19 @@ def start(argv: list[str], log: Path | None = None) -> Popen:
             out.close()  # type: ignore[union-attr]
 
 
-def start_governor(*flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None) -> tuple[Popen, int]:
-    """A governor with its spawned worker (echo unless `worker_args` choose) on a free port (metrics
-    off), once the worker is linked."""
+def start_governor(
+    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
+) -> tuple[Popen, int]:
+    """A governor on a free port (metrics off), once its worker is linked (`timeout` covers loading a
+    model): the one `flags` name with --worker, or a spawned one (echo unless `worker_args` choose)."""
     port = free_port()
     argv = ["-m", "governor", "serve", "--port", str(port), "--metrics-port", "0", "--log-level", "warning", *flags]
-    engine = () if "--engine" in worker_args else ("--engine", "echo")
-    proc = start([*argv, "--", *engine, *worker_args], log)
+    if "--worker" not in flags:
+        engine = () if "--engine" in worker_args else ("--engine", "echo")
+        argv += ["--", *engine, *worker_args]
+    proc = start(argv, log)
     wait_for_port(port)
-    wait_until(lambda: stats(port)["workers"][0]["up"])
+    wait_until(lambda: stats(port)["workers"][0]["up"], timeout)
     return proc, port
 
 
@@ -98,3 +108,35 @@ def machine() -> str:
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
     )
+
+
+def bench(address: str, **fields: Any) -> tuple[Summary, RunResult]:
+    """One `governor bench` run (after its warm-up runs) in this process; prints its report."""
+    *_, last = asyncio.run(measure(BenchConfig(address=address, **fields)))
+    return last
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def median_ms(summaries: list[Summary], pick: Callable[[Summary], float | None]) -> str:
+    """The median over repeated runs of one figure, formatted."""
+    values = [v for s in summaries if (v := pick(s)) is not None]
+    return ms(statistics.median(values)) if values else "-"
+
+
+def server_p99(result: RunResult, key: str) -> float | None:
+    """p99 of one of the server's own timings from `done` (queue_wait_ms, prefill_ms, ...)."""
+    return Distribution.of([s.server[key] for s in result.samples if key in s.server]).p99
+
+
+def markdown_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def out_dir() -> Path:
+    path = ROOT / "benchmarks" / "out"
+    path.mkdir(exist_ok=True)
+    return path

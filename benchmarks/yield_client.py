@@ -2,6 +2,8 @@
 
 Frames are pre-encoded generate frames with size and sha256, as a real client sends them. The
 client only counts reply lines, so it stays far cheaper per frame than any server it measures.
+A reply's round trip is measured from the write of its batch to the read that brought it (replies
+come back in order on each connection), weighted by the replies in each read.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections import deque
 
 import orjson
 import uvloop
@@ -26,6 +29,8 @@ class Pipeline(asyncio.Protocol):
         self.sent = 0
         self.received = 0
         self.cursor = 0
+        self.in_flight: deque[list[float]] = deque()  # [sent at, replies still due] per batch
+        self.rtts: list[tuple[float, int]] | None = None  # (round trip, replies) once measuring
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport: asyncio.Transport = transport  # type: ignore[assignment]
@@ -37,10 +42,33 @@ class Pipeline(asyncio.Protocol):
             self.transport.write(b"".join(self.frames[self.cursor : end]))
             self.cursor = 0 if end >= len(self.frames) else end
             self.sent += self.batch
+            self.in_flight.append([time.perf_counter(), self.batch])
 
     def data_received(self, data: bytes) -> None:
-        self.received += data.count(b"\n")
+        now = time.perf_counter()
+        replies = data.count(b"\n")
+        self.received += replies
+        while replies:
+            batch = self.in_flight[0]
+            taken = min(replies, int(batch[1]))
+            if self.rtts is not None:
+                self.rtts.append((now - batch[0], taken))
+            batch[1] -= taken
+            replies -= taken
+            if not batch[1]:
+                self.in_flight.popleft()
         self.top_up()
+
+
+def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:
+    ordered = sorted(samples)
+    target = q / 100 * sum(n for _, n in ordered)
+    seen = 0
+    for value, n in ordered:
+        seen += n
+        if seen >= target:
+            return value
+    return ordered[-1][0]
 
 
 async def run(port: int, connections: int, seconds: float, warmup: float, batch: int, window: int) -> dict[str, float]:
@@ -51,12 +79,21 @@ async def run(port: int, connections: int, seconds: float, warmup: float, batch:
         _, proto = await loop.create_connection(lambda: Pipeline(frames, batch, window), "127.0.0.1", port)
         pipes.append(proto)
     await asyncio.sleep(warmup)
+    for p in pipes:
+        p.rtts = []
     start_count, t0 = sum(p.received for p in pipes), time.perf_counter()
     await asyncio.sleep(seconds)
     count, elapsed = sum(p.received for p in pipes) - start_count, time.perf_counter() - t0
     for p in pipes:
         p.transport.close()
-    return {"frames": count, "seconds": elapsed, "frames_per_s": count / elapsed}
+    rtts = [x for p in pipes for x in p.rtts or ()]
+    return {
+        "frames": count,
+        "seconds": elapsed,
+        "frames_per_s": count / elapsed,
+        "rtt_p50_ms": weighted_percentile(rtts, 50) * 1000,
+        "rtt_p99_ms": weighted_percentile(rtts, 99) * 1000,
+    }
 
 
 def main() -> None:

@@ -20,12 +20,24 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks.common import ROOT, free_port, machine, start, start_governor, stats, stop, wait_for_port, wait_until
+from benchmarks.common import (
+    ROOT,
+    free_port,
+    machine,
+    markdown_table,
+    start,
+    start_governor,
+    stats,
+    stop,
+    wait_for_port,
+    wait_until,
+)
 from governor.client import Client
 from governor.wire import encode, generate_frame
 
 
-def measure(port: int, args: argparse.Namespace) -> float:
+def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
+    """frames_per_s, rtt_p50_ms and rtt_p99_ms of one client run."""
     out = subprocess.run(
         [
             sys.executable,
@@ -43,10 +55,11 @@ def measure(port: int, args: argparse.Namespace) -> float:
         text=True,
         check=True,
     )
-    return float(orjson.loads(out.stdout)["frames_per_s"])
+    result: dict[str, float] = orjson.loads(out.stdout)
+    return result
 
 
-def run_bare(args: argparse.Namespace) -> float:
+def run_bare(args: argparse.Namespace) -> dict[str, float]:
     port = free_port()
     proc = start(["-m", "benchmarks.bare_server", str(port)])
     try:
@@ -56,7 +69,7 @@ def run_bare(args: argparse.Namespace) -> float:
         stop(proc)
 
 
-def run_governor(args: argparse.Namespace, log: Path) -> tuple[float, list[int], float]:
+def run_governor(args: argparse.Namespace, log: Path) -> tuple[dict[str, float], list[int], float]:
     """Frames/s on the yield path, the retry hints a client sees right after, the service time (ms)."""
     proc, port = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "1000"), log=log)
     try:
@@ -87,21 +100,33 @@ def main() -> None:
     args = parser.parse_args()
     log = ROOT / "benchmarks" / "out" / "yield_governor.log"
     log.parent.mkdir(exist_ok=True)
-    bare, gov = [], []
+    bare_runs, gov_runs = [], []
     for i in range(args.repeats):
-        bare.append(run_bare(args))
-        rate, hints, service_time_ms = run_governor(args, log)
-        gov.append(rate)
+        bare_runs.append(run_bare(args))
+        result, hints, service_time_ms = run_governor(args, log)
+        gov_runs.append(result)
         print(
-            f"run {i + 1}: bare {bare[-1]:,.0f} frames/s, governor {gov[-1]:,.0f} frames/s "
-            f"(observed service time {service_time_ms} ms; retry hints right after: {hints} ms)",
+            f"run {i + 1}: bare {bare_runs[-1]['frames_per_s']:,.0f} frames/s, governor {result['frames_per_s']:,.0f}"
+            f" frames/s (observed service time {service_time_ms} ms; retry hints right after: {hints} ms)",
             flush=True,
         )
+    print(f"\nmachine: {machine()}\n")
+    rows = []
+    for name, runs in (("bare uvloop+orjson", bare_runs), ("governor (yield path)", gov_runs)):
+        rates = [r["frames_per_s"] for r in runs]
+        rows.append(
+            [
+                name,
+                f"{statistics.median(rates):,.0f}",
+                f"{statistics.median(r['rtt_p50_ms'] for r in runs):.2f}",
+                f"{statistics.median(r['rtt_p99_ms'] for r in runs):.2f}",
+                ", ".join(f"{x:,.0f}" for x in rates),
+            ]
+        )
+    print(markdown_table(["server", "median frames/s", "RTT p50 (ms)", "RTT p99 (ms)", "runs (frames/s)"], rows))
+    bare = [r["frames_per_s"] for r in bare_runs]
+    gov = [r["frames_per_s"] for r in gov_runs]
     b, g = statistics.median(bare), statistics.median(gov)
-    print(f"\nmachine: {machine()}")
-    print("| server | median frames/s | runs |\n|---|---|---|")
-    print(f"| bare uvloop+orjson | {b:,.0f} | {', '.join(f'{x:,.0f}' for x in bare)} |")
-    print(f"| governor (yield path) | {g:,.0f} | {', '.join(f'{x:,.0f}' for x in gov)} |")
     paired = statistics.median(x / y for x, y in zip(gov, bare, strict=True))
     print(f"\ngovernor / bare: ratio of medians {g / b:.2f}, median of paired ratios {paired:.2f}")
 
