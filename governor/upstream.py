@@ -46,7 +46,15 @@ class WorkerLink(asyncio.Protocol):
         return self._transport is not None
 
     def describe(self) -> dict[str, Any]:
-        return {"address": self.address, "up": self.is_connected, "inflight": len(self.inflight), "pid": self.pid}
+        """The link in `stats`, with the engine statistics the worker last pushed (empty until then)."""
+        engine = {k: v for k, v in self.engine_stats.items() if k not in ("id", "status")}
+        return {
+            "address": self.address,
+            "up": self.is_connected,
+            "inflight": len(self.inflight),
+            "pid": self.pid,
+            "engine": engine,
+        }
 
     async def connect(self) -> None:
         self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)

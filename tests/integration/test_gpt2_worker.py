@@ -106,7 +106,9 @@ def test_a_vanished_client_is_cancelled_in_the_worker(start_governor: Start, tin
     assert worker(gov, "generated_tokens_total") < max_new  # it stopped early, it did not run to the end
 
 
-def test_engine_statistics_are_exported_as_worker_metrics(start_governor: Start, tiny_gpt2_dir: Path) -> None:
+def test_engine_statistics_are_exported_as_worker_metrics_and_in_stats(
+    start_governor: Start, tiny_gpt2_dir: Path
+) -> None:
     gov = gpt2_governor(start_governor, tiny_gpt2_dir)
     c = gov.conn()
     for i in range(4):
@@ -118,3 +120,5 @@ def test_engine_statistics_are_exported_as_worker_metrics(start_governor: Start,
     assert worker(gov, "prefill_tokens_total") == 4 * finals["r0"]["prompt_tokens"]
     assert worker(gov, "kv_cache_capacity_tokens") == 16384 and worker(gov, "kv_cache_bytes") > 0
     assert 1 <= worker(gov, "step_sequences_total") / worker(gov, "steps_total") <= 4
+    (linked,) = gov.stats()["workers"]
+    assert linked["engine"]["generated_tokens_total"] == 20 and linked["engine"]["finished_total"] == 4
