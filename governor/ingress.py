@@ -34,6 +34,7 @@ from governor.wire import (
     STATUS_TOKEN,
     bad_json,
     encode,
+    encode_accepted,
     encode_error,
     encode_pong,
     encode_yield,
@@ -117,7 +118,7 @@ class Ingress:
         except WorkerUnavailable as exc:
             state.finish(request, Outcome.FAILED, exc.code)
             return encode_error(exc, rid)
-        return b""
+        return encode_accepted(rid) if generate.ack else b""
 
     def _reject(self, exc: RequestRejected) -> bytes:
         acc = self._state.accounting

@@ -98,6 +98,9 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     v = obj.get("stream")
     if v is not None and type(v) is not bool:
         raise BadFrame("stream must be a boolean", rid)
+    v = obj.get("ack")
+    if v is not None and type(v) is not bool:
+        raise BadFrame("ack must be a boolean", rid)
     if limits.integrity is IntegrityMode.OFF:
         return
     size = obj.get("size")
@@ -152,6 +155,7 @@ class GenerateRequest:
     seed: int | None = None
     stop_on_eos: bool = True
     stream: bool = True
+    ack: bool = False  # answer `accepted` once admitted; a client-side option, not forwarded
 
     @classmethod
     def from_frame(cls, obj: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -166,6 +170,7 @@ class GenerateRequest:
             top_k=_field(obj, "top_k", 0),
             seed=obj.get("seed"),
             stop_on_eos=_field(obj, "stop_on_eos", True),
+            ack=_field(obj, "ack", False),
             stream=_field(obj, "stream", True),
         )
 

@@ -14,6 +14,7 @@ from governor.errors import BadJson, GovernorError
 
 PROTOCOL_VERSION = 1
 
+STATUS_ACCEPTED = "accepted"
 STATUS_TOKEN = "token"
 STATUS_DONE = "done"
 STATUS_ERROR = "error"
@@ -44,6 +45,10 @@ def decode(line: bytes) -> Any:
 def encode(obj: dict[str, Any]) -> bytes:
     """One frame, newline-terminated."""
     return _dumps(obj, option=_NL)
+
+
+def encode_accepted(request_id: str) -> bytes:
+    return _dumps({"id": request_id, "status": STATUS_ACCEPTED}, option=_NL)
 
 
 def encode_yield(request_id: str, retry_hint_ms: int, reason: str) -> bytes:

@@ -29,6 +29,7 @@ from governor.wire import (
     WORKER_STATS_ID,
     decode,
     encode,
+    encode_accepted,
     encode_error,
     encode_pong,
     encode_token,
@@ -120,6 +121,8 @@ class WorkerConnection(asyncio.Protocol):
         except RequestRejected as exc:
             self.queue(encode_error(exc))
             return
+        if request.ack:  # a client talking to the worker directly (the governor never forwards ack)
+            self.queue(encode_accepted(request.id))
         self._active[request.id] = self._engine.submit(request, _Sink(self, request.id))
 
     def queue(self, data: bytes) -> None:

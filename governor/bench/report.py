@@ -65,6 +65,7 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
     if result.submit_lags_s:
         lines.append(_dist("Submit lag", Distribution.of([x * 1000 for x in result.submit_lags_s])))
     lines += [
+        _dist("Submit->ack", summary.ack_ms),
         _dist("Reject latency", summary.reject_latency_ms),
         _dist("TTFT", summary.ttft_ms),
         _dist("TPOT", summary.tpot_ms),

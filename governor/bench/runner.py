@@ -11,7 +11,6 @@ submission, as its user would see them.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import time
 from collections.abc import Callable
@@ -92,6 +91,35 @@ def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
     return prompts
 
 
+class _StatsPoll:
+    """The governor's inflight and yield count over a run, over a connection of its own."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+        self._count = 0
+
+    @classmethod
+    async def open(cls, address: Address) -> _StatsPoll:
+        if address.is_unix:
+            return cls(*await asyncio.open_unix_connection(address.path, limit=MAX_REPLY_BYTES))
+        return cls(*await asyncio.open_connection(address.host, address.port, limit=MAX_REPLY_BYTES))
+
+    async def sample(self) -> tuple[int, int]:
+        self._count += 1
+        self._writer.write(encode({"id": f"poll-{self._count}", "op": "stats"}))
+        stats = orjson.loads(await self._reader.readline())
+        return int(stats["inflight"]), int(stats["yielded_total"])
+
+    async def run(self, t0: float, timeline: list[tuple[float, int, int]], interval_ms: float) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            inflight, yielded = await self.sample()
+            timeline.append((time.monotonic() - t0, inflight, yielded))
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class BenchRun:
     def __init__(self, config: BenchConfig, prompts: list[str], run_id: str, rng: random.Random) -> None:
         self.config = config
@@ -100,7 +128,11 @@ class BenchRun:
         self.rng = rng
         self._pending: dict[str, tuple[_Request, float, _Connection]] = {}  # attempt id -> (request, sent, on)
         self._connections: list[_Connection] = []
-        self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
+        self._fields: dict[str, Any] = {
+            "max_new_tokens": config.max_new_tokens,
+            "stop_on_eos": config.stop_on_eos,
+            "ack": True,  # an `accepted` reply once admitted: submit -> ack latency
+        }
 
     async def run(self) -> RunResult:
         address = parse_address(self.config.direct or self.config.address)
@@ -109,10 +141,13 @@ class BenchRun:
             await open_connection(address, lambda c=conn: c)  # type: ignore[misc]
             self._connections.append(conn)
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
-        t0 = time.monotonic()
         lags: list[float] = []
         timeline: list[tuple[float, int, int]] = []
-        poller = None if self.config.direct else asyncio.create_task(self._poll_stats(address, t0, timeline))
+        poll = None if self.config.direct else await _StatsPoll.open(address)
+        if poll is not None:  # the baseline, so that a burst's yields show in the first interval
+            timeline.append((0.0, *await poll.sample()))
+        t0 = time.monotonic()
+        poller = None if poll is None else asyncio.create_task(poll.run(t0, timeline, self.config.poll_interval_ms))
         try:
             await asyncio.wait_for(self._submit_all(requests, t0, lags), self.config.timeout_s)
         except TimeoutError:
@@ -120,6 +155,8 @@ class BenchRun:
         finally:
             if poller is not None:
                 poller.cancel()
+            if poll is not None:
+                poll.close()
             for conn in self._connections:
                 if conn.transport is not None:
                     conn.transport.close()
@@ -135,21 +172,6 @@ class BenchRun:
             submit_wall_s=(max(submits) - min(submits)) if submits else 0.0,
             timeline=timeline,
         )
-
-    async def _poll_stats(self, address: Address, t0: float, timeline: list[tuple[float, int, int]]) -> None:
-        """The governor's inflight and yield count over the run, over a connection of its own."""
-        if address.is_unix:
-            reader, writer = await asyncio.open_unix_connection(address.path, limit=MAX_REPLY_BYTES)
-        else:
-            reader, writer = await asyncio.open_connection(address.host, address.port, limit=MAX_REPLY_BYTES)
-        try:
-            for n in itertools.count():
-                writer.write(encode({"id": f"poll-{n}", "op": "stats"}))
-                stats = orjson.loads(await reader.readline())
-                timeline.append((time.monotonic() - t0, int(stats["inflight"]), int(stats["yielded_total"])))
-                await asyncio.sleep(self.config.poll_interval_ms / 1000)
-        finally:
-            writer.close()
 
     async def _submit_all(self, requests: list[_Request], t0: float, lags: list[float]) -> None:
         config = self.config
@@ -213,6 +235,9 @@ class BenchRun:
         status = reply.get("status")
         if status == "token":
             sample.token_times.append(now)
+            return
+        if status == "accepted":
+            sample.ack_latency = now - sent
             return
         del self._pending[rid]
         if status == "done":

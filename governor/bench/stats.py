@@ -4,7 +4,8 @@ Definitions (docs/BENCHMARKS.md repeats them):
 - TTFT = first token − submit; TPOT = (last token − first token) / (tokens − 1), requests with one
   token excluded; ITL = every gap between consecutive tokens, pooled over requests;
   latency = final reply − submit (the first submission, when retried); reject latency = submit →
-  `yield` reply, for every yielded attempt.
+  `yield` reply, for every yielded attempt; submit→ack = the admitted attempt's submission → its
+  `accepted` reply.
 - Rejected (yielded) and failed requests are excluded from token and latency figures.
 - Timestamps are the client's monotonic clock, in seconds; figures are reported in ms.
 """
@@ -62,6 +63,7 @@ class RequestSample:
     completion_tokens: int = 0
     attempts: int = 0  # submissions, retries included
     yield_latencies: list[float] = field(default_factory=list)  # submit -> yield, for every yielded attempt
+    ack_latency: float | None = None  # the admitted attempt's submit -> accepted
     server: dict[str, float] = field(default_factory=dict)  # the server's own timings from `done` (ms)
 
     @property
@@ -105,6 +107,7 @@ class Summary:
     itl_ms: Distribution
     latency_ms: Distribution
     reject_latency_ms: Distribution  # every yield reply, retried or final
+    ack_ms: Distribution  # admitted attempts: submit -> accepted
     goodput_rps: float  # done requests meeting both SLOs, per second of wall time
 
     @property
@@ -151,5 +154,6 @@ def summarize(
         itl_ms=Distribution.of(_ms([gap for s in done for gap in s.itls])),
         latency_ms=Distribution.of(_ms([t for s in done if (t := s.latency) is not None])),
         reject_latency_ms=Distribution.of(_ms([t for s in samples for t in s.yield_latencies])),
+        ack_ms=Distribution.of(_ms([t for s in samples if (t := s.ack_latency) is not None])),
         goodput_rps=good / wall_s if wall_s > 0 else 0.0,
     )

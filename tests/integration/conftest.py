@@ -175,3 +175,32 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
             governor.stop()
         except subprocess.TimeoutExpired:
             pass
+
+
+@pytest.fixture
+def start_worker() -> Iterator[Callable[..., str]]:
+    """Standalone workers on free loopback ports, as `--worker` or `--direct` would reach them."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*worker_args: str, timeout: float = 60.0) -> str:
+        port = free_port()
+        argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{port}", *worker_args]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        started.append(proc)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return f"127.0.0.1:{port}"
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "worker did not start"
+                time.sleep(0.1)
+
+    yield start
+    for proc in started:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -51,6 +51,7 @@ def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Gov
     assert summary["rejected"] > 0  # a burst of 40 against a cap of 4
     assert summary["completion_tokens"] == 8 * summary["requests"]
     assert summary["ttft_ms"]["count"] == summary["requests"] and summary["itl_ms"]["count"] == 7 * summary["requests"]
+    assert summary["ack_ms"]["count"] == summary["requests"]  # every admitted request was acknowledged
 
     retried = bench(gov, tmp_path / "retry.json", "--num-requests", "20", "--retry", "--max-retries", "50")
     summary = retried["runs"][0]["summary"]
@@ -78,3 +79,19 @@ def test_a_slow_submit_path_stretches_a_relative_schedule_but_not_an_absolute_on
     # relative: each gap is the 5 ms of submit work plus the 10 ms sleep; absolute targets 10 ms gaps
     assert walls["relative"] >= 19 * 0.015
     assert walls["absolute"] < walls["relative"]
+
+
+def test_direct_mode_drives_the_worker_past_the_governor(
+    start_worker: Callable[..., str], start_governor: Callable[..., Governor], tmp_path: Path
+) -> None:
+    worker = start_worker("--engine", "echo")
+    gov = start_governor("--worker", worker, "--max-inflight", "64")
+    flags = ("--num-requests", "30", "--concurrency", "4", "--max-new-tokens", "3", "--no-stop-on-eos")
+    through = bench(gov, tmp_path / "governor.json", *flags)["runs"][0]
+    direct = bench(gov, tmp_path / "direct.json", *flags, "--direct", worker)["runs"][0]
+    for run in (through, direct):
+        summary = run["summary"]
+        assert summary["requests"] == 30 and summary["completion_tokens"] == 90
+        assert summary["ack_ms"]["count"] == 30  # the worker acknowledges too, when asked directly
+    assert gov.stats()["executed_total"] == 30  # only the first run went through the governor
+    assert direct["timeline"] == [] and "ttft_ms" not in direct["samples"][0]["server"]

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Conn, Governor, free_port
+from tests.integration.conftest import Conn, Governor
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.loading import load_hf_model
 
@@ -66,30 +63,19 @@ def test_a_request_beyond_the_context_is_bad_frame_and_frees_its_slot(
     assert gov.stats()["inflight"] == 0
 
 
-def test_a_cancel_with_an_unusable_id_does_not_break_the_worker_link(tiny_gpt2_dir: Path) -> None:
+def test_a_cancel_with_an_unusable_id_does_not_break_the_worker_link(
+    start_worker: Callable[..., str], tiny_gpt2_dir: Path
+) -> None:
     # Spoken to the worker directly, as a governor would: the odd cancel is ignored, the link lives.
-    port = free_port()
-    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{port}", "--model", str(tiny_gpt2_dir)]
-    worker = subprocess.Popen([*argv, "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = start_worker("--model", str(tiny_gpt2_dir), "--device", "cpu")
+    c = Conn(int(address.rsplit(":", 1)[1]))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                c = Conn(port)
-                break
-            except OSError:
-                assert time.monotonic() < deadline and worker.poll() is None, "worker did not start"
-                time.sleep(0.1)
-        try:
-            c.send_raw(b'{"op": "cancel", "id": [1]}\n{"op": "cancel", "id": {"a": 1}}\n')
-            c.send("g", "hello", max_new_tokens=2, stop_on_eos=False)
-            replies = c.until_final("g")
-            assert replies[-1]["status"] == "done" and replies[-1]["completion_tokens"] == 2
-        finally:
-            c.close()
+        c.send_raw(b'{"op": "cancel", "id": [1]}\n{"op": "cancel", "id": {"a": 1}}\n')
+        c.send("g", "hello", max_new_tokens=2, stop_on_eos=False)
+        replies = c.until_final("g")
+        assert replies[-1]["status"] == "done" and replies[-1]["completion_tokens"] == 2
     finally:
-        worker.terminate()
-        worker.wait(15)
+        c.close()
 
 
 def test_a_vanished_client_is_cancelled_in_the_worker(start_governor: Start, tiny_gpt2_dir: Path) -> None:

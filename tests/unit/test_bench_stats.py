@@ -47,7 +47,9 @@ def test_rejected_and_failed_requests_are_excluded_from_token_and_latency_figure
         RequestSample(0.0, "yield", 0.001, [], "inflight", attempts=1, yield_latencies=[0.001]),
         RequestSample(0.0, "error", 0.2, [0.05], "worker_lost", 9, 1),
     ]
+    samples[0].ack_latency = 0.002
     summary = summarize(samples, wall_s=2.0)
+    assert summary.ack_ms == Distribution.of([2.0])
     assert (summary.requests, summary.rejected, summary.errors) == (2, 1, {"worker_lost": 1})
     assert (summary.prompt_tokens, summary.completion_tokens) == (12, 5)
     assert summary.ttft_ms.count == 2 and summary.ttft_ms.p50 == pytest.approx(250)

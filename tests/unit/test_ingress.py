@@ -112,6 +112,17 @@ def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
     assert [r["status"] for r in replies(writes)] == ["done"]
 
 
+def test_ack_answers_accepted_at_admission_and_is_not_forwarded() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=2, upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a", ack=True) + frame("bad", ack="yes") + frame("b") + frame("c", ack=True))
+    statuses = [(r["id"], r["status"], r.get("code")) for r in replies(writes)]
+    assert statuses == [("a", "accepted", None), ("bad", "error", "bad_frame"), ("c", "yield", None)]
+    assert [g.ack for _, g in upstream.dispatched.values()] == [True, False]
+    assert all("ack" not in g.to_frame() for _, g in upstream.dispatched.values())
+
+
 def test_worker_error_codes_are_counted_as_failed_or_rejected() -> None:
     upstream = FakeUpstream()
     state = make_state(max_inflight=3, upstream=upstream)
