@@ -1,5 +1,7 @@
-"""`governor bench`: a streaming benchmark client for a running governor (issue 4, in progress).
+"""`governor bench`: a streaming benchmark client for a running governor (or, with --direct, a worker).
 
-`stats` turns per-request client timestamps into the reported figures; `schedule` decides when
-each request is submitted. Both are pure, so they are unit-tested without sockets.
+`config` declares the flags; `schedule` decides when each request is submitted and `stats` turns
+per-request client timestamps into the reported figures (both pure, unit-tested without
+sockets); `runner` drives the connections; `report` and `plot` present a run; `main` ties them
+together and is what the experiment scripts in benchmarks/ call.
 """
