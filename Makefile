@@ -48,7 +48,7 @@ bench-engine: $(STAMP)  ## experiment 5: the GPT-2 engine vs transformers' gener
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-burst: $(STAMP)  ## experiment 1: a prefill-heavy burst, unlimited vs --max-inflight 64
-	$(PY) -m benchmarks.burst --repeats 2
+	$(PY) -m benchmarks.burst --repeats 3
 
 bench-prefill: $(STAMP)  ## experiment 2: --prefill-max-batch-size 8 vs 32 under decode batch 8
 	$(PY) -m benchmarks.prefill_admission

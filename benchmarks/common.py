@@ -75,8 +75,12 @@ def start_governor(
         engine = () if "--engine" in worker_args else ("--engine", "echo")
         argv += ["--", *engine, *worker_args]
     proc = start(argv, log)
-    wait_for_port(port)
-    wait_until(lambda: stats(port)["workers"][0]["up"], timeout)
+    try:
+        wait_for_port(port)
+        wait_until(lambda: stats(port)["workers"][0]["up"], timeout)
+    except BaseException:
+        stop(proc)
+        raise
     return proc, port
 
 

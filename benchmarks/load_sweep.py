@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 from benchmarks.common import bench, machine, markdown_table, ms, out_dir, start_governor, stop
@@ -64,14 +65,12 @@ def main() -> None:
         "slo_ttft_ms": args.slo_ttft_ms,
     }
     configs = {f"--max-inflight {args.batch}": args.batch, "unlimited": UNLIMITED}
-    governors = {
-        name: start_governor(
-            "--max-inflight", str(cap), worker_args=worker, log=out_dir() / f"sweep_{cap}.log", timeout=180
-        )
-        for name, cap in configs.items()
-    }
+    governors: dict[str, tuple[Popen, int]] = {}
     points: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     try:
+        for name, cap in configs.items():
+            log = out_dir() / f"sweep_{cap}.log"
+            governors[name] = start_governor("--max-inflight", str(cap), worker_args=worker, log=log, timeout=180)
         addresses = {name: f"127.0.0.1:{port}" for name, (_, port) in governors.items()}
         for address in addresses.values():
             bench(address, num_requests=2 * args.batch, concurrency=args.batch, **workload)  # warm-up

@@ -25,7 +25,7 @@ class WorkerConfig:
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
         "auto", "gpt2: weights and KV cache type; auto = float32 on cpu, bfloat16 on cuda"
     )
-    max_batch_size: int = option(32, "gpt2: the decode batch: most sequences that get a token in one step")
+    max_batch_size: int = option(32, "gpt2: the decode batch: most decoding sequences in one step")
     max_running: int = option(
         0, "gpt2: most admitted requests (holding KV); above --max-batch-size they take turns; 0 = --max-batch-size"
     )

@@ -8,7 +8,8 @@ delays the running sequences' next token by a bounded amount: a longer prompt is
 chunks over several steps. Sequences join at any step boundary and leave the moment they finish.
 
 Three knobs shape a step, after the token budget:
-- `max_batch_size` is the decode batch: most sequences that each get one token per step;
+- `max_batch_size` is the decode batch: most decoding sequences per step (a sequence whose
+  prefill completes in the step samples its first token too, outside this count);
 - `max_running` (default: `max_batch_size`) bounds the admitted sequences, those holding a KV span.
   Above the decode batch, running sequences take turns, the one whose last turn is oldest first:
   requests get their first token sooner and each later token later (TTFT bought with TPOT);

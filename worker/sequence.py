@@ -44,7 +44,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     kv_start: int = -1
-    last_step: int = 0  # the scheduler's step of its last decode turn
+    last_step: int = 0  # the scheduler's last step that ran it (decode or prefill chunk)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     t_admitted: float | None = None

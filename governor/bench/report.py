@@ -47,7 +47,7 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
     errors = ", ".join(f"{k}={v}" for k, v in sorted(summary.errors.items())) or "none"
     lines = [
         f"== {title}",
-        f"  Requests (accepted)      {summary.requests}",
+        f"  Requests (accepted, done) {summary.requests}",
         f"  Rejected (yielded)       {summary.rejected}",
         f"  Errors                   {errors}",
         f"  Retries                  {summary.retries} (amplification {summary.retry_amplification:.2f} attempts"

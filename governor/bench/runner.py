@@ -34,6 +34,7 @@ class RunResult:
     wall_s: float
     submit_lags_s: list[float]  # absolute and poisson schedules only
     submit_wall_s: float  # first to last first-attempt submission
+    submitted: int  # requests whose first attempt was sent (all of them, unless the run timed out)
     # (seconds since t0, inflight, yielded_total) from the governor's stats, polled during the run;
     # empty with --direct (a worker has no stats op)
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
@@ -41,7 +42,7 @@ class RunResult:
     @property
     def arrival_rate(self) -> float:
         """First submissions per second over the submit wall: the arrival rate the server saw."""
-        return (len(self.samples) - 1) / self.submit_wall_s if self.submit_wall_s > 0 else 0.0
+        return (self.submitted - 1) / self.submit_wall_s if self.submit_wall_s > 0 else 0.0
 
 
 @dataclass
@@ -143,9 +144,18 @@ class BenchRun:
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
         lags: list[float] = []
         timeline: list[tuple[float, int, int]] = []
-        poll = None if self.config.direct else await _StatsPoll.open(address)
-        if poll is not None:  # the baseline, so that a burst's yields show in the first interval
-            timeline.append((0.0, *await poll.sample()))
+        poll = None
+        try:
+            if not self.config.direct:
+                poll = await _StatsPoll.open(address)
+                timeline.append((0.0, *await poll.sample()))  # the baseline: a burst's yields show at once
+        except (OSError, ValueError):
+            for conn in self._connections:
+                if conn.transport is not None:
+                    conn.transport.close()
+            if poll is not None:
+                poll.close()
+            raise
         t0 = time.monotonic()
         poller = None if poll is None else asyncio.create_task(poll.run(t0, timeline, self.config.poll_interval_ms))
         try:
@@ -170,6 +180,7 @@ class BenchRun:
             wall_s=(max(finals) if finals else time.monotonic()) - t0,
             submit_lags_s=lags,
             submit_wall_s=(max(submits) - min(submits)) if submits else 0.0,
+            submitted=len(submits),
             timeline=timeline,
         )
 

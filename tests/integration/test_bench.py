@@ -20,7 +20,7 @@ def bench(gov: Governor, out: Path, *flags: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "governor", "bench", "--address", f"127.0.0.1:{gov.port}", "--json", str(out)]
     proc = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "Requests (accepted)" in proc.stdout
+    assert "Requests (accepted, done)" in proc.stdout
     report: dict[str, Any] = json.loads(out.read_text())
     return report
 
