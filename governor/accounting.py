@@ -11,10 +11,11 @@ from __future__ import annotations
 from enum import StrEnum
 
 from governor.errors import ERRORS_BY_CODE, RequestFailed, RequestRejected
+from governor.pool import YIELD_ENDPOINT_INFLIGHT, YIELD_ENDPOINT_QPS, YIELD_QPS
 
 YIELD_INFLIGHT = "inflight"
 YIELD_DRAINING = "draining"
-YIELD_REASONS = (YIELD_INFLIGHT, YIELD_DRAINING)
+YIELD_REASONS = (YIELD_INFLIGHT, YIELD_QPS, YIELD_ENDPOINT_INFLIGHT, YIELD_ENDPOINT_QPS, YIELD_DRAINING)
 CLIENT_DISCONNECTED = "client_disconnected"
 REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
 FAILURE_REASONS = (

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from governor.address import parse_address
+from governor.address import Address, parse_address
 from governor.options import option
+from governor.pool import EndpointLimits
 
 MIB = 1024 * 1024
 # The worker reads frames of up to 32 MiB (worker/service.py); a forwarded frame is at most about
@@ -23,7 +24,9 @@ class GovernorConfig:
     host: str = option("127.0.0.1", "address to listen on (also used by the metrics endpoint)")
     port: int = option(7070, "TCP port for NDJSON frames")
     metrics_port: int = option(9464, "port for /metrics, /healthz, /readyz; 0 disables the endpoint")
-    max_inflight: int = option(32, "hard cap on admitted, unfinished generate requests")
+    max_inflight: int = option(32, "hard cap on admitted, unfinished generate requests, over all workers")
+    max_qps: float = option(0.0, "hard cap on admissions per second over all workers (a token bucket); 0 = none")
+    qps_burst: float = option(0.0, "admissions the --max-qps bucket can bank; 0 = max(1, --max-qps)")
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive", "adaptive: derive retry_hint_ms from observed service times; fixed: always the base value"
     )
@@ -38,8 +41,9 @@ class GovernorConfig:
     drain_timeout_s: float = option(30.0, "on SIGTERM, how long in-flight requests may finish")
     worker: tuple[str, ...] = option(
         (),
-        "connect to a running worker (unix:PATH or HOST:PORT) instead of spawning one; repeatable",
-        metavar="ADDRESS",
+        "connect to a running worker instead of spawning one; repeatable. Soft caps may follow the address:"
+        " ADDRESS[,concurrency=N][,qps=R][,burst=B][,weight=W]",
+        metavar="ENDPOINT",
     )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
     worker_args: tuple[str, ...] = ()
@@ -61,6 +65,8 @@ class GovernorConfig:
             ),
             (self.max_new_tokens_limit >= 1, "--max-new-tokens-limit must be >= 1"),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
+            (self.max_qps >= 0 and self.qps_burst >= 0, "--max-qps and --qps-burst must be >= 0"),
+            (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -69,6 +75,25 @@ class GovernorConfig:
             raise ConfigError("worker flags after -- only apply to a spawned worker; drop them or --worker")
         for text in self.worker:
             try:
-                parse_address(text)
+                parse_endpoint(text)
             except ValueError as exc:
-                raise ConfigError(f"--worker: {exc}") from None
+                raise ConfigError(f"--worker {text!r}: {exc}") from None
+
+
+_LIMIT_KEYS = {"concurrency": int, "qps": float, "burst": float, "weight": float}
+
+
+def parse_endpoint(text: str) -> tuple[Address, EndpointLimits]:
+    """`ADDRESS[,concurrency=N][,qps=R][,burst=B][,weight=W]` -> the address and its soft caps."""
+    address, *options = text.split(",")
+    values: dict[str, int | float] = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        kind = _LIMIT_KEYS.get(key.strip())
+        if not sep or kind is None:
+            raise ValueError(f"expected key=value with a key among {', '.join(_LIMIT_KEYS)}, got {item!r}")
+        try:
+            values[key.strip()] = kind(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r} is not a number") from None
+    return parse_address(address), EndpointLimits(**values)  # type: ignore[arg-type]

@@ -7,9 +7,10 @@ one read leave in one write. A yield is decided here, synchronously: no task, no
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
@@ -25,6 +26,7 @@ from governor.errors import (
     error_from_code,
 )
 from governor.framing import TOO_LARGE, LineSplitter
+from governor.pool import Endpoint, Refusal
 from governor.state import InflightRequest, ServerState
 from governor.validation import OP_GENERATE, OP_PING, checked_request, frame_op
 from governor.wire import (
@@ -98,25 +100,32 @@ class Ingress:
             reply = encode_yield(rid, state.hints.hint_ms(now), reason)
             decisions.observe(perf_counter() - started)
             return reply
+        endpoint = state.pool.reserve(now)
+        if type(endpoint) is Refusal:
+            state.limiter.release()  # nothing else was charged
+            accounting.yielded[endpoint.reason] += 1
+            wait_s = endpoint.wait_s
+            hint = state.hints.hint_ms(now) if wait_s is None else max(1, math.ceil(wait_s * 1000))
+            decisions.observe(perf_counter() - started)
+            return encode_yield(rid, hint, endpoint.reason)
         decisions.observe(perf_counter() - started)
-        return self._admit(obj, rid, now)
+        return self._admit(obj, rid, now, cast(Endpoint | None, endpoint))
 
-    def _admit(self, obj: dict[str, Any], rid: str, now: float) -> bytes:
+    def _admit(self, obj: dict[str, Any], rid: str, now: float, endpoint: Endpoint | None) -> bytes:
         state = self._state
-        # Registered before anything can fail: whatever happens next, the slot is released by
+        # Registered before anything can fail: whatever happens next, the slots are released by
         # `finish` below, by the worker's final reply, or by `connection_lost` — never stranded.
-        request = InflightRequest(rid, True, self, now)
+        request = InflightRequest(rid, True, self, now, endpoint)
         self.active[rid] = request
         try:
             generate = checked_request(obj, state.limits)
-        except RequestRejected as exc:
-            state.finish(request, Outcome.REJECTED, exc.code)  # the slot is refunded at once
-            return encode_error(exc)
-        request.stream = generate.stream
-        try:
+            request.stream = generate.stream
             state.upstream.dispatch(request, generate)
-        except WorkerUnavailable as exc:
-            state.finish(request, Outcome.FAILED, exc.code)
+        except (RequestRejected, WorkerUnavailable) as exc:
+            if endpoint is not None:
+                state.pool.refund(endpoint)  # the tokens; `finish` frees the slots at once
+            outcome = Outcome.REJECTED if isinstance(exc, RequestRejected) else Outcome.FAILED
+            state.finish(request, outcome, exc.code)
             return encode_error(exc, rid)
         return encode_accepted(rid) if generate.ack else b""
 

@@ -135,11 +135,24 @@ class GovernorCollector(Collector):
         inflight = GaugeMetricFamily(
             "governor_worker_inflight", "Requests in flight on each worker link.", labels=["worker"]
         )
+        executed = CounterMetricFamily(
+            "governor_worker_executed", "Requests each worker endpoint completed with done.", labels=["worker"]
+        )
+        failed = CounterMetricFamily(
+            "governor_worker_failed", "Requests admitted to each endpoint that did not end in done.", labels=["worker"]
+        )
         for link in s.upstream.links:
             up.add_metric([link.address], int(link.is_connected))
             inflight.add_metric([link.address], len(link.inflight))
-        yield up
-        yield inflight
+            executed.add_metric([link.address], link.endpoint.executed)
+            failed.add_metric([link.address], link.endpoint.failed)
+        yield from (up, inflight, executed, failed)
+        if s.pool.bucket is not None:
+            yield GaugeMetricFamily(
+                "governor_qps_tokens",
+                "Admissions the --max-qps token bucket holds now.",
+                s.pool.bucket.level(s.clock()),
+            )
         yield from _worker_stats_families(s.upstream.links)
         yield CounterMetricFamily(
             "governor_worker_restarts", "Spawned workers restarted after exiting.", s.worker_restarts

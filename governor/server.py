@@ -9,12 +9,14 @@ import resource
 import shutil
 import signal
 import tempfile
+import time
 
-from governor.address import Address, parse_address
+from governor.address import Address
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
-from governor.config import GovernorConfig
+from governor.config import GovernorConfig, parse_endpoint
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
+from governor.pool import Endpoint, EndpointLimits, Pool
 from governor.protocol import GovernorProtocol
 from governor.state import ServerState
 from governor.supervisor import WorkerSupervisor
@@ -26,7 +28,7 @@ log = logging.getLogger("governor.server")
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
 
 
-def build_state(config: GovernorConfig, upstream: Upstream) -> ServerState:
+def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
     policy = RetryHintPolicy(
         base_ms=config.retry_hint_ms,
         min_ms=config.retry_hint_min_ms,
@@ -36,6 +38,9 @@ def build_state(config: GovernorConfig, upstream: Upstream) -> ServerState:
     return ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
         limiter=InflightLimiter(config.max_inflight),
+        pool=Pool(
+            [link.endpoint for link in upstream.links], config.max_qps, config.qps_burst, config.max_inflight, now
+        ),
         hints=RetryHintEstimator(policy, config.max_inflight),
         upstream=upstream,
     )
@@ -75,15 +80,16 @@ class Server:
 
         runtime_dir: str | None = None
         supervisor: WorkerSupervisor | None = None
+        now = time.monotonic()
         if config.worker:
-            addresses = [parse_address(a) for a in config.worker]
+            specs = [parse_endpoint(text) for text in config.worker]
         else:
             runtime_dir = tempfile.mkdtemp(prefix="governor-")
-            addresses = [Address(path=os.path.join(runtime_dir, "worker.sock"))]
-        upstream = Upstream(addresses)
-        state = build_state(config, upstream)
+            specs = [(Address(path=os.path.join(runtime_dir, "worker.sock")), EndpointLimits())]
+        upstream = Upstream([(address, Endpoint(str(address), limits, now)) for address, limits in specs])
+        state = build_state(config, upstream, now)
         if runtime_dir is not None:
-            supervisor = self._spawn_worker(str(addresses[0]), upstream.links[0], state)
+            supervisor = self._spawn_worker(upstream.links[0].address, upstream.links[0], state)
 
         metrics: MetricsEndpoint | None = None
         max_open_files = raise_fd_limit()

@@ -1,6 +1,6 @@
 """Server-wide state shared by every connection (uvicorn's ServerState idea).
 
-One object holds the limiter, the hint estimator, the accounting and the open connections, and
+One object holds the limiter, the endpoint pool, the hint estimator, the accounting and the open connections, and
 `finish` is the single place a slot is released, so "released exactly once" is checkable.
 """
 
@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from governor.accounting import Accounting, Outcome
 from governor.admission import InflightLimiter, RetryHintEstimator
 from governor.metrics import LatencyMetrics
+from governor.pool import Endpoint, Pool
 from governor.validation import Limits
 
 log = logging.getLogger("governor.state")
@@ -46,10 +47,13 @@ class ClientConnection(Protocol):
 class InflightRequest:
     """What the governor keeps for one admitted request; dropped at its final reply."""
 
-    __slots__ = ("client_id", "uid", "stream", "owner", "link", "t_received", "t_first_token", "settled")
+    __slots__ = ("client_id", "uid", "stream", "owner", "endpoint", "link", "t_received", "t_first_token", "settled")
 
-    def __init__(self, client_id: str, stream: bool, owner: RequestOwner, t_received: float) -> None:
+    def __init__(
+        self, client_id: str, stream: bool, owner: RequestOwner, t_received: float, endpoint: Endpoint | None
+    ) -> None:
         self.client_id = client_id
+        self.endpoint = endpoint  # the endpoint whose slot it holds (None when no endpoint was up)
         self.uid = ""  # assigned by the upstream on dispatch; unique across all connections
         self.stream = stream
         self.owner = owner
@@ -63,6 +67,7 @@ class ServerState:
     __slots__ = (
         "limits",
         "limiter",
+        "pool",
         "hints",
         "upstream",
         "clock",
@@ -77,12 +82,14 @@ class ServerState:
         self,
         limits: Limits,
         limiter: InflightLimiter,
+        pool: Pool,
         hints: RetryHintEstimator,
         upstream: Upstream,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.limiter = limiter
+        self.pool = pool
         self.hints = hints
         self.upstream = upstream
         self.clock = clock
@@ -100,6 +107,8 @@ class ServerState:
             return
         request.settled = True
         self.limiter.release()
+        if request.endpoint is not None:
+            self.pool.release(request.endpoint, executed=outcome is Outcome.EXECUTED)
         self.accounting.record(outcome, reason)
         request.owner.active.pop(request.client_id, None)
         if request.link is not None:
@@ -117,6 +126,7 @@ class ServerState:
         return {
             "inflight": self.limiter.inflight,
             "max_inflight": self.limiter.max_inflight,
+            "qps_tokens": None if self.pool.bucket is None else round(self.pool.bucket.level(self.clock()), 3),
             "received_total": acc.received,
             "executed_total": acc.executed,
             "yielded_total": acc.yielded_total,

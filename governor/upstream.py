@@ -17,6 +17,7 @@ import orjson
 from governor.address import Address, open_connection
 from governor.errors import WorkerUnavailable
 from governor.framing import TOO_LARGE, LineSplitter
+from governor.pool import Endpoint
 from governor.state import InflightRequest, RequestOwner
 from governor.validation import OP_CANCEL, GenerateRequest
 from governor.wire import WORKER_STATS_ID, encode
@@ -31,9 +32,10 @@ RECONNECT_MAX_S = 1.0
 
 
 class WorkerLink(asyncio.Protocol):
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, endpoint: Endpoint) -> None:
         self.address = str(address)
         self._address = address
+        self.endpoint = endpoint  # its caps and load in the pool; up while this link is connected
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # set when the governor spawned this worker
         self.engine_stats: dict[str, Any] = {}  # the worker's latest pushed statistics
@@ -48,10 +50,16 @@ class WorkerLink(asyncio.Protocol):
     def describe(self) -> dict[str, Any]:
         """The link in `stats`, with the engine statistics the worker last pushed (empty until then)."""
         engine = {k: v for k, v in self.engine_stats.items() if k not in ("id", "status")}
+        limits = self.endpoint.limits
         return {
             "address": self.address,
             "up": self.is_connected,
             "inflight": len(self.inflight),
+            "concurrency": limits.concurrency,
+            "qps": limits.qps,
+            "weight": limits.weight,
+            "executed": self.endpoint.executed,
+            "failed": self.endpoint.failed,
             "pid": self.pid,
             "engine": engine,
         }
@@ -77,6 +85,7 @@ class WorkerLink(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
+        self.endpoint.up = True
         log.info("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
@@ -111,6 +120,7 @@ class WorkerLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self.endpoint.up = False
         self.engine_stats = {}
         lost = list(self.inflight.values())
         if lost:
@@ -128,8 +138,9 @@ class WorkerLink(asyncio.Protocol):
 class Upstream:
     """The set of worker links and the choice of which one takes a request."""
 
-    def __init__(self, addresses: list[Address]) -> None:
-        self.links = [WorkerLink(a) for a in addresses]
+    def __init__(self, endpoints: list[tuple[Address, Endpoint]]) -> None:
+        self.links = [WorkerLink(address, endpoint) for address, endpoint in endpoints]
+        self._link_of = {link.endpoint: link for link in self.links}
         self._next_uid = 0
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -138,12 +149,9 @@ class Upstream:
         return sum(link.is_connected for link in self.links)
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
-        """Hand an admitted request to the least-loaded connected worker."""
-        best: WorkerLink | None = None
-        for link in self.links:
-            if link.is_connected and (best is None or len(link.inflight) < len(best.inflight)):
-                best = link
-        if best is None:
+        """Hand an admitted request to the worker of the endpoint the pool reserved for it."""
+        best = None if request.endpoint is None else self._link_of[request.endpoint]
+        if best is None or not best.is_connected:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next_uid += 1
         uid = format(self._next_uid, "x")

@@ -10,6 +10,7 @@ import orjson
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
 from governor.errors import WorkerUnavailable
 from governor.ingress import Ingress
+from governor.pool import Endpoint, EndpointLimits, Pool
 from governor.state import InflightRequest, ServerState
 from governor.validation import OP_CANCEL, GenerateRequest, IntegrityMode, Limits
 
@@ -73,13 +74,18 @@ def make_state(
     upstream: FakeUpstream | None = None,
     max_new_tokens: int = 64,
     hint_policy: RetryHintPolicy | None = None,
+    pool: Pool | None = None,
 ) -> ServerState:
+    clock = clock or FakeClock()
+    endpoint = Endpoint("fake", EndpointLimits(), clock())
+    endpoint.up = True
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
         limiter=InflightLimiter(max_inflight),
+        pool=pool or Pool([endpoint], 0.0, 0.0, max_inflight, clock()),
         hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7)),
         upstream=upstream or FakeUpstream(),  # type: ignore[arg-type]
-        clock=clock or FakeClock(),
+        clock=clock,
     )
 
 

@@ -12,7 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pytest
@@ -177,12 +177,17 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
             pass
 
 
+class Worker(NamedTuple):
+    address: str  # 127.0.0.1:PORT
+    proc: subprocess.Popen[bytes]
+
+
 @pytest.fixture
-def start_worker() -> Iterator[Callable[..., str]]:
+def start_worker() -> Iterator[Callable[..., Worker]]:
     """Standalone workers on free loopback ports, as `--worker` or `--direct` would reach them."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*worker_args: str, timeout: float = 60.0) -> str:
+    def start(*worker_args: str, timeout: float = 60.0) -> Worker:
         port = free_port()
         argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{port}", *worker_args]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -191,7 +196,7 @@ def start_worker() -> Iterator[Callable[..., str]]:
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                return f"127.0.0.1:{port}"
+                return Worker(f"127.0.0.1:{port}", proc)
             except OSError:
                 assert time.monotonic() < deadline and proc.poll() is None, "worker did not start"
                 time.sleep(0.1)

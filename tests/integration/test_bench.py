@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import Governor
+from tests.integration.conftest import Governor, Worker
 
 pytestmark = pytest.mark.integration
 
@@ -82,9 +82,9 @@ def test_a_slow_submit_path_stretches_a_relative_schedule_but_not_an_absolute_on
 
 
 def test_direct_mode_drives_the_worker_past_the_governor(
-    start_worker: Callable[..., str], start_governor: Callable[..., Governor], tmp_path: Path
+    start_worker: Callable[..., Worker], start_governor: Callable[..., Governor], tmp_path: Path
 ) -> None:
-    worker = start_worker("--engine", "echo")
+    worker = start_worker("--engine", "echo").address
     gov = start_governor("--worker", worker, "--max-inflight", "64")
     flags = ("--num-requests", "30", "--concurrency", "4", "--max-new-tokens", "3", "--no-stop-on-eos")
     through = bench(gov, tmp_path / "governor.json", *flags)["runs"][0]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Conn, Governor
+from tests.integration.conftest import Conn, Governor, Worker
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.loading import load_hf_model
 
@@ -64,10 +64,10 @@ def test_a_request_beyond_the_context_is_bad_frame_and_frees_its_slot(
 
 
 def test_a_cancel_with_an_unusable_id_does_not_break_the_worker_link(
-    start_worker: Callable[..., str], tiny_gpt2_dir: Path
+    start_worker: Callable[..., Worker], tiny_gpt2_dir: Path
 ) -> None:
     # Spoken to the worker directly, as a governor would: the odd cancel is ignored, the link lives.
-    address = start_worker("--model", str(tiny_gpt2_dir), "--device", "cpu")
+    address = start_worker("--model", str(tiny_gpt2_dir), "--device", "cpu").address
     c = Conn(int(address.rsplit(":", 1)[1]))
     try:
         c.send_raw(b'{"op": "cancel", "id": [1]}\n{"op": "cancel", "id": {"a": 1}}\n')

@@ -4,7 +4,8 @@ import pytest
 
 from governor import cli
 from governor.address import Address, parse_address
-from governor.config import ConfigError, GovernorConfig
+from governor.config import ConfigError, GovernorConfig, parse_endpoint
+from governor.pool import EndpointLimits
 from worker.config import WorkerConfig
 
 
@@ -87,3 +88,18 @@ def test_addresses_round_trip(text: str, address: Address) -> None:
 def test_bad_addresses(text: str) -> None:
     with pytest.raises(ValueError, match="address"):
         parse_address(text)
+
+
+def test_an_endpoint_carries_its_soft_caps() -> None:
+    address, limits = parse_endpoint("10.0.0.1:7071,concurrency=8,qps=2.5,burst=4,weight=2")
+    assert str(address) == "10.0.0.1:7071"
+    assert limits == EndpointLimits(concurrency=8, qps=2.5, burst=4.0, weight=2.0)
+    assert parse_endpoint("unix:/run/w.sock")[1] == EndpointLimits()
+
+
+@pytest.mark.parametrize(
+    "spec", ["h:1,conc=3", "h:1,concurrency", "h:1,concurrency=1.5", "h:1,qps=-1", "h:1,weight=0", "nowhere"]
+)
+def test_a_bad_endpoint_is_refused_naming_it(spec: str) -> None:
+    with pytest.raises(ConfigError, match="--worker"):
+        GovernorConfig(worker=(spec,))

@@ -11,6 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from governor.accounting import Outcome
 from governor.admission import RetryHintPolicy
 from governor.ingress import Ingress
+from governor.pool import Endpoint, EndpointLimits, Pool
 from governor.validation import IntegrityMode
 from governor.wire import encode, generate_frame
 from tests.fakes import FakeClock, FakeUpstream, make_ingress, make_state
@@ -265,3 +266,24 @@ class IngressMachine(RuleBasedStateMachine):
 
 TestIngressMachine = IngressMachine.TestCase
 TestIngressMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
+    clock = FakeClock(start=0.0)
+    endpoint = Endpoint("w", EndpointLimits(concurrency=1), 0.0)
+    endpoint.up = True
+    pool = Pool([endpoint], qps=2.0, burst=2.0, default_capacity=8, now=0.0)
+    state = make_state(max_inflight=8, clock=clock, pool=pool)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b"))
+    assert [r.get("reason") for r in replies(writes)] == ["endpoint_inflight"]  # "a" holds the only slot
+    ingress.receive_data(frame("bad", max_new_tokens="x"))  # yielded before validation, as documented
+    assert replies(writes)[-1]["reason"] == "endpoint_inflight"
+    endpoint.limits = EndpointLimits(concurrency=4)
+    ingress.receive_data(frame("bad", max_new_tokens="x"))
+    assert replies(writes)[-1]["code"] == "bad_frame"
+    assert pool.bucket is not None and pool.bucket.level(0.0) == 1.0  # the invalid frame's token came back
+    ingress.receive_data(frame("c") + frame("d"))
+    assert replies(writes)[-1] == {"id": "d", "status": "yield", "retry_hint_ms": 500, "reason": "qps"}
+    assert state.limiter.inflight == 2 and endpoint.inflight == 2
+    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from governor.address import Address
+from governor.pool import Endpoint, EndpointLimits
 from governor.state import InflightRequest
 from governor.upstream import WorkerLink
 from tests.fakes import FakeTransport
@@ -30,11 +31,12 @@ class Owner:
 
 
 def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
-    link = WorkerLink(Address(path="/tmp/x.sock"))
+    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
+    assert link.endpoint.up
     owner = Owner()
-    request = InflightRequest("client-1", True, owner, 0.0)
+    request = InflightRequest("client-1", True, owner, 0.0, None)
     request.uid, request.link = "u1", link
     link.inflight["u1"] = request
     return link, transport, owner
@@ -56,4 +58,4 @@ def test_an_unattributable_reply_breaks_the_link_so_nothing_hangs(garbage: bytes
     assert transport.closed and owner.frames == []  # nothing after the garbage is trusted
     link.connection_lost(None)
     assert owner.lost == ["client-1"]
-    assert not link.is_connected
+    assert not link.is_connected and not link.endpoint.up

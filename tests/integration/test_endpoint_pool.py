@@ -1,0 +1,58 @@
+"""Three real echo workers behind one governor: endpoint caps, the global cap over them, re-routing."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+
+import pytest
+
+from tests.integration.conftest import Governor, Worker
+
+pytestmark = pytest.mark.integration
+
+
+def test_load_follows_the_caps_the_global_cap_holds_and_a_dead_endpoint_is_routed_around(
+    start_worker: Callable[..., Worker], start_governor: Callable[..., Governor]
+) -> None:
+    # Each request holds its slot ~2 s (token delay) so that every admission is visible at once.
+    workers = [start_worker("--engine", "echo", "--token-delay-ms", "1000") for _ in range(3)]
+    caps = (1, 2, 4)
+    endpoints = [f"{w.address},concurrency={cap}" for w, cap in zip(workers, caps, strict=True)]
+    gov = start_governor(*(x for e in endpoints for x in ("--worker", e)), "--max-inflight", "5")
+    gov.wait_until(lambda: all(w["up"] for w in gov.stats()["workers"]), what="all endpoints linked")
+    c = gov.conn()
+    for i in range(9):
+        c.send(f"r{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+    yields = [c.until_final(f"r{i}")[-1] for i in range(5, 9)]
+    assert [y["status"] for y in yields] == ["yield"] * 4
+    assert {y["reason"] for y in yields} == {"inflight"}  # the global cap (5) binds before the endpoints' (7)
+    stats = gov.stats()
+    assert [w["inflight"] for w in stats["workers"]] == [1, 2, 2]  # 1/1, 2/2, 2/4: least loaded relative to cap
+    finals = c.finals(5)
+    assert all(f["status"] == "done" for f in finals.values())
+
+    # Endpoint caps bind when they are below the global one.
+    gov2 = start_governor("--worker", endpoints[0], "--worker", endpoints[1], "--max-inflight", "10")
+    gov2.wait_until(lambda: all(w["up"] for w in gov2.stats()["workers"]), what="both endpoints linked")
+    c2 = gov2.conn()
+    for i in range(4):
+        c2.send(f"s{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+    assert c2.until_final("s3")[-1]["reason"] == "endpoint_inflight"
+    c2.finals(3)
+
+    # A dead endpoint: its capacity stops counting and new work goes to the others, nothing lost.
+    os.kill(workers[2].proc.pid, signal.SIGKILL)
+    gov.wait_until(lambda: not gov.stats()["workers"][2]["up"], what="endpoint marked down")
+    for i in range(4):
+        c.send(f"t{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+    finals = c.finals(4)
+    statuses = sorted(f.get("reason") or f["status"] for f in finals.values())
+    assert statuses == ["done", "done", "done", "endpoint_inflight"]  # 1 + 2 slots left
+    stats = gov.stats()
+    assert stats["workers"][2]["executed"] == 2 and stats["executed_total"] == 8
+    assert stats["received_total"] == stats["executed_total"] + stats["yielded_total"] + stats["failed_total"]
+    metrics = gov.metrics()
+    assert metrics[("governor_worker_executed_total", (("worker", workers[2].address),))] == 2
+    assert metrics[("governor_yielded_total", (("reason", "endpoint_inflight"),))] == 1
