@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -62,6 +62,9 @@ bench-overhead: $(STAMP)  ## experiment 4: yield path vs a bare server, admitted
 
 bench-sweep: $(STAMP)  ## experiment 6: load sweep 10-150% of capacity, with and without the cap
 	$(PY) -m benchmarks.load_sweep
+
+bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
+	$(PY) -m benchmarks.pool_limits
 
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep
 

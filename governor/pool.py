@@ -21,7 +21,7 @@ YIELD_ENDPOINT_QPS = "endpoint_qps"
 class TokenBucket:
     """`rate` tokens per second, at most `burst` banked; starts full."""
 
-    __slots__ = ("rate", "burst", "tokens", "_stamp")
+    __slots__ = ("rate", "burst", "tokens", "_stamp", "_booked")
 
     def __init__(self, rate: float, burst: float, now: float) -> None:
         if rate <= 0 or burst < 1:
@@ -30,6 +30,7 @@ class TokenBucket:
         self.burst = burst
         self.tokens = burst
         self._stamp = now
+        self._booked = now  # the first future token not yet promised to a yielded client
 
     def level(self, now: float) -> float:
         if now > self._stamp:
@@ -40,6 +41,14 @@ class TokenBucket:
     def wait_s(self, now: float) -> float:
         """Exactly how long until a token is there (0 if one is)."""
         return max(0.0, (1.0 - self.level(now)) / self.rate)
+
+    def appointment_s(self, now: float) -> float:
+        """How long a refused client should wait: until the next token nobody else was told to
+        come back for, so that clients yielded together are spread one token apart instead of
+        all returning for the same one."""
+        at = max(now + self.wait_s(now), self._booked)
+        self._booked = at + 1.0 / self.rate
+        return at - now
 
     def take(self) -> None:
         self.tokens -= 1.0
@@ -103,11 +112,12 @@ class Pool:
             return None
         bucket = self.bucket
         if bucket is not None and bucket.level(now) < 1.0:
-            return Refusal(YIELD_QPS, bucket.wait_s(now))
+            return Refusal(YIELD_QPS, bucket.appointment_s(now))
         best: Endpoint | None = None
         best_index = 0
         best_load = math.inf
         qps_wait = math.inf
+        qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
         n = len(endpoints)
         for k in range(n):
             index = (self._next + k) % n
@@ -116,14 +126,15 @@ class Pool:
             if not e.up or (cap and e.inflight >= cap):
                 continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
-                qps_wait = min(qps_wait, e.bucket.wait_s(now))
+                if qps_wait == math.inf or e.bucket.wait_s(now) < qps_wait:
+                    qps_wait, qps_bucket = e.bucket.wait_s(now), e.bucket
                 continue
             load = e.inflight / ((cap or self._default_capacity) * e.limits.weight)
             if load < best_load:
                 best, best_index, best_load = e, index, load
         if best is None:
-            if qps_wait < math.inf:
-                return Refusal(YIELD_ENDPOINT_QPS, qps_wait)
+            if qps_bucket is not None:
+                return Refusal(YIELD_ENDPOINT_QPS, qps_bucket.appointment_s(now))
             return Refusal(YIELD_ENDPOINT_INFLIGHT, None)
         if bucket is not None:
             bucket.take()

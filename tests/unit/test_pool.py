@@ -151,3 +151,11 @@ def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
         for i in range(len(times)):
             for j in range(i, len(times)):
                 assert j - i + 1 <= rate * (times[j] - times[i]) + allowance + 1e-9
+
+
+def test_clients_refused_together_are_told_successive_tokens() -> None:
+    p = pool(EndpointLimits(), qps=10.0, burst=1.0)
+    assert isinstance(p.reserve(0.0), Endpoint)
+    waits = [r.wait_s for r in (p.reserve(0.02), p.reserve(0.02), p.reserve(0.02)) if isinstance(r, Refusal)]
+    assert waits == pytest.approx([0.08, 0.18, 0.28])  # the next token, and the two after it
+    assert isinstance(p.reserve(0.1), Endpoint)  # the first one, back on time, gets its token
