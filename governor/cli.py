@@ -12,8 +12,9 @@ import orjson
 from governor import __version__
 from governor.bench.config import BenchConfig
 from governor.config import ConfigError, GovernorConfig
+from governor.config_file import load_config
 from governor.logs import configure_logging
-from governor.options import add_options, from_namespace
+from governor.options import add_options, from_namespace, given
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -64,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(args_list)
     if args.command == "serve":
         try:
-            config = from_namespace(GovernorConfig, args, worker_args=tuple(worker_args))
+            config = load_config(given(GovernorConfig, args), tuple(worker_args))
         except ConfigError as exc:
             parser.error(str(exc))
         return _serve(config)

@@ -46,8 +46,13 @@ class GovernorConfig:
         metavar="ENDPOINT",
     )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
+    config: str = option(
+        "", "TOML file of settings and [[endpoint]] tables; flags win; SIGHUP re-reads its caps", metavar="PATH"
+    )
     worker_args: tuple[str, ...] = ()
     """Flags after `--`, passed to the spawned worker."""
+    flag_overrides: tuple[str, ...] = ()
+    """Fields given as flags: a reloaded config file does not change them."""
 
     def __post_init__(self) -> None:
         checks: list[tuple[bool, str]] = [

@@ -46,13 +46,17 @@ def _show(value: Any) -> str:
     return "none" if value in ((), None, "") else str(value)
 
 
-def from_namespace(cls: type[T], namespace: argparse.Namespace, **extra: Any) -> T:
-    """Instantiate `cls` from the flags given (absent flags keep the dataclass defaults)."""
+def given(cls: type, namespace: argparse.Namespace) -> dict[str, Any]:
+    """The field values of the flags actually given (absent flags are not in the namespace)."""
     fields = dataclasses.fields(cast(Any, cls))
     values = {f.name: getattr(namespace, f.name) for f in fields if hasattr(namespace, f.name)}
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         if typing.get_origin(hints[name]) is tuple:
             values[name] = tuple(value)
-    values.update(extra)
-    return cls(**values)
+    return values
+
+
+def from_namespace(cls: type[T], namespace: argparse.Namespace, **extra: Any) -> T:
+    """Instantiate `cls` from the flags given (absent flags keep the dataclass defaults)."""
+    return cls(**given(cls, namespace), **extra)

@@ -78,6 +78,14 @@ def make_bucket(qps: float, burst: float, now: float) -> TokenBucket | None:
     return TokenBucket(qps, burst or max(1.0, qps), now) if qps else None
 
 
+def updated_bucket(bucket: TokenBucket | None, qps: float, burst: float, now: float) -> TokenBucket | None:
+    """The bucket for new limits, keeping what the old one holds (never more than the new burst)."""
+    fresh = make_bucket(qps, burst, now)
+    if fresh is not None and bucket is not None:
+        fresh.tokens = min(fresh.burst, bucket.level(now))
+    return fresh
+
+
 class Endpoint:
     __slots__ = ("name", "limits", "bucket", "inflight", "up", "executed", "failed")
 
@@ -90,6 +98,11 @@ class Endpoint:
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`
 
+    def set_limits(self, limits: EndpointLimits, now: float) -> None:
+        """Live change: a lower cap stops new admissions until in-flight falls under it."""
+        self.limits = limits
+        self.bucket = updated_bucket(self.bucket, limits.qps, limits.burst, now)
+
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
@@ -101,7 +114,7 @@ class Pool:
     def __init__(self, endpoints: list[Endpoint], qps: float, burst: float, default_capacity: int, now: float) -> None:
         self.endpoints = endpoints
         self.bucket = make_bucket(qps, burst, now)
-        self._default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
+        self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
         self._next = 0  # round-robin start among equally loaded endpoints
 
     def reserve(self, now: float) -> Endpoint | Refusal | None:
@@ -129,7 +142,7 @@ class Pool:
                 if qps_wait == math.inf or e.bucket.wait_s(now) < qps_wait:
                     qps_wait, qps_bucket = e.bucket.wait_s(now), e.bucket
                 continue
-            load = e.inflight / ((cap or self._default_capacity) * e.limits.weight)
+            load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
             if load < best_load:
                 best, best_index, best_load = e, index, load
         if best is None:
@@ -143,6 +156,10 @@ class Pool:
         best.inflight += 1
         self._next = (best_index + 1) % n
         return best
+
+    def set_global(self, qps: float, burst: float, default_capacity: int, now: float) -> None:
+        self.bucket = updated_bucket(self.bucket, qps, burst, now)
+        self.default_capacity = default_capacity
 
     def refund(self, endpoint: Endpoint) -> None:
         """Give back the tokens of a reservation that was not used (its slot goes with `release`)."""

@@ -13,7 +13,8 @@ import time
 
 from governor.address import Address
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
-from governor.config import GovernorConfig, parse_endpoint
+from governor.config import ConfigError, GovernorConfig, parse_endpoint
+from governor.config_file import reload_config
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
 from governor.pool import Endpoint, EndpointLimits, Pool
@@ -46,6 +47,22 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
     )
 
 
+def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
+    """Live cap changes. Lowering a cap never cancels a running request: it stops new admissions
+    until in-flight falls under it. Endpoints are matched by address; adding or removing one
+    needs a restart."""
+    state.limiter.max_inflight = config.max_inflight
+    state.hints.set_capacity(config.max_inflight)
+    state.pool.set_global(config.max_qps, config.qps_burst, config.max_inflight, now)
+    endpoints = {e.name: e for e in state.pool.endpoints}
+    for address, limits in (parse_endpoint(text) for text in config.worker):
+        endpoint = endpoints.get(str(address))
+        if endpoint is None:
+            log.warning("event=reload_endpoint_ignored address=%s reason=endpoints_change_on_restart", address)
+        else:
+            endpoint.set_limits(limits, now)
+
+
 def raise_fd_limit() -> int:
     """Lift the soft open-files limit to the hard one: each client connection is a descriptor."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -72,6 +89,17 @@ class Server:
             self._skip_drain.set()
         self._stop.set()
 
+    def reload(self, state: ServerState) -> None:
+        """SIGHUP: re-read the config file and apply its caps; nothing running is touched."""
+        try:
+            new = reload_config(self.config)
+        except ConfigError as exc:
+            log.error("event=reload_failed error=%r", str(exc))
+            return
+        apply_caps(state, new, time.monotonic())
+        self.config = new
+        log.info("event=reloaded max_inflight=%d max_qps=%g endpoints=%s", new.max_inflight, new.max_qps, new.worker)
+
     async def serve(self) -> int:
         config = self.config
         loop = asyncio.get_running_loop()
@@ -88,6 +116,8 @@ class Server:
             specs = [(Address(path=os.path.join(runtime_dir, "worker.sock")), EndpointLimits())]
         upstream = Upstream([(address, Endpoint(str(address), limits, now)) for address, limits in specs])
         state = build_state(config, upstream, now)
+        if config.config:
+            loop.add_signal_handler(signal.SIGHUP, self.reload, state)
         if runtime_dir is not None:
             supervisor = self._spawn_worker(upstream.links[0].address, upstream.links[0], state)
 

@@ -142,12 +142,12 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
     started: list[Governor] = []
 
     def start(*flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True) -> Governor:
-        """A governor; unless flags name an external --worker, it spawns one running `worker_args`
-        (the echo engine unless they choose another)."""
+        """A governor; unless flags name an external --worker (or a --config file, which names its
+        endpoints), it spawns one running `worker_args` (the echo engine unless they choose another)."""
         port, metrics_port = free_port(), free_port()
         log = tmp_path / f"governor-{len(started)}.log"
         argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
-        if "--worker" in flags:
+        if "--worker" in flags or "--config" in flags:
             argv += flags
         else:
             engine = () if "--engine" in worker_args else ("--engine", "echo")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,33 @@ def test_load_follows_the_caps_the_global_cap_holds_and_a_dead_endpoint_is_route
     metrics = gov.metrics()
     assert metrics[("governor_worker_executed_total", (("worker", workers[2].address),))] == 2
     assert metrics[("governor_yielded_total", (("reason", "endpoint_inflight"),))] == 1
+
+
+def test_sighup_rereads_the_config_file_and_changes_caps_without_dropping_anything(
+    start_worker: Callable[..., Worker], start_governor: Callable[..., Governor], tmp_path: Path
+) -> None:
+    worker = start_worker("--engine", "echo", "--token-delay-ms", "1500")  # each request holds ~3 s
+    config = tmp_path / "governor.toml"
+    body = '[[endpoint]]\naddress = "{}"\nconcurrency = {}\n'
+    config.write_text("max_inflight = 1\n" + body.format(worker.address, 8))
+    gov = start_governor("--config", str(config))
+    c = gov.conn()
+    c.send("a", "ab", max_new_tokens=3, stop_on_eos=False)
+    c.send("b", "ab", max_new_tokens=3, stop_on_eos=False)
+    assert c.until_final("b")[-1]["reason"] == "inflight"
+
+    config.write_text("max_inflight = 4\n" + body.format(worker.address, 2))
+    gov.proc.send_signal(signal.SIGHUP)
+    gov.wait_until(lambda: gov.stats()["max_inflight"] == 4, what="reload")
+    assert gov.stats()["workers"][0]["concurrency"] == 2
+    c.send("c", "ab", max_new_tokens=3, stop_on_eos=False)
+    c.send("d", "ab", max_new_tokens=3, stop_on_eos=False)
+    assert c.until_final("d")[-1]["reason"] == "endpoint_inflight"  # a and c hold the endpoint's 2
+
+    config.write_text("max_inflight = 1\n" + body.format(worker.address, 8))
+    gov.proc.send_signal(signal.SIGHUP)
+    gov.wait_until(lambda: gov.stats()["max_inflight"] == 1, what="second reload")
+    c.send("e", "ab", max_new_tokens=3, stop_on_eos=False)
+    assert c.until_final("e")[-1]["reason"] == "inflight"  # 2 running over the new cap of 1
+    finals = c.finals(2)
+    assert {f["status"] for f in finals.values()} == {"done"}  # lowering the cap cancelled nothing

@@ -1,0 +1,75 @@
+"""`--config PATH`: TOML settings and [[endpoint]] tables under the flags, and the SIGHUP re-read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from governor.config import ConfigError
+from governor.config_file import load_config, reload_config
+from governor.pool import Endpoint, EndpointLimits, Pool
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "governor.toml"
+    path.write_text(text)
+    return str(path)
+
+
+POOL = """
+max_inflight = 20
+max-qps = 50
+[[endpoint]]
+address = "127.0.0.1:7071"
+concurrency = 8
+[[endpoint]]
+address = "127.0.0.1:7072"
+qps = 2.5
+weight = 2
+"""
+
+
+def test_the_file_sets_caps_and_endpoints_and_flags_win(tmp_path: Path) -> None:
+    path = write(tmp_path, POOL)
+    config = load_config({"config": path, "max_inflight": 12})
+    assert config.max_inflight == 12 and config.max_qps == 50.0
+    assert config.worker == ("127.0.0.1:7071,concurrency=8", "127.0.0.1:7072,qps=2.5,weight=2")
+    Path(path).write_text(POOL.replace("max-qps = 50", "max-qps = 70").replace("concurrency = 8", "concurrency = 4"))
+    reloaded = reload_config(config)
+    assert reloaded.max_inflight == 12 and reloaded.max_qps == 70.0  # the flag still wins; the file moved
+    assert reloaded.worker[0] == "127.0.0.1:7071,concurrency=4"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max_inflight = 'many'", "max_inflight"),
+        ("max_inflight = true", "max_inflight"),
+        ("retry_hint = 'sometimes'", "retry_hint"),
+        ("maximum_inflight = 3", "unknown setting 'maximum_inflight'"),
+        ("[[endpoint]]\nconcurrency = 3", "endpoint 1"),
+        ("[[endpoint]]\naddress = 'h:1'\nconcurency = 3", "endpoint 1"),
+        ("[[endpoint]]\naddress = 'h:1'\nqps = -1", "--worker"),
+        ("max_inflight = [", "--config"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_the_setting(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config({"config": write(tmp_path, text)})
+
+
+def test_live_limits_keep_what_the_bucket_holds_and_never_cancel() -> None:
+    endpoint = Endpoint("e", EndpointLimits(concurrency=4, qps=10.0), 0.0)
+    endpoint.up = True
+    pool = Pool([endpoint], 10.0, 5.0, 8, 0.0)
+    for _ in range(3):
+        assert pool.reserve(0.0) is endpoint
+    endpoint.set_limits(EndpointLimits(concurrency=2, qps=10.0, burst=20.0), 0.0)
+    assert endpoint.inflight == 3  # nothing running was touched
+    assert pool.reserve(0.0) is not endpoint  # but nothing new until it falls under 2
+    pool.release(endpoint, executed=True)
+    pool.release(endpoint, executed=True)
+    pool.set_global(10.0, 1.0, 8, 0.0)
+    assert pool.bucket is not None and pool.bucket.tokens == 1.0  # held 2, the new burst is 1
+    assert pool.reserve(0.0) is endpoint
