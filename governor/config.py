@@ -45,6 +45,9 @@ class GovernorConfig:
         " ADDRESS[,concurrency=N][,qps=R][,burst=B][,weight=W]",
         metavar="ENDPOINT",
     )
+    workers: int = option(
+        1, "local workers to spawn when no --worker is given; with several, worker i sees GPU i (CUDA_VISIBLE_DEVICES)"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
     config: str = option(
         "", "TOML file of settings and [[endpoint]] tables; flags win; SIGHUP re-reads its caps", metavar="PATH"
@@ -71,11 +74,14 @@ class GovernorConfig:
             (self.max_new_tokens_limit >= 1, "--max-new-tokens-limit must be >= 1"),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
             (self.max_qps >= 0 and self.qps_burst >= 0, "--max-qps and --qps-burst must be >= 0"),
+            (self.workers >= 1, "--workers must be >= 1"),
             (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.worker and self.workers > 1:
+            raise ConfigError("--workers spawns local workers; it cannot be combined with --worker endpoints")
         if self.worker and self.worker_args:
             raise ConfigError("worker flags after -- only apply to a spawned worker; drop them or --worker")
         for text in self.worker:

@@ -63,6 +63,16 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
             endpoint.set_limits(limits, now)
 
 
+def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:
+    """One GPU per spawned worker when there are several: worker i sees the i-th visible device
+    (of CUDA_VISIBLE_DEVICES when set, else GPU i), round-robin if there are fewer devices. A
+    single worker keeps the environment as it is."""
+    if workers == 1:
+        return [None]
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(workers)]
+    return [devices[i % len(devices)] for i in range(workers)]
+
+
 def raise_fd_limit() -> int:
     """Lift the soft open-files limit to the hard one: each client connection is a descriptor."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -107,19 +117,23 @@ class Server:
             loop.add_signal_handler(sig, self.request_stop)
 
         runtime_dir: str | None = None
-        supervisor: WorkerSupervisor | None = None
+        supervisors: list[WorkerSupervisor] = []
         now = time.monotonic()
         if config.worker:
             specs = [parse_endpoint(text) for text in config.worker]
         else:
             runtime_dir = tempfile.mkdtemp(prefix="governor-")
-            specs = [(Address(path=os.path.join(runtime_dir, "worker.sock")), EndpointLimits())]
+            sockets = [os.path.join(runtime_dir, f"worker-{i}.sock") for i in range(config.workers)]
+            specs = [(Address(path=path), EndpointLimits()) for path in sockets]
         upstream = Upstream([(address, Endpoint(str(address), limits, now)) for address, limits in specs])
         state = build_state(config, upstream, now)
         if config.config:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
         if runtime_dir is not None:
-            supervisor = self._spawn_worker(upstream.links[0].address, upstream.links[0], state)
+            devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            supervisors = [
+                self._spawn_worker(link, state, device) for link, device in zip(upstream.links, devices, strict=True)
+            ]
 
         metrics: MetricsEndpoint | None = None
         max_open_files = raise_fd_limit()
@@ -148,7 +162,7 @@ class Server:
             for connection in list(state.connections):
                 connection.close()
             await upstream.close()
-            if supervisor is not None:
+            for supervisor in supervisors:
                 await supervisor.stop()
             if metrics is not None:
                 await metrics.close()
@@ -157,14 +171,15 @@ class Server:
         log.info("event=stopped executed=%d", state.accounting.executed)
         return 0
 
-    def _spawn_worker(self, listen: str, link: WorkerLink, state: ServerState) -> WorkerSupervisor:
+    def _spawn_worker(self, link: WorkerLink, state: ServerState, device: str | None) -> WorkerSupervisor:
         def on_spawn(pid: int) -> None:
             link.pid = pid
 
         def on_restart() -> None:
             state.worker_restarts += 1
 
-        supervisor = WorkerSupervisor(listen, list(self.config.worker_args), on_spawn, on_restart)
+        env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        supervisor = WorkerSupervisor(link.address, list(self.config.worker_args), on_spawn, on_restart, env)
         supervisor.start()
         return supervisor
 

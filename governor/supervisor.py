@@ -28,6 +28,7 @@ class WorkerSupervisor:
         worker_args: list[str],
         on_spawn: Callable[[int], None],
         on_restart: Callable[[], None],
+        env: dict[str, str] | None = None,
     ) -> None:
         self.argv = [
             sys.executable,
@@ -42,6 +43,7 @@ class WorkerSupervisor:
         ]
         self._on_spawn = on_spawn
         self._on_restart = on_restart
+        self._env = env  # None: the governor's own environment
         self._process: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -58,7 +60,7 @@ class WorkerSupervisor:
         while not self._stopping:
             started = time.monotonic()
             try:
-                self._process = await asyncio.create_subprocess_exec(*self.argv, start_new_session=True)
+                self._process = await asyncio.create_subprocess_exec(*self.argv, start_new_session=True, env=self._env)
             except OSError as exc:
                 log.error("event=worker_spawn_failed error=%r retry_in_s=%.2f", exc, backoff)
             else:

@@ -87,3 +87,16 @@ def test_sighup_rereads_the_config_file_and_changes_caps_without_dropping_anythi
     assert c.until_final("e")[-1]["reason"] == "inflight"  # 2 running over the new cap of 1
     finals = c.finals(2)
     assert {f["status"] for f in finals.values()} == {"done"}  # lowering the cap cancelled nothing
+
+
+def test_workers_n_spawns_n_local_workers_and_spreads_the_load(start_governor: Callable[..., Governor]) -> None:
+    gov = start_governor("--workers", "2", "--max-inflight", "8", worker_args=("--token-delay-ms", "500"))
+    gov.wait_until(lambda: all(w["up"] for w in gov.stats()["workers"]), what="both workers linked")
+    workers = gov.stats()["workers"]
+    assert len(workers) == 2 and len({w["pid"] for w in workers}) == 2
+    c = gov.conn()
+    for i in range(4):
+        c.send(f"r{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+    gov.wait_until(lambda: gov.stats()["inflight"] == 4, what="all admitted")
+    assert [w["inflight"] for w in gov.stats()["workers"]] == [2, 2]
+    assert all(f["status"] == "done" for f in c.finals(4).values())

@@ -103,3 +103,13 @@ def test_an_endpoint_carries_its_soft_caps() -> None:
 def test_a_bad_endpoint_is_refused_naming_it(spec: str) -> None:
     with pytest.raises(ConfigError, match="--worker"):
         GovernorConfig(worker=(spec,))
+
+
+def test_spawned_workers_get_one_gpu_each() -> None:
+    from governor.server import gpu_assignment
+
+    assert gpu_assignment(1, "3") == [None]  # a single worker keeps the environment
+    assert gpu_assignment(3, None) == ["0", "1", "2"]
+    assert gpu_assignment(3, "4, 6") == ["4", "6", "4"]  # the visible ones, round-robin
+    with pytest.raises(ConfigError, match="--workers"):
+        GovernorConfig(workers=2, worker=("127.0.0.1:7071",))
