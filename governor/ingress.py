@@ -121,6 +121,7 @@ class Ingress:
             generate = checked_request(obj, state.limits)
             request.stream = generate.stream
             state.upstream.dispatch(request, generate)
+            request.generate = generate
         except (RequestRejected, WorkerUnavailable) as exc:
             if endpoint is not None:
                 state.pool.refund(endpoint)  # the tokens; `finish` frees the slots at once
@@ -175,6 +176,8 @@ class Ingress:
             if request.t_first_token is None:
                 request.t_first_token = state.clock()
                 state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
+            if request.generate is not None:
+                request.generate = None  # started: a lost worker now means worker_lost
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))
@@ -199,7 +202,35 @@ class Ingress:
         self._settle_error(request, error)
 
     def worker_lost(self, request: InflightRequest, message: str) -> None:
-        self._settle_error(request, WorkerLost(message, request.client_id))
+        if not self._reroute(request):
+            self._settle_error(request, WorkerLost(message, request.client_id))
+
+    def _reroute(self, request: InflightRequest) -> bool:
+        """Move a request whose worker was lost before its first token to another endpoint, once.
+        Nothing was streamed, so the client cannot tell; it keeps its global slot, and takes a new
+        endpoint slot (and tokens) like any admission."""
+        state = self._state
+        generate, request.generate = request.generate, None
+        if generate is None or request.t_first_token is not None or state.draining:
+            return False
+        endpoint = state.pool.reserve(state.clock())
+        if not isinstance(endpoint, Endpoint):
+            return False
+        old_link, old_endpoint = request.link, request.endpoint
+        if old_link is not None:
+            old_link.inflight.pop(request.uid, None)
+        if old_endpoint is not None:
+            state.pool.release(old_endpoint, executed=False)
+        request.endpoint = endpoint
+        try:
+            state.upstream.dispatch(request, generate)
+        except WorkerUnavailable:
+            state.pool.refund(endpoint)
+            return False  # `finish` frees the new endpoint's slot with the failure
+        state.rerouted += 1
+        old_name = old_endpoint.name if old_endpoint is not None else None
+        log.info("event=rerouted id=%r from=%s to=%s", request.client_id, old_name, endpoint.name)
+        return True
 
     def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
         outcome = Outcome.REJECTED if isinstance(error, RequestRejected) else Outcome.FAILED

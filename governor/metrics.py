@@ -157,6 +157,9 @@ class GovernorCollector(Collector):
         yield CounterMetricFamily(
             "governor_worker_restarts", "Spawned workers restarted after exiting.", s.worker_restarts
         )
+        yield CounterMetricFamily(
+            "governor_rerouted", "Requests moved to another endpoint after theirs was lost before starting.", s.rerouted
+        )
         for attr, help_text in _HISTOGRAM_HELP.items():
             h: Histogram = getattr(s.latency, attr)
             yield HistogramMetricFamily(

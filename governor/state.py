@@ -15,7 +15,7 @@ from governor.accounting import Accounting, Outcome
 from governor.admission import InflightLimiter, RetryHintEstimator
 from governor.metrics import LatencyMetrics
 from governor.pool import Endpoint, Pool
-from governor.validation import Limits
+from governor.validation import GenerateRequest, Limits
 
 log = logging.getLogger("governor.state")
 
@@ -47,7 +47,18 @@ class ClientConnection(Protocol):
 class InflightRequest:
     """What the governor keeps for one admitted request; dropped at its final reply."""
 
-    __slots__ = ("client_id", "uid", "stream", "owner", "endpoint", "link", "t_received", "t_first_token", "settled")
+    __slots__ = (
+        "client_id",
+        "uid",
+        "stream",
+        "owner",
+        "endpoint",
+        "link",
+        "generate",
+        "t_received",
+        "t_first_token",
+        "settled",
+    )
 
     def __init__(
         self, client_id: str, stream: bool, owner: RequestOwner, t_received: float, endpoint: Endpoint | None
@@ -58,6 +69,8 @@ class InflightRequest:
         self.stream = stream
         self.owner = owner
         self.link: WorkerLink | None = None
+        # Kept until its first token, to re-route it once if its worker is lost before starting
+        self.generate: GenerateRequest | None = None
         self.t_received = t_received
         self.t_first_token: float | None = None
         self.settled = False
@@ -76,6 +89,7 @@ class ServerState:
         "connections",
         "draining",
         "worker_restarts",
+        "rerouted",
     )
 
     def __init__(
@@ -98,6 +112,7 @@ class ServerState:
         self.connections: set[ClientConnection] = set()
         self.draining = False
         self.worker_restarts = 0
+        self.rerouted = 0  # requests moved to another endpoint after theirs was lost
 
     def finish(self, request: InflightRequest, outcome: Outcome, reason: str = "") -> None:
         """Settle an admitted request: free its slot, count it, forget it everywhere. Exactly once:
@@ -141,5 +156,6 @@ class ServerState:
             if self.hints.service_time_s is None
             else round(self.hints.service_time_s * 1000, 3),
             "worker_restarts": self.worker_restarts,
+            "rerouted_total": self.rerouted,
             "workers": [link.describe() for link in self.upstream.links],
         }

@@ -100,3 +100,22 @@ def test_workers_n_spawns_n_local_workers_and_spreads_the_load(start_governor: C
     gov.wait_until(lambda: gov.stats()["inflight"] == 4, what="all admitted")
     assert [w["inflight"] for w in gov.stats()["workers"]] == [2, 2]
     assert all(f["status"] == "done" for f in c.finals(4).values())
+
+
+def test_requests_not_started_on_a_lost_endpoint_are_rerouted_once(
+    start_worker: Callable[..., Worker], start_governor: Callable[..., Governor]
+) -> None:
+    slow = ("--engine", "echo", "--first-token-delay-ms", "1500")
+    doomed, spare = start_worker(*slow), start_worker(*slow)
+    gov = start_governor("--worker", doomed.address, "--worker", spare.address)
+    gov.wait_until(lambda: all(w["up"] for w in gov.stats()["workers"]), what="both endpoints linked")
+    c = gov.conn()
+    for i in range(4):
+        c.send(f"r{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+    gov.wait_until(lambda: [w["inflight"] for w in gov.stats()["workers"]] == [2, 2], what="spread")
+    os.kill(doomed.proc.pid, signal.SIGKILL)  # before any first token
+    finals = c.finals(4)
+    assert {f["status"] for f in finals.values()} == {"done"}  # nobody saw the loss
+    stats = gov.stats()
+    assert stats["rerouted_total"] == 2 and stats["executed_total"] == 4 and stats["failed_total"] == 0
+    assert stats["workers"][1]["executed"] == 4 and stats["workers"][0]["failed"] == 2

@@ -132,6 +132,7 @@ def test_worker_error_codes_are_counted_as_failed_or_rejected() -> None:
     ingress.worker_frame(
         upstream.dispatched["1"][0], {"id": "1", "status": "error", "code": "bad_frame", "message": "m"}
     )
+    state.pool.endpoints[0].up = False  # as a lost link marks it: no endpoint to re-route to
     ingress.worker_lost(upstream.dispatched["2"][0], "gone")
     ingress.flush()
     assert [(r["id"], r["code"]) for r in replies(writes)] == [("a", "bad_frame"), ("b", "worker_lost")]
