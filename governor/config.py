@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,7 +74,10 @@ class GovernorConfig:
             ),
             (self.max_new_tokens_limit >= 1, "--max-new-tokens-limit must be >= 1"),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
-            (self.max_qps >= 0 and self.qps_burst >= 0, "--max-qps and --qps-burst must be >= 0"),
+            (
+                math.isfinite(self.max_qps + self.qps_burst) and self.max_qps >= 0 and self.qps_burst >= 0,
+                "--max-qps and --qps-burst must be finite and >= 0",
+            ),
             (self.workers >= 1, "--workers must be >= 1"),
             (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
         ]
@@ -84,11 +88,15 @@ class GovernorConfig:
             raise ConfigError("--workers spawns local workers; it cannot be combined with --worker endpoints")
         if self.worker and self.worker_args:
             raise ConfigError("worker flags after -- only apply to a spawned worker; drop them or --worker")
+        seen: set[str] = set()
         for text in self.worker:
             try:
-                parse_endpoint(text)
+                address = str(parse_endpoint(text)[0])
             except ValueError as exc:
                 raise ConfigError(f"--worker {text!r}: {exc}") from None
+            if address in seen:
+                raise ConfigError(f"--worker {address} is listed twice")
+            seen.add(address)
 
 
 _LIMIT_KEYS = {"concurrency": int, "qps": float, "burst": float, "weight": float}

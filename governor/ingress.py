@@ -207,13 +207,13 @@ class Ingress:
 
     def _reroute(self, request: InflightRequest) -> bool:
         """Move a request whose worker was lost before its first token to another endpoint, once.
-        Nothing was streamed, so the client cannot tell; it keeps its global slot, and takes a new
-        endpoint slot (and tokens) like any admission."""
+        Nothing was streamed, so the client cannot tell; it keeps its global slot and token, and
+        takes a new endpoint slot (and endpoint token)."""
         state = self._state
         generate, request.generate = request.generate, None
         if generate is None or request.t_first_token is not None or state.draining:
             return False
-        endpoint = state.pool.reserve(state.clock())
+        endpoint = state.pool.reserve(state.clock(), charge_global=False)
         if not isinstance(endpoint, Endpoint):
             return False
         old_link, old_endpoint = request.link, request.endpoint
@@ -225,7 +225,8 @@ class Ingress:
         try:
             state.upstream.dispatch(request, generate)
         except WorkerUnavailable:
-            state.pool.refund(endpoint)
+            if endpoint.bucket is not None:
+                endpoint.bucket.refund()
             return False  # `finish` frees the new endpoint's slot with the failure
         state.rerouted += 1
         old_name = old_endpoint.name if old_endpoint is not None else None

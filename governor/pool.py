@@ -67,8 +67,11 @@ class EndpointLimits:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.concurrency < 0 or self.qps < 0 or self.burst < 0 or self.weight <= 0:
-            raise ValueError("endpoint limits: concurrency, qps and burst must be >= 0, weight > 0")
+        numbers = (self.qps, self.burst, self.weight)
+        if self.concurrency < 0 or not all(math.isfinite(x) and x >= 0 for x in numbers) or self.weight == 0:
+            raise ValueError("endpoint limits: concurrency, qps and burst must be finite and >= 0, weight > 0")
+        if 0 < self.burst < 1:
+            raise ValueError("endpoint limits: burst must be >= 1 (or 0 for the default)")
 
     def bucket(self, now: float) -> TokenBucket | None:
         return make_bucket(self.qps, self.burst, now)
@@ -117,13 +120,14 @@ class Pool:
         self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
         self._next = 0  # round-robin start among equally loaded endpoints
 
-    def reserve(self, now: float) -> Endpoint | Refusal | None:
+    def reserve(self, now: float, *, charge_global: bool = True) -> Endpoint | Refusal | None:
         """Charge the pool's bucket and the chosen endpoint's slot and bucket, or nothing at all.
-        None when no endpoint is up (the caller reports the worker as unavailable)."""
+        None when no endpoint is up (the caller reports the worker as unavailable). A re-routed
+        request was already counted by the global bucket: `charge_global=False`."""
         endpoints = self.endpoints
         if not any(e.up for e in endpoints):
             return None
-        bucket = self.bucket
+        bucket = self.bucket if charge_global else None
         if bucket is not None and bucket.level(now) < 1.0:
             return Refusal(YIELD_QPS, bucket.appointment_s(now))
         best: Endpoint | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
@@ -47,6 +48,9 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
     )
 
 
+RELOADABLE = ("max_inflight", "max_qps", "qps_burst", "worker")
+
+
 def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     """Live cap changes. Lowering a cap never cancels a running request: it stops new admissions
     until in-flight falls under it. Endpoints are matched by address; adding or removing one
@@ -56,11 +60,13 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     state.pool.set_global(config.max_qps, config.qps_burst, config.max_inflight, now)
     endpoints = {e.name: e for e in state.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
-        endpoint = endpoints.get(str(address))
+        endpoint = endpoints.pop(str(address), None)
         if endpoint is None:
             log.warning("event=reload_endpoint_ignored address=%s reason=endpoints_change_on_restart", address)
         else:
             endpoint.set_limits(limits, now)
+    for name in endpoints:  # in the running pool but no longer in the file: kept as they are
+        log.warning("event=reload_endpoint_kept address=%s reason=endpoints_change_on_restart", name)
 
 
 def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:
@@ -69,7 +75,10 @@ def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:
     single worker keeps the environment as it is."""
     if workers == 1:
         return [None]
-    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible else [str(i) for i in range(workers)]
+    if visible is None:
+        devices = [str(i) for i in range(workers)]
+    else:  # "" hides every GPU: keep it hidden
+        devices = [d.strip() for d in visible.split(",") if d.strip()] or [""]
     return [devices[i % len(devices)] for i in range(workers)]
 
 
@@ -107,7 +116,13 @@ class Server:
             log.error("event=reload_failed error=%r", str(exc))
             return
         apply_caps(state, new, time.monotonic())
-        self.config = new
+        caps = {name: getattr(new, name) for name in RELOADABLE}
+        ignored = [
+            name for name, value in vars(new).items() if name not in RELOADABLE and value != getattr(self.config, name)
+        ]
+        if ignored:
+            log.warning("event=reload_needs_restart settings=%s", ",".join(ignored))
+        self.config = dataclasses.replace(self.config, **caps)
         log.info("event=reloaded max_inflight=%d max_qps=%g endpoints=%s", new.max_inflight, new.max_qps, new.worker)
 
     async def serve(self) -> int:

@@ -111,5 +111,13 @@ def test_spawned_workers_get_one_gpu_each() -> None:
     assert gpu_assignment(1, "3") == [None]  # a single worker keeps the environment
     assert gpu_assignment(3, None) == ["0", "1", "2"]
     assert gpu_assignment(3, "4, 6") == ["4", "6", "4"]  # the visible ones, round-robin
+    assert gpu_assignment(2, "") == ["", ""]  # none visible stays none visible
     with pytest.raises(ConfigError, match="--workers"):
         GovernorConfig(workers=2, worker=("127.0.0.1:7071",))
+
+
+def test_an_endpoint_listed_twice_or_a_non_finite_cap_is_refused() -> None:
+    with pytest.raises(ConfigError, match="twice"):
+        GovernorConfig(worker=("h:1,concurrency=2", "h:1"))
+    with pytest.raises(ConfigError, match="--max-qps"):
+        GovernorConfig(max_qps=float("inf"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -159,3 +161,18 @@ def test_clients_refused_together_are_told_successive_tokens() -> None:
     waits = [r.wait_s for r in (p.reserve(0.02), p.reserve(0.02), p.reserve(0.02)) if isinstance(r, Refusal)]
     assert waits == pytest.approx([0.08, 0.18, 0.28])  # the next token, and the two after it
     assert isinstance(p.reserve(0.1), Endpoint)  # the first one, back on time, gets its token
+
+
+@pytest.mark.parametrize(
+    "bad", [{"burst": 0.5}, {"qps": math.nan}, {"weight": math.inf}, {"weight": 0.0}, {"concurrency": -1}]
+)
+def test_limits_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="endpoint limits"):
+        EndpointLimits(**bad)  # type: ignore[arg-type]
+
+
+def test_a_reroute_takes_an_endpoint_slot_but_not_a_second_global_token() -> None:
+    p = pool(EndpointLimits(), qps=1.0, burst=1.0)
+    assert isinstance(p.reserve(0.0), Endpoint)
+    assert isinstance(p.reserve(0.0), Refusal)  # the global token is spent
+    assert p.reserve(0.0, charge_global=False) is p.endpoints[0]
