@@ -10,7 +10,7 @@ import logging
 import math
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 from orjson import JSONDecodeError, loads
 
@@ -101,7 +101,7 @@ class Ingress:
             decisions.observe(perf_counter() - started)
             return reply
         endpoint = state.pool.reserve(now)
-        if type(endpoint) is Refusal:
+        if isinstance(endpoint, Refusal):
             state.limiter.release()  # nothing else was charged
             accounting.yielded[endpoint.reason] += 1
             wait_s = endpoint.wait_s
@@ -109,7 +109,7 @@ class Ingress:
             decisions.observe(perf_counter() - started)
             return encode_yield(rid, hint, endpoint.reason)
         decisions.observe(perf_counter() - started)
-        return self._admit(obj, rid, now, cast(Endpoint | None, endpoint))
+        return self._admit(obj, rid, now, endpoint)
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, endpoint: Endpoint | None) -> bytes:
         state = self._state
@@ -225,8 +225,7 @@ class Ingress:
         try:
             state.upstream.dispatch(request, generate)
         except WorkerUnavailable:
-            if endpoint.bucket is not None:
-                endpoint.bucket.refund()
+            state.pool.refund(endpoint, charge_global=False)
             return False  # `finish` frees the new endpoint's slot with the failure
         state.rerouted += 1
         old_name = old_endpoint.name if old_endpoint is not None else None

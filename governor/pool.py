@@ -133,7 +133,6 @@ class Pool:
         best: Endpoint | None = None
         best_index = 0
         best_load = math.inf
-        qps_wait = math.inf
         qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
         n = len(endpoints)
         for k in range(n):
@@ -143,8 +142,8 @@ class Pool:
             if not e.up or (cap and e.inflight >= cap):
                 continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
-                if qps_wait == math.inf or e.bucket.wait_s(now) < qps_wait:
-                    qps_wait, qps_bucket = e.bucket.wait_s(now), e.bucket
+                if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):
+                    qps_bucket = e.bucket
                 continue
             load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
             if load < best_load:
@@ -165,9 +164,10 @@ class Pool:
         self.bucket = updated_bucket(self.bucket, qps, burst, now)
         self.default_capacity = default_capacity
 
-    def refund(self, endpoint: Endpoint) -> None:
-        """Give back the tokens of a reservation that was not used (its slot goes with `release`)."""
-        if self.bucket is not None:
+    def refund(self, endpoint: Endpoint, *, charge_global: bool = True) -> None:
+        """Give back the tokens of a reservation that was not used (its slot goes with `release`);
+        `charge_global` as it was passed to `reserve`."""
+        if charge_global and self.bucket is not None:
             self.bucket.refund()
         if endpoint.bucket is not None:
             endpoint.bucket.refund()
