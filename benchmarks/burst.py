@@ -17,6 +17,7 @@ import argparse
 import time
 
 from benchmarks.common import (
+    UNLIMITED,
     bench,
     machine,
     markdown_table,
@@ -30,8 +31,6 @@ from benchmarks.common import (
 from governor.bench.plot import write_plot
 from governor.bench.runner import RunResult
 from governor.bench.stats import Summary
-
-UNLIMITED = 1_000_000
 
 
 def engine_totals(port: int) -> dict[str, float]:

@@ -22,6 +22,7 @@ from governor.bench.stats import Distribution, Summary
 from governor.client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
+UNLIMITED = 1_000_000  # --max-inflight for "no cap in practice"
 
 
 def free_port() -> int:

@@ -17,9 +17,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from benchmarks.common import bench, machine, markdown_table, ms, out_dir, start_governor, stop
-
-UNLIMITED = 1_000_000
+from benchmarks.common import UNLIMITED, bench, machine, markdown_table, ms, out_dir, start_governor, stop
 
 
 def write_plot(path: Path, points: dict[str, list[dict[str, Any]]], slo_ms: float, capacity: float) -> None:
