@@ -49,6 +49,10 @@ class GovernorConfig:
     workers: int = option(
         1, "local workers to spawn when no --worker is given; with several, worker i sees GPU i (CUDA_VISIBLE_DEVICES)"
     )
+    worker_ping_interval_s: float = option(1.0, "how often each worker link is pinged; an endpoint is up once answered")
+    worker_ping_timeout_s: float = option(
+        5.0, "a worker link whose ping stays unanswered this long is cut, its requests failing with worker_lost"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
     config: str = option(
         "", "TOML file of settings and [[endpoint]] tables; flags win; SIGHUP re-reads its caps", metavar="PATH"
@@ -79,6 +83,10 @@ class GovernorConfig:
                 "--max-qps and --qps-burst must be finite and >= 0",
             ),
             (self.workers >= 1, "--workers must be >= 1"),
+            (
+                0 < self.worker_ping_interval_s <= self.worker_ping_timeout_s < math.inf,
+                "--worker-ping-interval-s must be > 0 and <= --worker-ping-timeout-s",
+            ),
             (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
         ]
         for ok, message in checks:

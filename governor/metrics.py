@@ -71,7 +71,7 @@ _HISTOGRAM_HELP = {
 }
 
 
-# The worker's pushed statistics (worker/engines/gpt2.py `stats`) exported per worker link. Keys
+# The worker's pushed statistics (worker/engines/gpt2.py `stats`) exported per endpoint. Keys
 # ending in `_total` are counters (they restart at 0 when a worker restarts); the rest are gauges.
 WORKER_STATS_HELP = {
     "steps_total": "Engine steps (one batched forward each).",
@@ -95,12 +95,50 @@ def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricF
             continue
         family: GaugeMetricFamily | CounterMetricFamily
         if key.endswith("_total"):
-            family = CounterMetricFamily(f"governor_worker_{key[:-6]}", help_text, labels=["worker"])
+            family = CounterMetricFamily(f"governor_worker_{key[:-6]}", help_text, labels=["endpoint"])
         else:
-            family = GaugeMetricFamily(f"governor_worker_{key}", help_text, labels=["worker"])
+            family = GaugeMetricFamily(f"governor_worker_{key}", help_text, labels=["endpoint"])
         for address, value in samples:
             family.add_metric([address], value)
         yield family
+
+
+def _endpoint_families(s: ServerState) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """The pool's soft layer, one sample per endpoint (its worker address)."""
+    now = s.clock()
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "up": GaugeMetricFamily("governor_endpoint_up", "1 while the endpoint answers pings.", labels=["endpoint"]),
+        "inflight": GaugeMetricFamily(
+            "governor_endpoint_inflight", "Admitted requests without a final reply.", labels=["endpoint"]
+        ),
+        "executed": CounterMetricFamily(
+            "governor_endpoint_executed", "Requests the endpoint completed with done.", labels=["endpoint"]
+        ),
+        "failed": CounterMetricFamily(
+            "governor_endpoint_failed", "Admitted requests that did not end in done.", labels=["endpoint"]
+        ),
+        "concurrency": GaugeMetricFamily(
+            "governor_endpoint_concurrency_limit", "The endpoint's concurrency cap; 0 = none.", labels=["endpoint"]
+        ),
+        "qps": GaugeMetricFamily(
+            "governor_endpoint_qps_limit", "The endpoint's admissions-per-second cap; 0 = none.", labels=["endpoint"]
+        ),
+        "tokens": GaugeMetricFamily(
+            "governor_endpoint_qps_tokens", "Admissions the endpoint's qps bucket holds now.", labels=["endpoint"]
+        ),
+    }
+    for link in s.upstream.links:
+        e = link.endpoint
+        label = [link.address]
+        families["up"].add_metric(label, int(e.up))
+        families["inflight"].add_metric(label, e.inflight)
+        families["executed"].add_metric(label, e.executed)
+        families["failed"].add_metric(label, e.failed)
+        families["concurrency"].add_metric(label, e.limits.concurrency)
+        families["qps"].add_metric(label, e.limits.qps)
+        if e.bucket is not None:
+            families["tokens"].add_metric(label, e.bucket.level(now))
+    yield from families.values()
 
 
 class GovernorCollector(Collector):
@@ -129,24 +167,7 @@ class GovernorCollector(Collector):
             for reason, n in sorted(by_reason.items()):
                 family.add_metric([reason], n)
             yield family
-        up = GaugeMetricFamily(
-            "governor_worker_up", "1 when the governor holds a live link to the worker.", labels=["worker"]
-        )
-        inflight = GaugeMetricFamily(
-            "governor_worker_inflight", "Requests in flight on each worker link.", labels=["worker"]
-        )
-        executed = CounterMetricFamily(
-            "governor_worker_executed", "Requests each worker endpoint completed with done.", labels=["worker"]
-        )
-        failed = CounterMetricFamily(
-            "governor_worker_failed", "Requests admitted to each endpoint that did not end in done.", labels=["worker"]
-        )
-        for link in s.upstream.links:
-            up.add_metric([link.address], int(link.is_connected))
-            inflight.add_metric([link.address], len(link.inflight))
-            executed.add_metric([link.address], link.endpoint.executed)
-            failed.add_metric([link.address], link.endpoint.failed)
-        yield from (up, inflight, executed, failed)
+        yield from _endpoint_families(s)
         if s.pool.bucket is not None:
             yield GaugeMetricFamily(
                 "governor_qps_tokens",

@@ -140,7 +140,11 @@ class Server:
             runtime_dir = tempfile.mkdtemp(prefix="governor-")
             sockets = [os.path.join(runtime_dir, f"worker-{i}.sock") for i in range(config.workers)]
             specs = [(Address(path=path), EndpointLimits()) for path in sockets]
-        upstream = Upstream([(address, Endpoint(str(address), limits, now)) for address, limits in specs])
+        upstream = Upstream(
+            [(address, Endpoint(str(address), limits, now)) for address, limits in specs],
+            config.worker_ping_interval_s,
+            config.worker_ping_timeout_s,
+        )
         state = build_state(config, upstream, now)
         if config.config:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
@@ -155,7 +159,7 @@ class Server:
         try:
             upstream.start()
             if config.metrics_port:
-                metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_connected > 0)
+                metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_up > 0)
                 await metrics.start(config.host, config.metrics_port)
             listener = await loop.create_server(
                 lambda: GovernorProtocol(state, config.max_frame_bytes), config.host, config.port, backlog=1024

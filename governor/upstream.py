@@ -3,6 +3,10 @@
 Each `WorkerLink` is one persistent NDJSON connection multiplexing many requests under
 governor-assigned ids (client ids are only unique per client connection). A link that drops fails
 its in-flight requests with `worker_lost` at once and is reconnected with backoff.
+
+Health: a connected link is pinged; its endpoint counts as up only once the worker has answered,
+and a link whose ping goes unanswered for the timeout (a worker whose event loop is stuck, or a
+peer that stopped reading) is cut and treated as lost.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from governor.errors import WorkerUnavailable
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.pool import Endpoint
 from governor.state import InflightRequest, RequestOwner
-from governor.validation import OP_CANCEL, GenerateRequest
-from governor.wire import WORKER_STATS_ID, encode
+from governor.validation import OP_CANCEL, OP_PING, GenerateRequest
+from governor.wire import WORKER_PING_ID, WORKER_STATS_ID, encode
 
 log = logging.getLogger("governor.upstream")
 
@@ -42,6 +46,7 @@ class WorkerLink(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
         self._closed: asyncio.Future[None] | None = None
+        self.ping_pending_since: float | None = None  # loop time of the unanswered ping, if any
 
     @property
     def is_connected(self) -> bool:
@@ -53,8 +58,8 @@ class WorkerLink(asyncio.Protocol):
         limits = self.endpoint.limits
         return {
             "address": self.address,
-            "up": self.is_connected,
-            "inflight": len(self.inflight),
+            "up": self.endpoint.up,
+            "inflight": self.endpoint.inflight,
             "concurrency": limits.concurrency,
             "qps": limits.qps,
             "weight": limits.weight,
@@ -77,6 +82,18 @@ class WorkerLink(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
+    def abort(self) -> None:
+        """Cut the link without flushing: a peer that stopped reading would hold close() open."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def probe(self, now: float, timeout_s: float) -> bool:
+        """Send a ping unless one is pending; False when the pending one is older than `timeout_s`."""
+        if self.ping_pending_since is None:
+            self.ping_pending_since = now
+            self.send({"id": WORKER_PING_ID, "op": OP_PING})
+        return now - self.ping_pending_since <= timeout_s
+
     def send(self, frame: dict[str, Any]) -> None:
         if self._transport is not None:
             self._transport.write(encode(frame))
@@ -85,7 +102,7 @@ class WorkerLink(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self.endpoint.up = True
+        self.ping_pending_since = None
         log.info("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
@@ -109,6 +126,12 @@ class WorkerLink(asyncio.Protocol):
                 break
             if rid == WORKER_STATS_ID:
                 self.engine_stats = frame
+                continue
+            if rid == WORKER_PING_ID:
+                self.ping_pending_since = None
+                if not self.endpoint.up:
+                    self.endpoint.up = True
+                    log.info("event=worker_up worker=%s", self.address)
                 continue
             request = inflight.get(rid)
             if request is None:
@@ -138,20 +161,24 @@ class WorkerLink(asyncio.Protocol):
 class Upstream:
     """The set of worker links and the choice of which one takes a request."""
 
-    def __init__(self, endpoints: list[tuple[Address, Endpoint]]) -> None:
+    def __init__(
+        self, endpoints: list[tuple[Address, Endpoint]], ping_interval_s: float = 1.0, ping_timeout_s: float = 5.0
+    ) -> None:
         self.links = [WorkerLink(address, endpoint) for address, endpoint in endpoints]
+        self.ping_interval_s = ping_interval_s
+        self.ping_timeout_s = ping_timeout_s
         self._link_of = {link.endpoint: link for link in self.links}
         self._next_uid = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
-    def num_connected(self) -> int:
-        return sum(link.is_connected for link in self.links)
+    def num_up(self) -> int:
+        return sum(link.endpoint.up for link in self.links)
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
         """Hand an admitted request to the worker of the endpoint the pool reserved for it."""
         best = None if request.endpoint is None else self._link_of[request.endpoint]
-        if best is None or not best.is_connected:
+        if best is None or not best.endpoint.up:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next_uid += 1
         uid = format(self._next_uid, "x")
@@ -179,7 +206,19 @@ class Upstream:
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
             delay = RECONNECT_MIN_S
-            await link.wait_closed()
+            await self._watch(link)
+
+    async def _watch(self, link: WorkerLink) -> None:
+        """Ping a connected link until it closes; cut it when a ping stays unanswered too long."""
+        loop = asyncio.get_running_loop()
+        while link.is_connected:
+            if not link.probe(loop.time(), self.ping_timeout_s):
+                log.error("event=worker_unresponsive worker=%s ping_timeout_s=%g", link.address, self.ping_timeout_s)
+                link.abort()
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(link.wait_closed(), self.ping_interval_s)
+        await link.wait_closed()
 
     async def close(self) -> None:
         for task in self._tasks:

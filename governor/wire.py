@@ -22,9 +22,10 @@ STATUS_YIELD = "yield"
 STATUS_PONG = "pong"
 STATUS_STATS = "stats"
 FINAL_STATUSES = frozenset({STATUS_DONE, STATUS_ERROR, STATUS_YIELD})
-# Worker -> governor only: the engine's statistics, pushed periodically. Request ids the governor
-# assigns are hex strings, so this one can never collide with a request's.
+# Reserved ids on the governor-worker link. Request ids the governor assigns are hex strings, so
+# these never collide with a request's: the engine statistics the worker pushes, and the health ping.
 WORKER_STATS_ID = "~stats"
+WORKER_PING_ID = "~ping"
 
 _NL = orjson.OPT_APPEND_NEWLINE
 _dumps = orjson.dumps

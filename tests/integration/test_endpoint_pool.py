@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def test_load_follows_the_caps_the_global_cap_holds_and_a_dead_endpoint_is_route
     assert stats["workers"][2]["executed"] == 2 and stats["executed_total"] == 8
     assert stats["received_total"] == stats["executed_total"] + stats["yielded_total"] + stats["failed_total"]
     metrics = gov.metrics()
-    assert metrics[("governor_worker_executed_total", (("worker", workers[2].address),))] == 2
+    assert metrics[("governor_endpoint_executed_total", (("endpoint", workers[2].address),))] == 2
+    assert metrics[("governor_endpoint_up", (("endpoint", workers[2].address),))] == 0
     assert metrics[("governor_yielded_total", (("reason", "endpoint_inflight"),))] == 1
 
 
@@ -119,3 +121,32 @@ def test_requests_not_started_on_a_lost_endpoint_are_rerouted_once(
     stats = gov.stats()
     assert stats["rerouted_total"] == 2 and stats["executed_total"] == 4 and stats["failed_total"] == 0
     assert stats["workers"][1]["executed"] == 4 and stats["workers"][0]["failed"] == 2
+
+
+def test_a_hung_endpoint_is_cut_by_its_ping_timeout_and_readded_once_it_answers(
+    start_worker: Callable[..., Worker], start_governor: Callable[..., Governor]
+) -> None:
+    hung, healthy = start_worker("--engine", "echo", "--token-delay-ms", "100"), start_worker("--engine", "echo")
+    ping = ("--worker-ping-interval-s", "0.1", "--worker-ping-timeout-s", "0.5")
+    gov = start_governor("--worker", hung.address, "--worker", healthy.address, *ping)
+    gov.wait_until(lambda: all(w["up"] for w in gov.stats()["workers"]), what="both endpoints answer pings")
+    c = gov.conn()
+    c.send("long", "ab", max_new_tokens=100, stop_on_eos=False)  # the round-robin start: endpoint 0
+    assert c.recv()["status"] == "token"
+    os.kill(hung.proc.pid, signal.SIGSTOP)  # alive and connected, but it answers nothing
+    try:
+        stopped = time.monotonic()
+        final = c.until_final("long")[-1]
+        assert final["status"] == "error" and final["code"] == "worker_lost"
+        assert time.monotonic() - stopped < 2.0  # timeout 0.5 s + one ping interval, with slack
+        workers = gov.stats()["workers"]
+        assert not workers[0]["up"] and workers[1]["up"]
+        for i in range(3):
+            c.send(f"r{i}", "ab", max_new_tokens=2, stop_on_eos=False)
+        assert {f["status"] for f in c.finals(3).values()} == {"done"}
+        assert gov.stats()["workers"][1]["executed"] == 3
+    finally:
+        os.kill(hung.proc.pid, signal.SIGCONT)
+    gov.wait_until(lambda: gov.stats()["workers"][0]["up"], what="the endpoint answers again")
+    stats = gov.stats()
+    assert stats["received_total"] == stats["executed_total"] + stats["failed_total"] == 4

@@ -10,6 +10,7 @@ from governor.address import Address
 from governor.pool import Endpoint, EndpointLimits
 from governor.state import InflightRequest
 from governor.upstream import WorkerLink
+from governor.wire import WORKER_PING_ID
 from tests.fakes import FakeTransport
 
 
@@ -34,6 +35,7 @@ def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
     link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
+    link.data_received(b'{"id":"~ping","status":"pong"}\n')
     assert link.endpoint.up
     owner = Owner()
     request = InflightRequest("client-1", True, owner, 0.0, None)
@@ -59,3 +61,22 @@ def test_an_unattributable_reply_breaks_the_link_so_nothing_hangs(garbage: bytes
     link.connection_lost(None)
     assert owner.lost == ["client-1"]
     assert not link.is_connected and not link.endpoint.up
+
+
+def test_an_endpoint_is_up_only_once_its_worker_answers_a_ping() -> None:
+    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    transport = FakeTransport()
+    link.connection_made(transport)  # type: ignore[arg-type]
+    assert link.is_connected and not link.endpoint.up  # connected is not enough: it must answer
+    assert link.probe(10.0, timeout_s=5.0)
+    assert bytes(transport.written) == b'{"id":"~ping","op":"ping"}\n'
+    assert link.probe(12.0, timeout_s=5.0) and transport.written.count(b"\n") == 1  # one pending at a time
+    link.data_received(b'{"id":"%s","status":"pong"}\n' % WORKER_PING_ID.encode())
+    assert link.endpoint.up and link.ping_pending_since is None
+
+
+def test_a_ping_unanswered_past_the_timeout_fails_the_probe() -> None:
+    link, transport, _ = linked()
+    assert link.probe(100.0, timeout_s=5.0)
+    assert link.probe(105.0, timeout_s=5.0)
+    assert not link.probe(105.1, timeout_s=5.0)
