@@ -3,9 +3,22 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from governor.address import Address
 from governor.metrics import Histogram, build_registry
+from governor.pool import Endpoint, EndpointLimits
+from governor.state import ServerState
+from governor.upstream import WorkerLink
 from governor.wire import encode, generate_frame
 from tests.fakes import make_ingress, make_state
+
+
+def scrape(state: ServerState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(build_registry(state)).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
@@ -20,12 +33,7 @@ def test_exposition_parses_and_matches_the_counters() -> None:
     state = make_state(max_inflight=1)
     ingress, _ = make_ingress(state)
     ingress.receive_data(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(3)) + b"junk\n")
-    text = generate_latest(build_registry(state)).decode()
-    samples = {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    samples = scrape(state)
     assert samples[("governor_inflight", ())] == 1
     assert samples[("governor_max_inflight", ())] == 1
     assert samples[("governor_received_total", ())] == 4
@@ -35,4 +43,25 @@ def test_exposition_parses_and_matches_the_counters() -> None:
     assert samples[("governor_rejected_total", (("reason", "bad_json"),))] == 1
     assert samples[("governor_failed_total", (("reason", "worker_lost"),))] == 0
     assert samples[("governor_admission_decision_seconds_count", ())] == 3
-    assert "process_resident_memory_bytes" in text
+    assert ("process_resident_memory_bytes", ()) in samples
+
+
+def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
+    state = make_state()
+    links = [
+        WorkerLink(Address(path="/tmp/a.sock"), Endpoint("a", EndpointLimits(concurrency=3, qps=5.0), state.clock())),
+        WorkerLink(Address(path="/tmp/b.sock"), Endpoint("b", EndpointLimits(), state.clock())),
+    ]
+    links[0].endpoint.up, links[0].endpoint.inflight, links[0].endpoint.executed = True, 2, 7
+    links[1].endpoint.failed = 1
+    state.upstream.links = links  # type: ignore[misc]
+    samples = scrape(state)
+    a, b = (("endpoint", "unix:/tmp/a.sock"),), (("endpoint", "unix:/tmp/b.sock"),)
+    assert (samples[("governor_endpoint_up", a)], samples[("governor_endpoint_up", b)]) == (1, 0)
+    assert samples[("governor_endpoint_inflight", a)] == 2
+    assert samples[("governor_endpoint_executed_total", a)] == 7
+    assert samples[("governor_endpoint_failed_total", b)] == 1
+    assert samples[("governor_endpoint_concurrency_limit", a)] == 3
+    assert samples[("governor_endpoint_qps_limit", a)] == 5.0
+    assert samples[("governor_endpoint_qps_tokens", a)] == 5.0  # a full bucket: burst defaults to qps
+    assert ("governor_endpoint_qps_tokens", b) not in samples  # no qps cap, no bucket
