@@ -17,10 +17,12 @@ YIELD_INFLIGHT = "inflight"
 YIELD_DRAINING = "draining"
 YIELD_REASONS = (YIELD_INFLIGHT, YIELD_QPS, YIELD_ENDPOINT_INFLIGHT, YIELD_ENDPOINT_QPS, YIELD_DRAINING)
 CLIENT_DISCONNECTED = "client_disconnected"
+CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see protocol.py)
 REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
 FAILURE_REASONS = (
     *(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestFailed)),
     CLIENT_DISCONNECTED,
+    CONNECTION_SHED,
 )
 
 

@@ -53,5 +53,7 @@ async def start_listener(
     if address.is_unix:
         if os.path.exists(address.path):
             os.unlink(address.path)  # a stale socket from a killed predecessor
-        return await loop.create_unix_server(protocol_factory, address.path, backlog=backlog)
+        server = await loop.create_unix_server(protocol_factory, address.path, backlog=backlog)
+        os.chmod(address.path, 0o600)  # only our own user may connect
+        return server
     return await loop.create_server(protocol_factory, address.host, address.port, backlog=backlog)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.address import Address, parse_address
+from governor.auth import SharedSecret
 from governor.options import option
 from governor.pool import EndpointLimits
 
@@ -40,6 +41,24 @@ class GovernorConfig:
         "required", "size+sha256 of the prompt: required, optional (verified when present) or off"
     )
     drain_timeout_s: float = option(30.0, "on SIGTERM, how long in-flight requests may finish")
+    max_connections: int = option(10_000, "client connections held at once; one more is refused (too_many_connections)")
+    idle_timeout_s: float = option(
+        300.0, "close a connection with nothing in flight that sent no line for this long; 0 = never"
+    )
+    max_buffer_bytes: int = option(
+        256 * MIB, "unfinished-frame bytes held over all connections; past it the biggest holder is shed"
+    )
+    max_write_buffer_bytes: int = option(
+        8 * MIB, "unread reply bytes queued for one client that stopped reading; past it the connection is cut"
+    )
+    auth_token_file: str = option(
+        "", "file holding a shared secret; every connection must then open with an auth frame", metavar="PATH"
+    )
+    worker_auth_token_file: str = option(
+        "",
+        "secret the --worker endpoints expect (their --auth-token-file); spawned workers get one per run",
+        metavar="PATH",
+    )
     worker: tuple[str, ...] = option(
         (),
         "connect to a running worker instead of spawning one; repeatable. Soft caps may follow the address:"
@@ -52,6 +71,9 @@ class GovernorConfig:
     worker_ping_interval_s: float = option(1.0, "how often each worker link is pinged; an endpoint is up once answered")
     worker_ping_timeout_s: float = option(
         5.0, "a worker link whose ping stays unanswered this long is cut, its requests failing with worker_lost"
+    )
+    worker_stall_timeout_s: float = option(
+        60.0, "a worker with requests in flight that sends none of them anything for this long is declared lost"
     )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
     config: str = option(
@@ -83,6 +105,11 @@ class GovernorConfig:
                 "--max-qps and --qps-burst must be finite and >= 0",
             ),
             (self.workers >= 1, "--workers must be >= 1"),
+            (self.max_connections >= 1, "--max-connections must be >= 1"),
+            (0 <= self.idle_timeout_s < math.inf, "--idle-timeout-s must be finite and >= 0"),
+            (self.max_buffer_bytes >= self.max_frame_bytes, "--max-buffer-bytes must be >= --max-frame-bytes"),
+            (self.max_write_buffer_bytes >= 64 * 1024, "--max-write-buffer-bytes must be >= 65536"),
+            (0 < self.worker_stall_timeout_s < math.inf, "--worker-stall-timeout-s must be finite and > 0"),
             (
                 0 < self.worker_ping_interval_s <= self.worker_ping_timeout_s < math.inf,
                 "--worker-ping-interval-s must be > 0 and <= --worker-ping-timeout-s",
@@ -92,6 +119,10 @@ class GovernorConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        self.client_secret()
+        self.worker_secret()
+        if self.worker_auth_token_file and not self.worker:
+            raise ConfigError("--worker-auth-token-file is for --worker endpoints; spawned ones get a per-run secret")
         if self.worker and self.workers > 1:
             raise ConfigError("--workers spawns local workers; it cannot be combined with --worker endpoints")
         if self.worker and self.worker_args:
@@ -105,6 +136,21 @@ class GovernorConfig:
             if address in seen:
                 raise ConfigError(f"--worker {address} is listed twice")
             seen.add(address)
+
+    def client_secret(self) -> SharedSecret | None:
+        return _secret(self.auth_token_file, "--auth-token-file")
+
+    def worker_secret(self) -> SharedSecret | None:
+        return _secret(self.worker_auth_token_file, "--worker-auth-token-file")
+
+
+def _secret(path: str, flag: str) -> SharedSecret | None:
+    if not path:
+        return None
+    try:
+        return SharedSecret.read(path)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
 
 
 _LIMIT_KEYS = {"concurrency": int, "qps": float, "burst": float, "weight": float}

@@ -1,7 +1,8 @@
 """One error family; each class maps to exactly one wire error `code`.
 
 Two branches matter for accounting: a `RequestRejected` is the client's fault (bad input, never
-reaches a worker), a `RequestFailed` is ours or the worker's (the request was valid).
+reaches a worker), a `RequestFailed` is ours or the worker's (the request was valid). A
+`ConnectionShed` answers no frame: it is the last reply on a connection the governor closes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ class RequestFailed(GovernorError):
     """The frame was fine; execution failed on our side."""
 
 
+class ConnectionShed(GovernorError):
+    """The governor closes this connection to protect the others; the reply is its last word."""
+
+
 class BadJson(RequestRejected):
     code = "bad_json"
 
@@ -52,6 +57,10 @@ class DuplicateId(RequestRejected):
     code = "duplicate_id"
 
 
+class Unauthorized(RequestRejected):
+    code = "unauthorized"
+
+
 class WorkerUnavailable(RequestFailed):
     code = "worker_unavailable"
 
@@ -64,6 +73,18 @@ class InternalError(RequestFailed):
     code = "internal"
 
 
+class TooManyConnections(ConnectionShed):
+    code = "too_many_connections"
+
+
+class IdleTimeout(ConnectionShed):
+    code = "idle_timeout"
+
+
+class BufferFull(ConnectionShed):
+    code = "buffer_full"
+
+
 ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
     cls.code: cls
     for cls in (
@@ -73,9 +94,13 @@ ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
         IntegrityMismatch,
         UnknownOp,
         DuplicateId,
+        Unauthorized,
         WorkerUnavailable,
         WorkerLost,
         InternalError,
+        TooManyConnections,
+        IdleTimeout,
+        BufferFull,
     )
 }
 

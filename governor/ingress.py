@@ -15,20 +15,22 @@ from typing import Any
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
+from governor.auth import authenticate
 from governor.errors import (
     DuplicateId,
     FrameTooLarge,
     GovernorError,
     InternalError,
     RequestRejected,
+    Unauthorized,
     WorkerLost,
     WorkerUnavailable,
     error_from_code,
 )
-from governor.framing import TOO_LARGE, LineSplitter
+from governor.framing import TOO_LARGE, Item, LineSplitter
 from governor.pool import Endpoint, Refusal
 from governor.state import InflightRequest, ServerState
-from governor.validation import OP_GENERATE, OP_PING, checked_request, frame_op
+from governor.validation import OP_AUTH, OP_GENERATE, OP_PING, checked_request, frame_op
 from governor.wire import (
     STATUS_DONE,
     STATUS_ERROR,
@@ -37,6 +39,7 @@ from governor.wire import (
     bad_json,
     encode,
     encode_accepted,
+    encode_authenticated,
     encode_error,
     encode_pong,
     encode_yield,
@@ -48,26 +51,44 @@ log = logging.getLogger("governor.ingress")
 class Ingress:
     """One client connection's state machine.
 
-    `write` receives the bytes to send; the transport adapter owns flow control and closing.
+    `write` receives the bytes to send (the transport adapter may swap it, see protocol.py); the
+    adapter owns flow control, and closes the connection once `closing` is set.
     """
 
-    __slots__ = ("_state", "_write", "_splitter", "_pending", "active")
+    __slots__ = ("_state", "write", "_splitter", "_pending", "active", "authenticated", "closing", "last_line_at")
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
-        self._write = write
+        self.write = write
         self._splitter = LineSplitter(max_frame_bytes)
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
+        self.authenticated = state.auth is None
+        self.closing = False  # refused: answer nothing more, the adapter closes the connection
+        self.last_line_at = state.clock()  # the idle timeout counts from here (blank lines count)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of an unfinished frame held for this connection."""
+        return self._splitter.buffered_bytes
 
     # -- client side ------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
         # One clock reading per read serves every frame it completes: they arrived together.
+        if self.closing:
+            return
         started = perf_counter()
         now = self._state.clock()
         pending = self._pending
-        for line in self._splitter.feed(data):
+        lines = self._splitter.feed(data)
+        if lines:
+            self.last_line_at = now
+            if not self.authenticated:
+                lines = self._open(lines)
+        for line in lines:
+            if self.closing:
+                break
             if line is TOO_LARGE:
                 pending.append(self._reject(FrameTooLarge(f"frame exceeds {self._splitter.max_frame_bytes} bytes")))
             elif line and line != b"\r":  # blank lines are keep-alives, not frames
@@ -136,9 +157,35 @@ class Ingress:
         acc.record(Outcome.REJECTED, exc.code)
         return encode_error(exc)
 
+    def _open(self, lines: list[Item]) -> list[Item]:
+        """Before authentication: the first frame must be a matching `auth`; the lines after it are
+        served, and anything else closes the connection."""
+        for i, line in enumerate(lines):
+            if line is not TOO_LARGE and line in (b"", b"\r"):
+                continue
+            try:
+                obj = None if line is TOO_LARGE else loads(line)
+            except JSONDecodeError:
+                obj = None
+            reply = self._authenticate(obj)
+            self._pending.append(reply)
+            return [] if self.closing else lines[i + 1 :]
+        return []
+
+    def _authenticate(self, obj: Any) -> bytes:
+        try:
+            rid = authenticate(obj, self._state.auth)
+        except Unauthorized as exc:
+            self.closing = True
+            return self._reject(exc)
+        self.authenticated = True
+        return encode_authenticated(rid)
+
     def _control(self, op: str, obj: dict[str, Any]) -> bytes:
         if op == OP_PING:
             return encode_pong(obj["id"])
+        if op == OP_AUTH:
+            return self._authenticate(obj)
         body = self._state.snapshot()
         body["id"] = obj["id"]
         body["status"] = STATUS_STATS
@@ -158,12 +205,13 @@ class Ingress:
         self._pending.append(encode_error(InternalError("internal error; closing the connection")))
         self.flush()
 
-    def connection_lost(self) -> None:
-        """The client is gone: free its slots now and tell the worker to stop its requests."""
+    def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
+        """The connection is gone (or being shed): free its slots now and tell the worker to stop
+        its requests."""
         state = self._state
         for request in list(self.active.values()):
             state.upstream.cancel(request)
-            state.finish(request, Outcome.FAILED, CLIENT_DISCONNECTED)
+            state.finish(request, Outcome.FAILED, reason)
         self._pending.clear()
 
     # -- worker side ------------------------------------------------------------------------------
@@ -243,4 +291,4 @@ class Ingress:
             data = b"".join(pending)
             pending.clear()
             if data:
-                self._write(data)
+                self.write(data)

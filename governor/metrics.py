@@ -159,6 +159,7 @@ class GovernorCollector(Collector):
         )
         yield CounterMetricFamily("governor_executed", "Requests that ended with a done reply.", acc.executed)
         for name, help_text, by_reason in (
+            ("governor_connections_shed", "Client connections the governor closed, by reason.", s.shed),
             ("governor_yielded", "Frames answered with yield, by the limit that refused them.", acc.yielded),
             ("governor_rejected", "Frames refused as invalid, by error code.", acc.rejected),
             ("governor_failed", "Admitted requests that failed, by reason.", acc.failed),

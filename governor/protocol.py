@@ -1,43 +1,91 @@
-"""asyncio transport adapter: moves bytes between a client socket and its `Ingress`."""
+"""asyncio transport adapter: moves bytes between a client socket and its `Ingress`, and keeps
+one connection from hurting the others.
+
+Flow control: a client that does not read its replies stops being read (its socket buffer
+fills, the transport calls `pause_writing`). Replies to requests already in flight still queue
+up; past `max_write_buffer_bytes` the connection is cut. Memory: an unfinished frame holds at
+most `max_frame_bytes` per connection, and `max_buffer_bytes` over all of them; past that, the
+connection holding the most is shed. Idle connections and connections past `max_connections`
+are closed with a typed error reply.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import cast
 
+from governor.accounting import CONNECTION_SHED
+from governor.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections
 from governor.ingress import Ingress
-from governor.state import ServerState
+from governor.state import (
+    SHED_BUFFER,
+    SHED_IDLE,
+    SHED_MAX_CONNECTIONS,
+    SHED_UNAUTHORIZED,
+    SHED_WRITE_BUFFER,
+    ServerState,
+)
+from governor.wire import encode_error
 
 log = logging.getLogger("governor.protocol")
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_frame_bytes: int = 1024 * 1024
+    max_connections: int = 10_000
+    max_buffer_bytes: int = 256 * 1024 * 1024
+    max_write_buffer_bytes: int = 8 * 1024 * 1024
+
+
 class GovernorProtocol(asyncio.Protocol):
-    """Also the write-side flow control: a client that does not read its replies stops being read
-    (its socket buffer fills, the transport calls `pause_writing`), so it cannot grow our memory."""
+    __slots__ = ("_state", "_limits", "_transport", "_ingress", "_buffered", "_peer")
 
-    __slots__ = ("_state", "_max_frame_bytes", "_transport", "_ingress")
-
-    def __init__(self, state: ServerState, max_frame_bytes: int) -> None:
+    def __init__(self, state: ServerState, limits: ConnectionLimits) -> None:
         self._state = state
-        self._max_frame_bytes = max_frame_bytes
+        self._limits = limits
         self._transport: asyncio.Transport | None = None
         self._ingress: Ingress | None = None
+        self._buffered = 0  # this connection's share of state.buffered_bytes
+        self._peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self._ingress = Ingress(self._state, self._transport.write, self._max_frame_bytes)
-        self._state.connections.add(self)
+        self._peer = str(transport.get_extra_info("peername"))
+        state = self._state
+        if len(state.connections) >= self._limits.max_connections:
+            n = self._limits.max_connections
+            self.shed(SHED_MAX_CONNECTIONS, TooManyConnections(f"the governor holds its limit of {n} connections"))
+            return
+        self._ingress = Ingress(state, self._transport.write, self._limits.max_frame_bytes)
+        state.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        assert self._ingress is not None and self._transport is not None  # set in connection_made
+        ingress, transport = self._ingress, self._transport
+        if ingress is None or transport is None:
+            return  # refused or shed; the transport is closing
         try:
-            self._ingress.receive_data(data)
+            ingress.receive_data(data)
         except Exception:
             # A bug of ours must cost this one connection, never the server.
             log.exception("event=internal_error where=data_received")
-            self._ingress.fail_internal()
-            self._transport.close()
+            ingress.fail_internal()
+            transport.close()
+            return
+        if ingress.closing:
+            self.shed(SHED_UNAUTHORIZED)  # the refusal is written; close after it
+            return
+        buffered = ingress.buffered_bytes
+        if buffered != self._buffered:
+            state = self._state
+            state.buffered_bytes += buffered - self._buffered
+            self._buffered = buffered
+            if state.buffered_bytes > self._limits.max_buffer_bytes:
+                victim = max(state.connections, key=lambda c: c.buffered_bytes)
+                limit = self._limits.max_buffer_bytes
+                victim.shed(SHED_BUFFER, BufferFull(f"unfinished frames over all connections exceed {limit} bytes"))
 
     def eof_received(self) -> bool | None:
         # The client closed (or half-closed) its side: it is treated as gone. Its slots are freed and
@@ -48,21 +96,70 @@ class GovernorProtocol(asyncio.Protocol):
         return None
 
     def pause_writing(self) -> None:
-        if self._transport is not None:
+        if self._transport is not None and self._ingress is not None:
             self._transport.pause_reading()
+            self._ingress.write = self._write_paused
 
     def resume_writing(self) -> None:
-        if self._transport is not None and not self._transport.is_closing():
+        if self._transport is not None and self._ingress is not None and not self._transport.is_closing():
+            self._ingress.write = self._transport.write
             self._transport.resume_reading()
+
+    def _write_paused(self, data: bytes) -> None:
+        """Replies to in-flight requests of a client that is not reading: bounded, then cut."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        if transport.get_write_buffer_size() > self._limits.max_write_buffer_bytes:
+            # Deferred: this runs inside the ingress's own flush, which shedding would re-enter.
+            asyncio.get_running_loop().call_soon(self.shed, SHED_WRITE_BUFFER)
+
+    def check_idle(self, now: float, timeout_s: float) -> None:
+        ingress = self._ingress
+        if ingress is not None and not ingress.active and now - ingress.last_line_at > timeout_s:
+            self.shed(SHED_IDLE, IdleTimeout(f"no frame for {timeout_s:g} s"))
+
+    def shed(self, reason: str, error: GovernorError | None = None) -> None:
+        """Close this connection to protect the others: its requests are settled now (cancelled in
+        the worker), and `error`, if given, is its last reply."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        state = self._state
+        state.shed[reason] += 1
+        ingress = self._ingress
+        inflight = 0 if ingress is None else len(ingress.active)
+        log.warning("event=connection_shed reason=%s peer=%s inflight=%d", reason, self._peer, inflight)
+        if ingress is not None:
+            ingress.connection_lost(CONNECTION_SHED)
+        self._release_buffer()
+        state.connections.discard(self)
+        if error is not None:
+            transport.write(encode_error(error))
+        if transport.get_write_buffer_size():
+            transport.abort()  # a peer that is not reading would hold a graceful close open
+        else:
+            transport.close()
+
+    def _release_buffer(self) -> None:
+        self._state.buffered_bytes -= self._buffered
+        self._buffered = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._state.connections.discard(self)
+        self._release_buffer()
         if self._ingress is not None:
             self._ingress.connection_lost()
+        self._transport = None
 
     @property
     def ingress(self) -> Ingress | None:
         return self._ingress
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered
 
     def close(self) -> None:
         if self._transport is not None:

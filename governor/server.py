@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
 import os
 import resource
@@ -14,20 +15,22 @@ import time
 
 from governor.address import Address
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
+from governor.auth import SharedSecret
 from governor.config import ConfigError, GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
 from governor.pool import Endpoint, EndpointLimits, Pool
-from governor.protocol import GovernorProtocol
+from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ServerState
-from governor.supervisor import WorkerSupervisor
-from governor.upstream import Upstream, WorkerLink
+from governor.supervisor import WORKER_TOKEN_ENV, WorkerSupervisor
+from governor.upstream import HealthPolicy, Upstream, WorkerLink
 from governor.validation import IntegrityMode, Limits
 
 log = logging.getLogger("governor.server")
 
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
+IDLE_SWEEP_MAX_S = 1.0  # idle connections are looked for at least this often
 
 
 def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
@@ -45,7 +48,35 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         ),
         hints=RetryHintEstimator(policy, config.max_inflight),
         upstream=upstream,
+        auth=config.client_secret(),
     )
+
+
+def connection_limits(config: GovernorConfig) -> ConnectionLimits:
+    return ConnectionLimits(
+        max_frame_bytes=config.max_frame_bytes,
+        max_connections=config.max_connections,
+        max_buffer_bytes=config.max_buffer_bytes,
+        max_write_buffer_bytes=config.max_write_buffer_bytes,
+    )
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name that may resolve anywhere
+
+
+async def sweep_idle(state: ServerState, timeout_s: float) -> None:
+    """Close connections idle past `timeout_s`; a connection with requests in flight is never idle."""
+    while True:
+        await asyncio.sleep(min(IDLE_SWEEP_MAX_S, timeout_s / 4))
+        now = state.clock()
+        for connection in list(state.connections):
+            connection.check_idle(now, timeout_s)
 
 
 RELOADABLE = ("max_inflight", "max_qps", "qps_burst", "worker")
@@ -137,32 +168,47 @@ class Server:
         if config.worker:
             specs = [parse_endpoint(text) for text in config.worker]
         else:
-            runtime_dir = tempfile.mkdtemp(prefix="governor-")
+            runtime_dir = tempfile.mkdtemp(prefix="governor-")  # mode 0700: the worker sockets are ours alone
             sockets = [os.path.join(runtime_dir, f"worker-{i}.sock") for i in range(config.workers)]
             specs = [(Address(path=path), EndpointLimits()) for path in sockets]
+        # Spawned workers accept only links that present this run's secret (passed in their environment).
+        worker_secret = config.worker_secret() if config.worker else SharedSecret.generate()
+        health = HealthPolicy(
+            config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
+        )
         upstream = Upstream(
-            [(address, Endpoint(str(address), limits, now)) for address, limits in specs],
-            config.worker_ping_interval_s,
-            config.worker_ping_timeout_s,
+            [(address, Endpoint(str(address), limits, now)) for address, limits in specs], health, worker_secret
         )
         state = build_state(config, upstream, now)
         if config.config:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
         if runtime_dir is not None:
             devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            assert worker_secret is not None  # generated above for spawned workers
             supervisors = [
-                self._spawn_worker(link, state, device) for link, device in zip(upstream.links, devices, strict=True)
+                self._spawn_worker(link, state, device, worker_secret)
+                for link, device in zip(upstream.links, devices, strict=True)
             ]
 
         metrics: MetricsEndpoint | None = None
         max_open_files = raise_fd_limit()
+        if state.auth is None and not is_loopback(config.host):
+            log.warning(
+                "event=unauthenticated_bind host=%s hint=%r",
+                config.host,
+                "anyone who can reach this address can submit work; set --auth-token-file",
+            )
+        tasks: list[asyncio.Task[None]] = []
         try:
             upstream.start()
+            if config.idle_timeout_s:
+                tasks.append(asyncio.create_task(sweep_idle(state, config.idle_timeout_s)))
             if config.metrics_port:
                 metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_up > 0)
                 await metrics.start(config.host, config.metrics_port)
+            limits = connection_limits(config)
             listener = await loop.create_server(
-                lambda: GovernorProtocol(state, config.max_frame_bytes), config.host, config.port, backlog=1024
+                lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024
             )
             log.info(
                 "event=listening host=%s port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
@@ -178,6 +224,8 @@ class Server:
             listener.close()
             await self._drain(state)
         finally:
+            for task in tasks:
+                task.cancel()
             for connection in list(state.connections):
                 connection.close()
             await upstream.close()
@@ -190,14 +238,18 @@ class Server:
         log.info("event=stopped executed=%d", state.accounting.executed)
         return 0
 
-    def _spawn_worker(self, link: WorkerLink, state: ServerState, device: str | None) -> WorkerSupervisor:
+    def _spawn_worker(
+        self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret
+    ) -> WorkerSupervisor:
         def on_spawn(pid: int) -> None:
             link.pid = pid
 
         def on_restart() -> None:
             state.worker_restarts += 1
 
-        env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        env = {**os.environ, WORKER_TOKEN_ENV: secret.token.decode()}
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
         supervisor = WorkerSupervisor(link.address, list(self.config.worker_args), on_spawn, on_restart, env)
         supervisor.start()
         return supervisor

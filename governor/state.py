@@ -13,11 +13,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.accounting import Accounting, Outcome
 from governor.admission import InflightLimiter, RetryHintEstimator
+from governor.auth import SharedSecret
+from governor.errors import GovernorError
 from governor.metrics import LatencyMetrics
 from governor.pool import Endpoint, Pool
 from governor.validation import GenerateRequest, Limits
 
 log = logging.getLogger("governor.state")
+
+# Why the governor closed a client connection (governor_connections_shed_total{reason}).
+SHED_MAX_CONNECTIONS = "max_connections"
+SHED_IDLE = "idle_timeout"
+SHED_BUFFER = "buffer_bytes"
+SHED_WRITE_BUFFER = "write_buffer"
+SHED_UNAUTHORIZED = "unauthorized"
+SHED_REASONS = (SHED_MAX_CONNECTIONS, SHED_IDLE, SHED_BUFFER, SHED_WRITE_BUFFER, SHED_UNAUTHORIZED)
 
 if TYPE_CHECKING:
     from governor.upstream import Upstream, WorkerLink
@@ -36,12 +46,19 @@ class RequestOwner(Protocol):
 
 
 class ClientConnection(Protocol):
-    """A client transport as the server sees it during drain and shutdown."""
+    """A client transport as the server sees it: during drain and shutdown, and when shedding."""
 
     @property
     def ingress(self) -> RequestOwner | None: ...
 
+    @property
+    def buffered_bytes(self) -> int: ...
+
     def close(self) -> None: ...
+
+    def shed(self, reason: str, error: GovernorError | None = None) -> None: ...
+
+    def check_idle(self, now: float, timeout_s: float) -> None: ...
 
 
 class InflightRequest:
@@ -90,6 +107,9 @@ class ServerState:
         "draining",
         "worker_restarts",
         "rerouted",
+        "auth",
+        "shed",
+        "buffered_bytes",
     )
 
     def __init__(
@@ -100,6 +120,7 @@ class ServerState:
         hints: RetryHintEstimator,
         upstream: Upstream,
         clock: Callable[[], float] = time.monotonic,
+        auth: SharedSecret | None = None,
     ) -> None:
         self.limits = limits
         self.limiter = limiter
@@ -113,6 +134,9 @@ class ServerState:
         self.draining = False
         self.worker_restarts = 0
         self.rerouted = 0  # requests moved to another endpoint after theirs was lost
+        self.auth = auth  # when set, every connection must open with a matching `auth` frame
+        self.shed = dict.fromkeys(SHED_REASONS, 0)  # connections the governor closed, by reason
+        self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
 
     def finish(self, request: InflightRequest, outcome: Outcome, reason: str = "") -> None:
         """Settle an admitted request: free its slot, count it, forget it everywhere. Exactly once:
@@ -157,5 +181,6 @@ class ServerState:
             else round(self.hints.service_time_s * 1000, 3),
             "worker_restarts": self.worker_restarts,
             "rerouted_total": self.rerouted,
+            "connections_shed": dict(self.shed),
             "workers": [link.describe() for link in self.upstream.links],
         }

@@ -4,9 +4,11 @@ Each `WorkerLink` is one persistent NDJSON connection multiplexing many requests
 governor-assigned ids (client ids are only unique per client connection). A link that drops fails
 its in-flight requests with `worker_lost` at once and is reconnected with backoff.
 
-Health: a connected link is pinged; its endpoint counts as up only once the worker has answered,
-and a link whose ping goes unanswered for the timeout (a worker whose event loop is stuck, or a
-peer that stopped reading) is cut and treated as lost.
+Health: a connected link is pinged; its endpoint counts as up only once the worker has answered.
+A link is cut and treated as lost when a ping goes unanswered for the ping timeout (a worker whose
+event loop is stuck, or a peer that stopped reading), or when it holds requests but sent nothing
+for any of them for the stall timeout (an engine that stopped making progress). A worker the
+governor spawned is then killed too, and its supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -14,17 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
 
 from governor.address import Address, open_connection
+from governor.auth import SharedSecret
 from governor.errors import WorkerUnavailable
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.pool import Endpoint
 from governor.state import InflightRequest, RequestOwner
 from governor.validation import OP_CANCEL, OP_PING, GenerateRequest
-from governor.wire import WORKER_PING_ID, WORKER_STATS_ID, encode
+from governor.wire import STATUS_ERROR, WORKER_AUTH_ID, WORKER_PING_ID, WORKER_STATS_ID, encode
 
 log = logging.getLogger("governor.upstream")
 
@@ -35,9 +42,17 @@ RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    ping_interval_s: float = 1.0
+    ping_timeout_s: float = 5.0
+    stall_timeout_s: float = 60.0
+
+
 class WorkerLink(asyncio.Protocol):
-    def __init__(self, address: Address, endpoint: Endpoint) -> None:
+    def __init__(self, address: Address, endpoint: Endpoint, secret: SharedSecret | None = None) -> None:
         self.address = str(address)
+        self._secret = secret
         self._address = address
         self.endpoint = endpoint  # its caps and load in the pool; up while this link is connected
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
@@ -46,7 +61,8 @@ class WorkerLink(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
         self._closed: asyncio.Future[None] | None = None
-        self.ping_pending_since: float | None = None  # loop time of the unanswered ping, if any
+        self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
+        self.last_progress_at = 0.0  # when a request on this link last heard from the worker
 
     @property
     def is_connected(self) -> bool:
@@ -94,6 +110,15 @@ class WorkerLink(asyncio.Protocol):
             self.send({"id": WORKER_PING_ID, "op": OP_PING})
         return now - self.ping_pending_since <= timeout_s
 
+    def stalled(self, now: float, timeout_s: float) -> bool:
+        """Requests are in flight here but none heard anything for `timeout_s`."""
+        return bool(self.inflight) and now - self.last_progress_at > timeout_s
+
+    def add(self, uid: str, request: InflightRequest) -> None:
+        if not self.inflight:
+            self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
+        self.inflight[uid] = request
+
     def send(self, frame: dict[str, Any]) -> None:
         if self._transport is not None:
             self._transport.write(encode(frame))
@@ -103,11 +128,14 @@ class WorkerLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self.ping_pending_since = None
+        if self._secret is not None:
+            self.send({"id": WORKER_AUTH_ID, **self._secret.frame()})
         log.info("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
         touched: set[RequestOwner] = set()
         inflight = self.inflight
+        now = time.monotonic()
         for line in self._splitter.feed(data):
             try:
                 if line is TOO_LARGE:
@@ -133,9 +161,14 @@ class WorkerLink(asyncio.Protocol):
                     self.endpoint.up = True
                     log.info("event=worker_up worker=%s", self.address)
                 continue
+            if rid == WORKER_AUTH_ID:
+                if frame.get("status") == STATUS_ERROR:  # the worker closes the link after this
+                    log.error("event=worker_auth_refused worker=%s message=%r", self.address, frame.get("message"))
+                continue
             request = inflight.get(rid)
             if request is None:
                 continue  # already settled (cancelled by its client, or the link was reset)
+            self.last_progress_at = now
             request.owner.worker_frame(request, frame)
             touched.add(request.owner)
         for owner in touched:
@@ -162,11 +195,13 @@ class Upstream:
     """The set of worker links and the choice of which one takes a request."""
 
     def __init__(
-        self, endpoints: list[tuple[Address, Endpoint]], ping_interval_s: float = 1.0, ping_timeout_s: float = 5.0
+        self,
+        endpoints: list[tuple[Address, Endpoint]],
+        health: HealthPolicy | None = None,
+        secret: SharedSecret | None = None,
     ) -> None:
-        self.links = [WorkerLink(address, endpoint) for address, endpoint in endpoints]
-        self.ping_interval_s = ping_interval_s
-        self.ping_timeout_s = ping_timeout_s
+        self.links = [WorkerLink(address, endpoint, secret) for address, endpoint in endpoints]
+        self.health = health or HealthPolicy()
         self._link_of = {link.endpoint: link for link in self.links}
         self._next_uid = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -184,7 +219,7 @@ class Upstream:
         uid = format(self._next_uid, "x")
         request.uid = uid
         request.link = best
-        best.inflight[uid] = request
+        best.add(uid, request)
         frame = generate.to_frame()
         frame["id"] = uid
         best.send(frame)
@@ -209,16 +244,29 @@ class Upstream:
             await self._watch(link)
 
     async def _watch(self, link: WorkerLink) -> None:
-        """Ping a connected link until it closes; cut it when a ping stays unanswered too long."""
-        loop = asyncio.get_running_loop()
+        """Ping a connected link until it closes; cut it when it stops answering or progressing."""
+        health = self.health
         while link.is_connected:
-            if not link.probe(loop.time(), self.ping_timeout_s):
-                log.error("event=worker_unresponsive worker=%s ping_timeout_s=%g", link.address, self.ping_timeout_s)
-                link.abort()
+            now = time.monotonic()
+            if not link.probe(now, health.ping_timeout_s):
+                self._give_up(link, f"ping unanswered for {health.ping_timeout_s:g} s")
+                break
+            if link.stalled(now, health.stall_timeout_s):
+                self._give_up(link, f"no progress for {health.stall_timeout_s:g} s with requests in flight")
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.wait_closed(), self.ping_interval_s)
+                await asyncio.wait_for(link.wait_closed(), health.ping_interval_s)
         await link.wait_closed()
+
+    @staticmethod
+    def _give_up(link: WorkerLink, why: str) -> None:
+        """Declare the worker lost: cut the link (its requests fail or are re-routed) and, if the
+        governor spawned it, kill it so that its supervisor starts a fresh one."""
+        log.error("event=worker_unresponsive worker=%s pid=%s why=%r", link.address, link.pid, why)
+        link.abort()
+        if link.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(link.pid, signal.SIGKILL)
 
     async def close(self) -> None:
         for task in self._tasks:

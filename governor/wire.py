@@ -21,11 +21,13 @@ STATUS_ERROR = "error"
 STATUS_YIELD = "yield"
 STATUS_PONG = "pong"
 STATUS_STATS = "stats"
+STATUS_AUTHENTICATED = "authenticated"
 FINAL_STATUSES = frozenset({STATUS_DONE, STATUS_ERROR, STATUS_YIELD})
 # Reserved ids on the governor-worker link. Request ids the governor assigns are hex strings, so
 # these never collide with a request's: the engine statistics the worker pushes, and the health ping.
 WORKER_STATS_ID = "~stats"
 WORKER_PING_ID = "~ping"
+WORKER_AUTH_ID = "~auth"
 
 _NL = orjson.OPT_APPEND_NEWLINE
 _dumps = orjson.dumps
@@ -69,6 +71,10 @@ def encode_token(request_id: str, index: int, token_id: int, text: str) -> bytes
         {"id": request_id, "status": STATUS_TOKEN, "index": index, "token_id": token_id, "text": text},
         option=_NL,
     )
+
+
+def encode_authenticated(request_id: str | None) -> bytes:
+    return _dumps({"id": request_id, "status": STATUS_AUTHENTICATED}, option=_NL)
 
 
 def encode_pong(request_id: str) -> bytes:

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
+from governor.auth import SharedSecret
 from governor.errors import WorkerUnavailable
 from governor.ingress import Ingress
 from governor.pool import Endpoint, EndpointLimits, Pool
@@ -75,6 +76,7 @@ def make_state(
     max_new_tokens: int = 64,
     hint_policy: RetryHintPolicy | None = None,
     pool: Pool | None = None,
+    auth: SharedSecret | None = None,
 ) -> ServerState:
     clock = clock or FakeClock()
     endpoint = Endpoint("fake", EndpointLimits(), clock())
@@ -86,6 +88,7 @@ def make_state(
         hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7)),
         upstream=upstream or FakeUpstream(),  # type: ignore[arg-type]
         clock=clock,
+        auth=auth,
     )
 
 
@@ -100,13 +103,24 @@ class FakeTransport:
     def __init__(self) -> None:
         self.written = bytearray()
         self.closed = False
+        self.aborted = False
         self.reading = True
+        self.unsent = 0  # what get_write_buffer_size reports: bytes the peer has not taken
 
     def write(self, data: bytes) -> None:
         self.written += data
 
     def close(self) -> None:
         self.closed = True
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 5555) if name == "peername" else None
 
     def is_closing(self) -> bool:
         return self.closed

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Literal
 
 from governor.address import parse_address
+from governor.auth import SharedSecret
 from governor.config import ConfigError
 from governor.options import option
+from governor.supervisor import WORKER_TOKEN_ENV
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,12 @@ class WorkerConfig:
     token_delay_ms: float = option(0.0, "echo: delay between consecutive tokens")
     first_token_delay_ms: float = option(0.0, "echo: delay before the first token")
     stats_interval_s: float = option(1.0, "how often engine statistics are pushed to connected governors")
+    auth_token_file: str = option(
+        "",
+        "links must open with an auth frame carrying this file's secret (the governor's"
+        " --worker-auth-token-file); a spawned worker takes its secret from $GOVERNOR_WORKER_TOKEN",
+        metavar="PATH",
+    )
     parent_pid: int = option(0, "exit when this process is gone (set by a spawning governor); 0 = never")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
 
@@ -55,3 +64,13 @@ class WorkerConfig:
             raise ConfigError("--prefill-max-batch-size, --max-running and --threads must be >= 0")
         if self.stats_interval_s <= 0:
             raise ConfigError("--stats-interval-s must be > 0")
+        self.secret()
+
+    def secret(self) -> SharedSecret | None:
+        try:
+            if self.auth_token_file:
+                return SharedSecret.read(self.auth_token_file)
+            token = os.environ.get(WORKER_TOKEN_ENV)
+            return None if token is None else SharedSecret.from_text(token, f"${WORKER_TOKEN_ENV}")
+        except ValueError as exc:
+            raise ConfigError(f"--auth-token-file: {exc}") from None

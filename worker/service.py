@@ -12,8 +12,9 @@ import signal
 from typing import cast
 
 from governor.address import parse_address, start_listener
-from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected, UnknownOp
-from governor.framing import TOO_LARGE, LineSplitter
+from governor.auth import SharedSecret, authenticate
+from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected, Unauthorized, UnknownOp
+from governor.framing import TOO_LARGE, Item, LineSplitter
 from governor.validation import (
     OP_CANCEL,
     OP_GENERATE,
@@ -30,6 +31,7 @@ from governor.wire import (
     decode,
     encode,
     encode_accepted,
+    encode_authenticated,
     encode_error,
     encode_pong,
     encode_token,
@@ -79,9 +81,11 @@ class _Sink:
 class WorkerConnection(asyncio.Protocol):
     """One governor link. Frames emitted during one loop iteration leave in one write."""
 
-    def __init__(self, engine: Engine, connections: set[WorkerConnection]) -> None:
+    def __init__(self, engine: Engine, connections: set[WorkerConnection], secret: SharedSecret | None) -> None:
         self._engine = engine
         self._connections = connections
+        self._secret = secret
+        self._authenticated = secret is None
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_FRAME_BYTES)
         self._pending: list[bytes] = []
@@ -90,15 +94,44 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self._connections.add(self)
+        if self._authenticated:
+            self._open()
+
+    def _open(self) -> None:
+        self._connections.add(self)  # from now on it gets the pushed statistics
         self.queue(stats_frame(self._engine))
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
-            if line is TOO_LARGE:
+            if self._transport is None or self._transport.is_closing():
+                return
+            if not self._authenticated:
+                if line:
+                    self._authenticate(line)
+            elif line is TOO_LARGE:
                 self.queue(encode_error(FrameTooLarge(f"frame exceeds {MAX_FRAME_BYTES} bytes")))
             elif line:
                 self._handle(line)
+
+    def _authenticate(self, line: Item) -> None:
+        """The first frame must carry the governor's secret; anything else closes the link."""
+        try:
+            frame = decode(line) if isinstance(line, bytes) else None
+        except RequestRejected:
+            frame = None
+        try:
+            rid = authenticate(frame, self._secret)
+        except Unauthorized as exc:
+            rid = frame.get("id") if type(frame) is dict and type(frame.get("id")) is str else None
+            log.warning("event=link_unauthorized")
+            self.queue(encode_error(exc, rid))
+            self._flush()
+            assert self._transport is not None
+            self._transport.close()
+            return
+        self._authenticated = True
+        self.queue(encode_authenticated(rid))
+        self._open()
 
     def _handle(self, line: bytes) -> None:
         try:
@@ -188,7 +221,8 @@ async def serve(config: WorkerConfig) -> int:
     await engine.start()
     address = parse_address(config.listen)
     connections: set[WorkerConnection] = set()
-    server = await start_listener(address, lambda: WorkerConnection(engine, connections))
+    secret = config.secret()
+    server = await start_listener(address, lambda: WorkerConnection(engine, connections, secret))
     log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
     tasks = [asyncio.create_task(_push_stats(engine, connections, config.stats_interval_s))]
     if config.parent_pid:

@@ -42,6 +42,7 @@ def test_exposition_parses_and_matches_the_counters() -> None:
     assert samples[("governor_yielded_total", (("reason", "draining"),))] == 0
     assert samples[("governor_rejected_total", (("reason", "bad_json"),))] == 1
     assert samples[("governor_failed_total", (("reason", "worker_lost"),))] == 0
+    assert samples[("governor_connections_shed_total", (("reason", "idle_timeout"),))] == 0
     assert samples[("governor_admission_decision_seconds_count", ())] == 3
     assert ("process_resident_memory_bytes", ()) in samples
 

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+from unittest.mock import ANY
 
-from governor.protocol import GovernorProtocol
-from governor.state import InflightRequest
+from governor.auth import SharedSecret
+from governor.protocol import ConnectionLimits, GovernorProtocol
+from governor.state import InflightRequest, ServerState
 from governor.validation import GenerateRequest
 from governor.wire import encode, generate_frame
 from tests.fakes import FakeTransport, FakeUpstream, make_state
 
+LIMITS = ConnectionLimits(max_frame_bytes=4096)
+
+
+def attach(state: ServerState, limits: ConnectionLimits = LIMITS) -> tuple[GovernorProtocol, FakeTransport]:
+    protocol = GovernorProtocol(state, limits)
+    transport = FakeTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+    return protocol, transport
+
 
 def connect(upstream: FakeUpstream, max_inflight: int = 4) -> tuple[GovernorProtocol, FakeTransport, Any]:
     state = make_state(max_inflight=max_inflight, upstream=upstream)
-    protocol = GovernorProtocol(state, max_frame_bytes=4096)
-    transport = FakeTransport()
-    protocol.connection_made(transport)  # type: ignore[arg-type]
+    protocol, transport = attach(state)
     return protocol, transport, state
 
 
@@ -59,3 +69,94 @@ def test_full_write_buffer_pauses_reading_until_it_drains() -> None:
     transport.close()
     protocol.resume_writing()  # closing: stays paused
     assert not transport.reading
+
+
+def test_a_connection_over_max_connections_is_refused_with_a_typed_reply() -> None:
+    state = make_state()
+    limits = ConnectionLimits(max_frame_bytes=4096, max_connections=1)
+    _, first = attach(state, limits)
+    refused, second = attach(state, limits)
+    assert not first.closed and second.closed
+    assert second.replies() == [{"id": None, "status": "error", "code": "too_many_connections", "message": ANY}]
+    refused.data_received(encode(generate_frame("a", "x")))  # nothing is read from a refused connection
+    assert state.shed["max_connections"] == 1 and len(state.connections) == 1
+    assert state.accounting.received == 0
+
+
+def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight() -> None:
+    state = make_state()
+    busy, busy_transport = attach(state)
+    idle, idle_transport = attach(state)
+    busy.data_received(encode(generate_frame("a", "x")))
+    state.clock.advance(61)  # type: ignore[attr-defined]
+    for protocol in (busy, idle):
+        protocol.check_idle(state.clock(), timeout_s=60)
+    assert idle_transport.closed and idle_transport.replies()[-1]["code"] == "idle_timeout"
+    assert not busy_transport.closed
+    assert state.shed["idle_timeout"] == 1
+    busy.data_received(b"\n")  # a blank line is a keep-alive: it restarts the idle clock
+    assert busy.ingress is not None and busy.ingress.last_line_at == state.clock()
+
+
+def test_past_the_total_buffer_cap_the_connection_holding_most_is_shed() -> None:
+    state = make_state()
+    limits = ConnectionLimits(max_frame_bytes=4096, max_buffer_bytes=100)
+    big, big_transport = attach(state, limits)
+    small, small_transport = attach(state, limits)
+    big.data_received(b'{"id":"a","prompt":"' + b"x" * 60)  # no newline yet: held
+    assert state.buffered_bytes == 80
+    small.data_received(b"y" * 30)
+    assert big_transport.closed and big_transport.replies()[-1]["code"] == "buffer_full"
+    assert not small_transport.closed and state.buffered_bytes == 30
+    small.connection_lost(None)
+    assert state.buffered_bytes == 0 and state.shed["buffer_bytes"] == 1
+
+
+def test_a_client_that_stops_reading_is_cut_past_the_write_buffer_cap() -> None:
+    async def scenario() -> None:
+        upstream = FakeUpstream()
+        state = make_state(upstream=upstream)
+        protocol, transport = attach(state, ConnectionLimits(max_frame_bytes=4096, max_write_buffer_bytes=1000))
+        protocol.data_received(encode(generate_frame("a", "x", max_new_tokens=50)))
+        request, _ = upstream.dispatched["1"]
+        protocol.pause_writing()
+        transport.unsent = 999
+        request.owner.worker_frame(request, {"id": "1", "status": "token", "index": 0, "text": "x"})
+        request.owner.flush()
+        await asyncio.sleep(0)
+        assert not transport.closed  # at the cap, not past it
+        transport.unsent = 1001
+        request.owner.worker_frame(request, {"id": "1", "status": "token", "index": 1, "text": "x"})
+        request.owner.flush()
+        await asyncio.sleep(0)
+        assert transport.aborted  # a graceful close would wait on a peer that does not read
+        assert state.limiter.inflight == 0 and upstream.sent_frames == [{"id": "1", "op": "cancel"}]
+        assert state.accounting.failed["connection_shed"] == 1 and state.shed["write_buffer"] == 1
+        assert state.accounting.unbalanced_by(0) == 0
+
+    asyncio.run(scenario())
+
+
+SECRET = SharedSecret(b"s3cret")
+
+
+def test_with_auth_the_first_frame_must_carry_the_token() -> None:
+    state = make_state(auth=SECRET)
+    protocol, transport = attach(state)
+    protocol.data_received(encode(generate_frame("a", "x")) + encode(generate_frame("b", "x")))
+    assert [r.get("code") for r in transport.replies()] == ["unauthorized"]  # the second is never read
+    assert transport.closed and state.shed["unauthorized"] == 1 and state.limiter.inflight == 0
+    assert state.accounting.rejected["unauthorized"] == 1 and state.accounting.unbalanced_by(0) == 0
+
+    protocol, transport = attach(state)
+    protocol.data_received(b'{"op":"auth","token":"wrong"}\n')
+    assert transport.closed and transport.replies()[0]["code"] == "unauthorized"
+    assert b"wrong" not in bytes(transport.written)
+
+
+def test_a_matching_auth_frame_opens_the_connection_for_what_follows() -> None:
+    state = make_state(auth=SECRET)
+    protocol, transport = attach(state)
+    protocol.data_received(b'\n{"id":"k","op":"auth","token":"s3cret"}\n' + encode(generate_frame("a", "x", ack=True)))
+    assert transport.replies() == [{"id": "k", "status": "authenticated"}, {"id": "a", "status": "accepted"}]
+    assert not transport.closed and state.limiter.inflight == 1
