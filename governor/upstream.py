@@ -31,7 +31,14 @@ from governor.framing import TOO_LARGE, LineSplitter
 from governor.pool import Endpoint
 from governor.state import InflightRequest, RequestOwner
 from governor.validation import OP_CANCEL, OP_PING, GenerateRequest
-from governor.wire import STATUS_ERROR, WORKER_AUTH_ID, WORKER_PING_ID, WORKER_STATS_ID, encode
+from governor.wire import (
+    STATUS_ERROR,
+    STATUS_STATS,
+    WORKER_AUTH_ID,
+    WORKER_PING_ID,
+    WORKER_STATS_ID,
+    encode,
+)
 
 log = logging.getLogger("governor.upstream")
 
@@ -40,6 +47,7 @@ log = logging.getLogger("governor.upstream")
 MAX_WORKER_FRAME_BYTES = 64 * 1024 * 1024
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
+RESERVED_IDS = frozenset({WORKER_STATS_ID, WORKER_PING_ID, WORKER_AUTH_ID})  # link traffic, no request
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,18 +160,22 @@ class WorkerLink(asyncio.Protocol):
                 log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, preview)
                 self.close()
                 break
-            if rid == WORKER_STATS_ID:
+            if rid == WORKER_STATS_ID and frame.get("status") == STATUS_STATS:
                 self.engine_stats = frame
                 continue
-            if rid == WORKER_PING_ID:
-                self.ping_pending_since = None
-                if not self.endpoint.up:
-                    self.endpoint.up = True
-                    log.info("event=worker_up worker=%s", self.address)
-                continue
-            if rid == WORKER_AUTH_ID:
-                if frame.get("status") == STATUS_ERROR:  # the worker closes the link after this
-                    log.error("event=worker_auth_refused worker=%s message=%r", self.address, frame.get("message"))
+            if rid in RESERVED_IDS:
+                if frame.get("status") == STATUS_ERROR:  # e.g. unauthorized: the worker closes the link
+                    log.error(
+                        "event=worker_refused worker=%s code=%r message=%r",
+                        self.address,
+                        frame.get("code"),
+                        frame.get("message"),
+                    )
+                elif rid == WORKER_PING_ID:
+                    self.ping_pending_since = None
+                    if not self.endpoint.up:
+                        self.endpoint.up = True
+                        log.info("event=worker_up worker=%s", self.address)
                 continue
             request = inflight.get(rid)
             if request is None:

@@ -34,10 +34,13 @@ def free_port() -> int:
 class Conn:
     """A pipelining NDJSON client over one real TCP connection."""
 
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
+    def __init__(self, port: int, timeout: float = 10.0, token: str | None = None) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self._splitter = LineSplitter(1 << 24)
         self._ready: list[dict[str, Any]] = []
+        if token is not None:
+            self.sock.sendall(encode({"id": "auth", "op": "auth", "token": token}))
+            assert self.recv() == {"id": "auth", "status": "authenticated"}
 
     def send_raw(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -86,15 +89,16 @@ class Governor:
         self.port = port
         self.metrics_port = metrics_port
         self.log = log
+        self.token: str | None = None  # set when it was started with --auth-token-file
         self._conns: list[Conn] = []
 
     def conn(self) -> Conn:
-        conn = Conn(self.port)
+        conn = Conn(self.port, token=self.token)
         self._conns.append(conn)
         return conn
 
     def stats(self) -> dict[str, Any]:
-        c = Conn(self.port)
+        c = Conn(self.port, token=self.token)
         try:
             c.send_raw(b'{"id":"stats","op":"stats"}\n')
             return c.until_final("stats")[-1]

@@ -80,3 +80,10 @@ def test_a_ping_unanswered_past_the_timeout_fails_the_probe() -> None:
     assert link.probe(100.0, timeout_s=5.0)
     assert link.probe(105.0, timeout_s=5.0)
     assert not link.probe(105.1, timeout_s=5.0)
+
+
+def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
+    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    link.connection_made(FakeTransport())  # type: ignore[arg-type]
+    link.data_received(b'{"id":"~ping","status":"error","code":"unauthorized","message":"no"}\n')
+    assert not link.endpoint.up and link.is_connected  # the worker closes it; nothing is attributed
