@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from governor import cli
 from governor.address import Address, parse_address
 from governor.config import ConfigError, GovernorConfig, parse_endpoint
 from governor.pool import EndpointLimits
+from governor.server import is_loopback
 from worker.config import WorkerConfig
 
 
@@ -53,6 +56,11 @@ def test_repeatable_worker_flag() -> None:
         (["--retry-hint-min-ms", "50", "--retry-hint-max-ms", "10"], "--retry-hint-min-ms"),
         (["--integrity", "maybe"], "--integrity"),
         (["--max-frame-bytes", str(16 * 1024 * 1024 + 1)], "--max-frame-bytes"),
+        (["--auth-token-file", "/nonexistent/token"], "--auth-token-file"),
+        (["--max-connections", "0"], "--max-connections"),
+        (["--max-buffer-bytes", "100"], "--max-buffer-bytes"),
+        (["--worker-ping-interval-s", "10", "--worker-ping-timeout-s", "5"], "--worker-ping-interval-s"),
+        (["--worker-auth-token-file", "/dev/null"], "--worker-auth-token-file"),
     ],
 )
 def test_invalid_configuration_fails_naming_the_setting(
@@ -121,3 +129,24 @@ def test_an_endpoint_listed_twice_or_a_non_finite_cap_is_refused() -> None:
         GovernorConfig(worker=("h:1,concurrency=2", "h:1"))
     with pytest.raises(ConfigError, match="--max-qps"):
         GovernorConfig(max_qps=float("inf"))
+
+
+def test_an_empty_token_file_is_refused_and_a_token_never_shows_in_the_config(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="--auth-token-file.*empty"):
+        GovernorConfig(auth_token_file=str(empty))
+    token = tmp_path / "token"
+    token.write_text("hunter2-but-longer\n")
+    config = GovernorConfig(auth_token_file=str(token))
+    secret = config.client_secret()
+    assert secret is not None and secret.matches("hunter2-but-longer") and not secret.matches("hunter2")
+    assert "hunter2" not in repr(config) + repr(secret)
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [("127.0.0.1", True), ("::1", True), ("localhost", True), ("0.0.0.0", False), ("example.org", False)],
+)
+def test_non_loopback_binds_are_recognised(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback

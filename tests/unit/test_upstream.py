@@ -87,3 +87,19 @@ def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
     link.connection_made(FakeTransport())  # type: ignore[arg-type]
     link.data_received(b'{"id":"~ping","status":"error","code":"unauthorized","message":"no"}\n')
     assert not link.endpoint.up and link.is_connected  # the worker closes it; nothing is attributed
+
+
+def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("governor.upstream.time.monotonic", lambda: clock[0])
+    link, _, owner = linked()  # holds u1, added by hand: the stall clock starts at add()
+    link.inflight.clear()
+    link.add("u1", InflightRequest("client-1", True, owner, 0.0, None))
+    clock[0] = 160.0
+    assert not link.stalled(clock[0], timeout_s=60.0)
+    link.data_received(b'{"id":"~stats","status":"stats"}\n{"id":"~ping","status":"pong"}\n')
+    assert link.stalled(160.1, timeout_s=60.0)  # link traffic is not progress
+    link.data_received(b'{"id":"u1","status":"token","index":0}\n')
+    assert not link.stalled(219.0, timeout_s=60.0)
+    link.inflight.clear()
+    assert not link.stalled(1e9, timeout_s=60.0)  # nothing in flight: nothing to stall
