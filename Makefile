@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool fuzz clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool fuzz soak clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -68,6 +68,9 @@ bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint ac
 
 fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=60 SEED=1 by default
 	$(PY) -m benchmarks.fuzz --seed $(or $(SEED),1) --seconds $(or $(SECONDS),60)
+
+soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
+	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep
 

@@ -26,15 +26,16 @@ from typing import Any
 import orjson
 
 from benchmarks.common import start_governor, stop
-from governor.accounting import FAILURE_REASONS, REJECT_REASONS, YIELD_REASONS
+from governor.accounting import YIELD_REASONS
 from governor.client import Client
+from governor.errors import ERRORS_BY_CODE
 from governor.wire import FINAL_STATUSES, encode, generate_frame
 
 MAX_FRAME_BYTES = 128 * 1024  # above the 100k-deep nesting case, small enough to send many huge lines
 GOVERNOR_FLAGS = ("--max-inflight", "4", "--max-frame-bytes", str(MAX_FRAME_BYTES), "--max-new-tokens-limit", "64")
 WORKER_ARGS = ("--token-delay-ms", "1")  # requests stay in flight long enough to be yielded and cut off
 KNOWN_STATUSES = {"accepted", "token", "pong", "stats", *FINAL_STATUSES}
-ERROR_CODES = {*REJECT_REASONS, *FAILURE_REASONS}
+ERROR_CODES = set(ERRORS_BY_CODE)  # every code a reply may carry, the shedding ones included
 ANSWERED_STATUSES = FINAL_STATUSES | {"pong", "stats"}  # the one answer a line gets
 ANSWER_TIMEOUT_S = 20.0  # a drained connection waits this long for its last answers
 
@@ -45,7 +46,7 @@ class Report:
     replies: Counter[str] = field(default_factory=Counter)  # by status, or error:code / yield:reason
     lines_sent: int = 0  # non-blank complete lines, i.e. frames the server must answer
     lines_drained: int = 0  # of those, on connections read until every answer arrived
-    closes: Counter[str] = field(default_factory=Counter)  # drained / dropped / half_closed
+    closes: Counter[str] = field(default_factory=Counter)  # drain / drop / half_close / closed_by_server
     failures: list[str] = field(default_factory=list)
 
 
@@ -189,7 +190,8 @@ def check_reply(line: bytes, report: Report) -> bool:
         problem = "internal error"
     if problem:
         report.failures.append(f"{problem}: {line[:200]!r}")
-    report.replies[status + (f":{reply.get('code')}" if status == "error" else "")] += 1
+    detail = {"error": reply.get("code"), "yield": reply.get("reason")}.get(status)
+    report.replies[status + (f":{detail}" if detail else "")] += 1
     return status in ANSWERED_STATUSES
 
 
@@ -233,6 +235,7 @@ async def one_connection(port: int, rng: random.Random, deadline: float, report:
         await writer.drain()
         if reading.done():
             report.failures.append("server closed a connection by itself")
+            report.closes["closed_by_server"] += 1
             writer.close()
             return
     if end == "drain":
@@ -260,9 +263,10 @@ async def one_connection(port: int, rng: random.Random, deadline: float, report:
     await asyncio.gather(reading, return_exceptions=True)
 
 
-async def fuzz(port: int, seed: int, seconds: float, connections: int) -> Report:
-    """Keep `connections` fuzzing connections open (each replaced when it ends) for `seconds`."""
-    report = Report()
+async def fuzz(port: int, seed: int, seconds: float, connections: int, report: Report | None = None) -> Report:
+    """Keep `connections` fuzzing connections open (each replaced when it ends) for `seconds`;
+    tallied into `report` when given (a soak shares one with its other clients)."""
+    report = Report() if report is None else report
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     counter = iter(range(1 << 62))

@@ -119,3 +119,17 @@ def test_a_hung_spawned_worker_is_killed_and_restarted(start_governor: Start) ->
     c.send("c", "back", max_new_tokens=4)
     assert c.until_final("c")[-1]["text"] == "back"
     assert gov.stats()["worker_restarts"] == 1
+
+
+def test_a_client_that_never_reads_is_cut_past_the_write_buffer_cap(start_governor: Start) -> None:
+    gov = start_governor("--max-write-buffer-bytes", "65536", "--max-new-tokens-limit", "4096")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+        sock.connect(("127.0.0.1", gov.port))
+        # 32 x 4096 streamed tokens of ~70 bytes: 9 MB of replies, past what the kernel buffers (~4 MB).
+        frames = (generate_frame(f"r{i}", "x" * 64, max_new_tokens=4096, stop_on_eos=False) for i in range(32))
+        sock.sendall(b"".join(map(encode, frames)))
+        gov.wait_until(lambda: gov.stats()["connections_shed"]["write_buffer"] == 1, what="the cut")
+    stats = gov.stats()
+    assert stats["inflight"] == 0 and stats["failed_by_reason"]["connection_shed"] > 0
+    assert stats["received_total"] == stats["executed_total"] + stats["failed_total"] == 32
