@@ -53,7 +53,9 @@ async def start_listener(
     if address.is_unix:
         if os.path.exists(address.path):
             os.unlink(address.path)  # a stale socket from a killed predecessor
-        server = await loop.create_unix_server(protocol_factory, address.path, backlog=backlog)
-        os.chmod(address.path, 0o600)  # only our own user may connect
-        return server
+        umask = os.umask(0o177)  # created 0600: only our own user may connect, from the first moment
+        try:
+            return await loop.create_unix_server(protocol_factory, address.path, backlog=backlog)
+        finally:
+            os.umask(umask)
     return await loop.create_server(protocol_factory, address.host, address.port, backlog=backlog)

@@ -15,6 +15,7 @@ from governor.errors import Unauthorized
 from governor.validation import MAX_ID_CHARS, OP_AUTH
 
 MAX_TOKEN_BYTES = 4096
+AUTH_FRAME_BYTES = 6 * MAX_TOKEN_BYTES + 1024  # the longest line read before authentication (\uXXXX escapes)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
-from governor.auth import authenticate
+from governor.auth import AUTH_FRAME_BYTES, authenticate
 from governor.errors import (
     DuplicateId,
     FrameTooLarge,
@@ -27,7 +27,7 @@ from governor.errors import (
     WorkerUnavailable,
     error_from_code,
 )
-from governor.framing import TOO_LARGE, Item, LineSplitter
+from governor.framing import TOO_LARGE, LineSplitter
 from governor.pool import Endpoint, Refusal
 from governor.state import InflightRequest, ServerState
 from governor.validation import OP_AUTH, OP_GENERATE, OP_PING, checked_request, frame_op
@@ -55,15 +55,28 @@ class Ingress:
     adapter owns flow control, and closes the connection once `closing` is set.
     """
 
-    __slots__ = ("_state", "write", "_splitter", "_pending", "active", "authenticated", "closing", "last_line_at")
+    __slots__ = (
+        "_state",
+        "write",
+        "_splitter",
+        "_max_frame_bytes",
+        "_pending",
+        "active",
+        "authenticated",
+        "closing",
+        "last_line_at",
+    )
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
         self.write = write
-        self._splitter = LineSplitter(max_frame_bytes)
+        self.authenticated = state.auth is None
+        # Until it authenticates, a connection may hold no more than an auth frame needs.
+        first_cap = max_frame_bytes if self.authenticated else min(max_frame_bytes, AUTH_FRAME_BYTES)
+        self._splitter = LineSplitter(first_cap)
+        self._max_frame_bytes = max_frame_bytes
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
-        self.authenticated = state.auth is None
         self.closing = False  # refused: answer nothing more, the adapter closes the connection
         self.last_line_at = state.clock()  # the idle timeout counts from here (blank lines count)
 
@@ -80,12 +93,12 @@ class Ingress:
             return
         started = perf_counter()
         now = self._state.clock()
+        if not self.authenticated:
+            data = self._open(data)
         pending = self._pending
         lines = self._splitter.feed(data)
         if lines:
             self.last_line_at = now
-            if not self.authenticated:
-                lines = self._open(lines)
         for line in lines:
             if self.closing:
                 break
@@ -105,6 +118,8 @@ class Ingress:
         except JSONDecodeError as exc:
             return self._reject(bad_json(exc))
         except RequestRejected as exc:
+            if type(obj) is dict and obj.get("op") == OP_AUTH:
+                return self._authenticate(obj)  # `id` is optional on auth frames
             return self._reject(exc)
         if op != OP_GENERATE:
             return self._control(op, obj)
@@ -157,20 +172,23 @@ class Ingress:
         acc.record(Outcome.REJECTED, exc.code)
         return encode_error(exc)
 
-    def _open(self, lines: list[Item]) -> list[Item]:
-        """Before authentication: the first frame must be a matching `auth`; the lines after it are
-        served, and anything else closes the connection."""
-        for i, line in enumerate(lines):
-            if line is not TOO_LARGE and line in (b"", b"\r"):
-                continue
-            try:
-                obj = None if line is TOO_LARGE else loads(line)
-            except JSONDecodeError:
-                obj = None
-            reply = self._authenticate(obj)
-            self._pending.append(reply)
-            return [] if self.closing else lines[i + 1 :]
-        return []
+    def _open(self, data: bytes) -> bytes:
+        """Before authentication lines are read one at a time, under the small cap: the first frame
+        must be a matching `auth`, anything else closes the connection. Returns the bytes after
+        the auth frame, read like any others (pipelined frames may follow it in the same write)."""
+        while data:
+            nl = data.find(b"\n")
+            head, data = (data, b"") if nl < 0 else (data[: nl + 1], data[nl + 1 :])
+            for line in self._splitter.feed(head):
+                if line is not TOO_LARGE and line in (b"", b"\r"):
+                    continue
+                try:
+                    obj = None if line is TOO_LARGE else loads(line)
+                except JSONDecodeError:
+                    obj = None
+                self._pending.append(self._authenticate(obj))
+                return data if self.authenticated else b""
+        return b""
 
     def _authenticate(self, obj: Any) -> bytes:
         try:
@@ -178,7 +196,10 @@ class Ingress:
         except Unauthorized as exc:
             self.closing = True
             return self._reject(exc)
-        self.authenticated = True
+        if not self.authenticated:
+            self.authenticated = True
+            self._splitter.max_frame_bytes = self._max_frame_bytes
+            self.last_line_at = self._state.clock()
         return encode_authenticated(rid)
 
     def _control(self, op: str, obj: dict[str, Any]) -> bytes:

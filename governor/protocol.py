@@ -5,8 +5,8 @@ Flow control: a client that does not read its replies stops being read (its sock
 fills, the transport calls `pause_writing`). Replies to requests already in flight still queue
 up; past `max_write_buffer_bytes` the connection is cut. Memory: an unfinished frame holds at
 most `max_frame_bytes` per connection, and `max_buffer_bytes` over all of them; past that, the
-connection holding the most is shed. Idle connections and connections past `max_connections`
-are closed with a typed error reply.
+connection holding the most is shed. Idle connections, connections past `max_connections` and,
+with auth on, connections that do not authenticate in time are closed with a typed error reply.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from governor.accounting import CONNECTION_SHED
-from governor.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections
+from governor.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections, Unauthorized
 from governor.ingress import Ingress
 from governor.state import (
     SHED_BUFFER,
@@ -32,16 +32,20 @@ from governor.wire import encode_error
 log = logging.getLogger("governor.protocol")
 
 
+AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionLimits:
     max_frame_bytes: int = 1024 * 1024
     max_connections: int = 10_000
     max_buffer_bytes: int = 256 * 1024 * 1024
     max_write_buffer_bytes: int = 8 * 1024 * 1024
+    idle_timeout_s: float = 300.0  # 0 = never
 
 
 class GovernorProtocol(asyncio.Protocol):
-    __slots__ = ("_state", "_limits", "_transport", "_ingress", "_buffered", "_peer")
+    __slots__ = ("_state", "_limits", "_transport", "_ingress", "_buffered", "_peer", "_opened_at")
 
     def __init__(self, state: ServerState, limits: ConnectionLimits) -> None:
         self._state = state
@@ -50,6 +54,7 @@ class GovernorProtocol(asyncio.Protocol):
         self._ingress: Ingress | None = None
         self._buffered = 0  # this connection's share of state.buffered_bytes
         self._peer = ""
+        self._opened_at = state.clock()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -115,9 +120,16 @@ class GovernorProtocol(asyncio.Protocol):
             # Deferred: this runs inside the ingress's own flush, which shedding would re-enter.
             asyncio.get_running_loop().call_soon(self.shed, SHED_WRITE_BUFFER)
 
-    def check_idle(self, now: float, timeout_s: float) -> None:
+    def check_timeouts(self, now: float) -> None:
+        """Called about once a second: the auth deadline (blank lines do not extend it), then idling."""
         ingress = self._ingress
-        if ingress is not None and not ingress.active and now - ingress.last_line_at > timeout_s:
+        if ingress is None:
+            return
+        if not ingress.authenticated and now - self._opened_at > AUTH_TIMEOUT_S:
+            self.shed(SHED_UNAUTHORIZED, Unauthorized(f"no auth frame within {AUTH_TIMEOUT_S:g} s"))
+            return
+        timeout_s = self._limits.idle_timeout_s
+        if timeout_s and not ingress.active and now - ingress.last_line_at > timeout_s:
             self.shed(SHED_IDLE, IdleTimeout(f"no frame for {timeout_s:g} s"))
 
     def shed(self, reason: str, error: GovernorError | None = None) -> None:

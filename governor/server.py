@@ -30,7 +30,7 @@ from governor.validation import IntegrityMode, Limits
 log = logging.getLogger("governor.server")
 
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
-IDLE_SWEEP_MAX_S = 1.0  # idle connections are looked for at least this often
+TIMEOUT_SWEEP_MAX_S = 1.0  # idle and unauthenticated connections are looked for at least this often
 
 
 def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
@@ -58,6 +58,7 @@ def connection_limits(config: GovernorConfig) -> ConnectionLimits:
         max_connections=config.max_connections,
         max_buffer_bytes=config.max_buffer_bytes,
         max_write_buffer_bytes=config.max_write_buffer_bytes,
+        idle_timeout_s=config.idle_timeout_s,
     )
 
 
@@ -70,13 +71,14 @@ def is_loopback(host: str) -> bool:
         return False  # a name that may resolve anywhere
 
 
-async def sweep_idle(state: ServerState, timeout_s: float) -> None:
-    """Close connections idle past `timeout_s`; a connection with requests in flight is never idle."""
+async def sweep_timeouts(state: ServerState, idle_timeout_s: float) -> None:
+    """Close connections past their auth deadline or idle timeout (protocol.py decides)."""
+    interval = min(TIMEOUT_SWEEP_MAX_S, idle_timeout_s / 4) if idle_timeout_s else TIMEOUT_SWEEP_MAX_S
     while True:
-        await asyncio.sleep(min(IDLE_SWEEP_MAX_S, timeout_s / 4))
+        await asyncio.sleep(interval)
         now = state.clock()
         for connection in list(state.connections):
-            connection.check_idle(now, timeout_s)
+            connection.check_timeouts(now)
 
 
 RELOADABLE = ("max_inflight", "max_qps", "qps_burst", "worker")
@@ -201,8 +203,7 @@ class Server:
         tasks: list[asyncio.Task[None]] = []
         try:
             upstream.start()
-            if config.idle_timeout_s:
-                tasks.append(asyncio.create_task(sweep_idle(state, config.idle_timeout_s)))
+            tasks.append(asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s)))
             if config.metrics_port:
                 metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_up > 0)
                 await metrics.start(config.host, config.metrics_port)
@@ -251,6 +252,7 @@ class Server:
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         supervisor = WorkerSupervisor(link.address, list(self.config.worker_args), on_spawn, on_restart, env)
+        link.kill_worker = supervisor.kill
         supervisor.start()
         return supervisor
 

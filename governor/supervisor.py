@@ -79,6 +79,14 @@ class WorkerSupervisor:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             self._on_restart()
 
+    def kill(self) -> None:
+        """SIGKILL the running worker (declared hung); the loop above then restarts it. Only while
+        it has not been reaped, so its pid cannot have been reused."""
+        process = self._process
+        if process is not None and process.returncode is None:
+            log.warning("event=worker_kill pid=%d reason=unresponsive", process.pid)
+            process.kill()
+
     async def stop(self, timeout_s: float = 5.0) -> None:
         self._stopping = True
         process = self._process

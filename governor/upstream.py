@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -65,6 +64,8 @@ class WorkerLink(asyncio.Protocol):
         self.endpoint = endpoint  # its caps and load in the pool; up while this link is connected
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # set when the governor spawned this worker
+        self.kill_worker: Callable[[], None] | None = None  # the same: its supervisor's kill
+        self.answered = False  # the current connection answered a ping (it works, not just accepts)
         self.engine_stats: dict[str, Any] = {}  # the worker's latest pushed statistics
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
@@ -107,7 +108,9 @@ class WorkerLink(asyncio.Protocol):
             self._transport.close()
 
     def abort(self) -> None:
-        """Cut the link without flushing: a peer that stopped reading would hold close() open."""
+        """Cut the link without flushing: a peer that stopped reading would hold close() open.
+        Down at once: nothing more may be dispatched to it before `connection_lost` runs."""
+        self.endpoint.up = False
         if self._transport is not None:
             self._transport.abort()
 
@@ -136,6 +139,7 @@ class WorkerLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self.ping_pending_since = None
+        self.answered = False
         if self._secret is not None:
             self.send({"id": WORKER_AUTH_ID, **self._secret.frame()})
         log.info("event=worker_connected worker=%s", self.address)
@@ -161,6 +165,10 @@ class WorkerLink(asyncio.Protocol):
                 self.close()
                 break
             if rid == WORKER_STATS_ID and frame.get("status") == STATUS_STATS:
+                if frame.get("steps_total") != self.engine_stats.get("steps_total"):
+                    # The engine is stepping: requests of ours that hear nothing are queued behind
+                    # others (a worker shared by several governors), not stalled.
+                    self.last_progress_at = now
                 self.engine_stats = frame
                 continue
             if rid in RESERVED_IDS:
@@ -173,6 +181,7 @@ class WorkerLink(asyncio.Protocol):
                     )
                 elif rid == WORKER_PING_ID:
                     self.ping_pending_since = None
+                    self.answered = True
                     if not self.endpoint.up:
                         self.endpoint.up = True
                         log.info("event=worker_up worker=%s", self.address)
@@ -244,16 +253,21 @@ class Upstream:
         self._tasks = [asyncio.create_task(self._maintain(link)) for link in self.links]
 
     async def _maintain(self, link: WorkerLink) -> None:
+        """Keep the link connected. Backoff applies to connects that fail and to connections that
+        end before answering a ping (a worker refusing our secret), so neither spins."""
         delay = RECONNECT_MIN_S
         while True:
             try:
                 await link.connect()
             except OSError:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RECONNECT_MAX_S)
-                continue
-            delay = RECONNECT_MIN_S
-            await self._watch(link)
+                pass
+            else:
+                await self._watch(link)
+                if link.answered:
+                    delay = RECONNECT_MIN_S
+                    continue
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
 
     async def _watch(self, link: WorkerLink) -> None:
         """Ping a connected link until it closes; cut it when it stops answering or progressing."""
@@ -276,9 +290,8 @@ class Upstream:
         governor spawned it, kill it so that its supervisor starts a fresh one."""
         log.error("event=worker_unresponsive worker=%s pid=%s why=%r", link.address, link.pid, why)
         link.abort()
-        if link.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(link.pid, signal.SIGKILL)
+        if link.kill_worker is not None:
+            link.kill_worker()
 
     async def close(self) -> None:
         for task in self._tasks:

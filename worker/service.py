@@ -16,6 +16,7 @@ from governor.auth import SharedSecret, authenticate
 from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected, Unauthorized, UnknownOp
 from governor.framing import TOO_LARGE, Item, LineSplitter
 from governor.validation import (
+    OP_AUTH,
     OP_CANCEL,
     OP_GENERATE,
     OP_PING,
@@ -146,8 +147,11 @@ class WorkerConnection(asyncio.Protocol):
             if op == OP_PING:
                 self.queue(encode_pong(str(frame.get("id"))))
                 return
+            if op == OP_AUTH:  # a governor holding a secret this worker does not ask for: welcome
+                self.queue(encode_authenticated(authenticate(frame, None)))
+                return
             if frame_op(frame) != OP_GENERATE:
-                raise UnknownOp("the worker serves generate, cancel and ping", frame.get("id"))
+                raise UnknownOp("the worker serves generate, cancel, ping and auth", frame.get("id"))
             request = checked_request(frame, WORKER_LIMITS)
             if request.id in self._active:
                 raise DuplicateId(f"id {request.id!r} is already running", request.id)

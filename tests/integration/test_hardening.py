@@ -133,3 +133,15 @@ def test_a_client_that_never_reads_is_cut_past_the_write_buffer_cap(start_govern
     stats = gov.stats()
     assert stats["inflight"] == 0 and stats["failed_by_reason"]["connection_shed"] > 0
     assert stats["received_total"] == stats["executed_total"] + stats["failed_total"] == 32
+
+
+def test_while_the_worker_loads_its_model_the_governor_is_alive_not_ready_and_says_so(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--engine", "gpt2", "--model", "random-tiny"), wait_ready=False)
+    assert gov.http("/healthz")[0] == 200 and gov.http("/readyz")[0] == 503  # importing torch takes seconds
+    c = gov.conn()
+    c.send("early", "hi", max_new_tokens=2)
+    assert c.until_final("early")[-1]["code"] == "worker_unavailable"
+    gov.wait_until(lambda: gov.http("/readyz")[0] == 200, timeout=120, what="the model loaded")
+    c.send("late", "hi", max_new_tokens=2, stop_on_eos=False)
+    final = c.until_final("late")[-1]
+    assert final["status"] == "done" and final["completion_tokens"] == 2

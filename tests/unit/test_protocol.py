@@ -85,12 +85,13 @@ def test_a_connection_over_max_connections_is_refused_with_a_typed_reply() -> No
 
 def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight() -> None:
     state = make_state()
-    busy, busy_transport = attach(state)
-    idle, idle_transport = attach(state)
+    limits = ConnectionLimits(max_frame_bytes=4096, idle_timeout_s=60)
+    busy, busy_transport = attach(state, limits)
+    idle, idle_transport = attach(state, limits)
     busy.data_received(encode(generate_frame("a", "x")))
     state.clock.advance(61)  # type: ignore[attr-defined]
     for protocol in (busy, idle):
-        protocol.check_idle(state.clock(), timeout_s=60)
+        protocol.check_timeouts(state.clock())
     assert idle_transport.closed and idle_transport.replies()[-1]["code"] == "idle_timeout"
     assert not busy_transport.closed
     assert state.shed["idle_timeout"] == 1
@@ -160,3 +161,36 @@ def test_a_matching_auth_frame_opens_the_connection_for_what_follows() -> None:
     protocol.data_received(b'\n{"id":"k","op":"auth","token":"s3cret"}\n' + encode(generate_frame("a", "x", ack=True)))
     assert transport.replies() == [{"id": "k", "status": "authenticated"}, {"id": "a", "status": "accepted"}]
     assert not transport.closed and state.limiter.inflight == 1
+
+
+def test_with_auth_a_connection_must_authenticate_in_time_and_blank_lines_do_not_extend_it() -> None:
+    state = make_state(auth=SECRET)
+    slow, slow_transport = attach(state)
+    quick, quick_transport = attach(state)
+    quick.data_received(b'{"op":"auth","token":"s3cret"}\n')
+    for _ in range(11):
+        state.clock.advance(1)  # type: ignore[attr-defined]
+        slow.data_received(b"\n")
+        for protocol in (slow, quick):
+            protocol.check_timeouts(state.clock())
+    assert slow_transport.closed and slow_transport.replies()[-1]["code"] == "unauthorized"
+    assert not quick_transport.closed and state.shed["unauthorized"] == 1
+
+
+def test_before_auth_only_an_auth_sized_line_is_held_and_a_big_frame_may_follow_it() -> None:
+    state = make_state(auth=SECRET)
+    protocol, transport = attach(state, ConnectionLimits(max_frame_bytes=1 << 20))
+    big = encode(generate_frame("big", "x" * 100_000))
+    protocol.data_received(b'{"op":"auth","token":"s3cret"}\n' + big)  # pipelined behind the auth frame
+    assert [r["status"] for r in transport.replies()] == ["authenticated"] and state.limiter.inflight == 1
+    hog, hog_transport = attach(state, ConnectionLimits(max_frame_bytes=1 << 20))
+    hog.data_received(b'{"op":"auth","token":"' + b"A" * 40_000)  # never a newline
+    assert hog_transport.closed and hog.buffered_bytes == 0 and state.buffered_bytes == 0
+
+
+def test_an_auth_frame_needs_no_id_even_after_the_connection_is_open() -> None:
+    state = make_state()  # auth off: any auth frame is welcome
+    protocol, transport = attach(state)
+    protocol.data_received(b'{"op":"auth","token":"whatever"}\n{"id":"x","op":"auth"}\n')
+    assert transport.replies() == [{"id": None, "status": "authenticated"}, {"id": "x", "status": "authenticated"}]
+    assert state.accounting.received == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from governor.address import Address
 from governor.pool import Endpoint, EndpointLimits
 from governor.state import InflightRequest
-from governor.upstream import WorkerLink
+from governor.upstream import HealthPolicy, Upstream, WorkerLink
 from governor.wire import WORKER_PING_ID
 from tests.fakes import FakeTransport
 
@@ -101,5 +103,31 @@ def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatc
     assert link.stalled(160.1, timeout_s=60.0)  # link traffic is not progress
     link.data_received(b'{"id":"u1","status":"token","index":0}\n')
     assert not link.stalled(219.0, timeout_s=60.0)
+    clock[0] = 230.0
+    link.data_received(b'{"id":"~stats","status":"stats","steps_total":7}\n')  # the engine steps others'
+    assert not link.stalled(289.0, timeout_s=60.0) and link.stalled(290.1, timeout_s=60.0)
     link.inflight.clear()
     assert not link.stalled(1e9, timeout_s=60.0)  # nothing in flight: nothing to stall
+
+
+def test_a_worker_that_closes_before_answering_is_retried_with_backoff_not_in_a_loop(tmp_path: Path) -> None:
+    path = str(tmp_path / "w.sock")
+
+    async def scenario() -> int:
+        accepted = 0
+
+        def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            writer.close()  # as a worker refusing our secret does
+
+        server = await asyncio.start_unix_server(refuse, path)
+        upstream = Upstream([(Address(path=path), Endpoint("w", EndpointLimits(), 0.0))], HealthPolicy(0.05, 1.0))
+        upstream.start()
+        await asyncio.sleep(1.0)
+        await upstream.close()
+        server.close()
+        return accepted
+
+    accepted = asyncio.run(scenario())
+    assert 2 <= accepted <= 12  # backoff 20 ms doubling: about 6 in a second (a tight loop made >1000)
