@@ -46,6 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("--no-stream", action="store_true", help="ask for the final reply only")
     send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
     send.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
+    send.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
 
     bench = sub.add_parser(
         "bench",
@@ -97,6 +98,7 @@ def _serve(config: GovernorConfig) -> int:
 
 
 def _send(args: argparse.Namespace) -> int:
+    from governor.auth import SharedSecret
     from governor.client import Client
 
     fields = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
@@ -106,7 +108,14 @@ def _send(args: argparse.Namespace) -> int:
     if args.no_stop_on_eos:
         fields["stop_on_eos"] = False
     out = sys.stdout
-    with Client(args.host, args.port, timeout=args.timeout) as client:
+    token = None
+    if args.auth_token_file:
+        try:
+            token = SharedSecret.read(args.auth_token_file).token.decode()
+        except ValueError as exc:
+            print(f"governor send: error: --auth-token-file: {exc}", file=sys.stderr)
+            return 2
+    with Client(args.host, args.port, timeout=args.timeout, token=token) as client:
         for reply in client.generate(args.prompt, **fields):
             status = reply.get("status")
             if args.json:

@@ -10,17 +10,25 @@ from typing import Any
 import orjson
 
 from governor.framing import TOO_LARGE, LineSplitter
-from governor.wire import FINAL_STATUSES, encode, generate_frame
+from governor.validation import OP_AUTH
+from governor.wire import FINAL_STATUSES, STATUS_AUTHENTICATED, encode, generate_frame
 
 MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 class Client:
-    def __init__(self, host: str = "127.0.0.1", port: int = 7070, timeout: float | None = 60.0) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 7070, timeout: float | None = 60.0, token: str | None = None
+    ) -> None:
         self._sock = socket.create_connection((host, port), timeout=timeout)
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
         self._ready: list[bytes] = []
         self._ids = itertools.count(1)
+        if token is not None:  # a governor started with --auth-token-file
+            (reply,) = self.request({"id": "auth", "op": OP_AUTH, "token": token})
+            if reply.get("status") != STATUS_AUTHENTICATED:
+                self.close()
+                raise PermissionError(f"the governor refused the token: {reply.get('message')}")
 
     def close(self) -> None:
         self._sock.close()
@@ -39,7 +47,7 @@ class Client:
             if reply.get("id") not in (frame.get("id"), None):
                 continue
             yield reply
-            if reply.get("status") in FINAL_STATUSES or reply.get("status") in ("pong", "stats"):
+            if reply.get("status") in FINAL_STATUSES or reply.get("status") in ("pong", "stats", STATUS_AUTHENTICATED):
                 return
 
     def generate(self, prompt: str, **fields: Any) -> Iterator[dict[str, Any]]:

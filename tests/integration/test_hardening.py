@@ -6,6 +6,8 @@ import os
 import signal
 import socket
 import stat
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,9 +45,12 @@ def test_clients_must_authenticate_first_and_the_token_is_never_logged(start_gov
     c = gov.conn()
     c.send("c", "hi", max_new_tokens=2)
     assert c.until_final("c")[-1]["status"] == "done"
+    send = [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "--auth-token-file", str(token_file)]
+    out = subprocess.run([*send, "hello"], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout == "hello\n"
     stats = gov.stats()
     assert stats["connections_shed"]["unauthorized"] == 2 and stats["rejected_by_reason"]["unauthorized"] == 2
-    assert stats["received_total"] == 3 and stats["executed_total"] == 1
+    assert stats["received_total"] == 4 and stats["executed_total"] == 2
     assert gov.stop() == 0
     assert TOKEN not in gov.log.read_text() and "guess" not in gov.log.read_text()
 
