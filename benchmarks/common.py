@@ -53,7 +53,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
 def stats(port: int) -> dict[str, Any]:
     """One `stats` frame over a fresh connection."""
     with Client("127.0.0.1", port, timeout=10) as client:
-        return list(client.request({"id": "stats", "op": "stats"}))[-1]
+        return client.stats()
 
 
 def start(argv: list[str], log: Path | None = None) -> Popen:

@@ -27,7 +27,7 @@ import orjson
 
 from benchmarks.common import start_governor, stop
 from governor.accounting import YIELD_REASONS
-from governor.client import Client
+from governor.client import NO_RETRY, Client, GovernorError, Yielded
 from governor.errors import ERRORS_BY_CODE
 from governor.wire import FINAL_STATUSES, encode, generate_frame
 
@@ -289,7 +289,7 @@ async def fuzz(port: int, seed: int, seconds: float, connections: int, report: R
 
 def stats(port: int) -> dict[str, Any]:
     with Client("127.0.0.1", port, timeout=10) as client:
-        return list(client.request({"id": "stats", "op": "stats"}))[-1]
+        return client.stats()
 
 
 def check_server(port: int, report: Report, alive: Callable[[], bool]) -> dict[str, Any]:
@@ -314,10 +314,13 @@ def check_server(port: int, report: Report, alive: Callable[[], bool]) -> dict[s
         report.failures.append(
             f"received_total {snapshot['received_total']} outside [{counted_answers}, {report.lines_sent}]"
         )
-    with Client("127.0.0.1", port, timeout=10) as client:
-        final = list(client.generate("still serving", max_new_tokens=64))[-1]
-    if (final["status"], final.get("text")) != ("done", "still serving"):
-        report.failures.append(f"a normal generate after fuzzing got {final}")
+    try:
+        with Client("127.0.0.1", port, timeout=10, retry=NO_RETRY) as client:
+            text = client.generate("still serving", max_new_tokens=64).text
+    except (OSError, GovernorError, Yielded) as exc:
+        text = repr(exc)
+    if text != "still serving":
+        report.failures.append(f"a normal generate after fuzzing got {text!r}")
     if not alive():
         report.failures.append("the governor process died")
     return snapshot

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -99,7 +100,7 @@ def _serve(config: GovernorConfig) -> int:
 
 def _send(args: argparse.Namespace) -> int:
     from governor.auth import SharedSecret
-    from governor.client import Client
+    from governor.client import NO_RETRY, Client, GovernorError, Yielded
 
     fields = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
     for name in ("temperature", "top_p", "top_k", "seed"):
@@ -115,24 +116,24 @@ def _send(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"governor send: error: --auth-token-file: {exc}", file=sys.stderr)
             return 2
-    with Client(args.host, args.port, timeout=args.timeout, token=token) as client:
-        for reply in client.generate(args.prompt, **fields):
-            status = reply.get("status")
+    try:
+        with Client(args.host, args.port, token=token, timeout=args.timeout, retry=NO_RETRY) as client:
+            stream = client.stream(args.prompt, **fields)
+            for token_ in stream:
+                text = orjson.dumps({"status": "token", **dataclasses.asdict(token_)}).decode() + "\n"
+                out.write(text if args.json else token_.text)
+                out.flush()
+            assert stream.result is not None
+            reply = stream.result.reply
             if args.json:
                 out.write(orjson.dumps(reply).decode() + "\n")
-            elif status == "token":
-                out.write(reply["text"])
-            elif status == "done":
-                if args.no_stream:
-                    out.write(reply["text"])
-                out.write("\n")
-                summary = " ".join(f"{k}={reply[k]}" for k in reply if k not in ("id", "status", "text"))
-                print(summary, file=sys.stderr)
-            out.flush()
-            if status == "yield":
-                print(f"yield: reason={reply['reason']} retry_hint_ms={reply['retry_hint_ms']}", file=sys.stderr)
-                return EXIT_YIELDED
-            if status == "error":
-                print(f"error: code={reply['code']} message={reply['message']}", file=sys.stderr)
-                return EXIT_ERROR
+            else:
+                out.write(reply.get("text", "") + "\n" if args.no_stream else "\n")
+                print(" ".join(f"{k}={reply[k]}" for k in reply if k not in ("id", "status", "text")), file=sys.stderr)
+    except Yielded as exc:
+        print(f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}", file=sys.stderr)
+        return EXIT_YIELDED
+    except GovernorError as exc:
+        print(f"error: code={exc.code} message={exc.message}", file=sys.stderr)
+        return EXIT_ERROR
     return 0

@@ -30,7 +30,7 @@ from governor.errors import (
 from governor.framing import TOO_LARGE, LineSplitter
 from governor.pool import Endpoint, Refusal
 from governor.state import InflightRequest, ServerState
-from governor.validation import OP_AUTH, OP_GENERATE, OP_PING, checked_request, frame_op
+from governor.validation import OP_AUTH, OP_CANCEL, OP_GENERATE, OP_PING, checked_request, frame_op
 from governor.wire import (
     STATUS_DONE,
     STATUS_ERROR,
@@ -207,6 +207,13 @@ class Ingress:
             return encode_pong(obj["id"])
         if op == OP_AUTH:
             return self._authenticate(obj)
+        if op == OP_CANCEL:
+            # Answered by the request's own final reply (`done`, finish_reason "cancelled", once the
+            # worker stops it); a cancel for an id not in flight lost a race with that reply: ignored.
+            request = self.active.get(obj["id"])
+            if request is not None:
+                self._state.upstream.cancel(request)
+            return b""
         body = self._state.snapshot()
         body["id"] = obj["id"]
         body["status"] = STATUS_STATS

@@ -20,8 +20,8 @@ OP_GENERATE = "generate"
 OP_PING = "ping"
 OP_STATS = "stats"
 OP_AUTH = "auth"  # the first frame when a shared secret is configured (auth.py)
-OP_CANCEL = "cancel"  # governor -> worker only
-CLIENT_OPS = frozenset({OP_GENERATE, OP_PING, OP_STATS, OP_AUTH})
+OP_CANCEL = "cancel"  # stop an in-flight request: client -> governor, and governor -> worker
+CLIENT_OPS = frozenset({OP_GENERATE, OP_PING, OP_STATS, OP_AUTH, OP_CANCEL})
 
 FINISH_REASONS = ("length", "eos", "cancelled")
 
@@ -70,7 +70,7 @@ def frame_op(obj: Any) -> str:
         raise BadFrame("op must be a string", rid)
     if op in CLIENT_OPS:
         return op
-    raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats, auth", rid)
+    raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats, auth, cancel", rid)
 
 
 def validate_generate(obj: dict[str, Any], limits: Limits) -> None:

@@ -101,6 +101,20 @@ def test_worker_frames_are_readdressed_and_done_settles_the_slot() -> None:
     assert state.hints.service_time_s == pytest.approx(0.03)
 
 
+def test_a_client_cancel_reaches_the_worker_and_is_answered_by_the_final_reply() -> None:
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + b'{"id":"a","op":"cancel"}\n{"id":"gone","op":"cancel"}\n')
+    assert upstream.sent_frames == [{"id": "1", "op": "cancel"}]  # "gone" is not in flight: ignored
+    assert writes.chunks == [] and state.limiter.inflight == 1
+    request, _ = upstream.dispatched["1"]
+    ingress.worker_frame(request, {"id": "1", "status": "done", "text": "", "finish_reason": "cancelled"})
+    ingress.flush()
+    assert replies(writes)[-1]["finish_reason"] == "cancelled" and state.limiter.inflight == 0
+    assert state.accounting.received == 1 and state.accounting.unbalanced_by(0) == 0
+
+
 def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
     upstream = FakeUpstream()
     state = make_state(upstream=upstream)

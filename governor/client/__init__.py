@@ -1,0 +1,32 @@
+"""Python clients for the governor's protocol v1.
+
+    from governor.client import Client
+    with Client() as client:
+        print(client.generate("Hello", max_new_tokens=16).text)
+
+`Client` blocks, `AsyncClient` is the same for asyncio. Both keep one connection, pipeline
+requests over it, compute `size` and `sha256` themselves, raise `Yielded` or the `GovernorError`
+subclass of each error code, and retry yields after their hint under a `RetryPolicy`.
+"""
+
+from governor.client.aio import AsyncClient, AsyncStream
+from governor.client.retry import NO_RETRY, RetryBudget, RetryPolicy, Yielded
+from governor.client.session import MAX_REPLY_BYTES, ConnectionLost, Result, Token
+from governor.client.sync import Client, Stream
+from governor.errors import GovernorError
+
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "NO_RETRY",
+    "AsyncClient",
+    "AsyncStream",
+    "Client",
+    "ConnectionLost",
+    "GovernorError",
+    "Result",
+    "RetryBudget",
+    "RetryPolicy",
+    "Stream",
+    "Token",
+    "Yielded",
+]

@@ -1,0 +1,228 @@
+"""The asyncio client: the same arguments and behaviour as `Client`, for use inside an event loop.
+
+Any number of tasks may share one `AsyncClient`: a single reader routes replies to the request
+they belong to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncGenerator
+from typing import Any, cast
+
+from governor.auth import SharedSecret
+from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
+from governor.client.session import AUTH_ID, ConnectionLost, Event, Result, Session, Token
+from governor.client.sync import DEFAULT_POLICY
+from governor.errors import GovernorError
+from governor.validation import OP_PING, OP_STATS
+from governor.wire import STATUS_AUTHENTICATED
+
+Reply = Event | dict[str, Any] | ConnectionLost
+
+
+class AsyncStream:
+    """Tokens of one request as they arrive; `result` once the last one was read. Leaving early
+    (`break` inside `async with`, `aclose()`, cancellation of the reading task) cancels it."""
+
+    def __init__(self, tokens: AsyncGenerator[Token | Result, None]) -> None:
+        self._tokens = tokens
+        self.result: Result | None = None
+
+    def __aiter__(self) -> AsyncStream:
+        return self
+
+    async def __anext__(self) -> Token:
+        item = await self._tokens.__anext__()
+        if isinstance(item, Result):
+            self.result = item
+            raise StopAsyncIteration
+        return item
+
+    async def aclose(self) -> None:
+        await self._tokens.aclose()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class _Link(asyncio.Protocol):
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    def data_received(self, data: bytes) -> None:
+        self._client._received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._client._lost(exc)
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 7070,
+        *,
+        token: str | None = None,
+        timeout: float | None = 60.0,
+        connect_timeout: float = 10.0,
+        retry: RetryPolicy | None = DEFAULT_POLICY,
+    ) -> None:
+        """Connects on first use (or `await client.connect()`), and again after a loss."""
+        self.host, self.port = host, port
+        self._secret = None if token is None else SharedSecret.from_text(token, "token")
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._policy = retry
+        self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
+        self._rng = random.Random()
+        self._transport: asyncio.Transport | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._session = Session()
+        self._queues: dict[str, asyncio.Queue[Reply]] = {}
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    async def generate(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Result:
+        stream = self.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
+        async for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> AsyncStream:
+        return AsyncStream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
+
+    async def ping(self) -> dict[str, Any]:
+        return await self._control(OP_PING)
+
+    async def stats(self) -> dict[str, Any]:
+        return await self._control(OP_STATS)
+
+    async def connect(self) -> None:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._transport is None:
+                await self._open()
+
+    async def aclose(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    async def _tokens(self, prompt: str, fields: dict[str, Any]) -> AsyncGenerator[Token | Result, None]:
+        attempts = (
+            None
+            if self._policy is None or self._budget is None
+            else Attempts(self._policy, self._budget, time.monotonic, self._rng)
+        )
+        while True:
+            await self.connect()
+            rid, frame = self._session.generate(prompt, fields)
+            self._queues[rid] = asyncio.Queue()
+            started = False
+            try:
+                self._write(frame)
+                while True:
+                    event = await self._next(rid)
+                    if isinstance(event, Token):
+                        started = True
+                        yield event
+                    elif isinstance(event, Result):
+                        yield event
+                        return
+                    elif isinstance(event, Yielded | GovernorError):
+                        raise event
+            except (Yielded, GovernorError) as failure:
+                wait_s = None if attempts is None or started else attempts.wait_s(failure)
+                if wait_s is None:
+                    raise
+                await asyncio.sleep(wait_s)
+            finally:
+                self._abandon(rid)
+
+    async def _control(self, op: str) -> dict[str, Any]:
+        await self.connect()
+        rid, frame = self._session.control(op)
+        self._queues[rid] = asyncio.Queue()
+        try:
+            self._write(frame)
+            reply = await self._next(rid)
+        finally:
+            self._queues.pop(rid, None)
+        return cast(dict[str, Any], reply)
+
+    def _abandon(self, rid: str) -> None:
+        self._queues.pop(rid, None)
+        if rid in self._session.open:
+            frame = self._session.cancel(rid)
+            if self._transport is not None:
+                self._transport.write(frame)
+
+    async def _next(self, rid: str) -> Event | dict[str, Any]:
+        try:
+            reply = await asyncio.wait_for(self._queues[rid].get(), self._timeout)
+        except TimeoutError:
+            raise TimeoutError(f"no reply from {self.host}:{self.port} within {self._timeout} s") from None
+        if isinstance(reply, ConnectionLost):
+            raise reply
+        return reply
+
+    def _write(self, frame: bytes) -> None:
+        if self._transport is None:
+            raise ConnectionLost(f"connection to {self.host}:{self.port} lost")
+        self._transport.write(frame)
+
+    def _received(self, data: bytes) -> None:
+        try:
+            routed = self._session.feed(data)
+        except ConnectionLost as exc:
+            if self._transport is not None:
+                self._transport.abort()
+            self._lost(exc)
+            return
+        for rid, event in routed:
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(event)
+
+    def _lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._session = Session()
+        lost = ConnectionLost(f"connection to {self.host}:{self.port} lost" + (f": {exc}" if exc else ""))
+        for queue in self._queues.values():
+            queue.put_nowait(lost)
+
+    async def _open(self) -> None:
+        loop = asyncio.get_running_loop()
+        connecting = loop.create_connection(lambda: _Link(self), self.host, self.port)
+        transport, _ = await asyncio.wait_for(connecting, self._connect_timeout)
+        self._transport = transport
+        self._session = Session()
+        if self._secret is not None:
+            self._queues[AUTH_ID] = asyncio.Queue()
+            try:
+                self._write(self._session.auth_frame(self._secret))
+                reply = await self._next(AUTH_ID)
+            except ConnectionLost as exc:
+                raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
+            finally:
+                self._queues.pop(AUTH_ID, None)
+            if not isinstance(reply, dict) or reply.get("status") != STATUS_AUTHENTICATED:
+                await self.aclose()
+                raise PermissionError(f"{self.host}:{self.port} refused the token: {reply}")

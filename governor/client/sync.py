@@ -1,0 +1,227 @@
+"""The blocking client: one persistent connection, pipelined requests, retries that honour hints.
+
+Not thread-safe (like `http.client`): use one `Client` per thread. Streams may be interleaved
+within a thread; replies for the others are kept until they are read.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections import deque
+from collections.abc import Generator
+from typing import Any
+
+from governor.auth import SharedSecret
+from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
+from governor.client.session import AUTH_ID, ConnectionLost, Event, Result, Session, Token
+from governor.errors import GovernorError
+from governor.validation import OP_PING, OP_STATS
+from governor.wire import STATUS_AUTHENTICATED
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+class Stream:
+    """Tokens of one request as they arrive; `result` once the last one was read. Leaving it early
+    (`break`, `close()`, an exception, the `with` block) cancels the request on the server."""
+
+    def __init__(self, tokens: Generator[Token, None, Result]) -> None:
+        self._tokens = tokens
+        self.result: Result | None = None
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> Token:
+        try:
+            return next(self._tokens)
+        except StopIteration as stop:
+            self.result = stop.value
+            raise
+
+    def close(self) -> None:
+        self._tokens.close()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 7070,
+        *,
+        token: str | None = None,
+        timeout: float | None = 60.0,
+        connect_timeout: float = 10.0,
+        retry: RetryPolicy | None = DEFAULT_POLICY,
+    ) -> None:
+        """`timeout` bounds each wait for a reply (None: wait forever); `retry=None` raises every
+        `Yielded` at once. The connection opens here and is reopened by the next call after a loss."""
+        self.host, self.port = host, port
+        self._secret = None if token is None else SharedSecret.from_text(token, "token")
+        self._timeout = timeout
+        self._connect_timeout = connect_timeout
+        self._policy = retry
+        self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
+        self._rng = random.Random()
+        self._sock: socket.socket | None = None
+        self._session = Session()
+        self._queues: dict[str, deque[Event | dict[str, Any]]] = {}
+        self._connect()
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    def generate(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Result:
+        """The finished completion. Raises `Yielded` (once retries are spent), a `GovernorError`
+        subclass per error code, `ConnectionLost` or `TimeoutError`."""
+        stream = self.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def stream(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Stream:
+        """Tokens as they are generated. Retries (on a yield or `worker_unavailable`) happen before
+        the first token, so a stream never repeats itself."""
+        return Stream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
+
+    def ping(self) -> dict[str, Any]:
+        return self._control(OP_PING)
+
+    def stats(self) -> dict[str, Any]:
+        return self._control(OP_STATS)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _tokens(self, prompt: str, fields: dict[str, Any]) -> Generator[Token, None, Result]:
+        attempts = (
+            None
+            if self._policy is None or self._budget is None
+            else Attempts(self._policy, self._budget, time.monotonic, self._rng)
+        )
+        while True:
+            rid = self._send_generate(prompt, fields)
+            started = False
+            try:
+                while True:
+                    event = self._next(rid)
+                    if isinstance(event, Token):
+                        started = True
+                        yield event
+                    elif isinstance(event, Result):
+                        return event
+                    elif isinstance(event, Yielded | GovernorError):
+                        raise event
+            except (Yielded, GovernorError) as failure:
+                wait_s = None if attempts is None or started else attempts.wait_s(failure)
+                if wait_s is None:
+                    raise
+                time.sleep(wait_s)
+            finally:
+                self._abandon(rid)
+
+    def _send_generate(self, prompt: str, fields: dict[str, Any]) -> str:
+        self._ensure_connected()
+        rid, frame = self._session.generate(prompt, fields)
+        self._queues[rid] = deque()
+        self._send(frame)
+        return rid
+
+    def _control(self, op: str) -> dict[str, Any]:
+        self._ensure_connected()
+        rid, frame = self._session.control(op)
+        self._queues[rid] = deque()
+        try:
+            self._send(frame)
+            reply = self._next(rid)
+        finally:
+            self._queues.pop(rid, None)
+        assert isinstance(reply, dict)
+        return reply
+
+    def _abandon(self, rid: str) -> None:
+        """Done with `rid`: if it may still run (left early, timed out), cancel it on the server."""
+        self._queues.pop(rid, None)
+        if rid in self._session.open:
+            frame = self._session.cancel(rid)
+            if self._sock is not None:
+                try:
+                    self._send(frame)
+                except OSError:
+                    pass  # the connection is gone: the governor cancels on its own
+
+    def _next(self, rid: str) -> Event | dict[str, Any]:
+        queue = self._queues[rid]
+        while not queue:
+            self._read()
+        return queue.popleft()
+
+    def _read(self) -> None:
+        sock = self._sock
+        if sock is None:
+            raise ConnectionLost("not connected")
+        try:
+            data = sock.recv(1 << 16)
+        except TimeoutError:
+            raise TimeoutError(f"no reply from {self.host}:{self.port} within {self._timeout} s") from None
+        except OSError as exc:
+            self._lost()
+            raise ConnectionLost(f"connection to {self.host}:{self.port} failed: {exc}") from exc
+        if not data:
+            self._lost()
+            raise ConnectionLost(f"{self.host}:{self.port} closed the connection")
+        for rid, event in self._session.feed(data):
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.append(event)
+
+    def _send(self, frame: bytes) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendall(frame)
+        except OSError as exc:
+            self._lost()
+            raise ConnectionLost(f"connection to {self.host}:{self.port} failed: {exc}") from exc
+
+    def _lost(self) -> None:
+        self.close()
+        self._session = Session()  # ids restart: nothing of the old connection can answer now
+
+    def _ensure_connected(self) -> None:
+        if self._sock is None:
+            self._connect()
+
+    def _connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+        sock.settimeout(self._timeout)
+        self._sock = sock
+        if self._secret is not None:
+            self._queues[AUTH_ID] = deque()
+            try:
+                self._send(self._session.auth_frame(self._secret))
+                reply = self._next(AUTH_ID)
+            except ConnectionLost as exc:
+                raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
+            finally:
+                self._queues.pop(AUTH_ID, None)
+            if not isinstance(reply, dict) or reply.get("status") != STATUS_AUTHENTICATED:
+                self.close()
+                raise PermissionError(f"{self.host}:{self.port} refused the token: {reply}")

@@ -1,0 +1,111 @@
+"""The clients' sans-IO core: reply routing, attribution of id-less replies, retry decisions."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from governor.client import ConnectionLost, Result, RetryBudget, RetryPolicy, Token, Yielded
+from governor.client.retry import Attempts
+from governor.client.session import Session
+from governor.errors import FrameTooLarge, IntegrityMismatch, WorkerLost, WorkerUnavailable
+
+
+def line(**reply: object) -> bytes:
+    return orjson.dumps(reply) + b"\n"
+
+
+def test_replies_become_tokens_results_and_typed_failures_for_their_own_request() -> None:
+    session = Session()
+    a, frame = session.generate("hi", {"max_new_tokens": 2})
+    b, _ = session.generate("yo", {})
+    sent = orjson.loads(frame)
+    assert sent["ack"] is True and sent["size"] == 2 and len(sent["sha256"]) == 64
+    events = session.feed(
+        line(id=a, status="accepted")
+        + line(id=b, status="yield", retry_hint_ms=40, reason="inflight")
+        + line(id=a, status="token", index=0, token_id=104, text="h")
+        + line(id=a, status="done", text="hi", finish_reason="length", prompt_tokens=2, completion_tokens=2)
+    )
+    (rid_b, yielded), (rid_t, token), (rid_d, done) = events
+    assert rid_b == b and isinstance(yielded, Yielded) and (yielded.retry_hint_ms, yielded.reason) == (40, "inflight")
+    assert (rid_t, token) == (a, Token(0, 104, "h"))
+    assert rid_d == a and isinstance(done, Result) and done.text == "hi" and done.completion_tokens == 2
+    assert session.open == set()  # both are final
+
+
+def test_an_id_less_error_belongs_to_the_oldest_frame_without_a_first_reply() -> None:
+    session = Session()
+    a, _ = session.generate("x" * 10, {})
+    b, _ = session.generate("y", {})
+    events = session.feed(
+        line(id=a, status="accepted") + line(id=None, status="error", code="frame_too_large", message="big")
+    )
+    ((rid, error),) = events
+    assert rid == b and isinstance(error, FrameTooLarge)  # a was acknowledged: the null reply is b's
+
+
+def test_a_cancelled_request_hears_nothing_more_and_its_final_reply_is_dropped() -> None:
+    session = Session()
+    a, _ = session.generate("x", {})
+    assert orjson.loads(session.cancel(a)) == {"id": a, "op": "cancel"}
+    assert session.feed(line(id=a, status="done", text="", finish_reason="cancelled")) == []
+
+
+def test_control_replies_come_back_raw_and_errors_are_typed_per_code() -> None:
+    session = Session()
+    p, _ = session.control("ping")
+    g, _ = session.generate("x", {})
+    events = dict(session.feed(line(id=p, status="pong", protocol=1) + line(id=g, status="error", code="integrity")))
+    assert events[p] == {"id": p, "status": "pong", "protocol": 1}
+    assert isinstance(events[g], IntegrityMismatch)
+
+
+def test_an_oversized_reply_is_a_lost_connection() -> None:
+    session = Session()
+    session._splitter.max_frame_bytes = 16  # noqa: SLF001  (the 64 MiB limit, shrunk)
+    with pytest.raises(ConnectionLost):
+        session.feed(b"x" * 32 + b"\n")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_attempts_wait_the_hint_with_jitter_and_stop_at_the_limits() -> None:
+    clock = Clock()
+    policy = RetryPolicy(max_attempts=3, deadline_s=10.0, jitter=0.2)
+    attempts = Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(1))
+    wait = attempts.wait_s(Yielded("r", 500, "inflight"))
+    assert wait is not None and 0.4 <= wait <= 0.6
+    assert attempts.wait_s(WorkerUnavailable("starting")) is not None  # backoff, no hint needed
+    assert attempts.wait_s(Yielded("r", 1, "inflight")) is None  # 3 attempts made
+    fresh = Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(1))
+    assert fresh.wait_s(Yielded("r", 20_000, "qps")) is None  # past the deadline
+    assert fresh.wait_s(WorkerLost("gone")) is None  # may have run: never repeated
+    assert fresh.wait_s(IntegrityMismatch("bad")) is None  # the request is at fault
+
+
+@given(st.lists(st.booleans(), max_size=400), st.floats(0, 1), st.floats(0, 20))
+def test_retries_never_exceed_the_budget(pattern: list[bool], ratio: float, reserve: float) -> None:
+    """Each element is one request: True if it is yielded (and wants a retry). However the
+    yields fall, retries <= reserve + ratio * first attempts."""
+    budget = RetryBudget(ratio, reserve)
+    clock = Clock()
+    policy = RetryPolicy(max_attempts=1_000, deadline_s=1e9, budget_ratio=ratio, budget_reserve=reserve)
+    firsts = retries = 0
+    for yielded in pattern:
+        attempts = Attempts(policy, budget, clock, random.Random(0))
+        firsts += 1
+        while yielded and attempts.wait_s(Yielded("r", 1, "inflight")) is not None:
+            retries += 1
+            yielded = retries % 3 != 0  # some retries are admitted, some yielded again
+    assert retries <= reserve + ratio * firsts + 1e-9
