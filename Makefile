@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool fuzz soak clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -73,6 +73,12 @@ soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor
 	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep
+
+image:  ## the CPU container image (BuildKit; the context is the repository root)
+	docker build -f deploy/Dockerfile -t governor:cpu .
+
+image-cuda:  ## the CUDA container image
+	docker build -f deploy/Dockerfile.cuda -t governor:cuda .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

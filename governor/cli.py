@@ -22,7 +22,7 @@ EXIT_USAGE = 2
 EXIT_YIELDED = 3
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor", description="TCP ingress governor for inference workers")
     parser.add_argument("--version", action="version", version=f"governor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in args_list:
         cut = args_list.index("--")
         args_list, worker_args = args_list[:cut], args_list[cut + 1 :]
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command == "serve":
         try:

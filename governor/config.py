@@ -26,6 +26,7 @@ class GovernorConfig:
     host: str = option("127.0.0.1", "address to listen on (also used by the metrics endpoint)")
     port: int = option(7070, "TCP port for NDJSON frames")
     metrics_port: int = option(9464, "port for /metrics, /healthz, /readyz; 0 disables the endpoint")
+    metrics_host: str = option("", "address of the metrics endpoint if not --host (e.g. 0.0.0.0 in a pod)")
     max_inflight: int = option(32, "hard cap on admitted, unfinished generate requests, over all workers")
     max_qps: float = option(0.0, "hard cap on admissions per second over all workers (a token bucket); 0 = none")
     qps_burst: float = option(0.0, "admissions the --max-qps bucket can bank; 0 = max(1, --max-qps)")

@@ -206,7 +206,7 @@ class Server:
             tasks.append(asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s)))
             if config.metrics_port:
                 metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_up > 0)
-                await metrics.start(config.host, config.metrics_port)
+                await metrics.start(config.metrics_host or config.host, config.metrics_port)
             limits = connection_limits(config)
             listener = await loop.create_server(
                 lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024

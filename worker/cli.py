@@ -13,11 +13,16 @@ from governor.options import add_options, from_namespace
 from worker.config import WorkerConfig
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="worker", description="inference worker behind a governor")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = sub.add_parser("serve", help="run the worker's socket server")
     add_options(serve_parser, WorkerConfig)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         config = from_namespace(WorkerConfig, args)
