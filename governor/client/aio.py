@@ -176,7 +176,10 @@ class AsyncClient:
 
     async def _next(self, rid: str) -> Event | dict[str, Any]:
         try:
-            reply = await asyncio.wait_for(self._queues[rid].get(), self._timeout)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that lands
+            # as the reply arrives, and a cancelled stream would then run to its end.
+            async with asyncio.timeout(self._timeout):
+                reply = await self._queues[rid].get()
         except TimeoutError:
             raise TimeoutError(f"no reply from {self.host}:{self.port} within {self._timeout} s") from None
         if isinstance(reply, ConnectionLost):
@@ -210,8 +213,8 @@ class AsyncClient:
 
     async def _open(self) -> None:
         loop = asyncio.get_running_loop()
-        connecting = loop.create_connection(lambda: _Link(self), self.host, self.port)
-        transport, _ = await asyncio.wait_for(connecting, self._connect_timeout)
+        async with asyncio.timeout(self._connect_timeout):
+            transport, _ = await loop.create_connection(lambda: _Link(self), self.host, self.port)
         self._transport = transport
         self._session = Session()
         if self._secret is not None:

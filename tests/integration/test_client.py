@@ -1,0 +1,146 @@
+"""governor.client against a real governor and echo worker: results, streams, pipelining,
+yields and retries, cancellation by leaving a stream, auth, a lost connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from governor.client import (
+    NO_RETRY,
+    AsyncClient,
+    Client,
+    ConnectionLost,
+    RetryPolicy,
+    Token,
+    Yielded,
+)
+from governor.errors import BadFrame, WorkerLost
+from tests.integration.conftest import Governor
+
+pytestmark = pytest.mark.integration
+Start = Callable[..., Governor]
+
+
+def test_generate_stream_and_typed_errors(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "5"))
+    with Client(port=gov.port) as client:
+        result = client.generate("hello", max_new_tokens=16)
+        assert (result.text, result.finish_reason, result.completion_tokens) == ("hello", "eos", 5)
+        assert result.reply["total_ms"] >= result.reply["ttft_ms"] > 0
+        stream = client.stream("abc", max_new_tokens=6, stop_on_eos=False)
+        assert [t.text for t in stream] == list("abcabc")
+        assert stream.result is not None and stream.result.finish_reason == "length"
+        with pytest.raises(BadFrame, match="max_new_tokens"):
+            client.generate("x", max_new_tokens=0)
+        assert client.ping()["status"] == "pong"
+        assert client.stats()["executed_total"] == 2
+
+
+def test_interleaved_streams_share_one_connection(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "10"))
+    with Client(port=gov.port) as client:
+        first = client.stream("aaaa", max_new_tokens=4)
+        second = client.stream("bbbb", max_new_tokens=4)
+        texts: dict[str, str] = {"a": "", "b": ""}
+        for a, b in zip(first, second, strict=True):
+            texts["a"] += a.text
+            texts["b"] += b.text
+        assert texts == {"a": "aaaa", "b": "bbbb"}
+        assert gov.stats()["connections"] == 2  # this client's one, and the stats probe's
+
+
+def test_a_yield_is_raised_or_retried_after_its_hint(start_governor: Start) -> None:
+    gov = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "100"))
+    with Client(port=gov.port, retry=NO_RETRY) as holder, Client(port=gov.port, retry=NO_RETRY) as other:
+        held = holder.stream("hold", max_new_tokens=4, stop_on_eos=False)  # ~0.4 s in the only slot
+        assert isinstance(next(held), Token)
+        with pytest.raises(Yielded) as info:
+            other.generate("x")
+        assert info.value.reason == "inflight" and info.value.retry_hint_ms > 0
+        patient = Client(port=gov.port, retry=RetryPolicy(max_attempts=50, deadline_s=10, budget_reserve=50))
+        with patient:
+            started = time.monotonic()
+            assert patient.generate("ok", max_new_tokens=2).text == "ok"  # admitted once the slot frees
+            assert time.monotonic() - started > 0.1
+        list(held)
+    assert gov.stats()["yielded_total"] >= 2
+
+
+def test_leaving_a_stream_cancels_the_request_on_the_server(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "20"))
+    with Client(port=gov.port) as client:
+        for token in client.stream("x", max_new_tokens=1000, stop_on_eos=False):
+            assert token.index == 0
+            break
+        gov.wait_until(lambda: gov.stats()["inflight"] == 0, timeout=5, what="the cancel")
+        assert client.generate("still", max_new_tokens=8).text == "still"  # the connection is fine
+    stats = gov.stats()
+    assert stats["executed_total"] == 2 and stats["failed_total"] == 0  # cancelled ones end in done
+
+
+def test_async_client_runs_many_tasks_on_one_connection_and_cancels_on_task_cancel(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "5"))
+
+    async def scenario() -> None:
+        async with AsyncClient(port=gov.port) as client:
+            results = await asyncio.gather(*(client.generate(f"p{i}", max_new_tokens=8) for i in range(20)))
+            assert [r.text for r in results] == [f"p{i}" for i in range(20)]
+            tokens = [t.text async for t in client.stream("xyz", max_new_tokens=3, stop_on_eos=False)]
+            assert tokens == ["x", "y", "z"]
+
+            async def long() -> None:
+                async with client.stream("z", max_new_tokens=1000, stop_on_eos=False) as stream:
+                    async for _ in stream:
+                        pass
+
+            task = asyncio.create_task(long())
+            await asyncio.sleep(0.2)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(100):
+                if (await client.stats())["inflight"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await client.stats())["inflight"] == 0
+
+    asyncio.run(scenario())
+    assert gov.stats()["connections"] == 1
+
+
+def test_a_lost_worker_and_a_lost_connection_surface_as_typed_errors(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "50"))
+    (worker,) = gov.stats()["workers"]
+    with Client(port=gov.port) as client:
+        stream = client.stream("x", max_new_tokens=100, stop_on_eos=False)
+        next(stream)
+        os.kill(worker["pid"], signal.SIGKILL)
+        with pytest.raises(WorkerLost):
+            list(stream)
+        gov.proc.send_signal(signal.SIGKILL)
+        gov.proc.wait(10)
+        with pytest.raises((ConnectionLost, OSError)):
+            client.generate("y")
+
+
+def test_a_client_with_a_token_authenticates(start_governor: Start, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("let-me-in-please")
+    gov = start_governor("--auth-token-file", str(token_file))
+    with Client(port=gov.port, token="let-me-in-please") as client:
+        assert client.generate("hi", max_new_tokens=2).text == "hi"
+    with pytest.raises(PermissionError):
+        Client(port=gov.port, token="wrong-token")
+
+    async def scenario() -> str:
+        async with AsyncClient(port=gov.port, token="let-me-in-please") as client:
+            return (await client.generate("async", max_new_tokens=5)).text
+
+    assert asyncio.run(scenario()) == "async"
