@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
 
@@ -13,7 +14,7 @@ import orjson
 from governor import __version__
 from governor.bench.config import BenchConfig
 from governor.config import ConfigError, GovernorConfig
-from governor.config_file import load_config
+from governor.config_file import config_sources, load_config, render_config
 from governor.logs import configure_logging
 from governor.options import add_options, from_namespace, given
 
@@ -33,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the governor. Arguments after a literal -- go to the spawned worker.",
     )
     add_options(serve, GovernorConfig)
+    serve.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective configuration (flags > GOVERNOR_* environment > --config file > defaults) and exit",
+    )
 
     send = sub.add_parser("send", help="send one generate frame and print the streamed reply")
     send.add_argument("prompt", help="the prompt; size and sha256 are computed for you")
@@ -66,10 +72,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.command == "serve":
+        flags = given(GovernorConfig, args)
         try:
-            config = load_config(given(GovernorConfig, args), tuple(worker_args))
+            config = load_config(flags, tuple(worker_args))
         except ConfigError as exc:
             parser.error(str(exc))
+        if args.print_config:
+            sys.stdout.write(render_config(config, config_sources(flags, os.environ)))
+            return 0
         return _serve(config)
     if worker_args:
         parser.error("arguments after -- are only for 'governor serve'")

@@ -1,41 +1,110 @@
-"""`--config PATH`: GovernorConfig values from a TOML file, re-read on SIGHUP.
+"""Where GovernorConfig values come from: flags > environment > config file > defaults.
 
-Top-level keys are the flags' names (`max_inflight` or `max-inflight`); each `[[endpoint]]` table
-is one worker: `address` plus its soft caps (`concurrency`, `qps`, `burst`, `weight`), the same
-as a `--worker` value. Flags given on the command line win over the file.
+- The TOML file (`--config PATH`, re-read on SIGHUP): top-level keys are the flags' names
+  (`max_inflight` or `max-inflight`); each `[[endpoint]]` table is one worker: `address` plus its
+  soft caps (`concurrency`, `qps`, `burst`, `weight`), the same as a `--worker` value.
+- The environment: `GOVERNOR_` + the flag's name in capitals (`GOVERNOR_MAX_INFLIGHT=64`);
+  repeatable settings take space-separated values (`GOVERNOR_WORKER="h:1,concurrency=4 h:2"`).
+  Variables naming no setting are left alone (other tools share the prefix).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tomllib
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from governor.config import ConfigError, GovernorConfig
+import orjson
+
+from governor.config import ConfigError, GovernorConfig, parse_endpoint
 
 _ENDPOINT_KEYS = ("concurrency", "qps", "burst", "weight")
 _NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker"}
+ENV_PREFIX = "GOVERNOR_"
 
 
-def load_config(flags: dict[str, Any], worker_args: tuple[str, ...] = ()) -> GovernorConfig:
-    """The configuration from the flags given, over the config file they name, over the defaults."""
-    base = read_config_file(flags["config"]) if flags.get("config") else {}
-    return GovernorConfig(**{**base, **flags, "worker_args": worker_args, "flag_overrides": tuple(flags)})
+def config_layers(flags: dict[str, Any], environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The values each source sets, lowest precedence first: file, env, flag."""
+    env = read_environment(environ)
+    path = flags.get("config") or env.get("config")
+    return {"file": read_config_file(path) if path else {}, "env": env, "flag": flags}
+
+
+def config_sources(flags: dict[str, Any], environ: Mapping[str, str]) -> dict[str, str]:
+    """Which source set each setting that is not at its default."""
+    return {name: source for source, layer in config_layers(flags, environ).items() for name in layer}
+
+
+def load_config(
+    flags: dict[str, Any], worker_args: tuple[str, ...] = (), environ: Mapping[str, str] | None = None
+) -> GovernorConfig:
+    """The effective configuration. What flags and the environment set is kept over a reload."""
+    layers = config_layers(flags, os.environ if environ is None else environ)
+    values = {name: value for layer in layers.values() for name, value in layer.items()}
+    pinned = tuple({**layers["env"], **layers["flag"]})
+    return GovernorConfig(**values, worker_args=worker_args, flag_overrides=pinned)
 
 
 def reload_config(config: GovernorConfig) -> GovernorConfig:
-    """`config` with its file read again (SIGHUP); the flags it was started with still win."""
-    flags = {name: getattr(config, name) for name in config.flag_overrides}
-    return load_config(flags, config.worker_args)
+    """`config` with its file read again (SIGHUP); what flags and the environment set still wins."""
+    pinned = {name: getattr(config, name) for name in config.flag_overrides}
+    return load_config(pinned, config.worker_args, environ={})
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """`GOVERNOR_*` variables as GovernorConfig field values; ConfigError names a bad one."""
+    hints = typing.get_type_hints(GovernorConfig)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(GovernorConfig):
+        variable = ENV_PREFIX + f.name.upper()
+        if "help" not in f.metadata or variable not in environ:
+            continue
+        text, kind = environ[variable], hints[f.name]
+        if typing.get_origin(kind) is tuple:
+            values[f.name] = tuple(text.split())
+            continue
+        try:
+            value: Any = kind(text) if kind in (int, float) else text
+        except ValueError:
+            raise ConfigError(f"${variable}: {text!r} is not a valid {kind.__name__}") from None
+        values[f.name] = _checked(f"${variable}", f.name, value, kind)
+    return values
+
+
+def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
+    """The effective configuration as a config file (`--print-config`), each line marked with
+    where its value came from. Token files are shown by path; tokens never."""
+    lines = ["# governor serve: effective configuration (flag > env > file > default)"]
+    if config.config:
+        lines.append(f"# config file: {config.config}")
+    endpoints: list[str] = []
+    for f in dataclasses.fields(config):
+        if "help" not in f.metadata or f.name == "config":
+            continue
+        value = getattr(config, f.name)
+        source = sources.get(f.name, "default")
+        if f.name == "worker":
+            for spec in value:
+                address, limits = parse_endpoint(spec)
+                caps = "".join(f"\n{key} = {getattr(limits, key)!r}" for key in _ENDPOINT_KEYS)
+                endpoints.append(f"[[endpoint]]  # {source}\naddress = {str(address)!r}{caps}")
+            continue
+        shown = orjson.dumps(value).decode() if isinstance(value, str) else repr(value)
+        lines.append(f"{f.name} = {shown}  # {source}")
+    if config.worker_args:
+        lines.append(f"# spawned worker flags (after --): {' '.join(config.worker_args)}")
+    return "\n".join([*lines, *endpoints]) + "\n"
 
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The file's values as GovernorConfig field values; ConfigError names whatever is wrong."""
     try:
         data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"--config {path}: {exc}") from None
     hints = typing.get_type_hints(GovernorConfig)
     fields = {f.name for f in dataclasses.fields(GovernorConfig)} - _NOT_IN_FILE
@@ -47,7 +116,7 @@ def read_config_file(path: str) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in fields:
             raise ConfigError(f"--config {path}: unknown setting {key!r}")
-        values[name] = _checked(path, key, value, hints[name])
+        values[name] = _checked(f"--config {path}", key, value, hints[name])
     return values
 
 
@@ -66,7 +135,7 @@ def _endpoint_spec(path: str, index: int, table: dict[str, Any]) -> str:
     return ",".join([table["address"], *caps])
 
 
-def _checked(path: str, key: str, value: Any, kind: Any) -> Any:
+def _checked(where: str, key: str, value: Any, kind: Any) -> Any:
     if typing.get_origin(kind) is Literal:
         ok = value in typing.get_args(kind)
     elif kind is float:
@@ -76,5 +145,5 @@ def _checked(path: str, key: str, value: Any, kind: Any) -> Any:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ConfigError(f"--config {path}: {key} = {value!r} is not a valid {getattr(kind, '__name__', kind)}")
+        raise ConfigError(f"{where}: {key} = {value!r} is not a valid {getattr(kind, '__name__', kind)}")
     return float(value) if kind is float else value

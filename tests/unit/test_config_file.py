@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from governor.config import ConfigError
-from governor.config_file import load_config, reload_config
+from governor.config import ConfigError, parse_endpoint
+from governor.config_file import config_sources, load_config, reload_config, render_config
 from governor.pool import Endpoint, EndpointLimits, Pool
 
 
@@ -73,3 +73,40 @@ def test_live_limits_keep_what_the_bucket_holds_and_never_cancel() -> None:
     pool.set_global(10.0, 1.0, 8, 0.0)
     assert pool.bucket is not None and pool.bucket.tokens == 1.0  # held 2, the new burst is 1
     assert pool.reserve(0.0) is endpoint
+
+
+def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path: Path) -> None:
+    path = write(tmp_path, POOL)
+    env = {"GOVERNOR_CONFIG": path, "GOVERNOR_MAX_INFLIGHT": "30", "GOVERNOR_IDLE_TIMEOUT_S": "9.5", "GOVERNOR_X": "?"}
+    config = load_config({}, environ=env)
+    assert (config.max_inflight, config.max_qps, config.idle_timeout_s, config.port) == (30, 50.0, 9.5, 7070)
+    assert load_config({"max_inflight": 12}, environ=env).max_inflight == 12
+    assert config_sources({"port": 1}, env) == {
+        "max_inflight": "env",
+        "idle_timeout_s": "env",
+        "config": "env",
+        "max_qps": "file",
+        "worker": "file",
+        "port": "flag",
+    }
+    Path(path).write_text(POOL.replace("max_inflight = 20", "max_inflight = 99"))
+    assert reload_config(config).max_inflight == 30  # what the environment set survives a reload
+
+
+def test_the_environment_takes_space_separated_endpoints_and_names_a_bad_variable() -> None:
+    config = load_config({}, environ={"GOVERNOR_WORKER": "127.0.0.1:1,concurrency=2 127.0.0.1:2"})
+    assert config.worker == ("127.0.0.1:1,concurrency=2", "127.0.0.1:2")
+    for variable, value in (("GOVERNOR_MAX_QPS", "fast"), ("GOVERNOR_INTEGRITY", "maybe")):
+        with pytest.raises(ConfigError, match=f"\\${variable}"):
+            load_config({}, environ={variable: value})
+
+
+def test_the_printed_configuration_is_a_config_file_that_loads_to_the_same_settings(tmp_path: Path) -> None:
+    flags = {"config": write(tmp_path, POOL), "log_level": "debug"}
+    config = load_config(flags, environ={})
+    text = render_config(config, config_sources(flags, {}))
+    assert 'log_level = "debug"  # flag' in text and "max_qps = 50.0  # file" in text
+    again = load_config({"config": write(tmp_path, text)}, environ={})
+    fields = ("max_inflight", "max_qps", "log_level", "retry_hint", "idle_timeout_s", "host")
+    assert all(getattr(again, name) == getattr(config, name) for name in fields)
+    assert [parse_endpoint(w) for w in again.worker] == [parse_endpoint(w) for w in config.worker]
