@@ -7,12 +7,15 @@ import asyncio
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import orjson
 
 from governor import __version__
+from governor.auth import SharedSecret
 from governor.bench.config import BenchConfig
+from governor.client import NO_RETRY, Client, GovernorError
 from governor.config import ConfigError, GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
 from governor.logs import configure_logging
@@ -21,6 +24,24 @@ from governor.options import add_options, from_namespace, given
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_YIELDED = 3
+
+
+def _add_client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="governor address (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=7070, help="governor port (default: 7070)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default: 60)")
+    parser.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
+
+
+def _client(args: argparse.Namespace) -> Client:
+    """A client from the common options; SystemExit naming the problem if it cannot connect."""
+    try:
+        token = SharedSecret.read(args.auth_token_file).token.decode() if args.auth_token_file else None
+        return Client(args.host, args.port, token=token, timeout=args.timeout, retry=NO_RETRY)
+    except ValueError as exc:
+        raise SystemExit(f"governor {args.command}: error: --auth-token-file: {exc}") from None
+    except OSError as exc:
+        raise SystemExit(f"governor {args.command}: error: {args.host}:{args.port}: {exc}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,8 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     send = sub.add_parser("send", help="send one generate frame and print the streamed reply")
     send.add_argument("prompt", help="the prompt; size and sha256 are computed for you")
-    send.add_argument("--host", default="127.0.0.1", help="governor address (default: 127.0.0.1)")
-    send.add_argument("--port", type=int, default=7070, help="governor port (default: 7070)")
+    _add_client_options(send)
     send.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default: 16)")
     send.add_argument("--temperature", type=float, help="sampling temperature; 0 = greedy")
     send.add_argument("--top-p", type=float, help="nucleus sampling mass in (0, 1]")
@@ -52,8 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--no-stop-on-eos", action="store_true", help="keep generating past end-of-sequence")
     send.add_argument("--no-stream", action="store_true", help="ask for the final reply only")
     send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
-    send.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds")
-    send.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
+
+    status = sub.add_parser("status", help="one screen of caps, load, rates, yields and worker health")
+    _add_client_options(status)
+    status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples (default: 1)")
 
     bench = sub.add_parser(
         "bench",
@@ -91,7 +113,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         from governor.bench.main import run_bench
 
         return run_bench(bench_config)
+    if args.command == "status":
+        return _status(args)
     return _send(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from governor.status import render_status
+
+    try:
+        with _client(args) as client:
+            before = client.stats()
+            time.sleep(args.interval)
+            after = client.stats()
+    except GovernorError as exc:
+        print(f"governor status: error: code={exc.code} message={exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # ConnectionLost, TimeoutError
+        print(f"governor status: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    sys.stdout.write(render_status(before, after, args.interval))
+    return 0
 
 
 def _serve(config: GovernorConfig) -> int:
@@ -109,8 +151,7 @@ def _serve(config: GovernorConfig) -> int:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from governor.auth import SharedSecret
-    from governor.client import NO_RETRY, Client, GovernorError, Yielded
+    from governor.client import Yielded
 
     fields = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
     for name in ("temperature", "top_p", "top_k", "seed"):
@@ -119,15 +160,8 @@ def _send(args: argparse.Namespace) -> int:
     if args.no_stop_on_eos:
         fields["stop_on_eos"] = False
     out = sys.stdout
-    token = None
-    if args.auth_token_file:
-        try:
-            token = SharedSecret.read(args.auth_token_file).token.decode()
-        except ValueError as exc:
-            print(f"governor send: error: --auth-token-file: {exc}", file=sys.stderr)
-            return 2
     try:
-        with Client(args.host, args.port, token=token, timeout=args.timeout, retry=NO_RETRY) as client:
+        with _client(args) as client:
             stream = client.stream(args.prompt, **fields)
             for token_ in stream:
                 text = orjson.dumps({"status": "token", **dataclasses.asdict(token_)}).decode() + "\n"
@@ -145,5 +179,8 @@ def _send(args: argparse.Namespace) -> int:
         return EXIT_YIELDED
     except GovernorError as exc:
         print(f"error: code={exc.code} message={exc.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as exc:  # ConnectionLost, TimeoutError
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return 0

@@ -165,6 +165,7 @@ class ServerState:
         return {
             "inflight": self.limiter.inflight,
             "max_inflight": self.limiter.max_inflight,
+            "max_qps": 0.0 if self.pool.bucket is None else self.pool.bucket.rate,
             "qps_tokens": None if self.pool.bucket is None else round(self.pool.bucket.level(self.clock()), 3),
             "received_total": acc.received,
             "executed_total": acc.executed,

@@ -165,6 +165,8 @@ class AsyncClient:
             reply = await self._next(rid)
         finally:
             self._queues.pop(rid, None)
+        if isinstance(reply, GovernorError):
+            raise reply  # e.g. unauthorized: the governor closes the connection after it
         return cast(dict[str, Any], reply)
 
     def _abandon(self, rid: str) -> None:

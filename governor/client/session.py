@@ -3,8 +3,9 @@
 Both `Client` and `AsyncClient` wrap a `Session`. It assigns request ids, turns replies into
 `Token`s, a `Result` or a typed exception, and attributes the replies that carry `id: null` (a
 frame the governor could not read, or a connection-level error before a close): every generate
-is sent with `ack`, so each frame's first reply comes back in the order frames were sent, and an
-id-less reply belongs to the oldest request still waiting for its first one.
+is sent with `ack` (and ping and stats are answered at once), so each frame's first reply comes
+back in the order frames were sent, and an id-less reply belongs to the oldest request still
+waiting for its first one.
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Session:
 
     def control(self, op: str) -> tuple[str, bytes]:
         rid = next(self._ids)
+        self._unacknowledged.append(rid)
         self.open.add(rid)
         return rid, encode({"id": rid, "op": op})
 

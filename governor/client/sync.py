@@ -154,6 +154,8 @@ class Client:
             reply = self._next(rid)
         finally:
             self._queues.pop(rid, None)
+        if isinstance(reply, GovernorError):
+            raise reply  # e.g. unauthorized: the governor closes the connection after it
         assert isinstance(reply, dict)
         return reply
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -144,3 +146,25 @@ def test_a_client_with_a_token_authenticates(start_governor: Start, tmp_path: Pa
             return (await client.generate("async", max_new_tokens=5)).text
 
     assert asyncio.run(scenario()) == "async"
+
+
+def test_status_and_print_config_commands(start_governor: Start, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("status-token")
+    gov = start_governor("--auth-token-file", str(token_file), "--max-inflight", "5")
+    with Client(port=gov.port, token="status-token") as client:
+        client.generate("hi", max_new_tokens=2)
+    base = [sys.executable, "-m", "governor"]
+    status = subprocess.run(
+        [*base, "status", "--port", str(gov.port), "--auth-token-file", str(token_file), "--interval", "0.2"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    assert "governor: serving, 0/5 in flight" in status.stdout
+    assert "workers: 1/1 up" in status.stdout and "executed 1" in status.stdout
+    refused = subprocess.run([*base, "status", "--port", str(gov.port)], capture_output=True, text=True, timeout=30)
+    assert refused.returncode == 1 and "unauthorized" in refused.stderr
+    printed = subprocess.run(
+        [*base, "serve", "--max-inflight", "7", "--print-config"],
+        capture_output=True, text=True, timeout=30, check=True, env={**os.environ, "GOVERNOR_MAX_QPS": "12.5"},
+    )  # fmt: skip
+    assert "max_inflight = 7  # flag" in printed.stdout and "max_qps = 12.5  # env" in printed.stdout
