@@ -11,21 +11,18 @@ submission, as its user would see them.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import orjson
-
-from governor.address import Address, open_connection, parse_address
 from governor.bench.config import BenchConfig, parse_length_dist
 from governor.bench.schedule import ScheduleKind, SubmitSchedule
 from governor.bench.stats import RequestSample
-from governor.client import MAX_REPLY_BYTES
-from governor.framing import TOO_LARGE, LineSplitter
-from governor.wire import WORKER_STATS_ID, encode, generate_frame
+from governor.client import NO_RETRY, AsyncClient, ConnectionLost, GovernorError, Result, Token, Yielded
+from governor.client.aio import Reply
+from governor.client.session import Accepted
 
 
 @dataclass
@@ -53,29 +50,6 @@ class _Request:
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class _Connection(asyncio.Protocol):
-    def __init__(
-        self, on_reply: Callable[[dict[str, Any], float], None], on_lost: Callable[[_Connection], None]
-    ) -> None:
-        self._on_reply = on_reply
-        self._on_lost = on_lost
-        self._splitter = LineSplitter(MAX_REPLY_BYTES)
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        now = time.monotonic()
-        for line in self._splitter.feed(data):
-            if line is not TOO_LARGE:
-                self._on_reply(orjson.loads(line), now)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self._on_lost(self)
-
-
 def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
     """The workload's prompts: --prompt repeated, or random text of --prompt-len-dist characters."""
     alphabet = "abcdefghijklmnopqrstuvwxyz     "
@@ -95,20 +69,11 @@ def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
 class _StatsPoll:
     """The governor's inflight and yield count over a run, over a connection of its own."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader, self._writer = reader, writer
-        self._count = 0
-
-    @classmethod
-    async def open(cls, address: Address) -> _StatsPoll:
-        if address.is_unix:
-            return cls(*await asyncio.open_unix_connection(address.path, limit=MAX_REPLY_BYTES))
-        return cls(*await asyncio.open_connection(address.host, address.port, limit=MAX_REPLY_BYTES))
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
 
     async def sample(self) -> tuple[int, int]:
-        self._count += 1
-        self._writer.write(encode({"id": f"poll-{self._count}", "op": "stats"}))
-        stats = orjson.loads(await self._reader.readline())
+        stats = await self.client.stats()
         return int(stats["inflight"]), int(stats["yielded_total"])
 
     async def run(self, t0: float, timeline: list[tuple[float, int, int]], interval_ms: float) -> None:
@@ -117,59 +82,43 @@ class _StatsPoll:
             inflight, yielded = await self.sample()
             timeline.append((time.monotonic() - t0, inflight, yielded))
 
-    def close(self) -> None:
-        self._writer.close()
-
 
 class BenchRun:
-    def __init__(self, config: BenchConfig, prompts: list[str], run_id: str, rng: random.Random) -> None:
+    def __init__(self, config: BenchConfig, prompts: list[str], rng: random.Random) -> None:
         self.config = config
         self.prompts = prompts
-        self.run_id = run_id
         self.rng = rng
-        self._pending: dict[str, tuple[_Request, float, _Connection]] = {}  # attempt id -> (request, sent, on)
-        self._connections: list[_Connection] = []
-        self._fields: dict[str, Any] = {
-            "max_new_tokens": config.max_new_tokens,
-            "stop_on_eos": config.stop_on_eos,
-            "ack": True,  # an `accepted` reply once admitted: submit -> ack latency
-        }
+        self._clients: list[AsyncClient] = []
+        # The client asks for an `accepted` reply (ack) on every request: submit -> ack latency.
+        self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
 
     async def run(self) -> RunResult:
-        address = parse_address(self.config.direct or self.config.address)
-        for _ in range(self.config.connections):
-            conn = _Connection(self._on_reply, self._on_lost)
-            await open_connection(address, lambda c=conn: c)  # type: ignore[misc]
-            self._connections.append(conn)
+        address = self.config.direct or self.config.address
+        # No timeouts or retries inside the client: the run has its own deadline and retry rule.
+        self._clients = [
+            AsyncClient(address=address, timeout=None, retry=NO_RETRY) for _ in range(self.config.connections)
+        ]
+        poll = None if self.config.direct else _StatsPoll(AsyncClient(address=address, retry=NO_RETRY))
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
         lags: list[float] = []
         timeline: list[tuple[float, int, int]] = []
-        poll = None
         try:
-            if not self.config.direct:
-                poll = await _StatsPoll.open(address)
+            for client in self._clients:
+                await client.connect()
+            if poll is not None:
                 timeline.append((0.0, *await poll.sample()))  # the baseline: a burst's yields show at once
-        except (OSError, ValueError):
-            for conn in self._connections:
-                if conn.transport is not None:
-                    conn.transport.close()
-            if poll is not None:
-                poll.close()
-            raise
-        t0 = time.monotonic()
-        poller = None if poll is None else asyncio.create_task(poll.run(t0, timeline, self.config.poll_interval_ms))
-        try:
-            await asyncio.wait_for(self._submit_all(requests, t0, lags), self.config.timeout_s)
-        except TimeoutError:
-            pass
+            t0 = time.monotonic()
+            poller = None if poll is None else asyncio.create_task(poll.run(t0, timeline, self.config.poll_interval_ms))
+            try:
+                await asyncio.wait_for(self._submit_all(requests, t0, lags), self.config.timeout_s)
+            except TimeoutError:
+                pass
+            finally:
+                if poller is not None:
+                    poller.cancel()
         finally:
-            if poller is not None:
-                poller.cancel()
-            if poll is not None:
-                poll.close()
-            for conn in self._connections:
-                if conn.transport is not None:
-                    conn.transport.close()
+            for client in [*self._clients, *([] if poll is None else [poll.client])]:
+                await client.aclose()
         for request in requests:
             if not request.sample.status:
                 request.sample.status, request.sample.code = "error", "timeout"
@@ -213,9 +162,7 @@ class BenchRun:
 
     def _send(self, request: _Request) -> None:
         sample = request.sample
-        attempt_id = f"{self.run_id}-{request.index}-{sample.attempts}"
-        frame = generate_frame(attempt_id, request.prompt, **self._fields)
-        conn = self._connections[request.index % len(self._connections)]
+        client = self._clients[request.index % len(self._clients)]
         if sample.attempts == 0 and self.config.submit_work_ms:
             # Blocks the event loop like synchronous client work (tokenizing, building the request)
             # would, but sleeps rather than spins, so it takes no CPU from a server on the same machine.
@@ -224,47 +171,33 @@ class BenchRun:
         if sample.attempts == 0:
             sample.t_submit = now
         sample.attempts += 1
-        self._pending[attempt_id] = (request, now, conn)
-        if conn.transport is None:
+        try:
+            client.submit(request.prompt, functools.partial(self._on_event, request, now), **self._fields)
+        except ConnectionLost:
             self._settle(request, "error", now, "connection_lost")
-            return
-        conn.transport.write(encode(frame))
 
-    def _on_lost(self, lost: _Connection) -> None:
-        """What was pending on a closed connection cannot complete."""
-        now = time.monotonic()
-        for request, _, conn in list(self._pending.values()):
-            if conn is lost and not request.finished.is_set():
-                self._settle(request, "error", now, "connection_lost")
-
-    def _on_reply(self, reply: dict[str, Any], now: float) -> None:
-        rid = reply.get("id")
-        if rid == WORKER_STATS_ID or rid not in self._pending:
-            return
-        request, sent, _ = self._pending[rid]
+    def _on_event(self, request: _Request, sent: float, event: Reply, now: float) -> None:
         sample = request.sample
-        status = reply.get("status")
-        if status == "token":
+        if isinstance(event, Token):
             sample.token_times.append(now)
-            return
-        if status == "accepted":
+        elif isinstance(event, Accepted):
             sample.ack_latency = now - sent
-            return
-        del self._pending[rid]
-        if status == "done":
-            sample.prompt_tokens = int(reply.get("prompt_tokens", 0))
-            sample.completion_tokens = int(reply.get("completion_tokens", 0))
-            sample.server = {k: v for k, v in reply.items() if k.endswith("_ms")}
+        elif isinstance(event, Result):
+            sample.prompt_tokens = event.prompt_tokens
+            sample.completion_tokens = event.completion_tokens
+            sample.server = {k: v for k, v in event.reply.items() if k.endswith("_ms")}
             self._settle(request, "done", now)
-        elif status == "yield":
+        elif isinstance(event, Yielded):
             sample.yield_latencies.append(now - sent)
             if self.config.retry and sample.attempts <= self.config.max_retries:
-                hint_s = float(reply.get("retry_hint_ms", 50)) / 1000 * self.rng.uniform(1.0, 1.2)
+                hint_s = event.retry_hint_ms / 1000 * self.rng.uniform(1.0, 1.2)
                 asyncio.get_running_loop().call_later(hint_s, self._send, request)
             else:
-                self._settle(request, "yield", now, str(reply.get("reason")))
-        else:
-            self._settle(request, "error", now, str(reply.get("code")))
+                self._settle(request, "yield", now, event.reason)
+        elif isinstance(event, GovernorError):
+            self._settle(request, "error", now, event.code)
+        elif isinstance(event, ConnectionLost):
+            self._settle(request, "error", now, "connection_lost")
 
     @staticmethod
     def _settle(request: _Request, status: str, now: float, code: str | None = None) -> None:

@@ -9,18 +9,20 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
+from governor.address import Address, open_connection, parse_address
 from governor.auth import SharedSecret
 from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
-from governor.client.session import AUTH_ID, ConnectionLost, Event, Result, Session, Token
+from governor.client.session import AUTH_ID, FINAL, ConnectionLost, Event, Result, Session, Token
 from governor.client.sync import DEFAULT_POLICY
 from governor.errors import GovernorError
 from governor.validation import OP_PING, OP_STATS
 from governor.wire import STATUS_AUTHENTICATED
 
 Reply = Event | dict[str, Any] | ConnectionLost
+Route = Callable[[Reply, float], None]  # a reply and the time.monotonic() of the read that brought it
 
 
 class AsyncStream:
@@ -72,9 +74,13 @@ class AsyncClient:
         timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
         retry: RetryPolicy | None = DEFAULT_POLICY,
+        address: str | None = None,
     ) -> None:
-        """Connects on first use (or `await client.connect()`), and again after a loss."""
+        """Connects on first use (or `await client.connect()`), and again after a loss. `address`
+        (`HOST:PORT` or `unix:PATH`, e.g. a worker's socket) replaces host and port."""
+        self._address = parse_address(address) if address else Address(host=host, port=port)
         self.host, self.port = host, port
+        self._where = str(self._address)
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout
         self._connect_timeout = connect_timeout
@@ -84,7 +90,7 @@ class AsyncClient:
         self._transport: asyncio.Transport | None = None
         self._connecting: asyncio.Lock | None = None
         self._session = Session()
-        self._queues: dict[str, asyncio.Queue[Reply]] = {}
+        self._routes: dict[str, Route] = {}
 
     # -- requests -------------------------------------------------------------------------------------
 
@@ -97,6 +103,19 @@ class AsyncClient:
 
     def stream(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> AsyncStream:
         return AsyncStream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
+
+    def submit(self, prompt: str, on_event: Route, **fields: Any) -> str:
+        """Send a generate now, without waiting or retrying, and pass each of its events to
+        `on_event` as it is read: for harnesses that time every reply (`governor bench`). The
+        client must be connected. Returns the request id."""
+        rid, frame = self._session.generate(prompt, fields)
+        self._routes[rid] = on_event
+        try:
+            self._write(frame)
+        except ConnectionLost:
+            self._abandon(rid)
+            raise
+        return rid
 
     async def ping(self) -> dict[str, Any]:
         return await self._control(OP_PING)
@@ -134,12 +153,12 @@ class AsyncClient:
         while True:
             await self.connect()
             rid, frame = self._session.generate(prompt, fields)
-            self._queues[rid] = asyncio.Queue()
+            queue = self._queue(rid)
             started = False
             try:
                 self._write(frame)
                 while True:
-                    event = await self._next(rid)
+                    event = await self._next(queue)
                     if isinstance(event, Token):
                         started = True
                         yield event
@@ -159,41 +178,47 @@ class AsyncClient:
     async def _control(self, op: str) -> dict[str, Any]:
         await self.connect()
         rid, frame = self._session.control(op)
-        self._queues[rid] = asyncio.Queue()
+        queue = self._queue(rid)
         try:
             self._write(frame)
-            reply = await self._next(rid)
+            reply = await self._next(queue)
         finally:
-            self._queues.pop(rid, None)
+            self._routes.pop(rid, None)
         if isinstance(reply, GovernorError):
             raise reply  # e.g. unauthorized: the governor closes the connection after it
         return cast(dict[str, Any], reply)
 
+    def _queue(self, rid: str) -> asyncio.Queue[Reply]:
+        queue: asyncio.Queue[Reply] = asyncio.Queue()
+        self._routes[rid] = lambda reply, _: queue.put_nowait(reply)
+        return queue
+
     def _abandon(self, rid: str) -> None:
-        self._queues.pop(rid, None)
+        self._routes.pop(rid, None)
         if rid in self._session.open:
             frame = self._session.cancel(rid)
             if self._transport is not None:
                 self._transport.write(frame)
 
-    async def _next(self, rid: str) -> Event | dict[str, Any]:
+    async def _next(self, queue: asyncio.Queue[Reply]) -> Event | dict[str, Any]:
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that lands
             # as the reply arrives, and a cancelled stream would then run to its end.
             async with asyncio.timeout(self._timeout):
-                reply = await self._queues[rid].get()
+                reply = await queue.get()
         except TimeoutError:
-            raise TimeoutError(f"no reply from {self.host}:{self.port} within {self._timeout} s") from None
+            raise TimeoutError(f"no reply from {self._where} within {self._timeout} s") from None
         if isinstance(reply, ConnectionLost):
             raise reply
         return reply
 
     def _write(self, frame: bytes) -> None:
         if self._transport is None:
-            raise ConnectionLost(f"connection to {self.host}:{self.port} lost")
+            raise ConnectionLost(f"connection to {self._where} lost")
         self._transport.write(frame)
 
     def _received(self, data: bytes) -> None:
+        now = time.monotonic()
         try:
             routed = self._session.feed(data)
         except ConnectionLost as exc:
@@ -202,32 +227,36 @@ class AsyncClient:
             self._lost(exc)
             return
         for rid, event in routed:
-            queue = self._queues.get(rid)
-            if queue is not None:
-                queue.put_nowait(event)
+            route = self._routes.get(rid)
+            if route is not None:
+                if isinstance(event, FINAL):
+                    del self._routes[rid]
+                route(event, now)
 
     def _lost(self, exc: Exception | None) -> None:
+        if self._transport is None and not self._routes:
+            return
         self._transport = None
         self._session = Session()
-        lost = ConnectionLost(f"connection to {self.host}:{self.port} lost" + (f": {exc}" if exc else ""))
-        for queue in self._queues.values():
-            queue.put_nowait(lost)
+        lost = ConnectionLost(f"connection to {self._where} lost" + (f": {exc}" if exc else ""))
+        routes, self._routes = self._routes, {}
+        now = time.monotonic()
+        for route in routes.values():
+            route(lost, now)
 
     async def _open(self) -> None:
-        loop = asyncio.get_running_loop()
         async with asyncio.timeout(self._connect_timeout):
-            transport, _ = await loop.create_connection(lambda: _Link(self), self.host, self.port)
-        self._transport = transport
+            self._transport = await open_connection(self._address, lambda: _Link(self))
         self._session = Session()
         if self._secret is not None:
-            self._queues[AUTH_ID] = asyncio.Queue()
+            queue = self._queue(AUTH_ID)
             try:
                 self._write(self._session.auth_frame(self._secret))
-                reply = await self._next(AUTH_ID)
+                reply = await self._next(queue)
             except ConnectionLost as exc:
-                raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
+                raise PermissionError(f"{self._where} refused the token") from exc
             finally:
-                self._queues.pop(AUTH_ID, None)
+                self._routes.pop(AUTH_ID, None)
             if not isinstance(reply, dict) or reply.get("status") != STATUS_AUTHENTICATED:
                 await self.aclose()
-                raise PermissionError(f"{self.host}:{self.port} refused the token: {reply}")
+                raise PermissionError(f"{self._where} refused the token: {reply}")

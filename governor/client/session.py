@@ -69,7 +69,13 @@ class Result:
         )
 
 
-Event = Token | Result | Yielded | GovernorError  # what a request's replies turn into
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The governor admitted the request and handed it to a worker (the `ack` reply)."""
+
+
+ACCEPTED = Accepted()
+Event = Accepted | Token | Result | Yielded | GovernorError  # what a request's replies turn into
 
 
 def event_of(reply: dict[str, Any]) -> Event | None:
@@ -83,7 +89,9 @@ def event_of(reply: dict[str, Any]) -> Event | None:
         return Yielded(str(reply.get("id")), int(reply.get("retry_hint_ms", 0)), str(reply.get("reason")))
     if status == STATUS_ERROR:
         return error_from_code(str(reply.get("code")), str(reply.get("message", "")), reply.get("id"))
-    return None  # accepted, authenticated
+    if status == STATUS_ACCEPTED:
+        return ACCEPTED
+    return None  # control answers (pong, stats, authenticated)
 
 
 FINAL = (Result, Yielded, GovernorError)
@@ -147,7 +155,7 @@ class Session:
                 self._unacknowledged.remove(rid)
             event = event_of(reply)
             if event is None:
-                if reply.get("status") not in (STATUS_ACCEPTED, STATUS_AUTHENTICATED):
+                if reply.get("status") != STATUS_AUTHENTICATED:
                     out.append((rid, reply))  # ping / stats answers
                     self.open.discard(rid)
                 continue

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from governor.client import ConnectionLost, Result, RetryBudget, RetryPolicy, Token, Yielded
 from governor.client.retry import Attempts
-from governor.client.session import Session
+from governor.client.session import ACCEPTED, Session
 from governor.errors import FrameTooLarge, IntegrityMismatch, WorkerLost, WorkerUnavailable
 
 
@@ -31,7 +31,8 @@ def test_replies_become_tokens_results_and_typed_failures_for_their_own_request(
         + line(id=a, status="token", index=0, token_id=104, text="h")
         + line(id=a, status="done", text="hi", finish_reason="length", prompt_tokens=2, completion_tokens=2)
     )
-    (rid_b, yielded), (rid_t, token), (rid_d, done) = events
+    (rid_a, accepted), (rid_b, yielded), (rid_t, token), (rid_d, done) = events
+    assert (rid_a, accepted) == (a, ACCEPTED)
     assert rid_b == b and isinstance(yielded, Yielded) and (yielded.retry_hint_ms, yielded.reason) == (40, "inflight")
     assert (rid_t, token) == (a, Token(0, 104, "h"))
     assert rid_d == a and isinstance(done, Result) and done.text == "hi" and done.completion_tokens == 2
@@ -45,7 +46,8 @@ def test_an_id_less_error_belongs_to_the_oldest_frame_without_a_first_reply() ->
     events = session.feed(
         line(id=a, status="accepted") + line(id=None, status="error", code="frame_too_large", message="big")
     )
-    ((rid, error),) = events
+    assert events[0] == (a, ACCEPTED)
+    rid, error = events[1]
     assert rid == b and isinstance(error, FrameTooLarge)  # a was acknowledged: the null reply is b's
 
 
