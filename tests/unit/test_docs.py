@@ -1,0 +1,48 @@
+"""docs/operations.md documents every flag and every metric the code has."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from governor.cli import build_parser as governor_parser
+from governor.metrics import WORKER_STATS_HELP, build_registry
+from tests.fakes import make_state
+from worker.cli import build_parser as worker_parser
+
+OPERATIONS = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+
+
+def flags(parser: argparse.ArgumentParser, command: str) -> set[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))  # noqa: SLF001
+    return {
+        option
+        for action in sub.choices[command]._actions  # noqa: SLF001
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+
+
+def test_every_flag_of_every_command_is_documented() -> None:
+    # A boolean flag's --x / --no-x pair counts as documented when either form is.
+    documented = {flag.replace("--no-", "--") for flag in re.findall(r"`(--[a-z0-9-]+)", OPERATIONS)}
+    commands = [(governor_parser(), c) for c in ("serve", "status", "send", "bench")] + [(worker_parser(), "serve")]
+    for parser, command in commands:
+        missing = {flag.replace("--no-", "--") for flag in flags(parser, command)} - documented
+        assert not missing, f"{command}: {sorted(missing)} not in docs/operations.md"
+
+
+def test_every_exported_metric_is_documented() -> None:
+    from prometheus_client import generate_latest
+
+    text = generate_latest(build_registry(make_state())).decode()
+    names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("governor_")}
+    names |= {f"governor_worker_{key.removesuffix('_total')}" for key in WORKER_STATS_HELP}
+    documented = set(re.findall(r"`(governor_[a-z_]+)", OPERATIONS))
+    documented |= {name.removesuffix("_total") for name in documented}
+    documented |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in documented}
+    missing = names - documented
+    assert not missing, f"{sorted(missing)} not in docs/operations.md"
