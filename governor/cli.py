@@ -121,6 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _status(args: argparse.Namespace) -> int:
     from governor.status import render_status
 
+    if not args.interval > 0:
+        raise SystemExit("governor status: error: --interval must be > 0")
     try:
         with _client(args) as client:
             before = client.stats()

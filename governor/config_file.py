@@ -64,6 +64,9 @@ def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
         if "help" not in f.metadata or variable not in environ:
             continue
         text, kind = environ[variable], hints[f.name]
+        if not text.strip():
+            # `VAR=${UNSET}` in a compose file: refusing it beats silently dropping auth or endpoints
+            raise ConfigError(f"${variable} is empty; unset it or give it a value")
         if typing.get_origin(kind) is tuple:
             values[f.name] = tuple(text.split())
             continue
@@ -145,5 +148,7 @@ def _checked(where: str, key: str, value: Any, kind: Any) -> Any:
     else:
         ok = isinstance(value, kind)
     if not ok:
-        raise ConfigError(f"{where}: {key} = {value!r} is not a valid {getattr(kind, '__name__', kind)}")
+        choices = typing.get_args(kind) if typing.get_origin(kind) is Literal else ()
+        expected = " or ".join(map(repr, choices)) or kind.__name__
+        raise ConfigError(f"{where}: {key} = {value!r} is not a valid value; expected {expected}")
     return float(value) if kind is float else value

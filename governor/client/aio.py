@@ -15,8 +15,17 @@ from typing import Any, cast
 from governor.address import Address, open_connection, parse_address
 from governor.auth import SharedSecret
 from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
-from governor.client.session import AUTH_ID, FINAL, ConnectionLost, Event, Result, Session, Token
-from governor.client.sync import DEFAULT_POLICY
+from governor.client.session import (
+    AUTH_ID,
+    FINAL,
+    ConnectionLost,
+    Event,
+    Result,
+    Session,
+    Token,
+    refusal,
+    request_ids,
+)
 from governor.errors import GovernorError
 from governor.validation import OP_PING, OP_STATS
 from governor.wire import STATUS_AUTHENTICATED
@@ -54,14 +63,19 @@ class AsyncStream:
 
 
 class _Link(asyncio.Protocol):
+    """One connection of the client. Callbacks of a connection the client has already replaced
+    (a late `connection_lost` after a reconnect) are ignored."""
+
     def __init__(self, client: AsyncClient) -> None:
         self._client = client
 
     def data_received(self, data: bytes) -> None:
-        self._client._received(data)
+        if self._client._link is self:
+            self._client._received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._client._lost(exc)
+        if self._client._link is self:
+            self._client._lost(exc)
 
 
 class AsyncClient:
@@ -73,7 +87,7 @@ class AsyncClient:
         token: str | None = None,
         timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
-        retry: RetryPolicy | None = DEFAULT_POLICY,
+        retry: RetryPolicy | None = None,
         address: str | None = None,
     ) -> None:
         """Connects on first use (or `await client.connect()`), and again after a loss. `address`
@@ -88,8 +102,10 @@ class AsyncClient:
         self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
         self._rng = random.Random()
         self._transport: asyncio.Transport | None = None
+        self._link: _Link | None = None
         self._connecting: asyncio.Lock | None = None
-        self._session = Session()
+        self._ids = request_ids()
+        self._session = Session(self._ids)
         self._routes: dict[str, Route] = {}
 
     # -- requests -------------------------------------------------------------------------------------
@@ -131,9 +147,10 @@ class AsyncClient:
                 await self._open()
 
     async def aclose(self) -> None:
+        """Close the connection; requests still in flight on it get `ConnectionLost`."""
         if self._transport is not None:
             self._transport.close()
-            self._transport = None
+        self._lost(None)
 
     async def __aenter__(self) -> AsyncClient:
         await self.connect()
@@ -219,25 +236,22 @@ class AsyncClient:
 
     def _received(self, data: bytes) -> None:
         now = time.monotonic()
-        try:
-            routed = self._session.feed(data)
-        except ConnectionLost as exc:
-            if self._transport is not None:
-                self._transport.abort()
-            self._lost(exc)
-            return
-        for rid, event in routed:
+        session = self._session
+        for rid, event in session.feed(data):
             route = self._routes.get(rid)
             if route is not None:
                 if isinstance(event, FINAL):
                     del self._routes[rid]
                 route(event, now)
+        if session.broken is not None:
+            if self._transport is not None:
+                self._transport.abort()
+            self._lost(session.broken)
 
     def _lost(self, exc: Exception | None) -> None:
-        if self._transport is None and not self._routes:
-            return
-        self._transport = None
-        self._session = Session()
+        """The connection is gone (or closed by us): fail what is in flight on it."""
+        self._transport = self._link = None
+        self._session = Session(self._ids)
         lost = ConnectionLost(f"connection to {self._where} lost" + (f": {exc}" if exc else ""))
         routes, self._routes = self._routes, {}
         now = time.monotonic()
@@ -245,18 +259,20 @@ class AsyncClient:
             route(lost, now)
 
     async def _open(self) -> None:
+        link = _Link(self)
+        self._link = link
         async with asyncio.timeout(self._connect_timeout):
-            self._transport = await open_connection(self._address, lambda: _Link(self))
-        self._session = Session()
+            self._transport = await open_connection(self._address, lambda: link)
+        self._session = Session(self._ids)
         if self._secret is not None:
             queue = self._queue(AUTH_ID)
             try:
                 self._write(self._session.auth_frame(self._secret))
-                reply = await self._next(queue)
+                reply = cast(dict[str, Any], await self._next(queue))
             except ConnectionLost as exc:
                 raise PermissionError(f"{self._where} refused the token") from exc
             finally:
                 self._routes.pop(AUTH_ID, None)
-            if not isinstance(reply, dict) or reply.get("status") != STATUS_AUTHENTICATED:
+            if reply.get("status") != STATUS_AUTHENTICATED:
                 await self.aclose()
-                raise PermissionError(f"{self._where} refused the token: {reply}")
+                raise refusal(reply, self._where)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,20 +98,35 @@ def event_of(reply: dict[str, Any]) -> Event | None:
 FINAL = (Result, Yielded, GovernorError)
 
 
+RESERVED_FIELDS = frozenset({"id", "op", "prompt", "size", "sha256", "ack", "integrity"})
+
+
 class Session:
     """Request bookkeeping of one connection. `feed` returns (request id, event) pairs in order;
-    control replies (ping, stats) come back as their raw dict."""
+    control replies (ping, stats) come back as their raw dict.
 
-    def __init__(self, prefix: str = "c") -> None:
-        self._ids = (f"{prefix}{n}" for n in itertools.count(1))
+    `ids` is shared by all sessions of one client, so an id is never reused after a reconnect:
+    a request of an earlier connection can never be confused with a new one. A feed that meets a
+    reply it cannot read sets `broken`: the events before it are returned, the connection is lost.
+    """
+
+    def __init__(self, ids: Iterator[str]) -> None:
+        self._ids = ids
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
-        self._unacknowledged: deque[str] = deque()  # generate ids without a first reply yet, in send order
-        self.open: set[str] = set()  # ids that may still get replies
+        # Frames without a first reply yet, in send order, including ones given up on: an id-less
+        # reply belongs to the head, whatever became of it.
+        self._unacknowledged: deque[str] = deque()
+        self.open: set[str] = set()  # ids that may still get replies we want
+        self.broken: ConnectionLost | None = None
 
     def auth_frame(self, secret: SharedSecret) -> bytes:
+        self._unacknowledged.append(AUTH_ID)
         return encode({"id": AUTH_ID, **secret.frame()})
 
     def generate(self, prompt: str, fields: dict[str, Any]) -> tuple[str, bytes]:
+        reserved = RESERVED_FIELDS.intersection(fields)
+        if reserved:
+            raise TypeError(f"the client sets {', '.join(sorted(reserved))} itself")
         rid = next(self._ids)
         self._unacknowledged.append(rid)
         self.open.add(rid)
@@ -125,41 +141,57 @@ class Session:
     def cancel(self, rid: str) -> bytes:
         """Stop listening to `rid` and ask the governor to stop it (it answers with the final reply,
         which is then dropped)."""
-        self.forget(rid)
-        return encode({"id": rid, "op": OP_CANCEL})
-
-    def forget(self, rid: str) -> None:
         self.open.discard(rid)
-        if rid in self._unacknowledged:
-            self._unacknowledged.remove(rid)
+        return encode({"id": rid, "op": OP_CANCEL})
 
     def feed(self, data: bytes) -> list[tuple[str, Event | dict[str, Any]]]:
         out: list[tuple[str, Event | dict[str, Any]]] = []
+        if self.broken is not None:
+            return out
         for line in self._splitter.feed(data):
             if line is TOO_LARGE:
-                raise ConnectionLost(f"a reply exceeded {MAX_REPLY_BYTES} bytes")
+                self.broken = ConnectionLost(f"a reply exceeded {MAX_REPLY_BYTES} bytes")
+                return out
             if not line:
                 continue
-            reply = orjson.loads(line)
+            try:
+                reply = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                reply = None
             if type(reply) is not dict:
-                raise ConnectionLost(f"not a reply: {line[:200]!r}")
+                self.broken = ConnectionLost(f"not a reply: {line[:200]!r}")
+                return out
             rid = reply.get("id")
-            if rid is None and reply.get("status") == STATUS_ERROR and self._unacknowledged:
-                rid = self._unacknowledged[0]  # the oldest frame still waiting for its first reply
+            status = reply.get("status")
+            if rid is None and status == STATUS_ERROR and self._unacknowledged:
+                rid = self._unacknowledged.popleft()  # the oldest frame still waiting for its first reply
+            elif status != STATUS_TOKEN and type(rid) is str and rid in self._unacknowledged:
+                self._unacknowledged.remove(rid)
             if rid == AUTH_ID:
                 out.append((AUTH_ID, reply))
                 continue
             if type(rid) is not str or rid not in self.open:
                 continue  # a request given up on (cancelled, timed out), or a connection-level note
-            if rid in self._unacknowledged and reply.get("status") != STATUS_TOKEN:
-                self._unacknowledged.remove(rid)
             event = event_of(reply)
             if event is None:
-                if reply.get("status") != STATUS_AUTHENTICATED:
+                if status != STATUS_AUTHENTICATED:
                     out.append((rid, reply))  # ping / stats answers
                     self.open.discard(rid)
                 continue
             if isinstance(event, FINAL):
-                self.forget(rid)
+                self.open.discard(rid)
             out.append((rid, event))
         return out
+
+
+def refusal(reply: dict[str, Any], where: str) -> Exception:
+    """What a non-`authenticated` answer to the auth frame means: a wrong token, or (e.g.
+    `too_many_connections`) a refusal that has nothing to do with it."""
+    if reply.get("status") == STATUS_ERROR and reply.get("code") != "unauthorized":
+        return error_from_code(str(reply.get("code")), str(reply.get("message", "")))
+    return PermissionError(f"{where} refused the token: {reply.get('message', reply)}")
+
+
+def request_ids() -> Iterator[str]:
+    """One client's request ids, across all its connections."""
+    return (f"c{n}" for n in itertools.count(1))

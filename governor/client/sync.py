@@ -11,21 +11,31 @@ import socket
 import time
 from collections import deque
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 from governor.auth import SharedSecret
 from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
-from governor.client.session import AUTH_ID, ConnectionLost, Event, Result, Session, Token
+from governor.client.session import (
+    AUTH_ID,
+    ConnectionLost,
+    Event,
+    Result,
+    Session,
+    Token,
+    refusal,
+    request_ids,
+)
 from governor.errors import GovernorError
 from governor.validation import OP_PING, OP_STATS
 from governor.wire import STATUS_AUTHENTICATED
 
-DEFAULT_POLICY = RetryPolicy()
+Reply = Event | dict[str, Any] | ConnectionLost
 
 
 class Stream:
     """Tokens of one request as they arrive; `result` once the last one was read. Leaving it early
-    (`break`, `close()`, an exception, the `with` block) cancels the request on the server."""
+    cancels the request on the server: `close()`, or leaving a `with` block (by `break` or an
+    exception), or dropping the last reference to it after a `break`."""
 
     def __init__(self, tokens: Generator[Token, None, Result]) -> None:
         self._tokens = tokens
@@ -60,10 +70,11 @@ class Client:
         token: str | None = None,
         timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
-        retry: RetryPolicy | None = DEFAULT_POLICY,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        """`timeout` bounds each wait for a reply (None: wait forever); `retry=None` raises every
-        `Yielded` at once. The connection opens here and is reopened by the next call after a loss."""
+        """`timeout` bounds each wait for a reply (None: wait forever). Without `retry` every yield
+        is raised as `Yielded`; with a `RetryPolicy` yields are retried after their hint. The
+        connection opens here and is reopened by the next call after a loss."""
         self.host, self.port = host, port
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout
@@ -72,8 +83,9 @@ class Client:
         self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
         self._rng = random.Random()
         self._sock: socket.socket | None = None
-        self._session = Session()
-        self._queues: dict[str, deque[Event | dict[str, Any]]] = {}
+        self._ids = request_ids()
+        self._session = Session(self._ids)
+        self._queues: dict[str, deque[Reply]] = {}
         self._connect()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -99,9 +111,14 @@ class Client:
         return self._control(OP_STATS)
 
     def close(self) -> None:
+        """Close the connection; streams still open on it raise `ConnectionLost`."""
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        lost = ConnectionLost(f"connection to {self.host}:{self.port} closed")
+        for queue in self._queues.values():
+            queue.append(lost)
+        self._session = Session(self._ids)
 
     def __enter__(self) -> Client:
         return self
@@ -154,7 +171,7 @@ class Client:
             reply = self._next(rid)
         finally:
             self._queues.pop(rid, None)
-        if isinstance(reply, GovernorError):
+        if isinstance(reply, GovernorError | ConnectionLost):
             raise reply  # e.g. unauthorized: the governor closes the connection after it
         assert isinstance(reply, dict)
         return reply
@@ -174,7 +191,10 @@ class Client:
         queue = self._queues[rid]
         while not queue:
             self._read()
-        return queue.popleft()
+        reply = queue.popleft()
+        if isinstance(reply, ConnectionLost):
+            raise reply
+        return reply
 
     def _read(self) -> None:
         sock = self._sock
@@ -190,10 +210,14 @@ class Client:
         if not data:
             self._lost()
             raise ConnectionLost(f"{self.host}:{self.port} closed the connection")
-        for rid, event in self._session.feed(data):
+        session = self._session
+        for rid, event in session.feed(data):
             queue = self._queues.get(rid)
             if queue is not None:
                 queue.append(event)
+        if session.broken is not None:
+            self._lost()
+            raise session.broken
 
     def _send(self, frame: bytes) -> None:
         assert self._sock is not None
@@ -205,7 +229,6 @@ class Client:
 
     def _lost(self) -> None:
         self.close()
-        self._session = Session()  # ids restart: nothing of the old connection can answer now
 
     def _ensure_connected(self) -> None:
         if self._sock is None:
@@ -219,11 +242,11 @@ class Client:
             self._queues[AUTH_ID] = deque()
             try:
                 self._send(self._session.auth_frame(self._secret))
-                reply = self._next(AUTH_ID)
+                reply = cast(dict[str, Any], self._next(AUTH_ID))
             except ConnectionLost as exc:
                 raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
             finally:
                 self._queues.pop(AUTH_ID, None)
-            if not isinstance(reply, dict) or reply.get("status") != STATUS_AUTHENTICATED:
+            if reply.get("status") != STATUS_AUTHENTICATED:
                 self.close()
-                raise PermissionError(f"{self.host}:{self.port} refused the token: {reply}")
+                raise refusal(reply, f"{self.host}:{self.port}")

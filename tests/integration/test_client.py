@@ -168,3 +168,20 @@ def test_status_and_print_config_commands(start_governor: Start, tmp_path: Path)
         capture_output=True, text=True, timeout=30, check=True, env={**os.environ, "GOVERNOR_MAX_QPS": "12.5"},
     )  # fmt: skip
     assert "max_inflight = 7  # flag" in printed.stdout and "max_qps = 12.5  # env" in printed.stdout
+
+
+def test_after_a_close_open_streams_fail_and_new_requests_get_fresh_ids(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--token-delay-ms", "20"))
+    client = Client(port=gov.port)
+    old = client.stream("aaaa", max_new_tokens=50, stop_on_eos=False)
+    assert next(old).text == "a"
+    client.close()
+    fresh = client.stream("bbbb", max_new_tokens=4)  # reconnects; its id differs from old's
+    with pytest.raises(ConnectionLost):
+        next(old)  # never the fresh stream's tokens
+    assert "".join(t.text for t in fresh) == "bbbb"
+    old.close()  # the old request is gone with its connection: nothing to cancel on the new one
+    assert client.generate("cccc", max_new_tokens=4).text == "cccc"
+    client.close()
+    gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="everything settled")
+    assert gov.stats()["failed_by_reason"]["client_disconnected"] == 1

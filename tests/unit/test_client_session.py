@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from governor.client import ConnectionLost, Result, RetryBudget, RetryPolicy, Token, Yielded
 from governor.client.retry import Attempts
-from governor.client.session import ACCEPTED, Session
+from governor.client.session import ACCEPTED, Session, request_ids
 from governor.errors import FrameTooLarge, IntegrityMismatch, WorkerLost, WorkerUnavailable
 
 
@@ -20,7 +20,7 @@ def line(**reply: object) -> bytes:
 
 
 def test_replies_become_tokens_results_and_typed_failures_for_their_own_request() -> None:
-    session = Session()
+    session = Session(request_ids())
     a, frame = session.generate("hi", {"max_new_tokens": 2})
     b, _ = session.generate("yo", {})
     sent = orjson.loads(frame)
@@ -40,7 +40,7 @@ def test_replies_become_tokens_results_and_typed_failures_for_their_own_request(
 
 
 def test_an_id_less_error_belongs_to_the_oldest_frame_without_a_first_reply() -> None:
-    session = Session()
+    session = Session(request_ids())
     a, _ = session.generate("x" * 10, {})
     b, _ = session.generate("y", {})
     events = session.feed(
@@ -52,14 +52,14 @@ def test_an_id_less_error_belongs_to_the_oldest_frame_without_a_first_reply() ->
 
 
 def test_a_cancelled_request_hears_nothing_more_and_its_final_reply_is_dropped() -> None:
-    session = Session()
+    session = Session(request_ids())
     a, _ = session.generate("x", {})
     assert orjson.loads(session.cancel(a)) == {"id": a, "op": "cancel"}
     assert session.feed(line(id=a, status="done", text="", finish_reason="cancelled")) == []
 
 
 def test_control_replies_come_back_raw_and_errors_are_typed_per_code() -> None:
-    session = Session()
+    session = Session(request_ids())
     p, _ = session.control("ping")
     g, _ = session.generate("x", {})
     events = dict(session.feed(line(id=p, status="pong", protocol=1) + line(id=g, status="error", code="integrity")))
@@ -67,11 +67,31 @@ def test_control_replies_come_back_raw_and_errors_are_typed_per_code() -> None:
     assert isinstance(events[g], IntegrityMismatch)
 
 
-def test_an_oversized_reply_is_a_lost_connection() -> None:
-    session = Session()
-    session._splitter.max_frame_bytes = 16  # noqa: SLF001  (the 64 MiB limit, shrunk)
-    with pytest.raises(ConnectionLost):
-        session.feed(b"x" * 32 + b"\n")
+def test_an_unreadable_reply_breaks_the_session_after_delivering_what_came_before() -> None:
+    session = Session(request_ids())
+    a, _ = session.generate("x", {})
+    events = session.feed(line(id=a, status="accepted") + b"not json\n" + line(id=a, status="done"))
+    assert events == [(a, ACCEPTED)] and isinstance(session.broken, ConnectionLost)
+    oversized = Session(request_ids())
+    oversized._splitter.max_frame_bytes = 16  # noqa: SLF001  (the 64 MiB limit, shrunk)
+    assert oversized.feed(b"x" * 32 + b"\n") == [] and oversized.broken is not None
+
+
+def test_an_id_less_reply_goes_to_the_head_even_when_the_head_was_given_up_on() -> None:
+    session = Session(request_ids())
+    a, _ = session.generate("x" * 10, {})
+    b, _ = session.generate("y", {})
+    session.cancel(a)  # before a's first reply: its frame_too_large must not be blamed on b
+    too_large = line(id=None, status="error", code="frame_too_large", message="big")
+    assert session.feed(too_large + line(id=b, status="accepted")) == [(b, ACCEPTED)]
+
+
+def test_ids_are_never_reused_across_the_sessions_of_one_client_and_reserved_fields_are_refused() -> None:
+    ids = request_ids()
+    first, second = Session(ids), Session(ids)
+    assert first.generate("x", {})[0] != second.generate("x", {})[0]
+    with pytest.raises(TypeError, match="id"):
+        first.generate("x", {"id": "mine"})
 
 
 class Clock:

@@ -96,9 +96,10 @@ def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path: Pa
 def test_the_environment_takes_space_separated_endpoints_and_names_a_bad_variable() -> None:
     config = load_config({}, environ={"GOVERNOR_WORKER": "127.0.0.1:1,concurrency=2 127.0.0.1:2"})
     assert config.worker == ("127.0.0.1:1,concurrency=2", "127.0.0.1:2")
-    for variable, value in (("GOVERNOR_MAX_QPS", "fast"), ("GOVERNOR_INTEGRITY", "maybe")):
-        with pytest.raises(ConfigError, match=f"\\${variable}"):
+    for variable, value in (("GOVERNOR_MAX_QPS", "fast"), ("GOVERNOR_INTEGRITY", "maybe"), ("GOVERNOR_HOST", " ")):
+        with pytest.raises(ConfigError, match=f"\\${variable}") as info:
             load_config({}, environ={variable: value})
+        assert variable != "GOVERNOR_INTEGRITY" or "'required' or 'optional' or 'off'" in str(info.value)
 
 
 def test_the_printed_configuration_is_a_config_file_that_loads_to_the_same_settings(tmp_path: Path) -> None:
