@@ -43,6 +43,7 @@ from governor.wire import (
     encode_error,
     encode_pong,
     encode_yield,
+    readdress_token,
 )
 
 log = logging.getLogger("governor.ingress")
@@ -249,11 +250,7 @@ class Ingress:
         state = self._state
         status = frame.get("status")
         if status == STATUS_TOKEN:
-            if request.t_first_token is None:
-                request.t_first_token = state.clock()
-                state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
-            if request.generate is not None:
-                request.generate = None  # started: a lost worker now means worker_lost
+            self._started(request)
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))
@@ -276,6 +273,20 @@ class Ingress:
             log.warning("event=worker_protocol_error status=%r", status)
             error = error_from_code("internal", f"worker sent an unknown status {status!r}", request.client_id)
         self._settle_error(request, error)
+
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        """A token frame the link recognised without parsing it (see wire.TOKEN_FRAME_HEAD):
+        re-addressed as bytes, which is most of what streaming costs the governor."""
+        self._started(request)
+        if request.stream:
+            self._pending.append(readdress_token(rest, request.client_id))
+
+    def _started(self, request: InflightRequest) -> None:
+        if request.t_first_token is None:
+            state = self._state
+            request.t_first_token = state.clock()
+            state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
+        request.generate = None  # started: a lost worker now means worker_lost, not a re-route
 
     def worker_lost(self, request: InflightRequest, message: str) -> None:
         if not self._reroute(request):

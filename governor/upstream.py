@@ -33,6 +33,8 @@ from governor.validation import OP_CANCEL, OP_PING, GenerateRequest
 from governor.wire import (
     STATUS_ERROR,
     STATUS_STATS,
+    TOKEN_FRAME_HEAD,
+    TOKEN_FRAME_STATUS,
     WORKER_AUTH_ID,
     WORKER_PING_ID,
     WORKER_STATS_ID,
@@ -149,6 +151,15 @@ class WorkerLink(asyncio.Protocol):
         inflight = self.inflight
         now = time.monotonic()
         for line in self._splitter.feed(data):
+            if type(line) is bytes and line.startswith(TOKEN_FRAME_HEAD):
+                close = line.find(b'"', len(TOKEN_FRAME_HEAD))
+                if close > 0 and line.startswith(TOKEN_FRAME_STATUS, close):
+                    request = inflight.get(line[len(TOKEN_FRAME_HEAD) : close].decode("ascii", "replace"))
+                    if request is not None:
+                        self.last_progress_at = now
+                        request.owner.worker_token(request, line[close + 1 :])
+                        touched.add(request.owner)
+                    continue
             try:
                 if line is TOO_LARGE:
                     raise ValueError("frame too large")

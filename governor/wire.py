@@ -66,6 +66,17 @@ def encode_error(error: GovernorError, request_id: str | None = None) -> bytes:
     return _dumps({"id": rid, "status": STATUS_ERROR, "code": error.code, "message": error.message}, option=_NL)
 
 
+# A token frame as encode_token writes it: `{"id":"<id>","status":"token",...}`. The governor
+# re-addresses these without parsing them (upstream.py), the one frame every generated token costs.
+TOKEN_FRAME_HEAD = b'{"id":"'
+TOKEN_FRAME_STATUS = b'","status":"token"'
+
+
+def readdress_token(rest: bytes, request_id: str) -> bytes:
+    """A token frame under `request_id`; `rest` is the worker's frame after its id's closing quote."""
+    return b'{"id":' + _dumps(request_id) + rest + b"\n"
+
+
 def encode_token(request_id: str, index: int, token_id: int, text: str) -> bytes:
     return _dumps(
         {"id": request_id, "status": STATUS_TOKEN, "index": index, "token_id": token_id, "text": text},

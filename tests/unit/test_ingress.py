@@ -13,7 +13,7 @@ from governor.admission import RetryHintPolicy
 from governor.ingress import Ingress
 from governor.pool import Endpoint, EndpointLimits, Pool
 from governor.validation import IntegrityMode
-from governor.wire import encode, generate_frame
+from governor.wire import encode, encode_token, generate_frame
 from tests.fakes import FakeClock, FakeUpstream, make_ingress, make_state
 
 
@@ -113,6 +113,19 @@ def test_a_client_cancel_reaches_the_worker_and_is_answered_by_the_final_reply()
     ingress.flush()
     assert replies(writes)[-1]["finish_reason"] == "cancelled" and state.limiter.inflight == 0
     assert state.accounting.received == 1 and state.accounting.unbalanced_by(0) == 0
+
+
+def test_a_token_frame_is_readdressed_as_bytes_exactly_as_if_parsed() -> None:
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame('client "7"'))
+    request, _ = upstream.dispatched["1"]
+    worker_token = encode_token("1", 0, 104, "é\n")
+    ingress.worker_token(request, worker_token[len(b'{"id":"1"') : -1])
+    ingress.flush()
+    assert writes.chunks[-1] == encode_token('client "7"', 0, 104, "é\n")
+    assert request.t_first_token is not None and request.generate is None
 
 
 def test_stream_false_drops_tokens_but_keeps_the_done() -> None:

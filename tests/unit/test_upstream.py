@@ -12,7 +12,7 @@ from governor.address import Address
 from governor.pool import Endpoint, EndpointLimits
 from governor.state import InflightRequest
 from governor.upstream import HealthPolicy, Upstream, WorkerLink
-from governor.wire import WORKER_PING_ID
+from governor.wire import WORKER_PING_ID, encode_token
 from tests.fakes import FakeTransport
 
 
@@ -20,11 +20,15 @@ class Owner:
     def __init__(self) -> None:
         self.active: dict[str, InflightRequest] = {}
         self.frames: list[dict[str, Any]] = []
+        self.tokens: list[bytes] = []
         self.lost: list[str] = []
         self.flushes = 0
 
     def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
         self.frames.append(frame)
+
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        self.tokens.append(rest)
 
     def worker_lost(self, request: InflightRequest, message: str) -> None:
         self.lost.append(request.client_id)
@@ -48,9 +52,17 @@ def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
 
 def test_frames_are_routed_by_uid_and_unknown_uids_skipped() -> None:
     link, transport, owner = linked()
-    link.data_received(b'{"id":"u1","status":"token","index":0}\n{"id":"gone","status":"done"}\n')
-    assert owner.frames == [{"id": "u1", "status": "token", "index": 0}]
+    link.data_received(b'{"id":"u1","status":"done","text":""}\n{"id":"gone","status":"done"}\n')
+    assert owner.frames == [{"id": "u1", "status": "done", "text": ""}]
     assert owner.flushes == 1 and not transport.closed
+
+
+def test_token_frames_are_routed_as_bytes_without_parsing() -> None:
+    link, transport, owner = linked()
+    token = encode_token("u1", 0, 104, 'h"\n')
+    link.data_received(token + encode_token("gone", 1, 105, "i") + b'{"id":"u1","status":"done"}\n')
+    assert owner.tokens == [token[len(b'{"id":"u1"') : -1]]  # everything after the id, no newline
+    assert owner.frames == [{"id": "u1", "status": "done"}] and owner.flushes == 1
 
 
 @pytest.mark.parametrize(
