@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.address import parse_address
+from governor.auth import SharedSecret
 from governor.config import ConfigError
 from governor.options import option
 
@@ -17,6 +18,9 @@ class BenchConfig:
         "",
         "connect straight to this worker address instead (same protocol), to measure the governor's cost",
         metavar="ADDRESS",
+    )
+    auth_token_file: str = option(
+        "", "the governor's shared secret (its --auth-token-file), if it wants one", metavar="PATH"
     )
     num_requests: int = option(100, "requests per run")
     prompt: str = option("Hello, governor.", "the prompt (see --prompt-repeats, --unique-prompts)")
@@ -66,9 +70,18 @@ class BenchConfig:
             raise ConfigError(
                 "--submit-interval-ms and --submit-work-ms must be >= 0, --timeout-s and --poll-interval-ms > 0"
             )
+        self.token()
         dist = self.prompt_len_dist
         if dist and parse_length_dist(dist) is None:
             raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")
+
+    def token(self) -> str | None:
+        if not self.auth_token_file:
+            return None
+        try:
+            return SharedSecret.read(self.auth_token_file).token.decode()
+        except ValueError as exc:
+            raise ConfigError(f"--auth-token-file: {exc}") from None
 
 
 def parse_length_dist(text: str) -> tuple[int, int] | None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 from pathlib import Path
 
 from governor.bench.config import BenchConfig
 from governor.bench.report import format_run, to_json
 from governor.bench.runner import BenchRun, RunResult, make_prompts
 from governor.bench.stats import Summary, summarize
+from governor.errors import GovernorError
 
 
 async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
@@ -32,8 +34,8 @@ async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
 def run_bench(config: BenchConfig) -> int:
     try:
         runs = asyncio.run(measure(config))
-    except OSError as exc:
-        print(f"governor bench: cannot reach {config.direct or config.address}: {exc}")
+    except (OSError, GovernorError) as exc:  # unreachable, refused (e.g. unauthorized), connection lost
+        print(f"governor bench: {config.direct or config.address}: {exc}", file=sys.stderr)
         return 1
     if config.json:
         Path(config.json).write_text(json.dumps(to_json(config, runs)))

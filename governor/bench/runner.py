@@ -95,10 +95,12 @@ class BenchRun:
     async def run(self) -> RunResult:
         address = self.config.direct or self.config.address
         # No timeouts or retries inside the client: the run has its own deadline and retry rule.
+        token = self.config.token()
         self._clients = [
-            AsyncClient(address=address, timeout=None, retry=NO_RETRY) for _ in range(self.config.connections)
+            AsyncClient(address=address, token=token, timeout=None, retry=NO_RETRY)
+            for _ in range(self.config.connections)
         ]
-        poll = None if self.config.direct else _StatsPoll(AsyncClient(address=address, retry=NO_RETRY))
+        poll = None if self.config.direct else _StatsPoll(AsyncClient(address=address, token=token, retry=NO_RETRY))
         requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
         lags: list[float] = []
         timeline: list[tuple[float, int, int]] = []

@@ -185,3 +185,14 @@ def test_after_a_close_open_streams_fail_and_new_requests_get_fresh_ids(start_go
     client.close()
     gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="everything settled")
     assert gov.stats()["failed_by_reason"]["client_disconnected"] == 1
+
+
+def test_bench_authenticates_with_a_token_file(start_governor: Start, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("bench-token")
+    gov = start_governor("--auth-token-file", str(token_file))
+    bench = [sys.executable, "-m", "governor", "bench", "--address", f"127.0.0.1:{gov.port}", "--num-requests", "5"]
+    done = subprocess.run([*bench, "--auth-token-file", str(token_file)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "Requests (accepted, done) 5" in done.stdout, done.stderr
+    refused = subprocess.run(bench, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "a connection must open with" in refused.stderr  # no traceback
