@@ -47,6 +47,9 @@ class WorkerConfig:
         " --worker-auth-token-file); a spawned worker takes its secret from $GOVERNOR_WORKER_TOKEN",
         metavar="PATH",
     )
+    drain_timeout_s: float = option(
+        30.0, "on SIGTERM, how long running requests may finish (new ones are refused) before the rest are cancelled"
+    )
     parent_pid: int = option(0, "exit when this process is gone (set by a spawning governor); 0 = never")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
 
@@ -64,6 +67,8 @@ class WorkerConfig:
             raise ConfigError("--prefill-max-batch-size, --max-running and --threads must be >= 0")
         if self.stats_interval_s <= 0:
             raise ConfigError("--stats-interval-s must be > 0")
+        if not 0 <= self.drain_timeout_s < float("inf"):
+            raise ConfigError("--drain-timeout-s must be finite and >= 0")
         self.secret()
 
     def secret(self) -> SharedSecret | None:

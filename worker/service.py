@@ -9,11 +9,20 @@ import asyncio
 import logging
 import os
 import signal
+from dataclasses import dataclass, field
 from typing import cast
 
 from governor.address import parse_address, start_listener
 from governor.auth import SharedSecret, authenticate
-from governor.errors import DuplicateId, FrameTooLarge, GovernorError, RequestRejected, Unauthorized, UnknownOp
+from governor.errors import (
+    DuplicateId,
+    FrameTooLarge,
+    GovernorError,
+    RequestRejected,
+    Unauthorized,
+    UnknownOp,
+    WorkerUnavailable,
+)
 from governor.framing import TOO_LARGE, Item, LineSplitter
 from governor.validation import (
     OP_AUTH,
@@ -43,6 +52,7 @@ from worker.engines.base import Completion, Engine, RequestHandle
 log = logging.getLogger("worker.service")
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024  # twice the governor's largest --max-frame-bytes
+CANCEL_GRACE_S = 1.0  # after the drain deadline, how long cancelled requests get to answer
 # The governor already enforced its limits; the worker re-validates shape, not policy.
 WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
 
@@ -79,14 +89,29 @@ class _Sink:
         self._conn.settle(self._id, encode_error(error, self._id))
 
 
+@dataclass
+class Links:
+    """What every governor link of this worker shares."""
+
+    engine: Engine
+    secret: SharedSecret | None
+    open: set[WorkerConnection] = field(default_factory=set)  # authenticated links (they get stats)
+    draining: bool = False  # after SIGTERM: running requests finish, new ones are refused
+
+    @property
+    def running(self) -> int:
+        return sum(link.running for link in self.open)
+
+
 class WorkerConnection(asyncio.Protocol):
     """One governor link. Frames emitted during one loop iteration leave in one write."""
 
-    def __init__(self, engine: Engine, connections: set[WorkerConnection], secret: SharedSecret | None) -> None:
-        self._engine = engine
-        self._connections = connections
-        self._secret = secret
-        self._authenticated = secret is None
+    def __init__(self, links: Links) -> None:
+        self._links = links
+        self._engine = links.engine
+        self._connections = links.open
+        self._secret = links.secret
+        self._authenticated = links.secret is None
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_FRAME_BYTES)
         self._pending: list[bytes] = []
@@ -153,6 +178,9 @@ class WorkerConnection(asyncio.Protocol):
             if frame_op(frame) != OP_GENERATE:
                 raise UnknownOp("the worker serves generate, cancel, ping and auth", frame.get("id"))
             request = checked_request(frame, WORKER_LIMITS)
+            if self._links.draining:
+                self.queue(encode_error(WorkerUnavailable("the worker is shutting down", request.id)))
+                return
             if request.id in self._active:
                 raise DuplicateId(f"id {request.id!r} is already running", request.id)
         except RequestRejected as exc:
@@ -161,6 +189,14 @@ class WorkerConnection(asyncio.Protocol):
         if request.ack:  # a client talking to the worker directly (the governor never forwards ack)
             self.queue(encode_accepted(request.id))
         self._active[request.id] = self._engine.submit(request, _Sink(self, request.id))
+
+    @property
+    def running(self) -> int:
+        return len(self._active)
+
+    def cancel_all(self) -> None:
+        for handle in list(self._active.values()):
+            handle.cancel()  # each answers `done` with finish_reason "cancelled"
 
     def queue(self, data: bytes) -> None:
         self._pending.append(data)
@@ -190,6 +226,25 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
         await asyncio.sleep(0.5)
     log.warning("event=parent_gone parent_pid=%d", parent_pid)
     stop.set()
+
+
+async def _drain(links: Links, timeout_s: float) -> None:
+    """Let running requests finish (new ones are refused), then cancel what is left and give the
+    cancellations a moment to be written: a worker stopped on its own (e.g. by Kubernetes, beside
+    its governor) does not cut its requests short."""
+    links.draining = True
+    loop = asyncio.get_running_loop()
+    log.info("event=worker_draining running=%d timeout_s=%g", links.running, timeout_s)
+    deadline = loop.time() + timeout_s
+    while links.running and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    if links.running:
+        log.warning("event=worker_drain_timeout cancelling=%d", links.running)
+        for link in list(links.open):
+            link.cancel_all()
+        deadline = loop.time() + CANCEL_GRACE_S
+        while links.running and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
 
 def stats_frame(engine: Engine) -> bytes:
@@ -224,15 +279,15 @@ async def serve(config: WorkerConfig) -> int:
     engine = make_engine(config)
     await engine.start()
     address = parse_address(config.listen)
-    connections: set[WorkerConnection] = set()
-    secret = config.secret()
-    server = await start_listener(address, lambda: WorkerConnection(engine, connections, secret))
+    links = Links(engine, config.secret())
+    server = await start_listener(address, lambda: WorkerConnection(links))
     log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
-    tasks = [asyncio.create_task(_push_stats(engine, connections, config.stats_interval_s))]
+    tasks = [asyncio.create_task(_push_stats(engine, links.open, config.stats_interval_s))]
     if config.parent_pid:
         tasks.append(asyncio.create_task(_watch_parent(config.parent_pid, stop)))
     await stop.wait()
     server.close()
+    await _drain(links, config.drain_timeout_s)
     for task in tasks:
         task.cancel()
     await engine.close()

@@ -150,3 +150,20 @@ def test_while_the_worker_loads_its_model_the_governor_is_alive_not_ready_and_sa
     c.send("late", "hi", max_new_tokens=2, stop_on_eos=False)
     final = c.until_final("late")[-1]
     assert final["status"] == "done" and final["completion_tokens"] == 2
+
+
+def test_a_worker_told_to_stop_finishes_its_running_requests_first(
+    start_worker: Callable[..., Worker], start_governor: Start
+) -> None:
+    worker = start_worker("--engine", "echo", "--token-delay-ms", "50")
+    gov = start_governor("--worker", worker.address)
+    c = gov.conn()
+    c.send("long", "abcd", max_new_tokens=20, stop_on_eos=False)  # ~1 s
+    assert c.recv()["status"] == "token"
+    worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    c.send("late", "x", max_new_tokens=2)
+    replies = {r["id"]: r for r in (c.until_final("late")[-1], c.until_final("long")[-1])}
+    assert replies["late"]["code"] == "worker_unavailable"  # refused while draining
+    assert replies["long"]["status"] == "done" and replies["long"]["finish_reason"] == "length"
+    assert worker.proc.wait(10) == 0

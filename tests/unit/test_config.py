@@ -77,6 +77,8 @@ def test_config_validation_outside_the_cli() -> None:
         GovernorConfig(drain_timeout_s=-1)
     with pytest.raises(ConfigError, match="listen"):
         WorkerConfig(listen="bogus")
+    with pytest.raises(ConfigError, match="--drain-timeout-s"):
+        WorkerConfig(drain_timeout_s=-1)
 
 
 @pytest.mark.parametrize(
