@@ -7,14 +7,13 @@ they belong to.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
 from governor.address import Address, open_connection, parse_address
 from governor.auth import SharedSecret
-from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
+from governor.client.retry import Retries, RetryPolicy, Yielded
 from governor.client.session import (
     AUTH_ID,
     FINAL,
@@ -98,9 +97,7 @@ class AsyncClient:
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout
         self._connect_timeout = connect_timeout
-        self._policy = retry
-        self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
-        self._rng = random.Random()
+        self._retries = Retries(retry)
         self._transport: asyncio.Transport | None = None
         self._link: _Link | None = None
         self._connecting: asyncio.Lock | None = None
@@ -162,11 +159,7 @@ class AsyncClient:
     # -- internals ------------------------------------------------------------------------------------
 
     async def _tokens(self, prompt: str, fields: dict[str, Any]) -> AsyncGenerator[Token | Result, None]:
-        attempts = (
-            None
-            if self._policy is None or self._budget is None
-            else Attempts(self._policy, self._budget, time.monotonic, self._rng)
-        )
+        attempts = self._retries.start()
         while True:
             await self.connect()
             rid, frame = self._session.generate(prompt, fields)
@@ -185,7 +178,7 @@ class AsyncClient:
                     elif isinstance(event, Yielded | GovernorError):
                         raise event
             except (Yielded, GovernorError) as failure:
-                wait_s = None if attempts is None or started else attempts.wait_s(failure)
+                wait_s = None if started else attempts.wait_s(failure)
                 if wait_s is None:
                     raise
                 await asyncio.sleep(wait_s)

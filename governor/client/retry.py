@@ -10,6 +10,7 @@ gRPC's retry throttling and the SRE book's per-client retry budget.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -101,3 +102,19 @@ class Attempts:
             return None
         self._made += 1
         return wait_s
+
+
+class Retries:
+    """One client's retry rule: its policy, the budget its requests share, its jitter source.
+    Without a policy every failure is final."""
+
+    __slots__ = ("_policy", "_budget", "_rng")
+
+    def __init__(self, policy: RetryPolicy | None) -> None:
+        self._policy = policy or NO_RETRY
+        self._budget = RetryBudget(self._policy.budget_ratio, self._policy.budget_reserve)
+        self._rng = random.Random()
+
+    def start(self) -> Attempts:
+        """The decisions for one new request."""
+        return Attempts(self._policy, self._budget, time.monotonic, self._rng)

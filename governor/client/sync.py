@@ -6,7 +6,6 @@ within a thread; replies for the others are kept until they are read.
 
 from __future__ import annotations
 
-import random
 import socket
 import time
 from collections import deque
@@ -14,7 +13,7 @@ from collections.abc import Generator
 from typing import Any, cast
 
 from governor.auth import SharedSecret
-from governor.client.retry import Attempts, RetryBudget, RetryPolicy, Yielded
+from governor.client.retry import Retries, RetryPolicy, Yielded
 from governor.client.session import (
     AUTH_ID,
     ConnectionLost,
@@ -79,9 +78,7 @@ class Client:
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout
         self._connect_timeout = connect_timeout
-        self._policy = retry
-        self._budget = RetryBudget(retry.budget_ratio, retry.budget_reserve) if retry else None
-        self._rng = random.Random()
+        self._retries = Retries(retry)
         self._sock: socket.socket | None = None
         self._ids = request_ids()
         self._session = Session(self._ids)
@@ -129,11 +126,7 @@ class Client:
     # -- internals ------------------------------------------------------------------------------------
 
     def _tokens(self, prompt: str, fields: dict[str, Any]) -> Generator[Token, None, Result]:
-        attempts = (
-            None
-            if self._policy is None or self._budget is None
-            else Attempts(self._policy, self._budget, time.monotonic, self._rng)
-        )
+        attempts = self._retries.start()
         while True:
             rid = self._send_generate(prompt, fields)
             started = False
@@ -148,7 +141,7 @@ class Client:
                     elif isinstance(event, Yielded | GovernorError):
                         raise event
             except (Yielded, GovernorError) as failure:
-                wait_s = None if attempts is None or started else attempts.wait_s(failure)
+                wait_s = None if started else attempts.wait_s(failure)
                 if wait_s is None:
                     raise
                 time.sleep(wait_s)
