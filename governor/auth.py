@@ -11,7 +11,10 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from governor.errors import Unauthorized
+from governor.framing import TOO_LARGE, Item
 from governor.validation import MAX_ID_CHARS, OP_AUTH
 
 MAX_TOKEN_BYTES = 4096
@@ -53,6 +56,17 @@ class SharedSecret:
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: cannot read the token: {exc}") from None
         return cls.from_text(text, path)
+
+
+def auth_candidate(line: Item) -> Any:
+    """A line offered as the first frame, parsed for `authenticate`: an oversized or unreadable
+    line becomes None, which is as unauthorized as a wrong token."""
+    if line is TOO_LARGE:
+        return None
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def authenticate(frame: Any, secret: SharedSecret | None) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
-from governor.auth import AUTH_FRAME_BYTES, authenticate
+from governor.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
 from governor.errors import (
     DuplicateId,
     FrameTooLarge,
@@ -183,11 +183,7 @@ class Ingress:
             for line in self._splitter.feed(head):
                 if line is not TOO_LARGE and line in (b"", b"\r"):
                     continue
-                try:
-                    obj = None if line is TOO_LARGE else loads(line)
-                except JSONDecodeError:
-                    obj = None
-                self._pending.append(self._authenticate(obj))
+                self._pending.append(self._authenticate(auth_candidate(line)))
                 return data if self.authenticated else b""
         return b""
 

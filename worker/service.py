@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from governor.address import parse_address, start_listener
-from governor.auth import SharedSecret, authenticate
+from governor.auth import SharedSecret, auth_candidate, authenticate
 from governor.errors import (
     DuplicateId,
     FrameTooLarge,
@@ -141,10 +141,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def _authenticate(self, line: Item) -> None:
         """The first frame must carry the governor's secret; anything else closes the link."""
-        try:
-            frame = decode(line) if isinstance(line, bytes) else None
-        except RequestRejected:
-            frame = None
+        frame = auth_candidate(line)
         try:
             rid = authenticate(frame, self._secret)
         except Unauthorized as exc:
