@@ -44,6 +44,14 @@ def _client(args: argparse.Namespace) -> Client:
         raise SystemExit(f"governor {args.command}: error: {args.host}:{args.port}: {exc}") from None
 
 
+def _failed(prefix: str, exc: GovernorError | OSError) -> int:
+    """Report an error reply (its code and message) or a connection failure (ConnectionLost,
+    TimeoutError) on stderr."""
+    detail = f"code={exc.code} message={exc.message}" if isinstance(exc, GovernorError) else str(exc)
+    print(prefix + detail, file=sys.stderr)
+    return EXIT_ERROR
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="governor", description="TCP ingress governor for inference workers")
     parser.add_argument("--version", action="version", version=f"governor {__version__}")
@@ -128,12 +136,8 @@ def _status(args: argparse.Namespace) -> int:
             before = client.stats()
             time.sleep(args.interval)
             after = client.stats()
-    except GovernorError as exc:
-        print(f"governor status: error: code={exc.code} message={exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as exc:  # ConnectionLost, TimeoutError
-        print(f"governor status: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (GovernorError, OSError) as exc:
+        return _failed("governor status: error: ", exc)
     sys.stdout.write(render_status(before, after, args.interval))
     return 0
 
@@ -179,10 +183,6 @@ def _send(args: argparse.Namespace) -> int:
     except Yielded as exc:
         print(f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}", file=sys.stderr)
         return EXIT_YIELDED
-    except GovernorError as exc:
-        print(f"error: code={exc.code} message={exc.message}", file=sys.stderr)
-        return EXIT_ERROR
-    except OSError as exc:  # ConnectionLost, TimeoutError
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (GovernorError, OSError) as exc:
+        return _failed("error: ", exc)
     return 0
