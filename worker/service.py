@@ -108,9 +108,6 @@ class WorkerConnection(asyncio.Protocol):
 
     def __init__(self, links: Links) -> None:
         self._links = links
-        self._engine = links.engine
-        self._connections = links.open
-        self._secret = links.secret
         self._authenticated = links.secret is None
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_FRAME_BYTES)
@@ -124,8 +121,8 @@ class WorkerConnection(asyncio.Protocol):
             self._open()
 
     def _open(self) -> None:
-        self._connections.add(self)  # from now on it gets the pushed statistics
-        self.queue(stats_frame(self._engine))
+        self._links.open.add(self)  # from now on it gets the pushed statistics
+        self.queue(stats_frame(self._links.engine))
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
@@ -143,7 +140,7 @@ class WorkerConnection(asyncio.Protocol):
         """The first frame must carry the governor's secret; anything else closes the link."""
         frame = auth_candidate(line)
         try:
-            rid = authenticate(frame, self._secret)
+            rid = authenticate(frame, self._links.secret)
         except Unauthorized as exc:
             rid = frame.get("id") if type(frame) is dict and type(frame.get("id")) is str else None
             log.warning("event=link_unauthorized")
@@ -185,7 +182,7 @@ class WorkerConnection(asyncio.Protocol):
             return
         if request.ack:  # a client talking to the worker directly (the governor never forwards ack)
             self.queue(encode_accepted(request.id))
-        self._active[request.id] = self._engine.submit(request, _Sink(self, request.id))
+        self._active[request.id] = self._links.engine.submit(request, _Sink(self, request.id))
 
     @property
     def running(self) -> int:
@@ -213,7 +210,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._connections.discard(self)
+        self._links.open.discard(self)
         for handle in list(self._active.values()):
             handle.cancel()
 
