@@ -16,6 +16,7 @@ class ModelRunner:
         param = next(model.parameters())
         self.model = model
         self.device = param.device
+        self.dtype = param.dtype
         self.cache = KVCache(model.shape, kv_cache_tokens, param.dtype, param.device)
         self._generators: dict[Sequence, torch.Generator] = {}
 

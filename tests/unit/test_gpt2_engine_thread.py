@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from governor.validation import GenerateRequest
 from worker.config import WorkerConfig
 from worker.engines.base import Completion
 from worker.engines.gpt2 import GPT2Engine
+from worker.loading import ModelLoadError
 
 
 class Sink:
@@ -105,5 +107,51 @@ def test_a_request_the_engine_refuses_gets_its_error(config: WorkerConfig) -> No
         await engine.close()
         assert len(sink.finals) == 1
         assert isinstance(sink.finals[0], GovernorError) and sink.finals[0].code == "bad_frame"
+
+    asyncio.run(scenario())
+
+
+def test_loading_and_every_step_run_on_the_engine_thread(
+    config: WorkerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One thread for all torch work keeps one OpenMP team in the process (see engines/gpt2.py).
+    import worker.engines.gpt2 as gpt2
+
+    threads: set[str] = set()
+    real_load = gpt2.load
+
+    def recording_load(*args: object) -> object:
+        threads.add(threading.current_thread().name)
+        return real_load(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpt2, "load", recording_load)
+
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        assert engine._engine is not None
+        runner = engine._engine.runner
+        real_run = runner.run
+
+        def recording_run(chunks: object) -> list[int]:
+            threads.add(threading.current_thread().name)
+            return real_run(chunks)  # type: ignore[arg-type]
+
+        runner.run = recording_run  # type: ignore[method-assign]
+        sink = Sink()
+        engine.submit(request("r", 4), sink)
+        await settle(sink)
+        await engine.close()
+
+    asyncio.run(scenario())
+    assert threads == {"gpt2-engine"}
+
+
+def test_a_model_that_cannot_load_fails_start_with_its_error(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(WorkerConfig(model=str(tmp_path / "absent"), device="cpu"))
+        with pytest.raises(ModelLoadError, match="no such directory"):
+            await engine.start()
+        await engine.close()
 
     asyncio.run(scenario())

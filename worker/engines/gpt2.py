@@ -2,9 +2,19 @@
 
 The event loop only moves frames; model steps run on a dedicated thread (torch releases the GIL
 inside its kernels), so a long prefill never stalls reading cancellations or writing tokens.
-Everything the engine core touches (tokenizer included: a fast tokenizer must not be used from two
-threads at once) is used on that thread only. Requests and cancellations reach it through an inbox
-read at step boundaries; each step's events come back to the loop in one `call_soon_threadsafe`.
+Requests and cancellations reach it through an inbox read at step boundaries; each step's events
+come back to the loop in one `call_soon_threadsafe`.
+
+**Every torch call happens on that one thread**: setting the thread count, loading the model and
+every step. torch's CPU kernels run on OpenMP, and libgomp gives each thread that starts parallel
+work its own team of worker threads. Two such threads (formerly the loader on an executor thread
+and the stepping thread) mean more OpenMP-managed threads than cores, and then libgomp cuts its
+spin-wait to a few iterations (`do_spin` switches to `gomp_throttled_spin_count_var` when
+`gomp_managed_threads > gomp_available_cpus`): every barrier between two parallel regions puts
+the workers to sleep on a futex and wakes them again. On 2 cores that was ~2,500 voluntary context
+switches per batch-32 decode step and steps twice as slow as in-process (docs/BENCHMARKS.md).
+The tokenizer, too, is used on this thread only: a fast tokenizer must not be used from two
+threads at once.
 """
 
 from __future__ import annotations
@@ -65,17 +75,40 @@ class GPT2Engine:
         self._wakeup = threading.Condition()
         self._inbox: list[_Submit | _Cancel] = []
         self._stopping = False
+        self._threads = 0
         # Owned by the engine thread:
         self._by_handle: dict[_Handle, Sequence] = {}
         self._sinks: dict[Sequence, tuple[_Handle, RequestSink]] = {}
 
     async def start(self) -> None:
+        """Start the engine thread and wait until it has loaded the model (or failed to)."""
+        loop = self._loop = asyncio.get_running_loop()
+        ready: asyncio.Future[None] = loop.create_future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="gpt2-engine", daemon=True)
+        self._thread.start()
+        await ready
+        engine = self._engine
+        assert engine is not None  # set by the thread before `ready` resolves
+        config = self.config
+        log.info(
+            "event=engine_ready model=%s device=%s dtype=%s layers=%d kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
+            config.model,
+            engine.runner.device,
+            str(engine.runner.dtype).removeprefix("torch."),
+            engine.runner.model.shape.n_layer,
+            config.kv_cache_tokens,
+            engine.runner.cache.nbytes / 2**20,
+            self._threads,
+        )
+
+    def _build(self) -> LLMEngine:
+        """On the engine thread: everything that touches torch, so it all runs in one OpenMP team."""
         config = self.config
         if config.threads:
             torch.set_num_threads(config.threads)
+        self._threads = torch.get_num_threads()
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, device)
-        loaded = await asyncio.to_thread(load, config.model, device, dtype)
+        loaded = load(config.model, device, resolve_dtype(config.dtype, device))
         scheduling = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
@@ -83,20 +116,7 @@ class GPT2Engine:
             kv_cache_tokens=config.kv_cache_tokens,
             max_running=config.max_running,
         )
-        self._engine = engine = LLMEngine.for_model(loaded, scheduling)
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="gpt2-engine", daemon=True)
-        self._thread.start()
-        log.info(
-            "event=engine_ready model=%s device=%s dtype=%s layers=%d kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
-            config.model,
-            device,
-            str(dtype).removeprefix("torch."),
-            loaded.shape.n_layer,
-            config.kv_cache_tokens,
-            engine.runner.cache.nbytes / 2**20,
-            torch.get_num_threads(),
-        )
+        return LLMEngine.for_model(loaded, scheduling)
 
     def submit(self, request: GenerateRequest, sink: RequestSink) -> _Handle:
         handle = _Handle(self)
@@ -137,9 +157,15 @@ class GPT2Engine:
 
     # -- engine thread -----------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        engine = self._engine
-        assert engine is not None  # start() sets it before starting this thread
+    def _run(self, ready: asyncio.Future[None]) -> None:
+        loop = self._loop
+        assert loop is not None  # start() sets it before starting this thread
+        try:
+            engine = self._engine = self._build()
+        except BaseException as exc:  # e.g. ModelLoadError: start() raises it in the loop
+            loop.call_soon_threadsafe(_settle, ready, exc)
+            return
+        loop.call_soon_threadsafe(_settle, ready, None)
         while True:
             with self._wakeup:
                 while not self._inbox and not engine.has_work and not self._stopping:
@@ -210,6 +236,15 @@ class GPT2Engine:
     def _deliver(self, out: _Delivery) -> None:
         if out and self._loop is not None:
             self._loop.call_soon_threadsafe(_dispatch, out)
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    if future.done():  # start() was cancelled meanwhile
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _dispatch(out: _Delivery) -> None:
