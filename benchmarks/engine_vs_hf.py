@@ -1,20 +1,24 @@
-"""The GPT-2 engine against Hugging Face `generate` on the same weights, in one process and one run.
+"""The GPT-2 engine against Hugging Face `generate` on the same weights, in one run.
 
     python -m benchmarks.engine_vs_hf [--model random-gpt2] [--workloads uniform,mixed] [--device cpu]
 
 For each workload it runs the baselines (HF one request at a time; HF static batches of 8 and 32
-with left padding; transformers' own continuous batching manager) and this engine with every
-request submitted at once, and prints generated tokens/s, the ratios, the peak RSS of each run and
-whether the engine's greedy tokens equal HF's. Then it times decode steps at batch 1/8/32 next to
-the bare chain of GPT-2's matrix multiplies at the same shapes, to show how close to the hardware a
-step is. Tokens/s counts useful tokens: each request's own `max_new_tokens` (end-of-sequence is
-ignored everywhere, so every request generates exactly that many), not the padding rows a static
-batch keeps computing after its short requests are done.
+with left padding; transformers' own continuous batching manager), this engine in-process with
+every request submitted at once, and the same engine as users run it (`served`): a `governor
+serve` with its spawned worker configured alike, every request sent at once over TCP by the
+asyncio client. It prints generated tokens/s, the ratios (served ÷ in-process among them), the
+peak RSS of each run (for `served`: the worker process's) and whether greedy tokens equal HF's.
+Then it times decode steps at batch 1/8/32 next to the bare chain of GPT-2's matrix multiplies
+at the same shapes, to show how close to the hardware a step is. Tokens/s counts useful tokens:
+each request's own `max_new_tokens` (end-of-sequence is ignored everywhere, so every request
+generates exactly that many), not the padding rows a static batch keeps computing after its short
+requests are done.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -29,10 +33,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import machine
+from benchmarks.common import machine, out_dir, start_governor, stats, stop
+from governor.client import AsyncClient
 from governor.validation import GenerateRequest
 from worker.engine import FinishEvent, LLMEngine
-from worker.loading import load, load_hf_model
+from worker.loading import DTYPES, load, load_hf_model
 from worker.scheduler import SchedulerConfig
 
 
@@ -148,9 +153,9 @@ class HF:
             for i, (prompt, n) in enumerate(zip(ids, new, strict=True)):
                 manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
             while len(results) < len(ids):
-                result = manager.get_result(timeout=60)
+                result = manager.get_result(timeout=600)
                 if result is None:
-                    raise RuntimeError("transformers' continuous batching returned no result within 60 s")
+                    raise RuntimeError("transformers' continuous batching returned no result within 600 s")
                 if result.is_finished():
                     results[result.request_id] = list(result.generated_tokens)
         return [results[str(i)] for i in range(len(ids))]
@@ -167,6 +172,65 @@ def run_engine(engine: LLMEngine, prompts: list[str], new: list[int]) -> list[li
     while engine.has_work:
         engine.step()
     return [seq.output_ids for seq in seqs]
+
+
+# -- the same engine behind the governor ------------------------------------------------------------
+
+
+class Served:
+    """A governor with one spawned GPT-2 worker configured like the in-process engine.
+
+    Started once and reused by every workload, like a deployment; its worker is warmed up by the
+    first request. `run` sends every request at once over one connection and collects the streamed
+    token ids."""
+
+    def __init__(self, args: argparse.Namespace, config: SchedulerConfig) -> None:
+        worker_args = (
+            "--engine", "gpt2", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
+            "--max-batch-size", str(config.max_batch_size),
+            "--prefill-max-batch-size", str(config.prefill_max_batch_size),
+            "--max-prefill-tokens", str(config.max_prefill_tokens),
+            "--kv-cache-tokens", str(config.kv_cache_tokens),
+            "--threads", str(args.threads),
+        )  # fmt: skip
+        self.proc, self.port = start_governor(
+            "--max-inflight", "1024", worker_args=worker_args, log=out_dir() / "engine_vs_hf_served.log", timeout=600
+        )
+        self.worker_pid = int(stats(self.port)["workers"][0]["pid"])
+        self.run(["warm up"], [2])
+
+    def run(self, prompts: list[str], new: list[int]) -> list[list[int]]:
+        return asyncio.run(self._run(prompts, new))
+
+    async def _run(self, prompts: list[str], new: list[int]) -> list[list[int]]:
+        async with AsyncClient("127.0.0.1", self.port, timeout=None) as client:
+
+            async def one(prompt: str, n: int) -> list[int]:
+                async with client.stream(prompt, max_new_tokens=n, temperature=0.0, stop_on_eos=False) as stream:
+                    return [token.token_id async for token in stream]
+
+            return list(await asyncio.gather(*(one(p, n) for p, n in zip(prompts, new, strict=True))))
+
+    def reset_peak_rss(self) -> None:
+        """Start a new peak (Linux: writing 5 to clear_refs resets VmHWM)."""
+        Path(f"/proc/{self.worker_pid}/clear_refs").write_text("5")
+
+    def rss_mib(self, field: str = "VmRSS") -> float:
+        for line in Path(f"/proc/{self.worker_pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no {field} for the worker")
+
+    def close(self) -> None:
+        stop(self.proc)
+
+
+def timed_served(served: Served, tokens: int, prompts: list[str], new: list[int]) -> RunResult:
+    served.reset_peak_rss()
+    start = time.perf_counter()
+    outputs = served.run(prompts, new)
+    seconds = time.perf_counter() - start
+    return RunResult("served", seconds, tokens, served.rss_mib("VmHWM"), outputs)
 
 
 # -- decode step vs bare matmuls ---------------------------------------------------------------------
@@ -239,10 +303,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-gpt2")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="engine, worker and HF alike")
     parser.add_argument("--workloads", default="uniform,mixed")
     parser.add_argument(
         "--methods",
-        default="hf-sequential,hf-static-8,hf-static-32,hf-continuous,engine",
+        default="hf-sequential,hf-static-8,hf-static-32,hf-continuous,engine,served",
         help="comma-separated subset (hf-sequential is skipped for the mixed workload unless named alone)",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -252,7 +317,10 @@ def main() -> None:
     parser.add_argument("--kv-cache-tokens", type=int, default=32768)
     parser.add_argument("--step-batches", default="1,8,32", help="decode-step timing at these batch sizes")
     parser.add_argument(
-        "--memory-runs", type=int, default=3, help="repeat the last workload on one engine, RSS after each"
+        "--memory-runs",
+        type=int,
+        default=3,
+        help="repeat the last workload on one in-process engine and on the served worker, RSS after each",
     )
     parser.add_argument(
         "--profile", action="store_true", help="print torch.profiler's table for decode steps at batch 32"
@@ -262,14 +330,15 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
     methods = args.methods.split(",")
     print(f"machine: {machine()}; torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}")
     import transformers
 
-    print(f"transformers {transformers.__version__}; model {args.model}, float32")
-    loaded = load(args.model, device, torch.float32)
+    print(f"transformers {transformers.__version__}; model {args.model}, {args.dtype}")
+    loaded = load(args.model, device, dtype)
     hf_model, tokenizer = load_hf_model(args.model)
-    hf = HF(hf_model.to(device), tokenizer.eos_token_id, device)
+    hf = HF(hf_model.to(device=device, dtype=dtype), tokenizer.eos_token_id, device)
     config = SchedulerConfig(
         max_batch_size=args.max_batch_size,
         prefill_max_batch_size=args.max_batch_size,
@@ -280,96 +349,141 @@ def main() -> None:
     # Warm-up: first calls allocate and pick kernels.
     run_engine(LLMEngine.for_model(loaded, config), ["warm up"], [2])
     hf.static([tokenizer.encode("warm up")], [2], batch_size=1)
+    served = Served(args, config) if "served" in methods else None
 
-    report: dict[str, Any] = {"machine": machine(), "model": args.model, "threads": args.threads, "workloads": {}}
-    for name in args.workloads.split(","):
-        workload = make_workload(name, args.seed)
-        ids = [tokenizer.encode(p) for p in workload.prompts]
-        new = workload.max_new_tokens
-        print(
-            f"\n== {name}: {len(ids)} requests, {sum(map(len, ids))} prompt tokens "
-            f"(lengths {min(map(len, ids))}-{max(map(len, ids))}), {workload.useful_tokens} new tokens "
-            f"(per request {min(new)}-{max(new)})"
-        )
-        results: list[RunResult] = []
-        for method in methods:
-            if method == "hf-sequential" and name == "mixed" and len(methods) > 1:
-                continue
-            try:
-                if method == "hf-sequential":
-                    result = timed(method, workload.useful_tokens, hf.sequential, ids, new)
-                elif method.startswith("hf-static-"):
-                    size = int(method.rsplit("-", 1)[1])
-                    result = timed(method, workload.useful_tokens, hf.static, ids, new, size)
-                elif method == "hf-continuous":
-                    result = timed(method, workload.useful_tokens, hf.continuous, ids, new)
-                elif method == "engine":
-                    engine = LLMEngine.for_model(loaded, config)
-                    result = timed(method, workload.useful_tokens, run_engine, engine, workload.prompts, new)
-                    result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
-                    result.extra["steps"] = engine.counters.steps
-                    result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
-                else:
-                    raise SystemExit(f"unknown method {method!r}")
-            except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-                print(f"  {method:<14} failed: {type(exc).__name__}: {exc}")
-                continue
-            results.append(result)
-            extra = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.extra.items())
-            print(
-                f"  {method:<14} {result.seconds:8.2f} s  {result.tok_s:8.1f} tok/s  "
-                f"peak RSS {result.peak_rss_mib:7.0f} MiB  {extra}",
-                flush=True,
-            )
-        by_method = {r.method: r for r in results}
-        engine_result = by_method.get("engine")
-        if engine_result is not None:
-            for r in results:
-                if r is engine_result:
-                    continue
-                same = sum(a == b for a, b in zip(engine_result.outputs or [], r.outputs or [], strict=False))
-                print(
-                    f"  engine / {r.method:<14} = {engine_result.tok_s / r.tok_s:5.2f}x   "
-                    f"greedy outputs identical: {same}/{len(ids)}"
-                )
-        report["workloads"][name] = {
-            "requests": len(ids),
-            "prompt_tokens": sum(map(len, ids)),
-            "new_tokens": workload.useful_tokens,
-            "results": [
-                {"method": r.method, "seconds": r.seconds, "tok_s": r.tok_s, "peak_rss_mib": r.peak_rss_mib, **r.extra}
-                for r in results
-            ],
-        }
-
-    print("\n== decode step (median of 9) vs the bare matmul chain of the same shapes")
-    steps = {}
-    for batch in map(int, args.step_batches.split(",")):
-        step = decode_step_ms(loaded, config, batch)
-        bare = bare_matmuls_ms(loaded, batch)
-        steps[batch] = {"step_ms": step, "bare_matmuls_ms": bare}
-        print(f"  batch {batch:3d}: step {step:7.1f} ms   bare matmuls {bare:7.1f} ms   ratio {step / bare:4.2f}")
-    report["decode_steps"] = steps
-
-    if args.memory_runs:
-        # One engine, the same workload again and again: the KV cache is allocated once, so RSS
-        # should not grow from run to run.
-        engine = LLMEngine.for_model(loaded, config)
-        rss = []
-        for _ in range(args.memory_runs):
-            run_engine(engine, workload.prompts, workload.max_new_tokens)
-            rss.append(_rss_mib())
-        report["rss_after_runs_mib"] = rss
-        print(
-            f"\n== RSS after each of {args.memory_runs} runs of {workload.name} on one engine: "
-            + ", ".join(f"{r:.0f}" for r in rss)
-            + " MiB"
-        )
-
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "model": args.model,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "workloads": {},
+    }
+    try:
+        for name in args.workloads.split(","):
+            workload = make_workload(name, args.seed)
+            report["workloads"][name] = run_workload(workload, methods, loaded, hf, tokenizer, config, served)
+        report["decode_steps"] = decode_steps(loaded, config, args.step_batches)
+        if args.memory_runs:
+            report["rss_after_runs_mib"] = memory_runs(loaded, config, served, workload, args.memory_runs)
+    finally:
+        if served is not None:
+            served.close()
     if args.profile:
         profile_decode(loaded, config)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+
+
+def run_workload(
+    workload: Workload,
+    methods: list[str],
+    loaded: Any,
+    hf: HF,
+    tokenizer: Any,
+    config: SchedulerConfig,
+    served: Served | None,
+) -> dict[str, Any]:
+    name = workload.name
+    ids = [tokenizer.encode(p) for p in workload.prompts]
+    new = workload.max_new_tokens
+    print(
+        f"\n== {name}: {len(ids)} requests, {sum(map(len, ids))} prompt tokens "
+        f"(lengths {min(map(len, ids))}-{max(map(len, ids))}), {workload.useful_tokens} new tokens "
+        f"(per request {min(new)}-{max(new)})"
+    )
+    results: list[RunResult] = []
+    for method in methods:
+        if method == "hf-sequential" and name == "mixed" and len(methods) > 1:
+            continue
+        try:
+            if method == "hf-sequential":
+                result = timed(method, workload.useful_tokens, hf.sequential, ids, new)
+            elif method.startswith("hf-static-"):
+                size = int(method.rsplit("-", 1)[1])
+                result = timed(method, workload.useful_tokens, hf.static, ids, new, size)
+            elif method == "hf-continuous":
+                result = timed(method, workload.useful_tokens, hf.continuous, ids, new)
+            elif method == "engine":
+                engine = LLMEngine.for_model(loaded, config)
+                result = timed(method, workload.useful_tokens, run_engine, engine, workload.prompts, new)
+                result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
+                result.extra["steps"] = engine.counters.steps
+                result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
+            elif method == "served":
+                assert served is not None
+                result = timed_served(served, workload.useful_tokens, workload.prompts, new)
+            else:
+                raise SystemExit(f"unknown method {method!r}")
+        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+            print(f"  {method:<14} failed: {type(exc).__name__}: {exc}")
+            continue
+        results.append(result)
+        extra = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.extra.items())
+        print(
+            f"  {method:<14} {result.seconds:8.2f} s  {result.tok_s:8.1f} tok/s  "
+            f"peak RSS {result.peak_rss_mib:7.0f} MiB  {extra}",
+            flush=True,
+        )
+    by_method = {r.method: r for r in results}
+    for subject in ("engine", "served"):
+        mine = by_method.get(subject)
+        if mine is None:
+            continue
+        for r in results:
+            # served is compared with the in-process engine, which is compared with the baselines
+            if (
+                r is mine
+                or r.method == "served"
+                or (subject == "served" and r.method != "engine" and "engine" in by_method)
+            ):
+                continue
+            same = sum(a == b for a, b in zip(mine.outputs or [], r.outputs or [], strict=False))
+            print(
+                f"  {subject} / {r.method:<14} = {mine.tok_s / r.tok_s:5.2f}x   "
+                f"greedy outputs identical: {same}/{len(ids)}"
+            )
+    return {
+        "requests": len(ids),
+        "prompt_tokens": sum(map(len, ids)),
+        "new_tokens": workload.useful_tokens,
+        "results": [
+            {"method": r.method, "seconds": r.seconds, "tok_s": r.tok_s, "peak_rss_mib": r.peak_rss_mib, **r.extra}
+            for r in results
+        ],
+    }
+
+
+def decode_steps(loaded: Any, config: SchedulerConfig, batches: str) -> dict[int, dict[str, float]]:
+    print("\n== decode step (median of 9) vs the bare matmul chain of the same shapes")
+    steps = {}
+    for batch in map(int, batches.split(",")):
+        step = decode_step_ms(loaded, config, batch)
+        bare = bare_matmuls_ms(loaded, batch)
+        steps[batch] = {"step_ms": step, "bare_matmuls_ms": bare}
+        print(f"  batch {batch:3d}: step {step:7.1f} ms   bare matmuls {bare:7.1f} ms   ratio {step / bare:4.2f}")
+    return steps
+
+
+def memory_runs(
+    loaded: Any, config: SchedulerConfig, served: Served | None, workload: Workload, runs: int
+) -> dict[str, list[float]]:
+    """One engine (and the one served worker), the same workload again and again: the KV cache is
+    allocated once, so RSS should not grow from run to run."""
+    engine = LLMEngine.for_model(loaded, config)
+    rss: dict[str, list[float]] = {"engine": [], "served_worker": [], "served_worker_peak": []}
+    for _ in range(runs):
+        run_engine(engine, workload.prompts, workload.max_new_tokens)
+        rss["engine"].append(_rss_mib())
+        if served is not None:
+            served.reset_peak_rss()
+            served.run(workload.prompts, workload.max_new_tokens)
+            rss["served_worker"].append(served.rss_mib())
+            rss["served_worker_peak"].append(served.rss_mib("VmHWM"))
+    print(f"\n== RSS after each of {runs} runs of {workload.name}")
+    for key, values in rss.items():
+        if values:
+            print(f"  {key:<20} " + ", ".join(f"{r:.0f}" for r in values) + " MiB")
+    return rss
 
 
 if __name__ == "__main__":
