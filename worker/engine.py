@@ -7,12 +7,15 @@ without sockets or threads.
 
 from __future__ import annotations
 
+import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from governor.errors import BadFrame
 from governor.validation import GenerateRequest
+from worker.cuda_graphs import CudaGraphCapture
 from worker.engines.base import Completion
 from worker.loading import LoadedModel
 from worker.runner import ModelRunner
@@ -69,9 +72,12 @@ class LLMEngine:
         self._detokenizers: dict[Sequence, IncrementalDetokenizer] = {}
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, config: SchedulerConfig) -> LLMEngine:
-        """An engine over a loaded model: its own KV cache of `config.kv_cache_tokens` rows."""
-        runner = ModelRunner(loaded.model, config.kv_cache_tokens)
+    def for_model(cls, loaded: LoadedModel, config: SchedulerConfig, cuda_graphs: bool = True) -> LLMEngine:
+        """An engine over a loaded model: its own KV cache of `config.kv_cache_tokens` rows; on CUDA,
+        decode steps replay graphs captured now unless `cuda_graphs` is False."""
+        on_cuda = next(loaded.model.parameters()).device.type == "cuda"
+        capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
+        runner = ModelRunner(loaded.model, config.kv_cache_tokens, config.max_batch_size, capture)
         return cls(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
 
     @property
@@ -94,6 +100,8 @@ class LLMEngine:
         seq = Sequence(
             request.id, prompt_ids, request.max_new_tokens, sampling, request.stop_on_eos, t_arrival=self.clock()
         )
+        if not sampling.is_greedy:
+            seq.rng = random.Random(sampling.seed if sampling.seed is not None else secrets.randbits(63))
         if not self.scheduler.fits_ever(seq):
             raise BadFrame(
                 f"prompt + max_new_tokens needs {seq.kv_tokens_needed} KV cache tokens; "
@@ -115,8 +123,6 @@ class LLMEngine:
         now = self.clock()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(seq, "error", now)
-        for seq in self._detokenizers:
-            self.runner.release(seq)
         self._detokenizers.clear()
 
     def step(self) -> list[Event]:
@@ -158,7 +164,6 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: str, now: float) -> FinishEvent:
         self.scheduler.finish(seq, reason, now)
-        self.runner.release(seq)
         del self._detokenizers[seq]
         self.counters.finished += 1
         return FinishEvent(seq, completion_of(seq, self.tokenizer.decode(seq.output_ids)))

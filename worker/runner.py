@@ -1,66 +1,167 @@
-"""The only code that touches the device: builds a step's tensors, runs the model, samples."""
+"""The only code that touches the device: builds a step's tensors, runs the model, samples.
+
+A step's metadata (token ids, positions, arena slots, decode spans, sampled rows and their
+parameters) is gathered in host lists and reaches the device in one transfer: on CUDA through one
+pinned staging buffer copied with `non_blocking=True` (torch's caching host allocator does not
+hand the buffer out again before that copy has run); on the CPU the host tensors are used as they
+are. The step's only synchronisation is the `.tolist()` of its sampled tokens.
+"""
 
 from __future__ import annotations
 
-import torch
+import logging
+from dataclasses import dataclass, field
+from itertools import chain
 
+import torch
+from torch import Tensor
+
+from worker.attention import DecodeAttention, GatherDecode, KernelDecode, Segment
+from worker.cuda_graphs import Capture, DecodeGraphs
+from worker.kernels.decode_attention import cpu_decode_attention
 from worker.kv_cache import KVCache
-from worker.model import GPT2, PackedBatch, Segment
-from worker.sampling import make_generator, sample
+from worker.model import GPT2, PackedBatch
+from worker.sampling import SampledRows, sample
 from worker.scheduler import Chunk
-from worker.sequence import Sequence
+
+log = logging.getLogger("worker.runner")
+
+
+@dataclass
+class _Plan:
+    """One step as host lists, in packed-row order."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)  # prompt chunks of several tokens
+    sample_rows: list[int] = field(default_factory=list)  # last row of each sampling chunk
+    decode_rows: list[int] = field(default_factory=list)  # single-token rows ...
+    decode_starts: list[int] = field(default_factory=list)  # ... their span's first arena row
+    decode_lens: list[int] = field(default_factory=list)  # ... and its length, this token included
+    drawn: list[int] = field(default_factory=list)  # which sampled rows draw (index into sample_rows)
+    top_k: list[int] = field(default_factory=list)  # per drawn row
+    temperature: list[float] = field(default_factory=list)
+    top_p: list[float] = field(default_factory=list)
+    uniform: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, chunks: list[Chunk], vocab_size: int) -> _Plan:
+        plan = cls()
+        for chunk in chunks:
+            seq = chunk.seq
+            row = len(plan.ids)
+            if chunk.is_prefill:
+                plan.ids += seq.prompt_ids[chunk.start : chunk.end]
+            else:
+                plan.ids.append(seq.token_at(chunk.start))  # a decode step feeds the last sampled token
+            plan.positions += range(chunk.start, chunk.end)
+            plan.slots += range(seq.kv_start + chunk.start, seq.kv_start + chunk.end)
+            if chunk.num_tokens == 1:
+                plan.decode_rows.append(row)
+                plan.decode_starts.append(seq.kv_start)
+                plan.decode_lens.append(chunk.end)
+            else:
+                plan.segments.append(Segment(row, len(plan.ids), seq.kv_start, chunk.end))
+            if not chunk.samples:
+                continue
+            params = seq.sampling
+            if not params.is_greedy:
+                assert seq.rng is not None  # the engine gives every sampled sequence its generator
+                plan.drawn.append(len(plan.sample_rows))
+                plan.top_k.append(params.top_k if 0 < params.top_k < vocab_size else 0)
+                plan.temperature.append(params.temperature)
+                plan.top_p.append(params.top_p)
+                plan.uniform.append(seq.rng.random())
+            plan.sample_rows.append(len(plan.ids) - 1)
+        return plan
+
+    @property
+    def is_pure_decode(self) -> bool:
+        """Every row a single token whose logits are sampled: what a decode graph computes."""
+        return not self.segments and len(self.sample_rows) == len(self.ids)
 
 
 class ModelRunner:
-    def __init__(self, model: GPT2, kv_cache_tokens: int) -> None:
+    def __init__(self, model: GPT2, kv_cache_tokens: int, max_batch_size: int, capture: Capture | None = None) -> None:
+        """`capture` records decode graphs (cuda_graphs.py); None runs every step eagerly."""
         param = next(model.parameters())
         self.model = model
         self.device = param.device
         self.dtype = param.dtype
         self.cache = KVCache(model.shape, kv_cache_tokens, param.dtype, param.device)
-        self._generators: dict[Sequence, torch.Generator] = {}
+        self.scale = model.shape.head_dim**-0.5
+        kernel = cpu_decode_attention() if self.device.type == "cpu" else None
+        self.kernel = kernel if kernel is not None and self.dtype in kernel.dtypes else None
+        self.graphs = None if capture is None else DecodeGraphs(model, self.cache, max_batch_size, capture)
+        if self.graphs is not None:
+            log.info(
+                "event=decode_graphs_captured graphs=%d seconds=%.2f",
+                len(self.graphs.graphs),
+                self.graphs.capture_seconds,
+            )
 
     def run(self, chunks: list[Chunk]) -> list[int]:
         """Run one step; return the sampled token of each chunk that `samples`, in chunk order."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        segments: list[Segment] = []
-        sample_rows: list[int] = []
-        sampled: list[Sequence] = []
-        for chunk in chunks:
-            seq = chunk.seq
-            q_start = len(ids)
-            if chunk.is_prefill:
-                ids += seq.prompt_ids[chunk.start : chunk.end]
-            else:
-                ids.append(seq.token_at(chunk.start))  # a decode step feeds the last sampled token
-            positions += range(chunk.start, chunk.end)
-            slots += range(seq.kv_start + chunk.start, seq.kv_start + chunk.end)
-            segments.append(Segment(q_start, len(ids), seq.kv_start, chunk.end))
-            if chunk.samples:
-                sample_rows.append(len(ids) - 1)
-                sampled.append(seq)
-        device = self.device
-        batch = PackedBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=device),
-            positions=torch.tensor(positions, dtype=torch.long, device=device),
-            slots=torch.tensor(slots, dtype=torch.long, device=device),
-            segments=segments,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device),
+        plan = _Plan.of(chunks, self.model.shape.vocab_size)
+        ints, floats = self._stage(
+            [
+                plan.ids,
+                plan.positions,
+                plan.slots,
+                plan.sample_rows,
+                plan.decode_rows,
+                plan.decode_starts,
+                plan.decode_lens,
+                plan.drawn,
+                plan.top_k,
+            ],
+            [plan.temperature, plan.top_p, plan.uniform],
         )
-        logits = self.model(batch, self.cache)
-        if not sampled:
+        input_ids, positions, slots, sample_rows, decode_rows, decode_starts, decode_lens, drawn, top_k = ints
+        temperature, top_p, uniform = floats
+        bucket = None
+        if self.graphs is not None and plan.is_pure_decode:
+            bucket = self.graphs.bucket(len(plan.ids), max(plan.decode_lens))
+        if bucket is not None:
+            assert self.graphs is not None
+            logits = self.graphs.run(bucket, input_ids, positions, slots, decode_starts, decode_lens)
+        else:
+            decode = self._decode_attention(decode_rows, decode_starts, decode_lens, max(plan.decode_lens, default=0))
+            every_row = len(plan.sample_rows) == len(plan.ids)
+            batch = PackedBatch(input_ids, positions, slots, decode, plan.segments, None if every_row else sample_rows)
+            logits = self.model(batch, self.cache)
+        if not plan.sample_rows:
             return []
-        return sample(logits, [s.sampling for s in sampled], [self._generator(s) for s in sampled])
+        sampled = None
+        if plan.drawn:
+            sampled = SampledRows(
+                drawn, temperature, top_k, top_p, uniform, max(plan.top_k), any(p < 1 for p in plan.top_p)
+            )
+        tokens: list[int] = sample(logits, sampled).tolist()
+        return tokens
 
-    def _generator(self, seq: Sequence) -> torch.Generator | None:
-        if seq.sampling.is_greedy:
+    def _decode_attention(self, rows: Tensor, starts: Tensor, lens: Tensor, max_len: int) -> DecodeAttention | None:
+        if not max_len:
             return None
-        generator = self._generators.get(seq)
-        if generator is None:
-            generator = self._generators[seq] = make_generator(seq.sampling, self.device)
-        return generator
+        if self.kernel is not None:
+            return KernelDecode(self.kernel, rows, starts, lens, self.scale)
+        return GatherDecode(rows, starts, lens, max_len, self.scale)
 
-    def release(self, seq: Sequence) -> None:
-        self._generators.pop(seq, None)
+    def _stage(self, ints: list[list[int]], floats: list[list[float]]) -> tuple[list[Tensor], list[Tensor]]:
+        """The lists as device tensors (int64 and float64 views), in one transfer."""
+        flat_ints = torch.tensor(list(chain.from_iterable(ints)), dtype=torch.int64)
+        flat_floats = torch.tensor(list(chain.from_iterable(floats)), dtype=torch.float64)
+        if self.device.type != "cpu":
+            n_ints = flat_ints.numel()
+            host = torch.empty(8 * (n_ints + flat_floats.numel()), dtype=torch.uint8, pin_memory=True)
+            host[: 8 * n_ints].view(torch.int64).copy_(flat_ints)
+            host[8 * n_ints :].view(torch.float64).copy_(flat_floats)
+            staged = host.to(self.device, non_blocking=True)
+            flat_ints = staged[: 8 * n_ints].view(torch.int64)
+            flat_floats = staged[8 * n_ints :].view(torch.float64)
+        return _split(flat_ints, ints), _split(flat_floats, floats)
+
+
+def _split(flat: Tensor, parts: list[list[int]] | list[list[float]]) -> list[Tensor]:
+    return list(torch.split(flat, [len(part) for part in parts]))

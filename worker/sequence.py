@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import random
 from dataclasses import dataclass, field
 
 
@@ -50,6 +51,7 @@ class Sequence:
     t_admitted: float | None = None
     t_first_token: float | None = None
     t_finished: float | None = None
+    rng: random.Random | None = None  # a sampled (non-greedy) request's own draws; see sampling.py
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -9,54 +9,19 @@ import pytest
 import torch
 
 from governor.errors import BadFrame
-from governor.validation import GenerateRequest
+from tests.engine_run import PROMPTS, drain, request, run_with_late_arrivals
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
-from worker.loading import LoadedModel, ModelLoadError, load, load_hf_model
+from worker.loading import LoadedModel, ModelLoadError, load
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module")
-def loaded(tiny_gpt2_dir: Path) -> LoadedModel:
-    return load(str(tiny_gpt2_dir), CPU, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def hf(tiny_gpt2_dir: Path) -> tuple[Any, Any]:
-    return load_hf_model(str(tiny_gpt2_dir))
-
-
 def make_engine(loaded: LoadedModel, **overrides: int) -> LLMEngine:
     config = SchedulerConfig(**{"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096, **overrides})
     return LLMEngine.for_model(loaded, config)
-
-
-def request(rid: str, prompt: str, max_new_tokens: int, **kw: Any) -> GenerateRequest:
-    return GenerateRequest(id=rid, prompt=prompt, max_new_tokens=max_new_tokens, **{"temperature": 0.0, **kw})
-
-
-def drain(engine: LLMEngine, events: dict[str, list[TokenEvent | FinishEvent]] | None = None) -> dict[str, Any]:
-    """Step until idle; return each request's FinishEvent (and collect every event if asked)."""
-    finished: dict[str, FinishEvent] = {}
-    while engine.has_work:
-        for event in engine.step():
-            if events is not None:
-                events.setdefault(event.seq.request_id, []).append(event)
-            if isinstance(event, FinishEvent):
-                finished[event.seq.request_id] = event
-    return finished
-
-
-PROMPTS = [
-    ("a", "The quick brown fox", 30),
-    ("b", "Governors keep", 7),
-    ("c", "naïve café, Straße, 日本語 " * 3, 25),
-    ("d", "x", 40),
-    ("e", "Continuous batching lets requests join and leave at every step. " * 2, 12),
-]
 
 
 def test_loads_a_local_directory_through_from_pretrained(loaded: LoadedModel, hf: tuple[Any, Any]) -> None:
@@ -74,22 +39,20 @@ def test_refuses_a_missing_or_non_gpt2_model(tmp_path: Path) -> None:
         load(str(tmp_path), CPU, torch.float32)
 
 
+@pytest.mark.parametrize("decode", ["kernel", "gather"])
 @pytest.mark.parametrize("batching", [{}, {"max_batch_size": 2, "max_running": 5}], ids=["all-decode", "taking-turns"])
 def test_greedy_tokens_equal_hf_generate_for_a_mixed_batch_with_late_arrivals(
-    loaded: LoadedModel, hf: tuple[Any, Any], batching: dict[str, int]
+    loaded: LoadedModel, hf: tuple[Any, Any], batching: dict[str, int], decode: str
 ) -> None:
     # A 64-token prefill budget splits the long prompts into chunks, and the last two requests
     # arrive while the first three are mid-decode; with a decode batch of 2 under 5 running
-    # requests, they also take turns at decoding.
+    # requests, they also take turns at decoding. Decode attention by the C kernel, and by the
+    # gather path that CUDA runs and a CPU without a C compiler falls back to.
     engine = make_engine(loaded, **batching)
-    finished: dict[str, FinishEvent] = {}
-    for rid, prompt, n in PROMPTS[:3]:
-        engine.add(request(rid, prompt, n))
-    for _ in range(4):
-        finished |= {e.seq.request_id: e for e in engine.step() if isinstance(e, FinishEvent)}
-    for rid, prompt, n in PROMPTS[3:]:
-        engine.add(request(rid, prompt, n))
-    finished |= drain(engine)
+    assert engine.runner.kernel is not None, "the test machine has a C compiler"
+    if decode == "gather":
+        engine.runner.kernel = None
+    finished = run_with_late_arrivals(engine)
     assert len(finished) == len(PROMPTS)
     for rid, prompt, n in PROMPTS:
         expected = hf_greedy(hf, prompt, n)

@@ -1,44 +1,82 @@
-"""Per-request sampling: greedy, filters, seeds."""
+"""Sampling a step at once: greedy rows, filters, seeded draws."""
 
 from __future__ import annotations
 
+import random
+
 import torch
 
-from worker.sampling import make_generator, sample
-from worker.sequence import SamplingParams
-
-CPU = torch.device("cpu")
+from worker.sampling import SampledRows, sample
 
 
-def draw(logits: torch.Tensor, params: SamplingParams, n: int = 200) -> list[int]:
-    generator = make_generator(params, CPU)
-    return [sample(logits[None], [params], [generator])[0] for _ in range(n)]
+def rows(n: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> SampledRows:
+    """Every one of n rows drawn with the same parameters and its own uniform from `seed`."""
+    rng = random.Random(seed)
+    return SampledRows(
+        rows=torch.arange(n),
+        temperature=torch.full((n,), temperature, dtype=torch.float64),
+        top_k=torch.full((n,), top_k, dtype=torch.int64),
+        top_p=torch.full((n,), top_p, dtype=torch.float64),
+        uniform=torch.tensor([rng.random() for _ in range(n)], dtype=torch.float64),
+        max_top_k=top_k,
+        any_top_p=top_p < 1,
+    )
 
 
-def test_greedy_rows_take_the_argmax_and_sampled_rows_their_own_generator() -> None:
-    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0]])
-    greedy = SamplingParams(temperature=0.0)
-    assert sample(logits, [greedy, greedy], [None, None]) == [1, 0]
+def draw(logits: torch.Tensor, n: int = 200, **params: float) -> list[int]:
+    tokens: list[int] = sample(logits.expand(n, -1), rows(n, **params)).tolist()  # type: ignore[arg-type]
+    return tokens
+
+
+def test_greedy_rows_take_the_argmax_and_only_the_drawn_rows_are_drawn() -> None:
+    logits = torch.tensor([[0.0, 5.0, 1.0], [3.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    assert sample(logits, None).tolist() == [1, 0, 0]
+    only_last = SampledRows(
+        rows=torch.tensor([2]),
+        temperature=torch.tensor([1.0], dtype=torch.float64),
+        top_k=torch.tensor([0]),
+        top_p=torch.tensor([1.0], dtype=torch.float64),
+        uniform=torch.tensor([0.99], dtype=torch.float64),  # the last third of a flat distribution
+        max_top_k=0,
+        any_top_p=False,
+    )
+    assert sample(logits, only_last).tolist() == [1, 0, 2]
 
 
 def test_top_k_and_top_p_never_sample_outside_their_set() -> None:
-    logits = torch.tensor([2.0, 1.9, 1.8, 0.0, -1.0, -2.0])
-    assert set(draw(logits, SamplingParams(temperature=1.0, top_k=2, seed=1))) == {0, 1}
+    logits = torch.tensor([[2.0, 1.9, 1.8, 0.0, -1.0, -2.0]])
+    assert set(draw(logits, top_k=2)) == {0, 1}
     # The first token holds 0.34 of the mass, the first two 0.65: top_p 0.5 keeps tokens 0 and 1.
-    assert set(draw(logits, SamplingParams(temperature=1.0, top_p=0.5, seed=1))) == {0, 1}
-    assert set(draw(logits, SamplingParams(temperature=1.0, top_p=0.01, seed=1))) == {0}
-    assert len(set(draw(logits, SamplingParams(temperature=5.0, seed=1)))) == 6
+    assert set(draw(logits, top_p=0.5)) == {0, 1}
+    assert set(draw(logits, top_p=0.01)) == {0}
+    assert set(draw(logits, top_k=3, top_p=0.5)) == {0, 1}
+    assert len(set(draw(logits, temperature=5.0))) == 6
 
 
-def test_a_seed_reproduces_the_draws_and_another_seed_differs() -> None:
-    logits = torch.zeros(50)
-    a = draw(logits, SamplingParams(seed=123), 30)
-    assert a == draw(logits, SamplingParams(seed=123), 30)
-    assert a != draw(logits, SamplingParams(seed=124), 30)
+def test_rows_with_different_filters_in_one_batch_keep_their_own() -> None:
+    logits = torch.tensor([[2.0, 1.9, 1.8, 0.0, -1.0, -2.0]]).expand(400, -1)
+    rng = random.Random(5)
+    mixed = SampledRows(
+        rows=torch.arange(400),
+        temperature=torch.full((400,), 1.0, dtype=torch.float64),
+        top_k=torch.tensor([1, 0] * 200),
+        top_p=torch.tensor([1.0, 0.5] * 200, dtype=torch.float64),
+        uniform=torch.tensor([rng.random() for _ in range(400)], dtype=torch.float64),
+        max_top_k=1,
+        any_top_p=True,
+    )
+    tokens = sample(logits, mixed).tolist()
+    assert set(tokens[0::2]) == {0} and set(tokens[1::2]) == {0, 1}
+
+
+def test_the_same_uniforms_give_the_same_draws_and_others_differ() -> None:
+    logits = torch.zeros(1, 50)
+    a = draw(logits, 30, seed=123)
+    assert a == draw(logits, 30, seed=123)
+    assert a != draw(logits, 30, seed=124)
 
 
 def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing() -> None:
-    # Dividing raw logits by 1e-300 overflows to inf; inf - inf is NaN, which multinomial refuses.
+    # Dividing raw logits by 1e-300 overflows to inf; inf - inf is NaN, which no draw survives.
     logits = torch.tensor([[1.0, 3.0, 2.0]])
-    params = SamplingParams(temperature=1e-300, seed=3)
-    assert sample(logits, [params], [make_generator(params, CPU)]) == [1]
+    assert set(draw(logits, 20, temperature=1e-300)) == {1}
