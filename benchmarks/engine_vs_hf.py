@@ -261,7 +261,8 @@ def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int 
 
 @torch.inference_mode()
 def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
-    """The matrix multiplies of one decode step alone (same weights, same shapes), nothing else."""
+    """The matrix multiplies of one decode step alone: the model's own linear layers and LM head
+    (same weights, layout and library) at the step's shapes, nothing else."""
     model = loaded.model
     param = next(model.parameters())
     x = torch.randn(batch, loaded.shape.n_embd, dtype=param.dtype, device=param.device)
@@ -270,11 +271,13 @@ def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
 
     def chain() -> None:
         for c_attn, a_proj, c_fc, m_proj in layers:
-            torch.addmm(c_attn.bias, x, c_attn.weight)
-            torch.addmm(a_proj.bias, x, a_proj.weight)
-            torch.addmm(c_fc.bias, x, c_fc.weight)
-            torch.addmm(m_proj.bias, h, m_proj.weight)
-        x @ model.lm_head_t
+            c_attn(x)
+            a_proj(x)
+            c_fc(x)
+            m_proj(h)
+        model.lm_head(x)
+        if param.device.type == "cuda":
+            torch.cuda.synchronize()  # time the kernels, not their launches
 
     chain()
     times = []
