@@ -111,9 +111,7 @@ def test_a_request_the_engine_refuses_gets_its_error(config: WorkerConfig) -> No
     asyncio.run(scenario())
 
 
-def test_loading_and_every_step_run_on_the_engine_thread(
-    config: WorkerConfig, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, monkeypatch: pytest.MonkeyPatch) -> None:
     # One thread for all torch work keeps one OpenMP team in the process (see engines/gpt2.py).
     import worker.engines.gpt2 as gpt2
 
