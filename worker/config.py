@@ -26,7 +26,9 @@ class WorkerConfig:
     )
     device: Literal["auto", "cpu", "cuda"] = option("auto", "gpt2: where the model runs; auto = cuda when available")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = option(
-        "auto", "gpt2: weights and KV cache type; auto = float32 on cpu, bfloat16 on cuda"
+        "auto",
+        "gpt2: weights and KV cache type; auto = bfloat16 on cuda, and on a cpu that runs it natively"
+        " (AVX512-BF16 or AMX), else float32",
     )
     max_batch_size: int = option(32, "gpt2: the decode batch: most decoding sequences in one step")
     max_running: int = option(
@@ -38,6 +40,14 @@ class WorkerConfig:
         16384, "gpt2: KV cache size in tokens, allocated once; requests wait while their span does not fit"
     )
     threads: int = option(0, "gpt2: torch CPU threads; 0 = torch's default (the physical cores)")
+    cuda_graphs: bool = option(
+        True, "gpt2: on cuda, replay decode steps from CUDA graphs captured at start; --no-cuda-graphs: all eager"
+    )
+    tokenizer_nice: int = option(
+        10,
+        "gpt2: niceness of the thread that tokenizes prompts (Linux), so that on a CPU-bound worker running"
+        " streams get the cores first; 0 = the engine's own priority",
+    )
     token_delay_ms: float = option(0.0, "echo: delay between consecutive tokens")
     first_token_delay_ms: float = option(0.0, "echo: delay before the first token")
     stats_interval_s: float = option(1.0, "how often engine statistics are pushed to connected governors")
@@ -65,6 +75,8 @@ class WorkerConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
         if min(self.prefill_max_batch_size, self.max_running, self.threads) < 0:
             raise ConfigError("--prefill-max-batch-size, --max-running and --threads must be >= 0")
+        if not 0 <= self.tokenizer_nice <= 19:
+            raise ConfigError("--tokenizer-nice must be between 0 and 19")
         if self.stats_interval_s <= 0:
             raise ConfigError("--stats-interval-s must be > 0")
         if not 0 <= self.drain_timeout_s < float("inf"):

@@ -85,8 +85,12 @@ class LLMEngine:
         return self.scheduler.has_work
 
     def add(self, request: GenerateRequest) -> Sequence:
-        """Queue a request; raises `BadFrame` if it can never run (never truncates silently)."""
-        prompt_ids = self.tokenizer.encode(request.prompt)
+        """Tokenize and queue a request (see `add_tokenized`)."""
+        return self.add_tokenized(request, self.tokenizer.encode(request.prompt))
+
+    def add_tokenized(self, request: GenerateRequest, prompt_ids: list[int]) -> Sequence:
+        """Queue a request whose prompt is already tokenized (the worker tokenizes on a thread of
+        its own); raises `BadFrame` if it can never run (never truncates silently)."""
         if not prompt_ids:
             raise BadFrame("prompt is empty: the model needs at least one prompt token", request.id)
         total = len(prompt_ids) + request.max_new_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 
@@ -12,6 +13,10 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
+
+    def clone(self) -> Tokenizer:
+        """An instance another thread may use at the same time as this one."""
+        ...
 
 
 class ByteTokenizer:
@@ -33,6 +38,9 @@ class ByteTokenizer:
         eos = self.eos_token_id
         return bytes(i & 0xFF for i in ids if i != eos).decode("utf-8", errors="replace")
 
+    def clone(self) -> ByteTokenizer:
+        return self  # no state: safe from any number of threads
+
 
 class HFTokenizer:
     """A transformers tokenizer (`AutoTokenizer.from_pretrained`) behind the engine's interface."""
@@ -49,6 +57,11 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+
+    def clone(self) -> HFTokenizer:
+        # A fast tokenizer's Rust object is not safe to use from two threads at once ("Already
+        # borrowed"); a deep copy has its own.
+        return HFTokenizer(copy.deepcopy(self._tokenizer))
 
 
 class IncrementalDetokenizer:

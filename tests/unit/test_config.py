@@ -79,6 +79,8 @@ def test_config_validation_outside_the_cli() -> None:
         WorkerConfig(listen="bogus")
     with pytest.raises(ConfigError, match="--drain-timeout-s"):
         WorkerConfig(drain_timeout_s=-1)
+    with pytest.raises(ConfigError, match="--tokenizer-nice"):
+        WorkerConfig(tokenizer_nice=20)
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from worker.config import WorkerConfig
 from worker.engines.base import Completion
 from worker.engines.gpt2 import GPT2Engine
 from worker.loading import ModelLoadError
+from worker.tokenizer import HFTokenizer, Tokenizer
 
 
 class Sink:
@@ -150,6 +152,123 @@ def test_a_model_that_cannot_load_fails_start_with_its_error(tmp_path: Path) -> 
         engine = GPT2Engine(WorkerConfig(model=str(tmp_path / "absent"), device="cpu"))
         with pytest.raises(ModelLoadError, match="no such directory"):
             await engine.start()
+        await engine.close()
+
+    asyncio.run(scenario())
+
+
+class GatedTokenizer:
+    """Wraps the worker's tokenizer: encoding SLOW waits for `release`; encoding BROKEN raises."""
+
+    SLOW, BROKEN = "a slow prompt", "a broken prompt"
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.waiting = threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        if text == self.BROKEN:
+            raise RuntimeError("tokenizer exploded")
+        if text == self.SLOW:
+            self.waiting.set()
+            assert self.release.wait(30)
+        return self.inner.encode(text)
+
+
+@pytest.fixture
+def gated(monkeypatch: pytest.MonkeyPatch) -> list[GatedTokenizer]:
+    """The tokenizer thread's instance, once the engine starts."""
+    made: list[GatedTokenizer] = []
+    real_clone = HFTokenizer.clone
+
+    def clone(self: HFTokenizer) -> GatedTokenizer:
+        made.append(GatedTokenizer(real_clone(self)))
+        return made[-1]
+
+    monkeypatch.setattr(HFTokenizer, "clone", clone)
+    return made
+
+
+def test_running_requests_stream_while_a_prompt_is_being_tokenized(
+    config: WorkerConfig, gated: list[GatedTokenizer]
+) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        (tokenizer,) = gated
+        slow = Sink()
+        engine.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
+        await asyncio.to_thread(tokenizer.waiting.wait, 30)
+        running = Sink()
+        engine.submit(request("running", 12), running)  # queued behind the slow one
+        await asyncio.sleep(0.2)
+        assert not running.tokens  # prompts are tokenized in order ...
+        tokenizer.release.set()
+        await settle(running, slow)
+        await engine.close()
+        assert len(running.tokens) == 12 and len(slow.finals) == 1
+
+    asyncio.run(scenario())
+
+
+def test_steps_go_on_while_the_tokenizer_is_busy_and_a_cancel_reaches_a_waiting_request(
+    config: WorkerConfig, gated: list[GatedTokenizer]
+) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        (tokenizer,) = gated
+        running = Sink()
+        engine.submit(request("running", 60), running)
+        while not running.tokens and not running.finals:
+            await asyncio.sleep(0.01)
+        slow = Sink()
+        handle = engine.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
+        await asyncio.to_thread(tokenizer.waiting.wait, 30)
+        await settle(running)  # ... but the engine steps to the end while one is being tokenized
+        assert len(running.tokens) == 60 and not slow.finals
+        handle.cancel()
+        tokenizer.release.set()
+        await settle(slow)
+        await engine.close()
+        assert len(slow.finals) == 1
+        final = slow.finals[0]
+        assert isinstance(final, Completion) and final.finish_reason == "cancelled"
+        assert final.completion_tokens == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_prompt_the_tokenizer_fails_on_fails_that_request_only(
+    config: WorkerConfig, gated: list[GatedTokenizer]
+) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(config)
+        await engine.start()
+        broken, fine = Sink(), Sink()
+        engine.submit(GenerateRequest(id="broken", prompt=GatedTokenizer.BROKEN, max_new_tokens=4), broken)
+        engine.submit(request("fine", 4), fine)
+        await settle(broken, fine)
+        await engine.close()
+        (error,) = broken.finals
+        assert isinstance(error, GovernorError) and error.code == "internal" and "tokenizer exploded" in error.message
+        assert len(fine.tokens) == 4
+
+    asyncio.run(scenario())
+
+
+def test_the_tokenizer_thread_runs_at_the_configured_niceness(tiny_gpt2_dir: Path) -> None:
+    async def scenario() -> None:
+        engine = GPT2Engine(WorkerConfig(model=str(tiny_gpt2_dir), device="cpu", kv_cache_tokens=256, tokenizer_nice=7))
+        await engine.start()
+        thread = engine._tokenizer_thread
+        assert thread is not None and thread.native_id is not None
+        sink = Sink()
+        engine.submit(request("r", 2), sink)  # the thread has set its priority before its first prompt
+        await settle(sink)
+        own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == own + 7
         await engine.close()
 
     asyncio.run(scenario())

@@ -13,8 +13,14 @@ spin-wait to a few iterations (`do_spin` switches to `gomp_throttled_spin_count_
 `gomp_managed_threads > gomp_available_cpus`): every barrier between two parallel regions puts
 the workers to sleep on a futex and wakes them again. On 2 cores that was ~2,500 voluntary context
 switches per batch-32 decode step and steps twice as slow as in-process (docs/BENCHMARKS.md).
-The tokenizer, too, is used on this thread only: a fast tokenizer must not be used from two
-threads at once.
+Prompts are tokenized on a thread of their own (`gpt2-tokenizer`, with its own tokenizer
+instance: a fast tokenizer must not be used from two threads at once), in arrival order, so a
+huge prompt does not stop the running requests' tokens while it is tokenized (transformers' fast
+tokenizers release the GIL while they encode). On a CPU-bound worker that thread would still take
+a core from the step's OpenMP team, whose barriers then wait for the preempted thread, so it runs
+at a lower priority (`--tokenizer-nice`): running streams get the cores first, new prompts the
+rest (docs/BENCHMARKS.md has the inter-token latencies). Detokenizing, one token at a time, stays
+with the engine.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import signal
 import threading
 from dataclasses import dataclass
@@ -32,21 +39,24 @@ from governor.errors import GovernorError, InternalError, RequestRejected
 from governor.validation import GenerateRequest
 from worker.config import WorkerConfig
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
-from worker.engines.base import RequestSink
+from worker.engines.base import Completion, RequestSink
 from worker.loading import load, resolve_device, resolve_dtype
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
+from worker.tokenizer import Tokenizer
 
 log = logging.getLogger("worker.gpt2")
 
 
 class _Handle:
-    __slots__ = ("_engine",)
+    __slots__ = ("_engine", "cancelled")
 
     def __init__(self, engine: GPT2Engine) -> None:
         self._engine = engine
+        self.cancelled = False  # read by both threads: a request cancelled before it reaches the engine
 
     def cancel(self) -> None:
+        self.cancelled = True
         self._engine._post(_Cancel(self))
 
 
@@ -58,12 +68,27 @@ class _Submit:
 
 
 @dataclass(frozen=True, slots=True)
+class _Tokenized:
+    """A submitted request on its way from the tokenizer thread to the engine thread."""
+
+    submit: _Submit
+    prompt_ids: list[int] | None  # None: cancelled before it was tokenized
+    error: Exception | None = None  # the tokenizer failed on it
+
+
+@dataclass(frozen=True, slots=True)
 class _Cancel:
     handle: _Handle
 
 
+# A request cancelled while it waited for the tokenizer: it never reached the engine.
+_CANCELLED_UNSTARTED = Completion(
+    text="", prompt_tokens=0, completion_tokens=0, finish_reason="cancelled", queue_wait_ms=0.0
+)
+
+
 # What the engine thread hands to the loop: (sink, event or error), in order.
-_Delivery = list[tuple[RequestSink, TokenEvent | FinishEvent | GovernorError]]
+_Delivery = list[tuple[RequestSink, TokenEvent | FinishEvent | Completion | GovernorError]]
 
 
 class GPT2Engine:
@@ -73,7 +98,9 @@ class GPT2Engine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._wakeup = threading.Condition()
-        self._inbox: list[_Submit | _Cancel] = []
+        self._inbox: list[_Tokenized | _Cancel] = []
+        self._to_tokenize: queue.SimpleQueue[_Submit | None] = queue.SimpleQueue()  # None: stop
+        self._tokenizer_thread: threading.Thread | None = None
         self._stopping = False
         self._threads = 0
         # Owned by the engine thread:
@@ -89,6 +116,10 @@ class GPT2Engine:
         await ready
         engine = self._engine
         assert engine is not None  # set by the thread before `ready` resolves
+        self._tokenizer_thread = threading.Thread(
+            target=self._tokenize, args=(engine.tokenizer.clone(),), name="gpt2-tokenizer", daemon=True
+        )
+        self._tokenizer_thread.start()
         config = self.config
         log.info(
             "event=engine_ready model=%s device=%s dtype=%s layers=%d kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
@@ -116,14 +147,14 @@ class GPT2Engine:
             kv_cache_tokens=config.kv_cache_tokens,
             max_running=config.max_running,
         )
-        return LLMEngine.for_model(loaded, scheduling)
+        return LLMEngine.for_model(loaded, scheduling, cuda_graphs=config.cuda_graphs)
 
     def submit(self, request: GenerateRequest, sink: RequestSink) -> _Handle:
         handle = _Handle(self)
-        self._post(_Submit(handle, request, sink))
+        self._to_tokenize.put(_Submit(handle, request, sink))
         return handle
 
-    def _post(self, item: _Submit | _Cancel) -> None:
+    def _post(self, item: _Tokenized | _Cancel) -> None:
         with self._wakeup:
             self._inbox.append(item)
             self._wakeup.notify()
@@ -149,11 +180,34 @@ class GPT2Engine:
         }
 
     async def close(self) -> None:
+        """Stop: what is queued for the tokenizer reaches the engine first, which then ends every
+        request it holds with `cancelled`."""
+        if self._tokenizer_thread is not None:
+            self._to_tokenize.put(None)
+            await asyncio.to_thread(self._tokenizer_thread.join)
         with self._wakeup:
             self._stopping = True
             self._wakeup.notify()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+
+    # -- tokenizer thread --------------------------------------------------------------------------
+
+    def _tokenize(self, tokenizer: Tokenizer) -> None:
+        if self.config.tokenizer_nice:
+            try:  # on Linux a thread id names the thread alone
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.config.tokenizer_nice)
+            except OSError as exc:
+                log.warning("event=tokenizer_nice_failed nice=%d error=%r", self.config.tokenizer_nice, str(exc))
+        while (item := self._to_tokenize.get()) is not None:
+            if item.handle.cancelled:
+                self._post(_Tokenized(item, None))
+                continue
+            try:
+                self._post(_Tokenized(item, tokenizer.encode(item.request.prompt)))
+            except Exception as exc:  # that request fails, nothing else
+                log.exception("event=tokenize_failed")
+                self._post(_Tokenized(item, None, exc))
 
     # -- engine thread -----------------------------------------------------------------------------
 
@@ -204,26 +258,37 @@ class GPT2Engine:
         self._sinks.clear()
         self._by_handle.clear()
 
-    def _take(self, engine: LLMEngine, inbox: list[_Submit | _Cancel], out: _Delivery) -> None:
+    def _take(self, engine: LLMEngine, inbox: list[_Tokenized | _Cancel], out: _Delivery) -> None:
         for item in inbox:
-            if isinstance(item, _Submit):
-                try:
-                    seq = engine.add(item.request)
-                except RequestRejected as exc:
-                    out.append((item.sink, exc))
-                    continue
-                except Exception as exc:  # e.g. a tokenizer failure: that request fails, nothing else
-                    log.exception("event=engine_add_failed")
-                    out.append((item.sink, InternalError(f"cannot start the request: {type(exc).__name__}: {exc}")))
-                    continue
-                self._by_handle[item.handle] = seq
-                self._sinks[seq] = (item.handle, item.sink)
-            else:
-                seq_or_none = self._by_handle.get(item.handle)
-                if seq_or_none is not None:
-                    finished = engine.cancel(seq_or_none)
-                    if finished is not None:
-                        self._emit(finished, out)
+            if isinstance(item, _Tokenized):
+                self._start(engine, item, out)
+                continue
+            seq = self._by_handle.get(item.handle)
+            if seq is not None:  # else still with the tokenizer: its flag is set, _start sees it
+                finished = engine.cancel(seq)
+                if finished is not None:
+                    self._emit(finished, out)
+
+    def _start(self, engine: LLMEngine, item: _Tokenized, out: _Delivery) -> None:
+        submit = item.submit
+        if item.error is not None:
+            error = item.error
+            out.append((submit.sink, InternalError(f"cannot tokenize the prompt: {type(error).__name__}: {error}")))
+            return
+        if item.prompt_ids is None:
+            out.append((submit.sink, _CANCELLED_UNSTARTED))
+            return
+        try:
+            seq = engine.add_tokenized(submit.request, item.prompt_ids)
+        except RequestRejected as exc:
+            out.append((submit.sink, exc))
+            return
+        self._by_handle[submit.handle] = seq
+        self._sinks[seq] = (submit.handle, submit.sink)
+        if submit.handle.cancelled:  # cancelled while it was being tokenized
+            finished = engine.cancel(seq)
+            if finished is not None:
+                self._emit(finished, out)
 
     def _emit(self, event: TokenEvent | FinishEvent, out: _Delivery) -> None:
         if isinstance(event, TokenEvent):
@@ -253,5 +318,7 @@ def _dispatch(out: _Delivery) -> None:
             sink.token(event.index, event.token_id, event.text)
         elif isinstance(event, FinishEvent):
             sink.done(event.completion)
+        elif isinstance(event, Completion):
+            sink.done(event)
         else:
             sink.error(event)
