@@ -6,6 +6,7 @@ passes `local_files_only=True`, so nothing is ever fetched from a hub.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from worker.model_shape import GPT2Shape
 from worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+log = logging.getLogger("worker.loading")
 
 RANDOM_GPT2 = "random-gpt2"
 RANDOM_TINY = "random-tiny"
@@ -111,6 +113,29 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return DTYPES[name]
+    """`auto`: bfloat16 on CUDA (float16 on GPUs without it); on a CPU, bfloat16 where the CPU runs
+    it natively, else float32. Where bfloat16 is only emulated (AVX2 machines) it is not a little
+    slower but about a hundred times (docs/BENCHMARKS.md), and float16 on CPUs is native only on
+    the same AMX parts that run bfloat16, which keeps float32's range; so auto picks bfloat16 or
+    float32. The accuracy check behind that choice is in docs/BENCHMARKS.md (benchmarks/dtypes.py)."""
+    if name != "auto":
+        return DTYPES[name]
+    if device.type == "cuda":
+        chosen, why = (
+            (torch.bfloat16, "cuda") if torch.cuda.is_bf16_supported() else (torch.float16, "cuda without bf16")
+        )
+    elif cpu_runs_bfloat16_natively():
+        chosen, why = torch.bfloat16, "cpu with native bfloat16 (avx512_bf16 or amx)"
+    else:
+        chosen, why = torch.float32, "cpu without native bfloat16 (no avx512_bf16 or amx)"
+    log.info("event=dtype_auto dtype=%s reason=%r", str(chosen).removeprefix("torch."), why)
+    return chosen
+
+
+def cpu_runs_bfloat16_natively() -> bool:
+    """AVX512-BF16 or AMX-BF16 dot products, and oneDNN's bfloat16 path for the linear layers."""
+    cpu = getattr(torch, "cpu", None)
+    native = any(
+        getattr(cpu, probe, lambda: False)() for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+    return native and can_pack_for_cpu(torch.bfloat16)

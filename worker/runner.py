@@ -149,18 +149,17 @@ class ModelRunner:
         return GatherDecode(rows, starts, lens, max_len, self.scale)
 
     def _stage(self, ints: list[list[int]], floats: list[list[float]]) -> tuple[list[Tensor], list[Tensor]]:
-        """The lists as device tensors (int64 and float64 views), in one transfer."""
+        """The lists as device tensors (int64 and float64 views of one buffer), in one transfer.
+        The buffer is built the same way on every device, so the CPU tests run this code too."""
         flat_ints = torch.tensor(list(chain.from_iterable(ints)), dtype=torch.int64)
         flat_floats = torch.tensor(list(chain.from_iterable(floats)), dtype=torch.float64)
-        if self.device.type != "cpu":
-            n_ints = flat_ints.numel()
-            host = torch.empty(8 * (n_ints + flat_floats.numel()), dtype=torch.uint8, pin_memory=True)
-            host[: 8 * n_ints].view(torch.int64).copy_(flat_ints)
-            host[8 * n_ints :].view(torch.float64).copy_(flat_floats)
-            staged = host.to(self.device, non_blocking=True)
-            flat_ints = staged[: 8 * n_ints].view(torch.int64)
-            flat_floats = staged[8 * n_ints :].view(torch.float64)
-        return _split(flat_ints, ints), _split(flat_floats, floats)
+        split = 8 * flat_ints.numel()
+        on_cpu = self.device.type == "cpu"
+        host = torch.empty(split + 8 * flat_floats.numel(), dtype=torch.uint8, pin_memory=not on_cpu)
+        host[:split].view(torch.int64).copy_(flat_ints)
+        host[split:].view(torch.float64).copy_(flat_floats)
+        staged = host if on_cpu else host.to(self.device, non_blocking=True)
+        return _split(staged[:split].view(torch.int64), ints), _split(staged[split:].view(torch.float64), floats)
 
 
 def _split(flat: Tensor, parts: list[list[int]] | list[list[float]]) -> list[Tensor]:

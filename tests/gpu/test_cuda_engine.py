@@ -1,49 +1,96 @@
-"""The GPT-2 engine on CUDA. Skipped, with the reason, where no GPU is present (CI has none)."""
+"""The GPT-2 engine on CUDA. Skipped, with the reason, where no GPU is present (CI has none).
+
+The CPU suite covers the same logic (graph buckets and padding through an eager capture, the gather
+attention, the batched sampler); these check what only a GPU can: the captured graphs, the pinned
+staging copy, float32 exactness against transformers on the same device, and host syncs per step.
+"""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from governor.validation import GenerateRequest
+from tests.engine_run import PROMPTS, request, run_with_late_arrivals
 from worker.engine import FinishEvent, LLMEngine
-from worker.loading import load, load_hf_model
+from worker.loading import LoadedModel, load, load_hf_model
 from worker.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available on this machine")
 
-PROMPTS = [("a", "The quick brown fox", 30), ("b", "naïve café " * 4, 12), ("c", "x", 40)]
+CUDA = torch.device("cuda")
+CONFIG = SchedulerConfig(max_batch_size=8, max_prefill_tokens=64, kv_cache_tokens=4096)
 
 
-def run(model_dir: Path, dtype: torch.dtype) -> dict[str, list[int]]:
-    loaded = load(str(model_dir), torch.device("cuda"), dtype)
-    config = SchedulerConfig(max_batch_size=8, max_prefill_tokens=16, kv_cache_tokens=2048)
-    engine = LLMEngine.for_model(loaded, config)
+def hf_greedy_on_cuda(model_dir: Path) -> dict[str, list[int]]:
+    model, tokenizer = load_hf_model(str(model_dir))
+    model.to(CUDA)
+    out = {}
     for rid, prompt, n in PROMPTS:
-        engine.add(GenerateRequest(id=rid, prompt=prompt, max_new_tokens=n, temperature=0.0))
-    out: dict[str, list[int]] = {}
-    while engine.has_work:
-        out |= {e.seq.request_id: e.seq.output_ids for e in engine.step() if isinstance(e, FinishEvent)}
+        ids = torch.tensor([tokenizer.encode(prompt)], device=CUDA)
+        with torch.inference_mode():
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+        tokens = ref[0, ids.shape[1] :].tolist()
+        eos = tokenizer.eos_token_id
+        out[rid] = tokens[: tokens.index(eos)] if eos in tokens else tokens
     return out
 
 
-def test_float32_greedy_on_cuda_equals_hf_generate_on_cuda(tiny_gpt2_dir: Path) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = False
-    model, tokenizer = load_hf_model(str(tiny_gpt2_dir))
-    model.to("cuda")
-    out = run(tiny_gpt2_dir, torch.float32)
-    for rid, prompt, n in PROMPTS:
-        ids = torch.tensor([tokenizer.encode(prompt)], device="cuda")
-        with torch.inference_mode():
-            ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
-        expected = ref[0, ids.shape[1] :].tolist()
-        eos = tokenizer.eos_token_id
-        assert out[rid] == (expected[: expected.index(eos)] if eos in expected else expected), rid
+@pytest.fixture(scope="module")
+def loaded_fp32(tiny_gpt2_dir: Path) -> LoadedModel:
+    return load(str(tiny_gpt2_dir), CUDA, torch.float32)
 
 
-def test_bfloat16_runs_every_request_to_its_end(tiny_gpt2_dir: Path) -> None:
-    out = run(tiny_gpt2_dir, torch.bfloat16)
-    assert set(out) == {"a", "b", "c"}
-    assert all(0 < len(out[rid]) <= n for rid, _, n in PROMPTS)
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
+def test_float32_greedy_on_cuda_equals_hf_generate_on_cuda(
+    tiny_gpt2_dir: Path, loaded_fp32: LoadedModel, cuda_graphs: bool
+) -> None:
+    engine = LLMEngine.for_model(loaded_fp32, CONFIG, cuda_graphs=cuda_graphs)
+    assert (engine.runner.graphs is not None) == cuda_graphs
+    finished = run_with_late_arrivals(engine)
+    expected = hf_greedy_on_cuda(tiny_gpt2_dir)
+    for rid, _, _ in PROMPTS:
+        assert finished[rid].seq.output_ids == expected[rid], rid
+
+
+def test_bfloat16_runs_every_request_and_starts_as_float32_does(tiny_gpt2_dir: Path, loaded_fp32: LoadedModel) -> None:
+    reference = run_with_late_arrivals(LLMEngine.for_model(loaded_fp32, CONFIG))
+    engine = LLMEngine.for_model(load(str(tiny_gpt2_dir), CUDA, torch.bfloat16), CONFIG)
+    finished = run_with_late_arrivals(engine)
+    for rid, _, n in PROMPTS:
+        ours = finished[rid].seq.output_ids
+        assert ours[0] == reference[rid].seq.output_ids[0], rid
+        assert len(ours) == n or finished[rid].completion.finish_reason == "eos"
+
+
+def test_seeded_sampling_on_cuda_is_reproducible(loaded_fp32: LoadedModel) -> None:
+    def run() -> list[int]:
+        engine = LLMEngine.for_model(loaded_fp32, CONFIG)
+        seq = engine.add(request("s", "The quick brown fox", 20, temperature=0.9, top_p=0.9, seed=5, stop_on_eos=False))
+        while engine.has_work:
+            engine.step()
+        return seq.output_ids
+
+    assert run() == run()
+
+
+def test_a_graphed_decode_step_synchronises_once(loaded_fp32: LoadedModel) -> None:
+    engine = LLMEngine.for_model(loaded_fp32, CONFIG)
+    for i in range(4):
+        engine.add(request(str(i), "The quick brown fox", 10, stop_on_eos=False))
+    engine.step()  # prefill
+    engine.step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            events: Any = engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert not any(isinstance(e, FinishEvent) for e in events)
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]  # the .tolist() of the sampled tokens

@@ -153,3 +153,20 @@ def test_the_embedded_random_tiny_model_needs_no_files() -> None:
     engine = LLMEngine.for_model(tiny, SchedulerConfig(kv_cache_tokens=256))
     engine.add(request("t", "héllo", 5, stop_on_eos=False))
     assert len(drain(engine)["t"].seq.output_ids) == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_on_the_cpu_runs_every_request_and_starts_as_float32_does(
+    tiny_gpt2_dir: Path, loaded: LoadedModel, dtype: torch.dtype
+) -> None:
+    # Free-running greedy streams part at the first near-tie (bfloat16 keeps 8 bits of mantissa),
+    # so only the first tokens are compared here; benchmarks/dtypes.py measures the agreement.
+    reference = run_with_late_arrivals(make_engine(loaded))
+    low = load(str(tiny_gpt2_dir), CPU, dtype)
+    engine = make_engine(low)
+    assert engine.runner.kernel is not None and engine.runner.cache.keys.dtype == dtype
+    finished = run_with_late_arrivals(engine)
+    for rid, _, n in PROMPTS:
+        ours, theirs = finished[rid].seq.output_ids, reference[rid].seq.output_ids
+        assert ours[0] == theirs[0], rid
+        assert len(ours) == n or finished[rid].completion.finish_reason == "eos"

@@ -1,0 +1,49 @@
+"""--dtype: what `auto` resolves to on each kind of machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import worker.loading as loading
+from worker.loading import resolve_dtype
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.mark.parametrize("name", ["float32", "bfloat16", "float16"])
+def test_a_named_dtype_is_taken_as_is(name: str) -> None:
+    assert resolve_dtype(name, CPU) == getattr(torch, name)
+
+
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx", "onednn_bf16", "expected"),
+    [
+        (False, False, False, torch.float32),  # AVX2 only: bfloat16 would be emulated
+        (True, False, True, torch.bfloat16),
+        (False, True, True, torch.bfloat16),
+        (True, True, False, torch.float32),  # no oneDNN bfloat16 path for the linear layers
+    ],
+)
+def test_auto_on_a_cpu_is_bfloat16_only_where_it_runs_natively(
+    monkeypatch: pytest.MonkeyPatch, avx512_bf16: bool, amx: bool, onednn_bf16: bool, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(loading, "can_pack_for_cpu", lambda dtype: onednn_bf16)
+    assert resolve_dtype("auto", CPU) == expected
+
+
+def test_auto_on_this_cpu_follows_its_features() -> None:
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert resolve_dtype("auto", CPU) == (
+        torch.bfloat16 if native and loading.can_pack_for_cpu(torch.bfloat16) else torch.float32
+    )
+
+
+@pytest.mark.parametrize(("bf16", "expected"), [(True, torch.bfloat16), (False, torch.float16)])
+def test_auto_on_cuda_is_bfloat16_or_float16(
+    monkeypatch: pytest.MonkeyPatch, bf16: bool, expected: torch.dtype
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    assert resolve_dtype("auto", CUDA) == expected
