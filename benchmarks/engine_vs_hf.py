@@ -36,6 +36,7 @@ import torch
 from benchmarks.common import machine, out_dir, start_governor, stats, stop
 from governor.client import AsyncClient
 from governor.validation import GenerateRequest
+from worker.allocator import keep_freed_memory
 from worker.engine import FinishEvent, LLMEngine
 from worker.loading import DTYPES, load, load_hf_model
 from worker.scheduler import SchedulerConfig
@@ -313,6 +314,7 @@ def main() -> None:
         default="hf-sequential,hf-static-8,hf-static-32,hf-continuous,engine,served",
         help="comma-separated subset (hf-sequential is skipped for the mixed workload unless named alone)",
     )
+    parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, in alternation")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=32)
@@ -332,6 +334,7 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
+    keep_freed_memory()  # as the worker does, so that in-process and served run alike
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     methods = args.methods.split(",")
@@ -364,7 +367,9 @@ def main() -> None:
     try:
         for name in args.workloads.split(","):
             workload = make_workload(name, args.seed)
-            report["workloads"][name] = run_workload(workload, methods, loaded, hf, tokenizer, config, served)
+            report["workloads"][name] = run_workload(
+                workload, methods, args.rounds, loaded, hf, tokenizer, config, served
+            )
         report["decode_steps"] = decode_steps(loaded, config, args.step_batches)
         if args.memory_runs:
             report["rss_after_runs_mib"] = memory_runs(loaded, config, served, workload, args.memory_runs)
@@ -380,12 +385,15 @@ def main() -> None:
 def run_workload(
     workload: Workload,
     methods: list[str],
+    rounds: int,
     loaded: Any,
     hf: HF,
     tokenizer: Any,
     config: SchedulerConfig,
     served: Served | None,
 ) -> dict[str, Any]:
+    """Every method `rounds` times, in alternation (so each sees the same drift of a shared
+    machine); ratios of medians, and served / engine paired by round."""
     name = workload.name
     ids = [tokenizer.encode(p) for p in workload.prompts]
     new = workload.max_new_tokens
@@ -394,66 +402,87 @@ def run_workload(
         f"(lengths {min(map(len, ids))}-{max(map(len, ids))}), {workload.useful_tokens} new tokens "
         f"(per request {min(new)}-{max(new)})"
     )
-    results: list[RunResult] = []
-    for method in methods:
-        if method == "hf-sequential" and name == "mixed" and len(methods) > 1:
-            continue
-        try:
-            if method == "hf-sequential":
-                result = timed(method, workload.useful_tokens, hf.sequential, ids, new)
-            elif method.startswith("hf-static-"):
-                size = int(method.rsplit("-", 1)[1])
-                result = timed(method, workload.useful_tokens, hf.static, ids, new, size)
-            elif method == "hf-continuous":
-                result = timed(method, workload.useful_tokens, hf.continuous, ids, new)
-            elif method == "engine":
-                engine = LLMEngine.for_model(loaded, config)
-                result = timed(method, workload.useful_tokens, run_engine, engine, workload.prompts, new)
-                result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
-                result.extra["steps"] = engine.counters.steps
-                result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
-            elif method == "served":
-                assert served is not None
-                result = timed_served(served, workload.useful_tokens, workload.prompts, new)
-            else:
-                raise SystemExit(f"unknown method {method!r}")
-        except Exception as exc:  # a baseline that cannot run here is reported, not fatal
-            print(f"  {method:<14} failed: {type(exc).__name__}: {exc}")
-            continue
-        results.append(result)
-        extra = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.extra.items())
-        print(
-            f"  {method:<14} {result.seconds:8.2f} s  {result.tok_s:8.1f} tok/s  "
-            f"peak RSS {result.peak_rss_mib:7.0f} MiB  {extra}",
-            flush=True,
-        )
-    by_method = {r.method: r for r in results}
-    for subject in ("engine", "served"):
-        mine = by_method.get(subject)
-        if mine is None:
-            continue
-        for r in results:
-            # served is compared with the in-process engine, which is compared with the baselines
-            if (
-                r is mine
-                or r.method == "served"
-                or (subject == "served" and r.method != "engine" and "engine" in by_method)
-            ):
+    if name == "mixed" and len(methods) > 1:  # about 15 minutes on its own
+        methods = [m for m in methods if m != "hf-sequential"]
+    runs: dict[str, list[RunResult]] = {}
+    for _ in range(rounds):
+        for method in methods:
+            try:
+                result = run_method(method, workload, ids, loaded, hf, config, served)
+            except Exception as exc:  # a baseline that cannot run here is reported, not fatal
+                print(f"  {method:<14} failed: {type(exc).__name__}: {exc}")
                 continue
-            same = sum(a == b for a, b in zip(mine.outputs or [], r.outputs or [], strict=False))
+            runs.setdefault(method, []).append(result)
+            extra = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.extra.items())
             print(
-                f"  {subject} / {r.method:<14} = {mine.tok_s / r.tok_s:5.2f}x   "
+                f"  {method:<14} {result.seconds:8.2f} s  {result.tok_s:8.1f} tok/s  "
+                f"peak RSS {result.peak_rss_mib:7.0f} MiB  {extra}",
+                flush=True,
+            )
+    median = {method: statistics.median(r.tok_s for r in results) for method, results in runs.items()}
+    if rounds > 1:
+        print("  medians: " + ", ".join(f"{m} {v:.1f} tok/s" for m, v in median.items()))
+    for subject in ("engine", "served"):
+        if subject not in runs:
+            continue
+        mine = runs[subject][0]
+        for method, results in runs.items():
+            if method in ("engine", "served"):
+                continue
+            same = sum(a == b for a, b in zip(mine.outputs or [], results[0].outputs or [], strict=False))
+            print(
+                f"  {subject} / {method:<14} = {median[subject] / median[method]:5.2f}x   "
                 f"greedy outputs identical: {same}/{len(ids)}"
             )
+    if "engine" in runs and "served" in runs:
+        paired = [s.tok_s / e.tok_s for e, s in zip(runs["engine"], runs["served"], strict=False)]
+        same = sum(
+            a == b for a, b in zip(runs["served"][0].outputs or [], runs["engine"][0].outputs or [], strict=True)
+        )
+        print(
+            f"  served / engine        = {statistics.median(paired):5.2f}x (paired by round: "
+            + ", ".join(f"{r:.2f}" for r in paired)
+            + f")   greedy outputs identical: {same}/{len(ids)}"
+        )
     return {
         "requests": len(ids),
         "prompt_tokens": sum(map(len, ids)),
         "new_tokens": workload.useful_tokens,
+        "median_tok_s": median,
         "results": [
             {"method": r.method, "seconds": r.seconds, "tok_s": r.tok_s, "peak_rss_mib": r.peak_rss_mib, **r.extra}
+            for results in runs.values()
             for r in results
         ],
     }
+
+
+def run_method(
+    method: str,
+    workload: Workload,
+    ids: list[list[int]],
+    loaded: Any,
+    hf: HF,
+    config: SchedulerConfig,
+    served: Served | None,
+) -> RunResult:
+    new, tokens = workload.max_new_tokens, workload.useful_tokens
+    if method == "hf-sequential":
+        return timed(method, tokens, hf.sequential, ids, new)
+    if method.startswith("hf-static-"):
+        return timed(method, tokens, hf.static, ids, new, int(method.rsplit("-", 1)[1]))
+    if method == "hf-continuous":
+        return timed(method, tokens, hf.continuous, ids, new)
+    if method == "engine":
+        engine = LLMEngine.for_model(loaded, config)
+        result = timed(method, tokens, run_engine, engine, workload.prompts, new)
+        result.extra["kv_cache_mib"] = engine.runner.cache.nbytes / 2**20
+        result.extra["steps"] = engine.counters.steps
+        result.extra["mean_batch"] = engine.counters.step_sequences / max(1, engine.counters.steps)
+        return result
+    if method == "served" and served is not None:
+        return timed_served(served, tokens, workload.prompts, new)
+    raise SystemExit(f"unknown method {method!r}")
 
 
 def decode_steps(loaded: Any, config: SchedulerConfig, batches: str) -> dict[int, dict[str, float]]:

@@ -37,6 +37,7 @@ import torch
 
 from governor.errors import GovernorError, InternalError, RequestRejected
 from governor.validation import GenerateRequest
+from worker.allocator import keep_freed_memory
 from worker.config import WorkerConfig
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.engines.base import Completion, RequestSink
@@ -135,6 +136,8 @@ class GPT2Engine:
     def _build(self) -> LLMEngine:
         """On the engine thread: everything that touches torch, so it all runs in one OpenMP team."""
         config = self.config
+        if not keep_freed_memory():
+            log.info("event=allocator_default reason='no glibc mallopt'")
         if config.threads:
             torch.set_num_threads(config.threads)
         self._threads = torch.get_num_threads()
