@@ -77,12 +77,32 @@ def load_hf_model(spec: str) -> tuple[Any, Tokenizer]:
         raise ModelLoadError(f"--model {spec!r}: cannot read config.json: {exc}") from None
     if config.model_type != "gpt2":
         raise ModelLoadError(f"--model {spec!r}: model_type is {config.model_type!r}, this engine runs gpt2")
+    unsupported = unsupported_options(config)
+    if unsupported:
+        raise ModelLoadError(f"--model {spec!r}: this engine does not implement {', '.join(unsupported)}")
     try:
         model = GPT2LMHeadModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         return model.eval(), HFTokenizer(tokenizer)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"--model {spec!r}: {exc}") from None
+
+
+# GPT-2 options that change the forward pass, with the values the engine implements: a checkpoint
+# that sets another would run without error and produce wrong text.
+SUPPORTED_OPTIONS: dict[str, tuple[object, ...]] = {
+    "activation_function": ("gelu_new", "gelu_pytorch_tanh"),  # the tanh approximation
+    "scale_attn_weights": (True,),
+    "scale_attn_by_inverse_layer_idx": (False,),
+}
+
+
+def unsupported_options(config: Any) -> list[str]:
+    return [
+        f"{name}={getattr(config, name)!r}"
+        for name, values in SUPPORTED_OPTIONS.items()
+        if getattr(config, name, values[0]) not in values
+    ]
 
 
 def load(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -170,3 +171,15 @@ def test_low_precision_on_the_cpu_runs_every_request_and_starts_as_float32_does(
         ours, theirs = finished[rid].seq.output_ids, reference[rid].seq.output_ids
         assert ours[0] == theirs[0], rid
         assert len(ours) == n or finished[rid].completion.finish_reason == "eos"
+
+
+def test_refuses_a_checkpoint_whose_forward_the_engine_does_not_implement(tmp_path: Path, tiny_gpt2_dir: Path) -> None:
+    import shutil
+
+    for option, value in [("activation_function", "relu"), ("scale_attn_by_inverse_layer_idx", True)]:
+        copy = tmp_path / option
+        shutil.copytree(tiny_gpt2_dir, copy)
+        config = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps({**config, option: value}))
+        with pytest.raises(ModelLoadError, match=f"does not implement {option}="):
+            load(str(copy), CPU, torch.float32)
