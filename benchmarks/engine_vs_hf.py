@@ -237,26 +237,36 @@ def timed_served(served: Served, tokens: int, prompts: list[str], new: list[int]
 # -- decode step vs bare matmuls ---------------------------------------------------------------------
 
 
-def decoding_engine(loaded: Any, config: SchedulerConfig, batch: int, steps: int) -> LLMEngine:
-    """`batch` greedy requests (64-token prompts) past their prefill, with `steps` decode steps to go."""
-    engine = LLMEngine.for_model(loaded, config)
+def decoding_engine(
+    loaded: Any, config: SchedulerConfig, batch: int, steps: int, prompt_tokens: int = 64, cuda_graphs: bool = True
+) -> LLMEngine:
+    """`batch` greedy requests (`prompt_tokens`-token prompts) past their prefill, with `steps`
+    decode steps to go."""
+    engine = LLMEngine.for_model(loaded, config, cuda_graphs=cuda_graphs)
     for i in range(batch):
         engine.add(
-            GenerateRequest(id=str(i), prompt="x" * 64, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False)
+            GenerateRequest(
+                id=str(i), prompt="x" * prompt_tokens, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False
+            )
         )
     engine.step()  # the prefill
     engine.step()
     return engine
 
 
-def decode_step_ms(loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9) -> float:
-    engine = decoding_engine(loaded, config, batch, steps)
+def decode_step_ms(
+    loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9, prompt_tokens: int = 64, cuda_graphs: bool = True
+) -> float:
+    engine = decoding_engine(loaded, config, batch, steps, prompt_tokens, cuda_graphs)
+    on_cuda = engine.runner.device.type == "cuda"
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        events = engine.step()
+        events = engine.step()  # ends with the .tolist() of the sampled tokens: a synchronisation
         times.append(time.perf_counter() - start)
         assert sum(not isinstance(e, FinishEvent) for e in events) == batch
+    if on_cuda:
+        torch.cuda.synchronize()
     return statistics.median(times) * 1000
 
 
@@ -486,8 +496,10 @@ def run_method(
 
 
 def decode_steps(loaded: Any, config: SchedulerConfig, batches: str) -> dict[int, dict[str, float]]:
+    steps: dict[int, dict[str, float]] = {}
+    if not batches:
+        return steps
     print("\n== decode step (median of 9) vs the bare matmul chain of the same shapes")
-    steps = {}
     for batch in map(int, batches.split(",")):
         step = decode_step_ms(loaded, config, batch)
         bare = bare_matmuls_ms(loaded, batch)
