@@ -27,7 +27,6 @@ from governor.client import AsyncClient
 from governor.errors import BadFrame
 
 
-
 @dataclass
 class Round:
     gaps_before: list[float] = field(default_factory=list)  # ms
