@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-experiments \
+.PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
 	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
@@ -43,8 +43,21 @@ bench: $(STAMP)  ## the governor's own benchmarks (yield path, memory); bench-ex
 	$(PY) -m benchmarks.yield_throughput
 	$(PY) -m benchmarks.memory
 
-bench-engine: $(STAMP)  ## experiment 5: the GPT-2 engine vs transformers' generate (about 15 minutes on 2 cores)
-	$(PY) -m benchmarks.engine_vs_hf
+bench-engine: $(STAMP)  ## experiment 5: the engine in-process and served vs transformers' generate (about 30 minutes on 2 cores)
+	model=$$($(PY) -m benchmarks.model_dir | tail -n 1) && \
+	$(PY) -m benchmarks.engine_vs_hf --model $$model --rounds 3 --workloads uniform \
+		--methods hf-static-32,hf-continuous,engine,served --memory-runs 3 --profile && \
+	$(PY) -m benchmarks.engine_vs_hf --model $$model --rounds 2 --workloads mixed \
+		--methods hf-static-8,hf-continuous,engine,served --memory-runs 0 --step-batches ""
+
+bench-dtypes: $(STAMP)  ## every dtype on this machine: what --dtype auto picks, speed, accuracy against float32
+	$(PY) -m benchmarks.dtypes
+
+bench-tokenize: $(STAMP)  ## inter-token latency of 16 streams while a 1 MiB prompt is tokenized
+	$(PY) -m benchmarks.tokenize_stall
+
+bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, decode step and kernel launches
+	$(PY) -m benchmarks.gpu
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-burst: $(STAMP)  ## experiment 1: a prefill-heavy burst, unlimited vs --max-inflight 64
