@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,7 @@ import torch
 
 from benchmarks import model_dir
 from benchmarks.common import machine
-from benchmarks.engine_vs_hf import bare_matmuls_ms, decode_step_ms, make_workload, run_engine
+from benchmarks.engine_vs_hf import bare_matmuls_ms, decode_step_ms, make_workload, run_engine, timed_median_ms
 from worker.attention import Segment
 from worker.engine import LLMEngine
 from worker.kv_cache import KVCache
@@ -52,16 +50,6 @@ def cpu_features() -> dict[str, Any]:
     return features
 
 
-def timed_ms(fn: Any, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
 @torch.inference_mode()
 def speed(dtype: torch.dtype, device: torch.device, repeats: int) -> dict[str, float]:
     loaded = load("random-gpt2", device, dtype)
@@ -69,7 +57,7 @@ def speed(dtype: torch.dtype, device: torch.device, repeats: int) -> dict[str, f
     out: dict[str, float] = {}
     for m in (1, 32, 512):
         x = torch.randn(m, 768, dtype=dtype, device=device)
-        ms = timed_ms(lambda x=x: layer(x), repeats)
+        ms = timed_median_ms(lambda x=x: layer(x), repeats)
         out[f"linear_m{m}_ms"] = ms
         out[f"linear_m{m}_gflops"] = 2 * m * 768 * 3072 / ms / 1e6
     config = SchedulerConfig(max_batch_size=32, kv_cache_tokens=8192)

@@ -270,6 +270,17 @@ def decode_step_ms(
     return statistics.median(times) * 1000
 
 
+def timed_median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time of `repeats` calls of fn, in ms, after one untimed warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
 @torch.inference_mode()
 def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
     """The matrix multiplies of one decode step alone: the model's own linear layers and LM head
@@ -290,13 +301,7 @@ def bare_matmuls_ms(loaded: Any, batch: int, steps: int = 9) -> float:
         if param.device.type == "cuda":
             torch.cuda.synchronize()  # time the kernels, not their launches
 
-    chain()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        chain()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
+    return timed_median_ms(chain, steps)
 
 
 def profile_decode(loaded: Any, config: SchedulerConfig, batch: int = 32, steps: int = 5) -> None:
