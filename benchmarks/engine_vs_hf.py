@@ -35,7 +35,7 @@ import torch
 
 from benchmarks.common import machine, out_dir, start_governor, stats, stop
 from governor.client import AsyncClient
-from governor.validation import GenerateRequest
+from govwire.request import GenerateRequest
 from worker.allocator import keep_freed_memory
 from worker.engine import FinishEvent, LLMEngine
 from worker.loading import DTYPES, load, load_hf_model

@@ -26,10 +26,10 @@ from typing import Any
 import orjson
 
 from benchmarks.common import start_governor, stop
-from governor.accounting import YIELD_REASONS
 from governor.client import NO_RETRY, Client, GovernorError, Yielded
-from governor.errors import ERRORS_BY_CODE
-from governor.wire import FINAL_STATUSES, encode, generate_frame
+from govwire.codec import encode, generate_frame
+from govwire.errors import ERRORS_BY_CODE
+from govwire.vocab import FINAL_STATUSES, YieldReason
 
 MAX_FRAME_BYTES = 128 * 1024  # above the 100k-deep nesting case, small enough to send many huge lines
 GOVERNOR_FLAGS = ("--max-inflight", "4", "--max-frame-bytes", str(MAX_FRAME_BYTES), "--max-new-tokens-limit", "64")
@@ -183,7 +183,7 @@ def check_reply(line: bytes, report: Report) -> bool:
     elif status == "error" and reply.get("code") not in ERROR_CODES:
         problem = "unknown error code"
     elif status == "yield" and (
-        reply.get("reason") not in YIELD_REASONS or not _positive_int(reply.get("retry_hint_ms"))
+        reply.get("reason") not in set(YieldReason) or not _positive_int(reply.get("retry_hint_ms"))
     ):
         problem = "bad yield"
     elif status == "error" and reply["code"] == "internal":

@@ -17,7 +17,8 @@ import time
 import orjson
 
 from benchmarks.common import machine, rss_mib, start_governor, stats, stop, wait_until
-from governor.wire import FINAL_STATUSES, encode, generate_frame
+from govwire.codec import encode, generate_frame
+from govwire.vocab import FINAL_STATUSES
 
 PROMPT = "a short prompt of about thirty-two bytes"
 

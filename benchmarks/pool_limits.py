@@ -25,8 +25,8 @@ from typing import Any
 import orjson
 
 from benchmarks.common import machine, markdown_table, out_dir, start_governor, stop
-from governor.framing import LineSplitter
-from governor.wire import encode, generate_frame
+from govwire.codec import encode, generate_frame
+from govwire.framing import LineSplitter
 
 
 @dataclass

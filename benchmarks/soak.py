@@ -37,7 +37,8 @@ import orjson
 from benchmarks.common import rss_mib, start_governor, stop
 from benchmarks.fuzz import MAX_FRAME_BYTES, WORKER_ARGS, Report, check_reply, check_server, fuzz
 from governor.bench.stats import Distribution
-from governor.wire import FINAL_STATUSES, encode, generate_frame
+from govwire.codec import encode, generate_frame
+from govwire.vocab import FINAL_STATUSES
 
 PROMPT = "soak: a well-behaved prompt"
 MAX_NEW_TOKENS_LIMIT = 64

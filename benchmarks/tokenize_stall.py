@@ -24,7 +24,7 @@ from pathlib import Path
 from benchmarks import model_dir
 from benchmarks.common import machine, markdown_table, out_dir, start_governor, stop
 from governor.client import AsyncClient
-from governor.errors import BadFrame
+from govwire.errors import BadFrame
 
 
 @dataclass

@@ -16,7 +16,7 @@ from collections import deque
 import orjson
 import uvloop
 
-from governor.wire import encode, generate_frame
+from govwire.codec import encode, generate_frame
 
 PROMPT = "Summarise the following support ticket in one sentence: my order arrived late."
 

@@ -1,7 +1,6 @@
-"""governor: a TCP ingress governor for inference workers.
+"""governor: a TCP ingress governor for inference workers (the server, its clients and its bench).
 
-Kept import-free so `import governor.wire` (used by the worker and by clients) pulls in
-neither uvloop nor prometheus-client.
+The wire contract it shares with the worker lives in the `govwire` package.
 """
 
 __version__ = "0.1.0"

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 import orjson
 
 from governor import __version__
-from governor.auth import SharedSecret
 from governor.bench.config import BenchConfig
 from governor.client import NO_RETRY, Client, GovernorError
-from governor.config import ConfigError, GovernorConfig
+from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
-from governor.logs import configure_logging
-from governor.options import add_options, from_namespace, given
+from govwire.auth import SharedSecret
+from govwire.logs import configure_logging
+from govwire.options import ConfigError, add_options, from_namespace, given
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2

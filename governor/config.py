@@ -6,19 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from governor.address import Address, parse_address
-from governor.auth import SharedSecret
-from governor.options import option
-from governor.pool import EndpointLimits
-
-MIB = 1024 * 1024
-# The worker reads frames of up to 32 MiB (worker/service.py); a forwarded frame is at most about
-# as long as the client's, so this cap keeps every admitted frame readable by the worker.
-MAX_FRAME_BYTES_LIMIT = 16 * MIB
-
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the setting."""
+from governor.endpoint import EndpointLimits
+from govwire.address import Address, parse_address
+from govwire.auth import SharedSecret
+from govwire.options import ConfigError, option
+from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB
 
 
 @dataclass(frozen=True)

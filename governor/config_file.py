@@ -20,7 +20,8 @@ from typing import Any, Literal
 
 import orjson
 
-from governor.config import ConfigError, GovernorConfig, parse_endpoint
+from governor.config import GovernorConfig, parse_endpoint
+from govwire.options import ConfigError
 
 _ENDPOINT_KEYS = ("concurrency", "qps", "burst", "weight")
 _NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker"}

@@ -16,9 +16,6 @@ from collections.abc import Callable
 
 log = logging.getLogger("governor.supervisor")
 
-# The per-run secret a spawned worker demands on every link; the environment, unlike argv, is not
-# readable by other users.
-WORKER_TOKEN_ENV = "GOVERNOR_WORKER_TOKEN"
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 5.0
 STABLE_AFTER_S = 10.0  # a worker that ran this long resets the backoff

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from governor.validation import GenerateRequest
+from govwire.request import GenerateRequest
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 
 PROMPTS = [

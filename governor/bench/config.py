@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from governor.address import parse_address
-from governor.auth import SharedSecret
-from governor.config import ConfigError
-from governor.options import option
+from govwire.address import parse_address
+from govwire.auth import SharedSecret
+from govwire.options import ConfigError, option
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from governor.bench.config import BenchConfig
 from governor.bench.report import format_run, to_json
 from governor.bench.runner import BenchRun, RunResult, make_prompts
 from governor.bench.stats import Summary, summarize
-from governor.errors import GovernorError
+from govwire.errors import GovernorError
 
 
 async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:

@@ -11,9 +11,10 @@ subclass of each error code, and retry yields after their hint under a `RetryPol
 
 from governor.client.aio import AsyncClient, AsyncStream
 from governor.client.retry import NO_RETRY, RetryBudget, RetryPolicy, Yielded
-from governor.client.session import MAX_REPLY_BYTES, ConnectionLost, Result, Token
+from governor.client.session import ConnectionLost, Result, Token
 from governor.client.sync import Client, Stream
-from governor.errors import GovernorError
+from govwire.errors import GovernorError
+from govwire.vocab import MAX_REPLY_BYTES
 
 __all__ = [
     "MAX_REPLY_BYTES",

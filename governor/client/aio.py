@@ -11,11 +11,8 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any, cast
 
-from governor.address import Address, open_connection, parse_address
-from governor.auth import SharedSecret
 from governor.client.retry import Retries, RetryPolicy, Yielded
 from governor.client.session import (
-    AUTH_ID,
     FINAL,
     ConnectionLost,
     Event,
@@ -25,9 +22,10 @@ from governor.client.session import (
     refusal,
     request_ids,
 )
-from governor.errors import GovernorError
-from governor.validation import OP_PING, OP_STATS
-from governor.wire import STATUS_AUTHENTICATED
+from govwire.address import Address, open_connection, parse_address
+from govwire.auth import SharedSecret
+from govwire.errors import GovernorError
+from govwire.vocab import Op, ReservedId, Status
 
 Reply = Event | dict[str, Any] | ConnectionLost
 Route = Callable[[Reply, float], None]  # a reply and the time.monotonic() of the read that brought it
@@ -131,10 +129,10 @@ class AsyncClient:
         return rid
 
     async def ping(self) -> dict[str, Any]:
-        return await self._control(OP_PING)
+        return await self._control(Op.PING)
 
     async def stats(self) -> dict[str, Any]:
-        return await self._control(OP_STATS)
+        return await self._control(Op.STATS)
 
     async def connect(self) -> None:
         if self._connecting is None:
@@ -258,14 +256,14 @@ class AsyncClient:
             self._transport = await open_connection(self._address, lambda: link)
         self._session = Session(self._ids)
         if self._secret is not None:
-            queue = self._queue(AUTH_ID)
+            queue = self._queue(ReservedId.AUTH)
             try:
                 self._write(self._session.auth_frame(self._secret))
                 reply = cast(dict[str, Any], await self._next(queue))
             except ConnectionLost as exc:
                 raise PermissionError(f"{self._where} refused the token") from exc
             finally:
-                self._routes.pop(AUTH_ID, None)
-            if reply.get("status") != STATUS_AUTHENTICATED:
+                self._routes.pop(ReservedId.AUTH, None)
+            if reply.get("status") != Status.AUTHENTICATED:
                 await self.aclose()
                 raise refusal(reply, self._where)

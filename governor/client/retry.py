@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from governor.errors import GovernorError, WorkerUnavailable
+from govwire.errors import GovernorError, WorkerUnavailable
 
 
 class Yielded(Exception):

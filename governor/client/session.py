@@ -18,24 +18,12 @@ from typing import Any
 
 import orjson
 
-from governor.auth import SharedSecret
 from governor.client.retry import Yielded
-from governor.errors import GovernorError, error_from_code
-from governor.framing import TOO_LARGE, LineSplitter
-from governor.validation import OP_CANCEL
-from governor.wire import (
-    STATUS_ACCEPTED,
-    STATUS_AUTHENTICATED,
-    STATUS_DONE,
-    STATUS_ERROR,
-    STATUS_TOKEN,
-    STATUS_YIELD,
-    encode,
-    generate_frame,
-)
-
-MAX_REPLY_BYTES = 64 * 1024 * 1024  # a done frame carries the whole completion
-AUTH_ID = "~auth"
+from govwire.auth import SharedSecret
+from govwire.codec import encode, generate_frame
+from govwire.errors import GovernorError, error_from_code
+from govwire.framing import TOO_LARGE, LineSplitter
+from govwire.vocab import MAX_REPLY_BYTES, Op, ReservedId, Status
 
 
 class ConnectionLost(ConnectionError):
@@ -82,15 +70,15 @@ Event = Accepted | Token | Result | Yielded | GovernorError  # what a request's 
 def event_of(reply: dict[str, Any]) -> Event | None:
     """The meaning of one reply for its request; None for those that only acknowledge."""
     status = reply.get("status")
-    if status == STATUS_TOKEN:
+    if status == Status.TOKEN:
         return Token(reply.get("index", 0), reply.get("token_id", 0), reply.get("text", ""))
-    if status == STATUS_DONE:
+    if status == Status.DONE:
         return Result.from_reply(reply)
-    if status == STATUS_YIELD:
+    if status == Status.YIELD:
         return Yielded(str(reply.get("id")), int(reply.get("retry_hint_ms", 0)), str(reply.get("reason")))
-    if status == STATUS_ERROR:
+    if status == Status.ERROR:
         return error_from_code(str(reply.get("code")), str(reply.get("message", "")), reply.get("id"))
-    if status == STATUS_ACCEPTED:
+    if status == Status.ACCEPTED:
         return ACCEPTED
     return None  # control answers (pong, stats, authenticated)
 
@@ -120,8 +108,8 @@ class Session:
         self.broken: ConnectionLost | None = None
 
     def auth_frame(self, secret: SharedSecret) -> bytes:
-        self._unacknowledged.append(AUTH_ID)
-        return encode({"id": AUTH_ID, **secret.frame()})
+        self._unacknowledged.append(ReservedId.AUTH)
+        return encode({"id": ReservedId.AUTH, **secret.frame()})
 
     def generate(self, prompt: str, fields: dict[str, Any]) -> tuple[str, bytes]:
         reserved = RESERVED_FIELDS.intersection(fields)
@@ -142,7 +130,7 @@ class Session:
         """Stop listening to `rid` and ask the governor to stop it (it answers with the final reply,
         which is then dropped)."""
         self.open.discard(rid)
-        return encode({"id": rid, "op": OP_CANCEL})
+        return encode({"id": rid, "op": Op.CANCEL})
 
     def feed(self, data: bytes) -> list[tuple[str, Event | dict[str, Any]]]:
         out: list[tuple[str, Event | dict[str, Any]]] = []
@@ -163,18 +151,18 @@ class Session:
                 return out
             rid = reply.get("id")
             status = reply.get("status")
-            if rid is None and status == STATUS_ERROR and self._unacknowledged:
+            if rid is None and status == Status.ERROR and self._unacknowledged:
                 rid = self._unacknowledged.popleft()  # the oldest frame still waiting for its first reply
-            elif status != STATUS_TOKEN and type(rid) is str and rid in self._unacknowledged:
+            elif status != Status.TOKEN and type(rid) is str and rid in self._unacknowledged:
                 self._unacknowledged.remove(rid)
-            if rid == AUTH_ID:
-                out.append((AUTH_ID, reply))
+            if rid == ReservedId.AUTH:
+                out.append((ReservedId.AUTH, reply))
                 continue
             if type(rid) is not str or rid not in self.open:
                 continue  # a request given up on (cancelled, timed out), or a connection-level note
             event = event_of(reply)
             if event is None:
-                if status != STATUS_AUTHENTICATED:
+                if status != Status.AUTHENTICATED:
                     out.append((rid, reply))  # ping / stats answers
                     self.open.discard(rid)
                 continue
@@ -187,7 +175,7 @@ class Session:
 def refusal(reply: dict[str, Any], where: str) -> Exception:
     """What a non-`authenticated` answer to the auth frame means: a wrong token, or (e.g.
     `too_many_connections`) a refusal that has nothing to do with it."""
-    if reply.get("status") == STATUS_ERROR and reply.get("code") != "unauthorized":
+    if reply.get("status") == Status.ERROR and reply.get("code") != "unauthorized":
         return error_from_code(str(reply.get("code")), str(reply.get("message", "")))
     return PermissionError(f"{where} refused the token: {reply.get('message', reply)}")
 

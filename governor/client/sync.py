@@ -12,10 +12,8 @@ from collections import deque
 from collections.abc import Generator
 from typing import Any, cast
 
-from governor.auth import SharedSecret
 from governor.client.retry import Retries, RetryPolicy, Yielded
 from governor.client.session import (
-    AUTH_ID,
     ConnectionLost,
     Event,
     Result,
@@ -24,9 +22,9 @@ from governor.client.session import (
     refusal,
     request_ids,
 )
-from governor.errors import GovernorError
-from governor.validation import OP_PING, OP_STATS
-from governor.wire import STATUS_AUTHENTICATED
+from govwire.auth import SharedSecret
+from govwire.errors import GovernorError
+from govwire.vocab import Op, ReservedId, Status
 
 Reply = Event | dict[str, Any] | ConnectionLost
 
@@ -102,10 +100,10 @@ class Client:
         return Stream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
 
     def ping(self) -> dict[str, Any]:
-        return self._control(OP_PING)
+        return self._control(Op.PING)
 
     def stats(self) -> dict[str, Any]:
-        return self._control(OP_STATS)
+        return self._control(Op.STATS)
 
     def close(self) -> None:
         """Close the connection; streams still open on it raise `ConnectionLost`."""
@@ -232,14 +230,14 @@ class Client:
         sock.settimeout(self._timeout)
         self._sock = sock
         if self._secret is not None:
-            self._queues[AUTH_ID] = deque()
+            self._queues[ReservedId.AUTH] = deque()
             try:
                 self._send(self._session.auth_frame(self._secret))
-                reply = cast(dict[str, Any], self._next(AUTH_ID))
+                reply = cast(dict[str, Any], self._next(ReservedId.AUTH))
             except ConnectionLost as exc:
                 raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
             finally:
-                self._queues.pop(AUTH_ID, None)
-            if reply.get("status") != STATUS_AUTHENTICATED:
+                self._queues.pop(ReservedId.AUTH, None)
+            if reply.get("status") != Status.AUTHENTICATED:
                 self.close()
                 raise refusal(reply, f"{self.host}:{self.port}")

@@ -18,8 +18,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.framing import LineSplitter
-from governor.wire import FINAL_STATUSES, encode, generate_frame
+from govwire.codec import encode, generate_frame
+from govwire.framing import LineSplitter
+from govwire.vocab import FINAL_STATUSES
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 20.0

@@ -23,7 +23,7 @@ from governor.client import (
     Token,
     Yielded,
 )
-from governor.errors import BadFrame, WorkerLost
+from govwire.errors import BadFrame, WorkerLost
 from tests.integration.conftest import Governor
 
 pytestmark = pytest.mark.integration

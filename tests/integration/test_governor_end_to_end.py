@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from governor.wire import encode, generate_frame
+from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Governor, free_port
 
 pytestmark = pytest.mark.integration

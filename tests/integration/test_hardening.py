@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from governor.wire import encode, generate_frame
+from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Governor, Worker
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,7 @@ import pytest
 
 from governor.bench.config import BenchConfig
 from governor.bench.runner import make_prompts
-from governor.config import ConfigError
+from govwire.options import ConfigError
 
 
 def test_prompt_length_distributions_and_unique_prompts() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from governor.client import ConnectionLost, Result, RetryBudget, RetryPolicy, Token, Yielded
 from governor.client.retry import Attempts
 from governor.client.session import ACCEPTED, Session, request_ids
-from governor.errors import FrameTooLarge, IntegrityMismatch, WorkerLost, WorkerUnavailable
+from govwire.errors import FrameTooLarge, IntegrityMismatch, WorkerLost, WorkerUnavailable
 
 
 def line(**reply: object) -> bytes:

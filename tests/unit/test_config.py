@@ -5,10 +5,11 @@ from pathlib import Path
 import pytest
 
 from governor import cli
-from governor.address import Address, parse_address
-from governor.config import ConfigError, GovernorConfig, parse_endpoint
-from governor.pool import EndpointLimits
+from governor.config import GovernorConfig, parse_endpoint
+from governor.endpoint import EndpointLimits
 from governor.server import is_loopback
+from govwire.address import Address, parse_address
+from govwire.options import ConfigError
 from worker.config import WorkerConfig
 
 

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from governor.framing import TOO_LARGE, LineSplitter
+from govwire.framing import TOO_LARGE, LineSplitter
 
 CASES = [
     (b'{"a":1}\n', [b'{"a":1}']),

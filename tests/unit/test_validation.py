@@ -6,9 +6,9 @@ from typing import Any
 import orjson
 import pytest
 
-from governor.errors import BadFrame, BadJson, IntegrityMismatch, UnknownOp, error_from_code
-from governor.validation import GenerateRequest, IntegrityMode, Limits, frame_op, validate_generate, verify_integrity
-from governor.wire import decode, encode_error, encode_yield, generate_frame
+from govwire.codec import decode, encode_error, encode_yield, generate_frame
+from govwire.errors import BadFrame, BadJson, IntegrityMismatch, UnknownOp, error_from_code
+from govwire.request import GenerateRequest, IntegrityMode, Limits, frame_op, validate_generate, verify_integrity
 
 LIMITS = Limits(max_new_tokens=64)
 

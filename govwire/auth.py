@@ -13,9 +13,10 @@ from typing import Any
 
 import orjson
 
-from governor.errors import Unauthorized
-from governor.framing import TOO_LARGE, Item
-from governor.validation import MAX_ID_CHARS, OP_AUTH
+from govwire.errors import Unauthorized
+from govwire.framing import TOO_LARGE, Item
+from govwire.request import MAX_ID_CHARS
+from govwire.vocab import Op
 
 MAX_TOKEN_BYTES = 4096
 AUTH_FRAME_BYTES = 6 * MAX_TOKEN_BYTES + 1024  # the longest line read before authentication (\uXXXX escapes)
@@ -32,7 +33,7 @@ class SharedSecret:
 
     def frame(self) -> dict[str, str]:
         """The frame that opens a connection to a peer expecting this secret."""
-        return {"op": OP_AUTH, "token": self.token.decode()}
+        return {"op": Op.AUTH, "token": self.token.decode()}
 
     @classmethod
     def generate(cls) -> SharedSecret:
@@ -73,7 +74,7 @@ def authenticate(frame: Any, secret: SharedSecret | None) -> str | None:
     """The id of a valid `auth` frame (None when it has none), or `Unauthorized`. With no secret
     configured any `auth` frame passes, so a client set up with a token still talks to a governor
     without one."""
-    if type(frame) is not dict or frame.get("op") != OP_AUTH:
+    if type(frame) is not dict or frame.get("op") != Op.AUTH:
         raise Unauthorized('a connection must open with {"op": "auth", "token": ...}')
     if secret is not None and not secret.matches(frame.get("token")):
         raise Unauthorized('a connection must open with {"op": "auth", "token": ...} carrying the right token')

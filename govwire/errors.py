@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from govwire.vocab import ErrorCode
+
 
 class GovernorError(Exception):
     """Base of every error that becomes an `error` reply."""
 
-    code: ClassVar[str] = "internal"
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
     def __init__(self, message: str, request_id: str | None = None) -> None:
         super().__init__(message)
@@ -34,59 +36,59 @@ class ConnectionShed(GovernorError):
 
 
 class BadJson(RequestRejected):
-    code = "bad_json"
+    code = ErrorCode.BAD_JSON
 
 
 class BadFrame(RequestRejected):
-    code = "bad_frame"
+    code = ErrorCode.BAD_FRAME
 
 
 class FrameTooLarge(RequestRejected):
-    code = "frame_too_large"
+    code = ErrorCode.FRAME_TOO_LARGE
 
 
 class IntegrityMismatch(RequestRejected):
-    code = "integrity"
+    code = ErrorCode.INTEGRITY
 
 
 class UnknownOp(RequestRejected):
-    code = "unknown_op"
+    code = ErrorCode.UNKNOWN_OP
 
 
 class DuplicateId(RequestRejected):
-    code = "duplicate_id"
+    code = ErrorCode.DUPLICATE_ID
 
 
 class Unauthorized(RequestRejected):
-    code = "unauthorized"
+    code = ErrorCode.UNAUTHORIZED
 
 
 class WorkerUnavailable(RequestFailed):
-    code = "worker_unavailable"
+    code = ErrorCode.WORKER_UNAVAILABLE
 
 
 class WorkerLost(RequestFailed):
-    code = "worker_lost"
+    code = ErrorCode.WORKER_LOST
 
 
 class InternalError(RequestFailed):
-    code = "internal"
+    code = ErrorCode.INTERNAL
 
 
 class TooManyConnections(ConnectionShed):
-    code = "too_many_connections"
+    code = ErrorCode.TOO_MANY_CONNECTIONS
 
 
 class IdleTimeout(ConnectionShed):
-    code = "idle_timeout"
+    code = ErrorCode.IDLE_TIMEOUT
 
 
 class BufferFull(ConnectionShed):
-    code = "buffer_full"
+    code = ErrorCode.BUFFER_FULL
 
 
 ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
-    cls.code: cls
+    cls.code.value: cls
     for cls in (
         BadJson,
         BadFrame,

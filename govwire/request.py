@@ -1,4 +1,4 @@
-"""Frame validation and upload integrity: pure functions over decoded JSON, no I/O.
+"""The generate request and every check of a client frame: pure functions over decoded JSON, no I/O.
 
 Checks run in three steps so that shedding load stays cheap. `frame_op` (the envelope: object, id,
 op) runs before admission; `validate_generate` (every field) and `verify_integrity` (hashes the
@@ -14,16 +14,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from governor.errors import BadFrame, IntegrityMismatch, UnknownOp
+from govwire.errors import BadFrame, IntegrityMismatch, UnknownOp
+from govwire.vocab import Op
 
-OP_GENERATE = "generate"
-OP_PING = "ping"
-OP_STATS = "stats"
-OP_AUTH = "auth"  # the first frame when a shared secret is configured (auth.py)
-OP_CANCEL = "cancel"  # stop an in-flight request: client -> governor, and governor -> worker
-CLIENT_OPS = frozenset({OP_GENERATE, OP_PING, OP_STATS, OP_AUTH, OP_CANCEL})
-
-FINISH_REASONS = ("length", "eos", "cancelled")
+_OPS: dict[str, Op] = {op.value: op for op in Op}
+_OP_NAMES = ", ".join(_OPS)
 
 # Ids are echoed in every reply and kept as dict keys while in flight: bound them.
 MAX_ID_CHARS = 256
@@ -53,7 +48,7 @@ def _is_number(value: object) -> bool:
     return type(value) is int or type(value) is float
 
 
-def frame_op(obj: Any) -> str:
+def frame_op(obj: Any) -> Op:
     """Check a frame's envelope (object, id, op) and return its op.
 
     This is all that runs before admission; see `validate_generate` for the rest.
@@ -64,13 +59,14 @@ def frame_op(obj: Any) -> str:
     if type(rid) is not str or not 0 < len(rid) <= MAX_ID_CHARS:
         raise BadFrame(f"id must be a non-empty string of at most {MAX_ID_CHARS} characters")
     op = obj.get("op")
-    if op is None or op == OP_GENERATE:
-        return OP_GENERATE
-    if type(op) is not str:  # before the set lookup: a list or object is unhashable
+    if op is None:
+        return Op.GENERATE
+    if type(op) is not str:  # before the lookup: a list or object is unhashable
         raise BadFrame("op must be a string", rid)
-    if op in CLIENT_OPS:
-        return op
-    raise UnknownOp(f"unknown op {op[:64]!r}; expected one of generate, ping, stats, auth, cancel", rid)
+    known = _OPS.get(op)
+    if known is not None:
+        return known
+    raise UnknownOp(f"unknown op {op[:64]!r}; expected one of {_OP_NAMES}", rid)
 
 
 def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
@@ -115,7 +111,7 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
 
 
 def verify_integrity(obj: dict[str, Any], limits: Limits) -> None:
-    """Check declared size and digest against the prompt's UTF-8 bytes (after `validate_frame`)."""
+    """Check declared size and digest against the prompt's UTF-8 bytes (after `validate_generate`)."""
     if limits.integrity is IntegrityMode.OFF:
         return
     size = obj.get("size")
@@ -178,7 +174,7 @@ class GenerateRequest:
     def to_frame(self) -> dict[str, Any]:
         return {
             "id": self.id,
-            "op": OP_GENERATE,
+            "op": Op.GENERATE.value,
             "prompt": self.prompt,
             "max_new_tokens": self.max_new_tokens,
             "temperature": self.temperature,

@@ -1,5 +1,8 @@
 """Build argparse options from a config dataclass, so each option is declared once.
 
+Process plumbing the governor and the worker share (with logs.py): each program's config is a
+frozen dataclass whose fields are declared with `option()`, and whose checks raise `ConfigError`.
+
 A field becomes `--field-name` when its metadata carries `help` (see `option()`); its type comes
 from the annotation: int, float, str, bool (--x / --no-x), Literal[...] (choices) or
 tuple[str, ...] (repeatable).
@@ -13,6 +16,10 @@ import typing
 from typing import Any, Literal, TypeVar, cast
 
 T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the setting."""
 
 
 def option(default: Any, help: str, *, metavar: str | None = None) -> Any:

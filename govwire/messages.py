@@ -1,0 +1,109 @@
+"""Typed payloads of the frames a worker sends back: the `done` frame and the `~stats` push.
+
+Both processes build and read these instead of anonymous dicts (vLLM v1 does the same with its
+`EngineCoreOutput`s): the worker fills a `Completion` or an `EngineStats`, codec.py writes it, and
+the governor reads it back with `from_frame`, which checks every field's type, so a malformed
+frame from a worker is refused where it enters and not where a field is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from govwire.vocab import FinishReason
+
+
+def _is_number(value: object) -> bool:
+    return type(value) is int or type(value) is float
+
+
+def _optional_ms(frame: dict[str, Any], key: str) -> float | None:
+    value = frame.get(key)
+    if value is None:
+        return None
+    if not _is_number(value):
+        raise ValueError(f"done: {key} must be a number")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request, as the `done` frame carries it. Timings are the worker's own, in
+    milliseconds; None where not reached (a request cancelled before its first token has no
+    prefill)."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    queue_wait_ms: float  # arrival at the worker -> admitted to the batch (its prefill starts)
+    prefill_ms: float | None = None  # admitted -> first token sampled (all prompt chunks)
+    worker_ttft_ms: float | None = None  # arrival at the worker -> first token sampled
+    decode_ms: float | None = None  # first token -> finished
+
+    @classmethod
+    def from_frame(cls, frame: dict[str, Any]) -> Completion:
+        """Read a worker's `done` frame; ValueError names the first field that is wrong."""
+        text = frame.get("text")
+        if type(text) is not str:
+            raise ValueError("done: text must be a string")
+        prompt_tokens, completion_tokens = frame.get("prompt_tokens"), frame.get("completion_tokens")
+        if not (
+            type(prompt_tokens) is int and type(completion_tokens) is int and min(prompt_tokens, completion_tokens) >= 0
+        ):
+            raise ValueError("done: prompt_tokens and completion_tokens must be integers >= 0")
+        try:
+            reason = FinishReason(str(frame.get("finish_reason")))
+        except ValueError:
+            raise ValueError(f"done: unknown finish_reason {frame.get('finish_reason')!r}") from None
+        queue_wait_ms = _optional_ms(frame, "queue_wait_ms")
+        return cls(
+            text,
+            prompt_tokens,
+            completion_tokens,
+            reason,
+            0.0 if queue_wait_ms is None else queue_wait_ms,
+            _optional_ms(frame, "prefill_ms"),
+            _optional_ms(frame, "worker_ttft_ms"),
+            _optional_ms(frame, "decode_ms"),
+        )
+
+
+def _stat(help_text: str) -> Any:
+    return field(default=None, metadata={"help": help_text})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """The statistics a worker pushes under the reserved id `~stats`, about once a second; the
+    governor exports each field as `governor_worker_<name>` per endpoint (a `_total` field is a
+    counter, restarting at 0 with the worker; the rest are gauges). A backend fills what it has;
+    None fields are not sent."""
+
+    steps_total: int | None = _stat("Engine steps (one batched forward each).")
+    step_sequences_total: int | None = _stat("Sequences summed over steps; / steps = mean batch size.")
+    prefill_tokens_total: int | None = _stat("Prompt tokens run through the model.")
+    generated_tokens_total: int | None = _stat("Tokens generated (streamed to clients).")
+    finished_total: int | None = _stat("Requests the engine finished (any finish reason).")
+    busy_seconds_total: float | None = _stat("Seconds spent in engine steps; its rate is the engine's utilisation.")
+    running: int | None = _stat("Sequences in the running batch (prefilling or decoding).")
+    waiting: int | None = _stat("Requests queued inside the worker, waiting for a batch slot or KV cache room.")
+    kv_cache_used_tokens: int | None = _stat("KV cache rows reserved by running sequences.")
+    kv_cache_capacity_tokens: int | None = _stat("KV cache size in tokens (--kv-cache-tokens).")
+    kv_cache_bytes: int | None = _stat("Bytes of the preallocated KV cache.")
+
+    def to_dict(self) -> dict[str, int | float]:
+        """The fields that are set, by name (the body of the `~stats` frame)."""
+        return {name: value for name in STATS_FIELDS if (value := getattr(self, name)) is not None}
+
+    @classmethod
+    def from_frame(cls, frame: dict[str, Any]) -> EngineStats:
+        """Read a `~stats` frame: known fields holding numbers; others are ignored (a newer worker
+        may report more than this governor exports)."""
+        return cls(**{name: frame[name] for name in STATS_FIELDS if _is_number(frame.get(name))})
+
+
+STATS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineStats))
+STATS_HELP: dict[str, str] = {f.name: f.metadata["help"] for f in dataclasses.fields(EngineStats)}
