@@ -1,1 +1,1 @@
-"""The inference worker process: engines behind an NDJSON socket server."""
+"""The inference worker process: a backend (GPT-2 engine or echo) behind an NDJSON socket server."""

@@ -7,9 +7,8 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from governor.config import ConfigError
-from governor.logs import configure_logging
-from governor.options import add_options, from_namespace
+from govwire.logs import configure_logging
+from govwire.options import ConfigError, add_options, from_namespace
 from worker.config import WorkerConfig
 
 

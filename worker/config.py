@@ -6,11 +6,10 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from governor.address import parse_address
-from governor.auth import SharedSecret
-from governor.config import ConfigError
-from governor.options import option
-from governor.supervisor import WORKER_TOKEN_ENV
+from govwire.address import parse_address
+from govwire.auth import SharedSecret
+from govwire.options import ConfigError, option
+from govwire.vocab import WORKER_TOKEN_ENV
 
 
 @dataclass(frozen=True)

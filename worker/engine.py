@@ -1,4 +1,4 @@
-"""The GPT-2 engine's synchronous core: add / cancel / step. One thread drives it (engines/gpt2.py).
+"""The GPT-2 engine's synchronous core: add / cancel / step. One thread drives it (backends/gpt2.py).
 
 `step()` = schedule → run → postprocess, as in nano-vllm. It returns the events of that step
 (tokens, finished requests) instead of calling anyone, so it can be tested and benchmarked
@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from governor.errors import BadFrame
-from governor.validation import GenerateRequest
+from govwire.errors import BadFrame
+from govwire.messages import Completion
+from govwire.request import GenerateRequest
+from govwire.vocab import FinishReason
 from worker.cuda_graphs import CudaGraphCapture
-from worker.engines.base import Completion
 from worker.loading import LoadedModel
 from worker.runner import ModelRunner
-from worker.scheduler import Scheduler, SchedulerConfig
+from worker.scheduler import Chunk, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence
 from worker.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -120,27 +121,32 @@ class LLMEngine:
         """Take a request out at this step boundary; None if it already finished."""
         if seq not in self._detokenizers:
             return None
-        return self._finish(seq, "cancelled", self.clock())
+        return self._finish(seq, FinishReason.CANCELLED, self.clock())
 
     def fail_all(self) -> None:
-        """Drop every request after a failed step (its state may be half-updated); spans are freed."""
+        """Drop every request after a failed step (its state may be half-updated); spans are freed.
+        They end without a finish reason: their replies are errors (backends/gpt2.py)."""
         now = self.clock()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
-            self.scheduler.finish(seq, "error", now)
+            self.scheduler.finish(seq, None, now)
         self._detokenizers.clear()
 
     def step(self) -> list[Event]:
-        scheduler = self.scheduler
+        """One batched forward: schedule → run → postprocess."""
         started = self.clock()
-        chunks = scheduler.schedule(started)
+        chunks = self.scheduler.schedule(started)
         if not chunks:
             return []
-        sampled = iter(self.runner.run(chunks))
-        now = self.clock()
+        sampled = self.runner.run(chunks)
+        return self._postprocess(chunks, sampled, started, self.clock())
+
+    def _postprocess(self, chunks: list[Chunk], sampled: list[int], started: float, now: float) -> list[Event]:
+        """Advance each scheduled sequence by its chunk; a sampled token is streamed, or ends it."""
         counters = self.counters
         counters.steps += 1
         counters.step_sequences += len(chunks)
         counters.busy_seconds += now - started
+        tokens = iter(sampled)
         events: list[Event] = []
         for chunk in chunks:
             seq = chunk.seq
@@ -149,11 +155,11 @@ class LLMEngine:
             seq.num_computed = chunk.end
             if not chunk.samples:
                 continue
-            token = next(sampled)
+            token = next(tokens)
             if seq.t_first_token is None:
                 seq.t_first_token = now
             if token == self._eos and seq.stop_on_eos:
-                events.append(self._finish(seq, "eos", now))
+                events.append(self._finish(seq, FinishReason.EOS, now))
                 continue
             seq.output_ids.append(token)
             counters.generated_tokens += 1
@@ -163,10 +169,10 @@ class LLMEngine:
                 events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text))
             else:
                 events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text + detokenizer.flush()))
-                events.append(self._finish(seq, "length", now))
+                events.append(self._finish(seq, FinishReason.LENGTH, now))
         return events
 
-    def _finish(self, seq: Sequence, reason: str, now: float) -> FinishEvent:
+    def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> FinishEvent:
         self.scheduler.finish(seq, reason, now)
         del self._detokenizers[seq]
         self.counters.finished += 1
@@ -181,7 +187,7 @@ def completion_of(seq: Sequence, text: str) -> Completion:
         text=text,
         prompt_tokens=seq.num_prompt_tokens,
         completion_tokens=len(seq.output_ids),
-        finish_reason=seq.finish_reason or "cancelled",
+        finish_reason=seq.finish_reason or FinishReason.CANCELLED,
         queue_wait_ms=ms(seq.t_arrival, seq.t_admitted if seq.t_admitted is not None else seq.t_finished) or 0.0,
         prefill_ms=ms(seq.t_admitted, seq.t_first_token),
         worker_ttft_ms=ms(seq.t_arrival, seq.t_first_token),

@@ -28,6 +28,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from govwire.vocab import FinishReason
 from worker.kv_allocator import SpanAllocator
 from worker.sequence import Sequence, SequenceStatus
 
@@ -129,8 +130,8 @@ class Scheduler:
         chunks.append(Chunk(seq, seq.num_computed, end))
         return end - seq.num_computed
 
-    def finish(self, seq: Sequence, reason: str, now: float) -> None:
-        """Take `seq` out of the batch (done, cancelled or failed) and return its KV span."""
+    def finish(self, seq: Sequence, reason: FinishReason | None, now: float) -> None:
+        """Take `seq` out of the batch and return its KV span; `reason` None: it failed."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
             self.kv.free(seq.kv_start, seq.kv_tokens_needed)

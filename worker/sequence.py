@@ -6,6 +6,8 @@ import enum
 import random
 from dataclasses import dataclass, field
 
+from govwire.vocab import FinishReason
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -47,7 +49,7 @@ class Sequence:
     kv_start: int = -1
     last_step: int = 0  # the scheduler's last step that ran it (decode or prefill chunk)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None  # None: running, or failed
     t_admitted: float | None = None
     t_first_token: float | None = None
     t_finished: float | None = None

@@ -1,20 +1,35 @@
-"""The worker's socket server: NDJSON frames from the governor in, engine events out.
+"""The worker's socket server: NDJSON frames from the governor in, backend events out.
 
-Uses the governor's framing, validation and reply encoders, so both ends speak one protocol.
+Speaks the contract (govwire) like the governor does: its framing, request checks and encoders.
+Its lifecycle has four phases (`start_up`, `run`, `drain`, `shut_down`, in `serve`) and one
+teardown stack: every resource is registered on it the moment it exists, so it is released in
+reverse order whichever phase failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
-from governor.address import parse_address, start_listener
-from governor.auth import SharedSecret, auth_candidate, authenticate
-from governor.errors import (
+from govwire.address import Address, parse_address, start_listener
+from govwire.auth import SharedSecret, auth_candidate, authenticate
+from govwire.codec import (
+    decode,
+    encode_accepted,
+    encode_authenticated,
+    encode_done,
+    encode_error,
+    encode_pong,
+    encode_stats_push,
+    encode_token,
+)
+from govwire.errors import (
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -23,42 +38,22 @@ from governor.errors import (
     UnknownOp,
     WorkerUnavailable,
 )
-from governor.framing import TOO_LARGE, Item, LineSplitter
-from governor.validation import (
-    OP_AUTH,
-    OP_CANCEL,
-    OP_GENERATE,
-    OP_PING,
-    IntegrityMode,
-    Limits,
-    checked_request,
-    frame_op,
-)
-from governor.wire import (
-    STATUS_DONE,
-    STATUS_STATS,
-    WORKER_STATS_ID,
-    decode,
-    encode,
-    encode_accepted,
-    encode_authenticated,
-    encode_error,
-    encode_pong,
-    encode_token,
-)
+from govwire.framing import TOO_LARGE, Item, LineSplitter
+from govwire.messages import Completion
+from govwire.request import IntegrityMode, Limits, checked_request, frame_op
+from govwire.vocab import WORKER_MAX_FRAME_BYTES, Op
+from worker.backends.base import Backend, RequestHandle
 from worker.config import WorkerConfig
-from worker.engines.base import Completion, Engine, RequestHandle
 
 log = logging.getLogger("worker.service")
 
-MAX_FRAME_BYTES = 32 * 1024 * 1024  # twice the governor's largest --max-frame-bytes
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long cancelled requests get to answer
 # The governor already enforced its limits; the worker re-validates shape, not policy.
 WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
 
 
 class _Sink:
-    """Routes one request's engine events to its connection under the governor's id."""
+    """Routes one request's backend events to its connection under the governor's id."""
 
     __slots__ = ("_conn", "_id")
 
@@ -70,30 +65,17 @@ class _Sink:
         self._conn.queue(encode_token(self._id, index, token_id, text))
 
     def done(self, completion: Completion) -> None:
-        frame = {
-            "id": self._id,
-            "status": STATUS_DONE,
-            "text": completion.text,
-            "prompt_tokens": completion.prompt_tokens,
-            "completion_tokens": completion.completion_tokens,
-            "finish_reason": completion.finish_reason,
-            "queue_wait_ms": round(completion.queue_wait_ms, 3),
-        }
-        for key in ("prefill_ms", "worker_ttft_ms", "decode_ms"):
-            value = getattr(completion, key)
-            if value is not None:
-                frame[key] = round(value, 3)
-        self._conn.settle(self._id, encode(frame))
+        self._conn.settle(self._id, encode_done(self._id, completion))
 
     def error(self, error: GovernorError) -> None:
         self._conn.settle(self._id, encode_error(error, self._id))
 
 
 @dataclass
-class Links:
+class WorkerState:
     """What every governor link of this worker shares."""
 
-    engine: Engine
+    backend: Backend
     secret: SharedSecret | None
     open: set[WorkerConnection] = field(default_factory=set)  # authenticated links (they get stats)
     draining: bool = False  # after SIGTERM: running requests finish, new ones are refused
@@ -106,11 +88,11 @@ class Links:
 class WorkerConnection(asyncio.Protocol):
     """One governor link. Frames emitted during one loop iteration leave in one write."""
 
-    def __init__(self, links: Links) -> None:
-        self._links = links
-        self._authenticated = links.secret is None
+    def __init__(self, state: WorkerState) -> None:
+        self._state = state
+        self._authenticated = state.secret is None
         self._transport: asyncio.Transport | None = None
-        self._splitter = LineSplitter(MAX_FRAME_BYTES)
+        self._splitter = LineSplitter(WORKER_MAX_FRAME_BYTES)
         self._pending: list[bytes] = []
         self._flush_scheduled = False
         self._active: dict[str, RequestHandle] = {}
@@ -121,8 +103,8 @@ class WorkerConnection(asyncio.Protocol):
             self._open()
 
     def _open(self) -> None:
-        self._links.open.add(self)  # from now on it gets the pushed statistics
-        self.queue(stats_frame(self._links.engine))
+        self._state.open.add(self)  # from now on it gets the pushed statistics
+        self.queue(encode_stats_push(self._state.backend.stats()))
 
     def data_received(self, data: bytes) -> None:
         for line in self._splitter.feed(data):
@@ -132,7 +114,7 @@ class WorkerConnection(asyncio.Protocol):
                 if line:
                     self._authenticate(line)
             elif line is TOO_LARGE:
-                self.queue(encode_error(FrameTooLarge(f"frame exceeds {MAX_FRAME_BYTES} bytes")))
+                self.queue(encode_error(FrameTooLarge(f"frame exceeds {WORKER_MAX_FRAME_BYTES} bytes")))
             elif line:
                 self._handle(line)
 
@@ -140,7 +122,7 @@ class WorkerConnection(asyncio.Protocol):
         """The first frame must carry the governor's secret; anything else closes the link."""
         frame = auth_candidate(line)
         try:
-            rid = authenticate(frame, self._links.secret)
+            rid = authenticate(frame, self._state.secret)
         except Unauthorized as exc:
             rid = frame.get("id") if type(frame) is dict and type(frame.get("id")) is str else None
             log.warning("event=link_unauthorized")
@@ -157,22 +139,22 @@ class WorkerConnection(asyncio.Protocol):
         try:
             frame = decode(line)
             op = frame.get("op") if type(frame) is dict else None
-            if op == OP_CANCEL:
+            if op == Op.CANCEL:
                 rid = frame.get("id")
                 handle = self._active.get(rid) if type(rid) is str else None
                 if handle is not None:
                     handle.cancel()
                 return
-            if op == OP_PING:
+            if op == Op.PING:
                 self.queue(encode_pong(str(frame.get("id"))))
                 return
-            if op == OP_AUTH:  # a governor holding a secret this worker does not ask for: welcome
+            if op == Op.AUTH:  # a governor holding a secret this worker does not ask for: welcome
                 self.queue(encode_authenticated(authenticate(frame, None)))
                 return
-            if frame_op(frame) != OP_GENERATE:
+            if frame_op(frame) != Op.GENERATE:
                 raise UnknownOp("the worker serves generate, cancel, ping and auth", frame.get("id"))
             request = checked_request(frame, WORKER_LIMITS)
-            if self._links.draining:
+            if self._state.draining:
                 self.queue(encode_error(WorkerUnavailable("the worker is shutting down", request.id)))
                 return
             if request.id in self._active:
@@ -182,7 +164,7 @@ class WorkerConnection(asyncio.Protocol):
             return
         if request.ack:  # a client talking to the worker directly (the governor never forwards ack)
             self.queue(encode_accepted(request.id))
-        self._active[request.id] = self._links.engine.submit(request, _Sink(self, request.id))
+        self._active[request.id] = self._state.backend.submit(request, _Sink(self, request.id))
 
     @property
     def running(self) -> int:
@@ -210,7 +192,7 @@ class WorkerConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._links.open.discard(self)
+        self._state.open.discard(self)
         for handle in list(self._active.values()):
             handle.cancel()
 
@@ -222,70 +204,96 @@ async def _watch_parent(parent_pid: int, stop: asyncio.Event) -> None:
     stop.set()
 
 
-async def _drain(links: Links, timeout_s: float) -> None:
-    """Let running requests finish (new ones are refused), then cancel what is left and give the
-    cancellations a moment to be written: a worker stopped on its own (e.g. by Kubernetes, beside
-    its governor) does not cut its requests short."""
-    links.draining = True
-    loop = asyncio.get_running_loop()
-    log.info("event=worker_draining running=%d timeout_s=%g", links.running, timeout_s)
-    deadline = loop.time() + timeout_s
-    while links.running and loop.time() < deadline:
-        await asyncio.sleep(0.02)
-    if links.running:
-        log.warning("event=worker_drain_timeout cancelling=%d", links.running)
-        for link in list(links.open):
-            link.cancel_all()
-        deadline = loop.time() + CANCEL_GRACE_S
-        while links.running and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-
-
-def stats_frame(engine: Engine) -> bytes:
-    """Engine statistics, pushed to the governor under a reserved id (it exports them as metrics)."""
-    return encode({"id": WORKER_STATS_ID, "status": STATUS_STATS, **engine.stats()})
-
-
-async def _push_stats(engine: Engine, connections: set[WorkerConnection], interval_s: float) -> None:
+async def _push_stats(state: WorkerState, interval_s: float) -> None:
+    """Backend statistics, pushed to every authenticated link under a reserved id (the governor
+    exports them as metrics)."""
     while True:
         await asyncio.sleep(interval_s)
-        if connections:
-            frame = stats_frame(engine)
-            for conn in connections:
+        if state.open:
+            frame = encode_stats_push(state.backend.stats())
+            for conn in state.open:
                 conn.queue(frame)
 
 
-def make_engine(config: WorkerConfig) -> Engine:
+def make_backend(config: WorkerConfig) -> Backend:
     if config.engine == "echo":
-        from worker.engines.echo import EchoEngine
+        from worker.backends.echo import EchoBackend
 
-        return EchoEngine(config.token_delay_ms, config.first_token_delay_ms)
-    from worker.engines.gpt2 import GPT2Engine
+        return EchoBackend(config.token_delay_ms, config.first_token_delay_ms)
+    from worker.backends.gpt2 import GPT2Backend
 
-    return GPT2Engine(config)
+    return GPT2Backend(config)
+
+
+class WorkerServer:
+    """The worker process's lifecycle: start-up, run until stopped, drain, shut down."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.stop = asyncio.Event()
+
+    async def start_up(self, stack: contextlib.AsyncExitStack) -> tuple[WorkerState, asyncio.Server]:
+        """Load the backend, then listen (only once it can serve) and start the background tasks."""
+        config = self.config
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+            stack.callback(loop.remove_signal_handler, sig)
+        backend = make_backend(config)
+        await backend.start()
+        stack.push_async_callback(backend.close)
+        state = WorkerState(backend, config.secret())
+        address = parse_address(config.listen)
+        server = await start_listener(address, lambda: WorkerConnection(state))
+        stack.callback(_remove_socket, address)
+        stack.callback(server.close)
+        _start_task(stack, _push_stats(state, config.stats_interval_s))
+        if config.parent_pid:
+            _start_task(stack, _watch_parent(config.parent_pid, self.stop))
+        log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
+        return state, server
+
+    async def run(self) -> None:
+        await self.stop.wait()
+
+    async def drain(self, state: WorkerState, server: asyncio.Server) -> None:
+        """Stop accepting links, let running requests finish (new ones are refused), then cancel
+        what is left and give the cancellations a moment to be written: a worker stopped on its
+        own (e.g. by Kubernetes, beside its governor) does not cut its requests short."""
+        server.close()
+        state.draining = True
+        loop = asyncio.get_running_loop()
+        timeout_s = self.config.drain_timeout_s
+        log.info("event=worker_draining running=%d timeout_s=%g", state.running, timeout_s)
+        deadline = loop.time() + timeout_s
+        while state.running and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        if state.running:
+            log.warning("event=worker_drain_timeout cancelling=%d", state.running)
+            for link in list(state.open):
+                link.cancel_all()
+            deadline = loop.time() + CANCEL_GRACE_S
+            while state.running and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+
+    async def serve(self) -> int:
+        async with contextlib.AsyncExitStack() as stack:  # shut down: the stack unwinds
+            state, server = await self.start_up(stack)
+            await self.run()
+            await self.drain(state, server)
+        log.info("event=worker_stopped")
+        return 0
+
+
+def _start_task(stack: contextlib.AsyncExitStack, coro: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.create_task(coro)
+    stack.callback(task.cancel)
+
+
+def _remove_socket(address: Address) -> None:
+    if address.is_unix and os.path.exists(address.path):
+        os.unlink(address.path)
 
 
 async def serve(config: WorkerConfig) -> int:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    engine = make_engine(config)
-    await engine.start()
-    address = parse_address(config.listen)
-    links = Links(engine, config.secret())
-    server = await start_listener(address, lambda: WorkerConnection(links))
-    log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
-    tasks = [asyncio.create_task(_push_stats(engine, links.open, config.stats_interval_s))]
-    if config.parent_pid:
-        tasks.append(asyncio.create_task(_watch_parent(config.parent_pid, stop)))
-    await stop.wait()
-    server.close()
-    await _drain(links, config.drain_timeout_s)
-    for task in tasks:
-        task.cancel()
-    await engine.close()
-    if address.is_unix and os.path.exists(address.path):
-        os.unlink(address.path)
-    log.info("event=worker_stopped")
-    return 0
+    return await WorkerServer(config).serve()

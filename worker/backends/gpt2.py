@@ -1,4 +1,4 @@
-"""The GPT-2 engine behind the worker's socket server: `LLMEngine` driven by one thread.
+"""The GPT-2 backend of the worker's socket server: `LLMEngine` driven by one thread.
 
 The event loop only moves frames; model steps run on a dedicated thread (torch releases the GIL
 inside its kernels), so a long prefill never stalls reading cancellations or writing tokens.
@@ -35,12 +35,14 @@ from dataclasses import dataclass
 
 import torch
 
-from governor.errors import GovernorError, InternalError, RequestRejected
-from governor.validation import GenerateRequest
+from govwire.errors import GovernorError, InternalError, RequestRejected
+from govwire.messages import Completion, EngineStats
+from govwire.request import GenerateRequest
+from govwire.vocab import FinishReason
 from worker.allocator import keep_freed_memory
+from worker.backends.base import RequestSink
 from worker.config import WorkerConfig
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
-from worker.engines.base import Completion, RequestSink
 from worker.loading import load, resolve_device, resolve_dtype
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
@@ -50,15 +52,15 @@ log = logging.getLogger("worker.gpt2")
 
 
 class _Handle:
-    __slots__ = ("_engine", "cancelled")
+    __slots__ = ("_backend", "cancelled")
 
-    def __init__(self, engine: GPT2Engine) -> None:
-        self._engine = engine
+    def __init__(self, backend: GPT2Backend) -> None:
+        self._backend = backend
         self.cancelled = False  # read by both threads: a request cancelled before it reaches the engine
 
     def cancel(self) -> None:
         self.cancelled = True
-        self._engine._post(_Cancel(self))
+        self._backend._post(_Cancel(self))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +86,7 @@ class _Cancel:
 
 # A request cancelled while it waited for the tokenizer: it never reached the engine.
 _CANCELLED_UNSTARTED = Completion(
-    text="", prompt_tokens=0, completion_tokens=0, finish_reason="cancelled", queue_wait_ms=0.0
+    text="", prompt_tokens=0, completion_tokens=0, finish_reason=FinishReason.CANCELLED, queue_wait_ms=0.0
 )
 
 
@@ -92,7 +94,7 @@ _CANCELLED_UNSTARTED = Completion(
 _Delivery = list[tuple[RequestSink, TokenEvent | FinishEvent | Completion | GovernorError]]
 
 
-class GPT2Engine:
+class GPT2Backend:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self._engine: LLMEngine | None = None
@@ -162,25 +164,25 @@ class GPT2Engine:
             self._inbox.append(item)
             self._wakeup.notify()
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> EngineStats:
         engine = self._engine
         if engine is None:
-            return {}
+            return EngineStats()
         c = engine.counters
         s = engine.scheduler
-        return {
-            "steps_total": c.steps,
-            "step_sequences_total": c.step_sequences,
-            "prefill_tokens_total": c.prefill_tokens,
-            "generated_tokens_total": c.generated_tokens,
-            "finished_total": c.finished,
-            "busy_seconds_total": round(c.busy_seconds, 6),
-            "running": len(s.running),
-            "waiting": len(s.waiting),
-            "kv_cache_used_tokens": s.kv.num_used,
-            "kv_cache_capacity_tokens": s.kv.capacity,
-            "kv_cache_bytes": engine.runner.cache.nbytes,
-        }
+        return EngineStats(
+            steps_total=c.steps,
+            step_sequences_total=c.step_sequences,
+            prefill_tokens_total=c.prefill_tokens,
+            generated_tokens_total=c.generated_tokens,
+            finished_total=c.finished,
+            busy_seconds_total=round(c.busy_seconds, 6),
+            running=len(s.running),
+            waiting=len(s.waiting),
+            kv_cache_used_tokens=s.kv.num_used,
+            kv_cache_capacity_tokens=s.kv.capacity,
+            kv_cache_bytes=engine.runner.cache.nbytes,
+        )
 
     async def close(self) -> None:
         """Stop: what is queued for the tokenizer reaches the engine first, which then ends every

@@ -1,4 +1,4 @@
-"""The engine thread behind the worker's event loop: every request gets exactly one final reply."""
+"""The GPT-2 backend: its engine thread behind the worker's event loop; every request gets exactly one final reply."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from governor.errors import GovernorError
-from governor.validation import GenerateRequest
+from govwire.errors import GovernorError
+from govwire.messages import Completion
+from govwire.request import GenerateRequest
+from worker.backends.gpt2 import GPT2Backend
 from worker.config import WorkerConfig
-from worker.engines.base import Completion
-from worker.engines.gpt2 import GPT2Engine
 from worker.loading import ModelLoadError
 from worker.tokenizer import HFTokenizer, Tokenizer
 
@@ -51,10 +51,10 @@ def config(tiny_gpt2_dir: Path) -> WorkerConfig:
 
 def test_a_failing_step_fails_every_held_request_once_and_the_engine_serves_on(config: WorkerConfig) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
-        assert engine._engine is not None
-        runner = engine._engine.runner
+        backend = GPT2Backend(config)
+        await backend.start()
+        assert backend._engine is not None
+        runner = backend._engine.runner
         real_run = runner.run
 
         def broken(chunks: object) -> list[int]:
@@ -63,33 +63,33 @@ def test_a_failing_step_fails_every_held_request_once_and_the_engine_serves_on(c
         runner.run = broken  # type: ignore[method-assign]
         sinks = [Sink(), Sink()]
         for i, sink in enumerate(sinks):
-            engine.submit(request(str(i)), sink)
+            backend.submit(request(str(i)), sink)
         await settle(*sinks)
         runner.run = real_run  # type: ignore[method-assign]
         after = Sink()
-        engine.submit(request("after"), after)
+        backend.submit(request("after"), after)
         await settle(after)
         await asyncio.sleep(0.05)  # nothing else arrives late
-        await engine.close()
+        await backend.close()
         for sink in sinks:
             assert len(sink.finals) == 1 and isinstance(sink.finals[0], GovernorError)
             assert sink.finals[0].code == "internal" and "boom" in sink.finals[0].message
         assert len(after.finals) == 1 and isinstance(after.finals[0], Completion)
         assert after.finals[0].completion_tokens == 8 == len(after.tokens)
-        assert engine.stats()["kv_cache_used_tokens"] == 0
+        assert backend.stats().kv_cache_used_tokens == 0
 
     asyncio.run(scenario())
 
 
 def test_cancel_and_close_end_requests_with_cancelled(config: WorkerConfig) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
+        backend = GPT2Backend(config)
+        await backend.start()
         cancelled, pending = Sink(), Sink()
-        engine.submit(request("c", 100), cancelled).cancel()
+        backend.submit(request("c", 100), cancelled).cancel()
         await settle(cancelled)
-        engine.submit(request("p", 100), pending)
-        await engine.close()
+        backend.submit(request("p", 100), pending)
+        await backend.close()
         await settle(pending)
         for sink in (cancelled, pending):
             assert len(sink.finals) == 1
@@ -101,12 +101,12 @@ def test_cancel_and_close_end_requests_with_cancelled(config: WorkerConfig) -> N
 
 def test_a_request_the_engine_refuses_gets_its_error(config: WorkerConfig) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
+        backend = GPT2Backend(config)
+        await backend.start()
         sink = Sink()
-        engine.submit(GenerateRequest(id="e", prompt="", max_new_tokens=4), sink)
+        backend.submit(GenerateRequest(id="e", prompt="", max_new_tokens=4), sink)
         await settle(sink)
-        await engine.close()
+        await backend.close()
         assert len(sink.finals) == 1
         assert isinstance(sink.finals[0], GovernorError) and sink.finals[0].code == "bad_frame"
 
@@ -114,8 +114,8 @@ def test_a_request_the_engine_refuses_gets_its_error(config: WorkerConfig) -> No
 
 
 def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    # One thread for all torch work keeps one OpenMP team in the process (see engines/gpt2.py).
-    import worker.engines.gpt2 as gpt2
+    # One thread for all torch work keeps one OpenMP team in the process (see backends/gpt2.py).
+    import worker.backends.gpt2 as gpt2
 
     threads: set[str] = set()
     real_load = gpt2.load
@@ -127,10 +127,10 @@ def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, m
     monkeypatch.setattr(gpt2, "load", recording_load)
 
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
-        assert engine._engine is not None
-        runner = engine._engine.runner
+        backend = GPT2Backend(config)
+        await backend.start()
+        assert backend._engine is not None
+        runner = backend._engine.runner
         real_run = runner.run
 
         def recording_run(chunks: object) -> list[int]:
@@ -139,9 +139,9 @@ def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, m
 
         runner.run = recording_run  # type: ignore[method-assign]
         sink = Sink()
-        engine.submit(request("r", 4), sink)
+        backend.submit(request("r", 4), sink)
         await settle(sink)
-        await engine.close()
+        await backend.close()
 
     asyncio.run(scenario())
     assert threads == {"gpt2-engine"}
@@ -149,10 +149,10 @@ def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, m
 
 def test_a_model_that_cannot_load_fails_start_with_its_error(tmp_path: Path) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(WorkerConfig(model=str(tmp_path / "absent"), device="cpu"))
+        backend = GPT2Backend(WorkerConfig(model=str(tmp_path / "absent"), device="cpu"))
         with pytest.raises(ModelLoadError, match="no such directory"):
-            await engine.start()
-        await engine.close()
+            await backend.start()
+        await backend.close()
 
     asyncio.run(scenario())
 
@@ -194,19 +194,19 @@ def test_running_requests_stream_while_a_prompt_is_being_tokenized(
     config: WorkerConfig, gated: list[GatedTokenizer]
 ) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
+        backend = GPT2Backend(config)
+        await backend.start()
         (tokenizer,) = gated
         slow = Sink()
-        engine.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
+        backend.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
         await asyncio.to_thread(tokenizer.waiting.wait, 30)
         running = Sink()
-        engine.submit(request("running", 12), running)  # queued behind the slow one
+        backend.submit(request("running", 12), running)  # queued behind the slow one
         await asyncio.sleep(0.2)
         assert not running.tokens  # prompts are tokenized in order ...
         tokenizer.release.set()
         await settle(running, slow)
-        await engine.close()
+        await backend.close()
         assert len(running.tokens) == 12 and len(slow.finals) == 1
 
     asyncio.run(scenario())
@@ -216,22 +216,22 @@ def test_steps_go_on_while_the_tokenizer_is_busy_and_a_cancel_reaches_a_waiting_
     config: WorkerConfig, gated: list[GatedTokenizer]
 ) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
+        backend = GPT2Backend(config)
+        await backend.start()
         (tokenizer,) = gated
         running = Sink()
-        engine.submit(request("running", 60), running)
+        backend.submit(request("running", 60), running)
         while not running.tokens and not running.finals:
             await asyncio.sleep(0.01)
         slow = Sink()
-        handle = engine.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
+        handle = backend.submit(GenerateRequest(id="slow", prompt=GatedTokenizer.SLOW, max_new_tokens=4), slow)
         await asyncio.to_thread(tokenizer.waiting.wait, 30)
         await settle(running)  # ... but the engine steps to the end while one is being tokenized
         assert len(running.tokens) == 60 and not slow.finals
         handle.cancel()
         tokenizer.release.set()
         await settle(slow)
-        await engine.close()
+        await backend.close()
         assert len(slow.finals) == 1
         final = slow.finals[0]
         assert isinstance(final, Completion) and final.finish_reason == "cancelled"
@@ -244,13 +244,13 @@ def test_a_prompt_the_tokenizer_fails_on_fails_that_request_only(
     config: WorkerConfig, gated: list[GatedTokenizer]
 ) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(config)
-        await engine.start()
+        backend = GPT2Backend(config)
+        await backend.start()
         broken, fine = Sink(), Sink()
-        engine.submit(GenerateRequest(id="broken", prompt=GatedTokenizer.BROKEN, max_new_tokens=4), broken)
-        engine.submit(request("fine", 4), fine)
+        backend.submit(GenerateRequest(id="broken", prompt=GatedTokenizer.BROKEN, max_new_tokens=4), broken)
+        backend.submit(request("fine", 4), fine)
         await settle(broken, fine)
-        await engine.close()
+        await backend.close()
         (error,) = broken.finals
         assert isinstance(error, GovernorError) and error.code == "internal" and "tokenizer exploded" in error.message
         assert len(fine.tokens) == 4
@@ -260,15 +260,17 @@ def test_a_prompt_the_tokenizer_fails_on_fails_that_request_only(
 
 def test_the_tokenizer_thread_runs_at_the_configured_niceness(tiny_gpt2_dir: Path) -> None:
     async def scenario() -> None:
-        engine = GPT2Engine(WorkerConfig(model=str(tiny_gpt2_dir), device="cpu", kv_cache_tokens=256, tokenizer_nice=7))
-        await engine.start()
-        thread = engine._tokenizer_thread
+        backend = GPT2Backend(
+            WorkerConfig(model=str(tiny_gpt2_dir), device="cpu", kv_cache_tokens=256, tokenizer_nice=7)
+        )
+        await backend.start()
+        thread = backend._tokenizer_thread
         assert thread is not None and thread.native_id is not None
         sink = Sink()
-        engine.submit(request("r", 2), sink)  # the thread has set its priority before its first prompt
+        backend.submit(request("r", 2), sink)  # the thread has set its priority before its first prompt
         await settle(sink)
         own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
         assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == own + 7
-        await engine.close()
+        await backend.close()
 
     asyncio.run(scenario())

@@ -1,4 +1,4 @@
-"""The echo engine: streams the prompt's UTF-8 bytes back as tokens, with configurable delays.
+"""The echo backend: streams the prompt's UTF-8 bytes back as tokens, with configurable delays.
 
 No model needed, so the governor can be tested and a deployment load-tested without a GPU.
 Token ids are byte values; each token's text is what those bytes decode to so far (a multi-byte
@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import codecs
 
-from governor.validation import GenerateRequest
-from worker.engines.base import Completion, RequestSink
+from govwire.messages import Completion, EngineStats
+from govwire.request import GenerateRequest
+from govwire.vocab import FinishReason
+from worker.backends.base import RequestSink
 
 
-class EchoEngine:
+class EchoBackend:
     def __init__(self, token_delay_ms: float = 0.0, first_token_delay_ms: float = 0.0) -> None:
         self.token_delay_s = token_delay_ms / 1000.0
         self.first_token_delay_s = first_token_delay_ms / 1000.0
@@ -32,7 +34,7 @@ class EchoEngine:
             self._tasks.discard(task)
             if task.cancelled():  # cancelled before its first step: _run never started to report
                 prompt_tokens = len(request.prompt.encode("utf-8"))
-                sink.done(Completion("", prompt_tokens, 0, "cancelled", 0.0))
+                sink.done(Completion("", prompt_tokens, 0, FinishReason.CANCELLED, 0.0))
 
         task.add_done_callback(settle)
         return task
@@ -41,13 +43,13 @@ class EchoEngine:
         data = request.prompt.encode("utf-8")
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
-        finish_reason = "length"
+        finish_reason = FinishReason.LENGTH
         try:
             if self.first_token_delay_s:
                 await asyncio.sleep(self.first_token_delay_s)
             for index in range(request.max_new_tokens):
                 if not data or (request.stop_on_eos and index >= len(data)):
-                    finish_reason = "eos"
+                    finish_reason = FinishReason.EOS
                     break
                 if index and self.token_delay_s:
                     await asyncio.sleep(self.token_delay_s)
@@ -56,7 +58,7 @@ class EchoEngine:
                 pieces.append(text)
                 sink.token(index, byte, text)
         except asyncio.CancelledError:
-            finish_reason = "cancelled"
+            finish_reason = FinishReason.CANCELLED
         pieces.append(decoder.decode(b"", final=True))
         sink.done(
             Completion(
@@ -68,8 +70,8 @@ class EchoEngine:
             )
         )
 
-    def stats(self) -> dict[str, float]:
-        return {"running": len(self._tasks)}
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._tasks))
 
     async def close(self) -> None:
         for task in list(self._tasks):

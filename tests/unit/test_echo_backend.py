@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import asyncio
 
-from governor.errors import GovernorError
-from governor.validation import GenerateRequest
-from worker.engines.base import Completion
-from worker.engines.echo import EchoEngine
+from govwire.errors import GovernorError
+from govwire.messages import Completion
+from govwire.request import GenerateRequest
+from worker.backends.echo import EchoBackend
 
 
 class Recorder:
@@ -25,10 +25,10 @@ class Recorder:
         self.errors.append(error)
 
 
-def run(request: GenerateRequest, engine: EchoEngine | None = None) -> Recorder:
+def run(request: GenerateRequest, backend: EchoBackend | None = None) -> Recorder:
     async def main() -> Recorder:
         sink = Recorder()
-        await (engine or EchoEngine()).submit(request, sink)
+        await (backend or EchoBackend()).submit(request, sink)
         return sink
 
     return asyncio.run(main())
@@ -59,8 +59,8 @@ def test_empty_prompt_ends_at_once() -> None:
 def test_cancel_ends_with_finish_reason_cancelled() -> None:
     async def main() -> Recorder:
         sink = Recorder()
-        engine = EchoEngine(token_delay_ms=20)
-        task = engine.submit(GenerateRequest(id="a", prompt="x" * 100, max_new_tokens=100), sink)
+        backend = EchoBackend(token_delay_ms=20)
+        task = backend.submit(GenerateRequest(id="a", prompt="x" * 100, max_new_tokens=100), sink)
         await asyncio.sleep(0.05)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -74,7 +74,7 @@ def test_cancel_ends_with_finish_reason_cancelled() -> None:
 def test_cancel_before_the_task_starts_still_reports_done() -> None:
     async def main() -> Recorder:
         sink = Recorder()
-        task = EchoEngine().submit(GenerateRequest(id="a", prompt="abc", max_new_tokens=3), sink)
+        task = EchoBackend().submit(GenerateRequest(id="a", prompt="abc", max_new_tokens=3), sink)
         task.cancel()  # same loop iteration: the coroutine never runs
         await asyncio.gather(task, return_exceptions=True)
         return sink
