@@ -1,21 +1,21 @@
-"""Where every generate frame ends up: the conservation law the tests check.
+"""Every counter of the governor, written only through this class's methods.
+
+Where every generate frame ends up is the conservation law the tests check:
 
     received == executed + yielded + rejected + failed + inflight
 
-Plain ints and dicts (no locks, no prometheus objects) because the yield path increments them at
-hundreds of thousands of frames per second; `metrics.py` reads them at scrape time.
+Plain ints and dicts (no locks, no prometheus objects) because the yield path counts at hundreds
+of thousands of frames per second; `metrics.py` reads them at scrape time. One method per event,
+each a frame's or a request's single count, so no caller can count half of an event.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 
-from governor.errors import ERRORS_BY_CODE, RequestFailed, RequestRejected
-from governor.pool import YIELD_ENDPOINT_INFLIGHT, YIELD_ENDPOINT_QPS, YIELD_QPS
+from govwire.errors import ERRORS_BY_CODE, RequestFailed, RequestRejected
+from govwire.vocab import YieldReason
 
-YIELD_INFLIGHT = "inflight"
-YIELD_DRAINING = "draining"
-YIELD_REASONS = (YIELD_INFLIGHT, YIELD_QPS, YIELD_ENDPOINT_INFLIGHT, YIELD_ENDPOINT_QPS, YIELD_DRAINING)
 CLIENT_DISCONNECTED = "client_disconnected"
 CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see protocol.py)
 REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
@@ -28,30 +28,88 @@ FAILURE_REASONS = (
 
 class Outcome(StrEnum):
     EXECUTED = "executed"
-    YIELDED = "yielded"
     REJECTED = "rejected"
     FAILED = "failed"
 
 
+class ShedReason(StrEnum):
+    """Why the governor closed a client connection (governor_connections_shed_total{reason})."""
+
+    MAX_CONNECTIONS = "max_connections"
+    IDLE = "idle_timeout"
+    BUFFER = "buffer_bytes"
+    WRITE_BUFFER = "write_buffer"
+    UNAUTHORIZED = "unauthorized"
+
+
 class Accounting:
-    __slots__ = ("received", "executed", "yielded", "rejected", "failed", "_by_outcome")
+    __slots__ = (
+        "received",
+        "executed",
+        "yielded",
+        "rejected",
+        "failed",
+        "rerouted",
+        "worker_restarts",
+        "shed",
+        "_by_outcome",
+    )
 
     def __init__(self) -> None:
         self.received = 0
         self.executed = 0
         # reason -> count. Known reasons start at 0 so every series exists from the first scrape
         # (rate() over a series that appears mid-way misses its first increments).
-        self.yielded = dict.fromkeys(YIELD_REASONS, 0)
+        self.yielded = {reason.value: 0 for reason in YieldReason}
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
         self.failed = dict.fromkeys(FAILURE_REASONS, 0)
-        self._by_outcome = {Outcome.YIELDED: self.yielded, Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed}
+        self.rerouted = 0  # requests moved to another endpoint after theirs was lost
+        self.worker_restarts = 0
+        self.shed = {reason.value: 0 for reason in ShedReason}  # connections the governor closed, by reason
+        self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed}
 
-    def record(self, outcome: Outcome, reason: str = "") -> None:
+    # -- frames: each is counted once, with its fate -------------------------------------------------
+
+    def frame_yielded(self, reason: str) -> None:
+        """`reason`: a `YieldReason` value."""
+        self.received += 1
+        self.yielded[reason] += 1
+
+    def frame_admitted(self) -> None:
+        """Received and admitted: it is in flight until `request_settled`."""
+        self.received += 1
+
+    def frame_rejected(self, code: str) -> None:
+        """Received and refused as invalid before admission (or the frame that hit a bug)."""
+        self.received += 1
+        self.rejected[code] = self.rejected.get(code, 0) + 1
+
+    def frame_failed(self, reason: str) -> None:
+        """Received and failed without being admitted (an internal error while reading it)."""
+        self.received += 1
+        self.failed[reason] = self.failed.get(reason, 0) + 1
+
+    # -- admitted requests --------------------------------------------------------------------------
+
+    def request_settled(self, outcome: Outcome, reason: str = "") -> None:
         if outcome is Outcome.EXECUTED:
             self.executed += 1
             return
         by_reason = self._by_outcome[outcome]
         by_reason[reason] = by_reason.get(reason, 0) + 1
+
+    def request_rerouted(self) -> None:
+        self.rerouted += 1
+
+    # -- processes and connections ----------------------------------------------------------------
+
+    def worker_restarted(self) -> None:
+        self.worker_restarts += 1
+
+    def connection_shed(self, reason: ShedReason) -> None:
+        self.shed[reason] += 1
+
+    # -- reading ----------------------------------------------------------------------------------
 
     @property
     def yielded_total(self) -> int:

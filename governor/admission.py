@@ -1,119 +1,115 @@
-"""Admission policy: a hard inflight cap and the retry hint handed out with each yield.
+"""The admission decision: one object owns every limit and answers each generate frame at once.
 
-Pure logic with the clock passed in (`now`, seconds, monotonic) so tests control time.
+`decide(now)` checks every limit and then charges every limit (limits.py), so a frame is either
+admitted with a `Grant` (its endpoint) or refused with a `Refusal` (reason and retry hint) and no
+trace on any limit. The order of the limits is the order of the reasons a client sees when
+several would refuse: draining first, then the global concurrency and rate caps, then the
+endpoint pool (which also routes). `refund` undoes a grant whose frame turned out invalid,
+`release` frees what a running request held once it has ended, and `reroute` moves a request
+whose endpoint was lost to another one without charging the global limits again.
+
+The ingress only parses, calls `decide` and encodes the answer; new limits (token budgets,
+tenant caps, class ceilings, fleet leases) are added here.
 """
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
+from collections.abc import Callable
+
+from governor.endpoint import Endpoint
+from governor.hints import RetryHintEstimator
+from governor.limits import Draining, Grant, InflightLimiter, Limit, RateLimit, Refusal
+from governor.pool import Pool
 
 
-class InflightLimiter:
-    """Non-blocking counting semaphore: `try_acquire` never waits, `release` never over-frees."""
+class Admission:
+    __slots__ = ("hints", "drain", "inflight", "rate", "pool", "_every", "_limits", "_checks")
 
-    __slots__ = ("max_inflight", "inflight")
+    def __init__(
+        self,
+        endpoints: list[Endpoint],
+        max_inflight: int,
+        qps: float,
+        burst: float,
+        hints: RetryHintEstimator,
+        now: float,
+    ) -> None:
+        self.hints = hints
+        self.drain = Draining(hints)
+        self.inflight = InflightLimiter(max_inflight, hints)
+        self.rate = RateLimit(qps, burst, now)
+        self.pool = Pool(endpoints, max_inflight, hints)
+        self._every: tuple[Limit, ...] = (self.drain, self.inflight, self.rate, self.pool)
+        self._limits: tuple[Limit, ...] = ()
+        self._checks: tuple[Callable[[float], Refusal | None], ...] = ()
+        self._activate()
 
-    def __init__(self, max_inflight: int) -> None:
-        if max_inflight < 1:
-            raise ValueError("max_inflight must be >= 1")
-        self.max_inflight = max_inflight
-        self.inflight = 0
+    def _activate(self) -> None:
+        """The limits that can refuse now, in order: draining only while draining, the rate cap
+        only when there is one. Every frame runs their checks, so none is there for nothing."""
+        limits: list[Limit] = [self.drain] if self.drain.draining else []
+        limits.append(self.inflight)
+        if self.rate.bucket is not None:
+            limits.append(self.rate)
+        limits.append(self.pool)
+        self._limits = tuple(limits)
+        self._checks = tuple(limit.check for limit in limits)
 
-    def try_acquire(self) -> bool:
-        if self.inflight >= self.max_inflight:
+    @property
+    def draining(self) -> bool:
+        return self.drain.draining
+
+    def start_draining(self) -> None:
+        """From now on every frame yields with reason `draining`."""
+        self.drain.draining = True
+        self._activate()
+
+    def set_caps(self, max_inflight: int, qps: float, burst: float, now: float) -> None:
+        """Live change (SIGHUP). Lowering a cap never cancels a running request: it stops new
+        admissions until in-flight falls under it."""
+        self.inflight.set_max(max_inflight)
+        self.rate.set_rate(qps, burst, now)
+        self.pool.default_capacity = max_inflight
+        self._activate()
+
+    def decide(self, now: float) -> Grant | Refusal:
+        """A refusal is the refusing limit's own object (limits.Refusal): read it at once."""
+        for check in self._checks:
+            refusal = check(now)
+            if refusal is not None:
+                return refusal
+        grant = Grant()
+        for limit in self._limits:
+            limit.charge(grant, now)
+        return grant
+
+    def refund(self, grant: Grant) -> None:
+        """The admitted frame will not run: give back what `charge` took (its slots go with `release`).
+        Every limit is asked, active or not: one may have been switched off since the charge."""
+        for limit in self._every:
+            limit.refund(grant)
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        for limit in self._every:
+            limit.release(grant, executed)
+
+    def reroute(self, grant: Grant, now: float) -> bool:
+        """Route a request whose endpoint was lost before it started to another endpoint: the old
+        endpoint's slot is freed (as failed) and the new one charged; the global limits keep what
+        they charged. False, changing nothing, when no other endpoint can take it now."""
+        pool = self.pool
+        if self.drain.draining or pool.check(now) is not None:
             return False
-        self.inflight += 1
+        old = Grant()
+        old.endpoint, grant.endpoint = grant.endpoint, None
+        pool.charge(grant, now)
+        if grant.endpoint is None:  # no endpoint is up
+            grant.endpoint = old.endpoint
+            return False
+        pool.release(old, executed=False)
         return True
 
-    def release(self) -> None:
-        if self.inflight <= 0:
-            # A double release would silently raise the effective cap; fail loudly instead.
-            raise RuntimeError("release() without a matching acquire")
-        self.inflight -= 1
-
-
-@dataclass(frozen=True, slots=True)
-class RetryHintPolicy:
-    base_ms: float = 50.0
-    min_ms: float = 1.0
-    max_ms: float = 10_000.0
-    adaptive: bool = True
-    jitter: float = 0.2
-    """Each hint is multiplied by a uniform factor in [1 - jitter, 1 + jitter]."""
-    smoothing: float = 0.2
-    """EWMA weight of the newest service-time sample."""
-
-    def __post_init__(self) -> None:
-        if not 0 < self.min_ms <= self.max_ms:
-            raise ValueError("retry hint bounds need 0 < min_ms <= max_ms")
-        if not 0 <= self.jitter < 1:
-            raise ValueError("retry hint jitter must be in [0, 1)")
-        if not 0 < self.smoothing <= 1:
-            raise ValueError("retry hint smoothing must be in (0, 1]")
-
-
-class RetryHintEstimator:
-    """When is a slot likely to be free for *this* yielded client?
-
-    At saturation slots free on average every `S / cap` seconds (Little's law), where S is the
-    EWMA of observed service times. Each yield books the next free "appointment" on that
-    virtual timeline, so a burst of yielded clients is spread over successive expected slot
-    releases instead of all being told the same value; the timeline catches up with `now` by
-    itself when nobody comes back. Jitter breaks what lockstep is left. Before the first
-    completion is observed, and in fixed mode, the hint is the base value with jitter.
-    """
-
-    __slots__ = ("policy", "capacity", "service_time_s", "_gap_ms", "_next_ms", "_random", "_jitter_lo", "_jitter_span")
-
-    def __init__(self, policy: RetryHintPolicy, capacity: int, rng: random.Random | None = None) -> None:
-        self.policy = policy
-        self.capacity = capacity
-        self.service_time_s: float | None = None
-        self._gap_ms = 0.0  # expected ms between slot releases at saturation; 0 = not known (yet)
-        self._next_ms = 0.0  # the latest appointment handed out, on the caller's clock, in ms
-        self._random = (rng or random.Random()).random
-        self._jitter_lo = 1.0 - policy.jitter
-        self._jitter_span = 2.0 * policy.jitter
-
-    def set_capacity(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._update_gap()
-
-    def observe_service_time(self, seconds: float) -> None:
-        if seconds < 0:
-            return
-        if self.service_time_s is None:
-            self.service_time_s = seconds
-        else:
-            self.service_time_s += self.policy.smoothing * (seconds - self.service_time_s)
-        self._update_gap()
-
-    def _update_gap(self) -> None:
-        # Computed when its inputs change, not per hint: under overload hints outnumber completions.
-        if self.policy.adaptive and self.service_time_s is not None and self.capacity > 0:
-            self._gap_ms = self.service_time_s * 1000.0 / self.capacity
-        else:
-            self._gap_ms = 0.0
-
-    def hint_ms(self, now: float) -> int:
-        """`now` in seconds, on the same clock as the service times."""
-        p = self.policy
-        gap = self._gap_ms
-        if gap:
-            now_ms = now * 1000.0
-            appointment = self._next_ms
-            if appointment < now_ms:
-                appointment = now_ms
-            wait_ms = appointment + gap - now_ms
-            if wait_ms > p.max_ms:
-                wait_ms = p.max_ms
-            self._next_ms = now_ms + wait_ms
-        else:
-            wait_ms = p.base_ms
-        wait_ms *= self._jitter_lo + self._jitter_span * self._random()
-        if wait_ms < p.min_ms:
-            wait_ms = p.min_ms
-        elif wait_ms > p.max_ms:
-            wait_ms = p.max_ms
-        return round(wait_ms) or 1
+    def refund_reroute(self, grant: Grant) -> None:
+        """The re-routed dispatch failed: give back the new endpoint's token (the global limits
+        charged nothing for the move); its slot goes with `release`."""
+        self.pool.refund(grant)

@@ -1,22 +1,40 @@
-"""Per-connection protocol core: bytes in, decisions and reply bytes out. No sockets.
+"""Per-connection protocol core: bytes in, reply bytes out. No sockets.
 
-Every complete line is answered inside the same `receive_data` call, and all replies produced by
-one read leave in one write. A yield is decided here, synchronously: no task, no queue.
+A generate frame takes one path: parse (envelope only) → `Admission.decide` → encode. Refused, it
+is answered with a `yield` right here, synchronously: no task, no queue. Admitted, its fields and
+integrity are checked and it moves through the lifecycle (lifecycle.py: dispatch, start, settle),
+whose transitions the worker link triggers with the worker's frames. Every complete line is
+answered inside the same `receive_data` call, and all replies produced by one read leave in one
+write.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from time import perf_counter
-from typing import Any
+from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
-from governor.accounting import CLIENT_DISCONNECTED, YIELD_DRAINING, YIELD_INFLIGHT, Outcome
-from governor.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
-from governor.errors import (
+from governor.accounting import CLIENT_DISCONNECTED, Outcome
+from governor.lifecycle import InflightRequest
+from governor.limits import Grant, Refusal
+from governor.state import ServerState
+from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
+from govwire.codec import (
+    bad_json,
+    encode,
+    encode_accepted,
+    encode_authenticated,
+    encode_done,
+    encode_error,
+    encode_pong,
+    encode_stats,
+    encode_yield,
+    readdress_token,
+)
+from govwire.errors import (
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -27,26 +45,14 @@ from governor.errors import (
     WorkerUnavailable,
     error_from_code,
 )
-from governor.framing import TOO_LARGE, LineSplitter
-from governor.pool import Endpoint, Refusal
-from governor.state import InflightRequest, ServerState
-from governor.validation import OP_AUTH, OP_CANCEL, OP_GENERATE, OP_PING, checked_request, frame_op
-from governor.wire import (
-    STATUS_DONE,
-    STATUS_ERROR,
-    STATUS_STATS,
-    STATUS_TOKEN,
-    bad_json,
-    encode,
-    encode_accepted,
-    encode_authenticated,
-    encode_error,
-    encode_pong,
-    encode_yield,
-    readdress_token,
-)
+from govwire.framing import TOO_LARGE, LineSplitter
+from govwire.messages import Completion
+from govwire.request import checked_request, frame_op
+from govwire.vocab import Op, Status
 
 log = logging.getLogger("governor.ingress")
+
+_GENERATE = Op.GENERATE  # read for every frame: a module global is cheaper than the enum's attribute
 
 
 class Ingress:
@@ -58,6 +64,11 @@ class Ingress:
 
     __slots__ = (
         "_state",
+        "_decide",
+        "_decisions",
+        "_decided",
+        "_accounting",
+        "_lifecycle",
         "write",
         "_splitter",
         "_max_frame_bytes",
@@ -70,6 +81,12 @@ class Ingress:
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
+        # Bound once: these are called for every frame.
+        self._decide = state.admission.decide
+        self._decisions = state.latency.admission_decision
+        self._decided = 0  # generate frames decided during the current read
+        self._accounting = state.accounting
+        self._lifecycle = state.lifecycle
         self.write = write
         self.authenticated = state.auth is None
         # Until it authenticates, a connection may hold no more than an auth frame needs.
@@ -100,77 +117,59 @@ class Ingress:
         lines = self._splitter.feed(data)
         if lines:
             self.last_line_at = now
+        self._decided = 0
         for line in lines:
             if self.closing:
                 break
             if line is TOO_LARGE:
                 pending.append(self._reject(FrameTooLarge(f"frame exceeds {self._splitter.max_frame_bytes} bytes")))
             elif line and line != b"\r":  # blank lines are keep-alives, not frames
-                pending.append(self._handle_frame(line, now, started))
+                pending.append(self._handle_frame(line, now))
+        if self._decided:
+            # One sample per decided frame: the time to the read's last decision, an upper bound
+            # for each (a clock reading and a histogram update per frame cost more than a decision).
+            self._decisions.observe(perf_counter() - started, self._decided)
         if pending:
             self.flush()
 
-    def _handle_frame(self, line: bytes, now: float, started: float) -> bytes:
-        """Answer one frame; `started` (perf_counter) is when its read began, for the decision latency."""
-        state = self._state
+    def _handle_frame(self, line: bytes, now: float) -> bytes:
+        """Answer one frame."""
         try:
             obj = loads(line)
             op = frame_op(obj)
         except JSONDecodeError as exc:
             return self._reject(bad_json(exc))
         except RequestRejected as exc:
-            if type(obj) is dict and obj.get("op") == OP_AUTH:
+            if type(obj) is dict and obj.get("op") == Op.AUTH:
                 return self._authenticate(obj)  # `id` is optional on auth frames
             return self._reject(exc)
-        if op != OP_GENERATE:
+        if op is not _GENERATE:
             return self._control(op, obj)
         rid: str = obj["id"]
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
-        accounting = state.accounting
-        accounting.received += 1
-        decisions = state.latency.admission_decision
-        if state.draining or not state.limiter.try_acquire():
+        decision = self._decide(now)
+        self._decided += 1
+        if type(decision) is Refusal:
             # The hot path under overload: decided and encoded here, written with this read's replies.
-            reason = YIELD_DRAINING if state.draining else YIELD_INFLIGHT
-            accounting.yielded[reason] += 1
-            reply = encode_yield(rid, state.hints.hint_ms(now), reason)
-            decisions.observe(perf_counter() - started)
-            return reply
-        endpoint = state.pool.reserve(now)
-        if isinstance(endpoint, Refusal):
-            state.limiter.release()  # nothing else was charged
-            accounting.yielded[endpoint.reason] += 1
-            wait_s = endpoint.wait_s
-            hint = state.hints.hint_ms(now) if wait_s is None else max(1, math.ceil(wait_s * 1000))
-            decisions.observe(perf_counter() - started)
-            return encode_yield(rid, hint, endpoint.reason)
-        decisions.observe(perf_counter() - started)
-        return self._admit(obj, rid, now, endpoint)
+            self._accounting.frame_yielded(decision.reason)
+            return encode_yield(rid, decision.hint_ms, decision.reason)
+        return self._admit(obj, rid, now, cast(Grant, decision))
 
-    def _admit(self, obj: dict[str, Any], rid: str, now: float, endpoint: Endpoint | None) -> bytes:
-        state = self._state
-        # Registered before anything can fail: whatever happens next, the slots are released by
-        # `finish` below, by the worker's final reply, or by `connection_lost` — never stranded.
-        request = InflightRequest(rid, True, self, now, endpoint)
-        self.active[rid] = request
+    def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
+        lifecycle = self._lifecycle
+        request = lifecycle.admit(self, rid, grant, now)
         try:
-            generate = checked_request(obj, state.limits)
-            request.stream = generate.stream
-            state.upstream.dispatch(request, generate)
-            request.generate = generate
+            generate = checked_request(obj, self._state.limits)
+            lifecycle.dispatch(request, generate)
         except (RequestRejected, WorkerUnavailable) as exc:
-            if endpoint is not None:
-                state.pool.refund(endpoint)  # the tokens; `finish` frees the slots at once
             outcome = Outcome.REJECTED if isinstance(exc, RequestRejected) else Outcome.FAILED
-            state.finish(request, outcome, exc.code)
+            lifecycle.refuse(request, outcome, exc.code)
             return encode_error(exc, rid)
         return encode_accepted(rid) if generate.ack else b""
 
     def _reject(self, exc: RequestRejected) -> bytes:
-        acc = self._state.accounting
-        acc.received += 1
-        acc.record(Outcome.REJECTED, exc.code)
+        self._accounting.frame_rejected(exc.code)
         return encode_error(exc)
 
     def _open(self, data: bytes) -> bytes:
@@ -199,22 +198,19 @@ class Ingress:
             self.last_line_at = self._state.clock()
         return encode_authenticated(rid)
 
-    def _control(self, op: str, obj: dict[str, Any]) -> bytes:
-        if op == OP_PING:
+    def _control(self, op: Op, obj: dict[str, Any]) -> bytes:
+        if op is Op.PING:
             return encode_pong(obj["id"])
-        if op == OP_AUTH:
+        if op is Op.AUTH:
             return self._authenticate(obj)
-        if op == OP_CANCEL:
+        if op is Op.CANCEL:
             # Answered by the request's own final reply (`done`, finish_reason "cancelled", once the
             # worker stops it); a cancel for an id not in flight lost a race with that reply: ignored.
             request = self.active.get(obj["id"])
             if request is not None:
-                self._state.upstream.cancel(request)
+                self._lifecycle.cancel(request)
             return b""
-        body = self._state.snapshot()
-        body["id"] = obj["id"]
-        body["status"] = STATUS_STATS
-        return encode(body)
+        return encode_stats(obj["id"], self._state.snapshot())
 
     def fail_internal(self) -> None:
         """A bug surfaced while handling this connection's input: send what is ready, count it,
@@ -224,100 +220,72 @@ class Ingress:
         the bug was either already settled (a yield or reject counted before the failure) or is
         in `active` and gets settled on close, so the balance holds either way.
         """
-        acc = self._state.accounting
-        acc.received += 1
-        acc.record(Outcome.FAILED, InternalError.code)
+        self._accounting.frame_failed(InternalError.code)
         self._pending.append(encode_error(InternalError("internal error; closing the connection")))
         self.flush()
 
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
         """The connection is gone (or being shed): free its slots now and tell the worker to stop
         its requests."""
-        state = self._state
+        lifecycle = self._lifecycle
         for request in list(self.active.values()):
-            state.upstream.cancel(request)
-            state.finish(request, Outcome.FAILED, reason)
+            lifecycle.cancel(request)
+            lifecycle.settle(request, Outcome.FAILED, reason)
         self._pending.clear()
 
-    # -- worker side ------------------------------------------------------------------------------
+    # -- worker side: called by the request's link (upstream.py) ----------------------------------
+
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        """A token frame, recognised by the link without parsing it (codec.TOKEN_FRAME_HEAD):
+        re-addressed as bytes, which is most of what streaming costs the governor."""
+        self._lifecycle.start(request)
+        if request.stream:
+            self._pending.append(readdress_token(rest, request.client_id))
 
     def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
-        """A token, done or error frame from the worker, re-addressed to the client's id."""
-        state = self._state
+        """A parsed token, done or error frame from the worker, answered under the client's id."""
         status = frame.get("status")
-        if status == STATUS_TOKEN:
-            self._started(request)
+        if status == Status.TOKEN:
+            self._lifecycle.start(request)
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))
             return
-        if status == STATUS_DONE:
-            now = state.clock()
-            frame["id"] = request.client_id
-            frame["total_ms"] = round((now - request.t_received) * 1000, 3)
-            if request.t_first_token is not None:
-                frame["ttft_ms"] = round((request.t_first_token - request.t_received) * 1000, 3)
-            queue_ms = frame.get("queue_wait_ms")
-            if isinstance(queue_ms, int | float):
-                state.latency.queue_wait.observe(queue_ms / 1000)
-            state.finish(request, Outcome.EXECUTED)
-            self._pending.append(encode(frame))
+        if status == Status.DONE:
+            try:
+                completion = Completion.from_frame(frame)
+            except ValueError as exc:
+                log.warning("event=worker_protocol_error error=%r", str(exc))
+                self._settle_error(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
+                return
+            self._done(request, completion)
             return
-        if status == STATUS_ERROR:
+        if status == Status.ERROR:
             error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
         else:
             log.warning("event=worker_protocol_error status=%r", status)
-            error = error_from_code("internal", f"worker sent an unknown status {status!r}", request.client_id)
+            error = InternalError(f"worker sent an unknown status {status!r}", request.client_id)
         self._settle_error(request, error)
 
-    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        """A token frame the link recognised without parsing it (see wire.TOKEN_FRAME_HEAD):
-        re-addressed as bytes, which is most of what streaming costs the governor."""
-        self._started(request)
-        if request.stream:
-            self._pending.append(readdress_token(rest, request.client_id))
-
-    def _started(self, request: InflightRequest) -> None:
-        if request.t_first_token is None:
-            state = self._state
-            request.t_first_token = state.clock()
-            state.latency.time_to_first_token.observe(request.t_first_token - request.t_received)
-        request.generate = None  # started: a lost worker now means worker_lost, not a re-route
+    def _done(self, request: InflightRequest, completion: Completion) -> None:
+        t_received, t_first = request.t_received, request.t_first_token
+        self._lifecycle.settle(request, Outcome.EXECUTED, completion=completion)
+        reply = encode_done(
+            request.client_id,
+            completion,
+            total_ms=(self._state.clock() - t_received) * 1000,
+            ttft_ms=None if t_first is None else (t_first - t_received) * 1000,
+        )
+        self._pending.append(reply)
 
     def worker_lost(self, request: InflightRequest, message: str) -> None:
-        if not self._reroute(request):
+        """Its link dropped: re-routed once if it had not started, else `worker_lost`."""
+        if not self._lifecycle.reroute(request):
             self._settle_error(request, WorkerLost(message, request.client_id))
-
-    def _reroute(self, request: InflightRequest) -> bool:
-        """Move a request whose worker was lost before its first token to another endpoint, once.
-        Nothing was streamed, so the client cannot tell; it keeps its global slot and token, and
-        takes a new endpoint slot (and endpoint token)."""
-        state = self._state
-        generate, request.generate = request.generate, None
-        if generate is None or request.t_first_token is not None or state.draining:
-            return False
-        endpoint = state.pool.reserve(state.clock(), charge_global=False)
-        if not isinstance(endpoint, Endpoint):
-            return False
-        old_link, old_endpoint = request.link, request.endpoint
-        if old_link is not None:
-            old_link.inflight.pop(request.uid, None)
-        if old_endpoint is not None:
-            state.pool.release(old_endpoint, executed=False)
-        request.endpoint = endpoint
-        try:
-            state.upstream.dispatch(request, generate)
-        except WorkerUnavailable:
-            state.pool.refund(endpoint, charge_global=False)
-            return False  # `finish` frees the new endpoint's slot with the failure
-        state.rerouted += 1
-        old_name = old_endpoint.name if old_endpoint is not None else None
-        log.info("event=rerouted id=%r from=%s to=%s", request.client_id, old_name, endpoint.name)
-        return True
 
     def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
         outcome = Outcome.REJECTED if isinstance(error, RequestRejected) else Outcome.FAILED
-        self._state.finish(request, outcome, error.code)
+        self._lifecycle.settle(request, outcome, error.code)
         self._pending.append(encode_error(error))
 
     def flush(self) -> None:

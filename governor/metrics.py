@@ -7,90 +7,33 @@ afford. A custom collector turns the plain values into metric families at scrape
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from governor.state import ServerState
-    from governor.upstream import WorkerLink
-
-# Decision latency is microseconds; request latencies span ms (echo) to minutes (long generations).
-DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 1e-2)
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-
-class Histogram:
-    """Lock-free cumulative-bucket histogram for single-threaded (event loop) use."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)  # last slot: above every bound (+Inf only)
-        self.total = 0.0
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def observe(self, value: float) -> None:
-        # bisect_left: a value equal to a bound belongs to that bound's `le` bucket.
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.total += value
-
-    def cumulative(self) -> list[tuple[str, float]]:
-        out: list[tuple[str, float]] = []
-        running = 0
-        for bound, n in zip(self.bounds, self.counts, strict=False):
-            running += n
-            out.append((repr(float(bound)), running))
-        out.append(("+Inf", running + self.counts[-1]))
-        return out
-
-
-class LatencyMetrics:
-    __slots__ = ("admission_decision", "queue_wait", "time_to_first_token", "request_duration")
-
-    def __init__(self) -> None:
-        self.admission_decision = Histogram(DECISION_BUCKETS)
-        self.queue_wait = Histogram(LATENCY_BUCKETS)
-        self.time_to_first_token = Histogram(LATENCY_BUCKETS)
-        self.request_duration = Histogram(LATENCY_BUCKETS)
-
+from governor.latency import Histogram
+from governor.state import ServerState
+from governor.upstream import Upstream, WorkerLink
+from govwire.messages import STATS_HELP
 
 _HISTOGRAM_HELP = {
-    "admission_decision": "Time from the read that completed a generate frame to its admit or yield decision.",
+    "admission_decision": (
+        "Time from the start of the read that completed a generate frame to the read's last admit or yield"
+        " decision: an upper bound of each frame's, one sample per frame."
+    ),
     "queue_wait": "Time an admitted request waited inside the worker before its prefill started.",
     "time_to_first_token": "Time from an admitted frame to its first token, measured at the governor.",
     "request_duration": "Time from frame arrival to the final reply, for requests dispatched to a worker.",
 }
 
 
-# The worker's pushed statistics (worker/engines/gpt2.py `stats`) exported per endpoint. Keys
-# ending in `_total` are counters (they restart at 0 when a worker restarts); the rest are gauges.
-WORKER_STATS_HELP = {
-    "steps_total": "Engine steps (one batched forward each).",
-    "step_sequences_total": "Sequences summed over steps; / steps = mean batch size.",
-    "prefill_tokens_total": "Prompt tokens run through the model.",
-    "generated_tokens_total": "Tokens generated (streamed to clients).",
-    "finished_total": "Requests the engine finished (any finish reason).",
-    "busy_seconds_total": "Seconds spent in engine steps; its rate is the engine's utilisation.",
-    "running": "Sequences in the running batch (prefilling or decoding).",
-    "waiting": "Requests queued inside the worker, waiting for a batch slot or KV cache room.",
-    "kv_cache_used_tokens": "KV cache rows reserved by running sequences.",
-    "kv_cache_capacity_tokens": "KV cache size in tokens (--kv-cache-tokens).",
-    "kv_cache_bytes": "Bytes of the preallocated KV cache.",
-}
-
-
 def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-    for key, help_text in WORKER_STATS_HELP.items():
-        samples = [(link.address, link.engine_stats[key]) for link in links if key in link.engine_stats]
+    """The workers' pushed statistics (govwire.messages.EngineStats), one sample per endpoint: a
+    field ending in `_total` is a counter (restarting at 0 with its worker), the rest are gauges."""
+    for key, help_text in STATS_HELP.items():
+        samples = [(link.address, value) for link in links if (value := getattr(link.engine_stats, key)) is not None]
         if not samples:
             continue
         family: GaugeMetricFamily | CounterMetricFamily
@@ -103,9 +46,8 @@ def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricF
         yield family
 
 
-def _endpoint_families(s: ServerState) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """The pool's soft layer, one sample per endpoint (its worker address)."""
-    now = s.clock()
     families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
         "up": GaugeMetricFamily("governor_endpoint_up", "1 while the endpoint answers pings.", labels=["endpoint"]),
         "inflight": GaugeMetricFamily(
@@ -127,7 +69,7 @@ def _endpoint_families(s: ServerState) -> Iterator[GaugeMetricFamily | CounterMe
             "governor_endpoint_qps_tokens", "Admissions the endpoint's qps bucket holds now.", labels=["endpoint"]
         ),
     }
-    for link in s.upstream.links:
+    for link in upstream.links:
         e = link.endpoint
         label = [link.address]
         families["up"].add_metric(label, int(e.up))
@@ -142,24 +84,31 @@ def _endpoint_families(s: ServerState) -> Iterator[GaugeMetricFamily | CounterMe
 
 
 class GovernorCollector(Collector):
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, upstream: Upstream) -> None:
         self._state = state
+        self._upstream = upstream
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._state
         acc = s.accounting
+        admission = s.admission
+        now = s.clock()
         yield GaugeMetricFamily(
-            "governor_inflight", "Admitted generate requests without a final reply.", s.limiter.inflight
+            "governor_inflight", "Admitted generate requests without a final reply.", admission.inflight.inflight
         )
-        yield GaugeMetricFamily("governor_max_inflight", "Hard cap on governor_inflight.", s.limiter.max_inflight)
+        yield GaugeMetricFamily(
+            "governor_max_inflight", "Hard cap on governor_inflight.", admission.inflight.max_inflight
+        )
         yield GaugeMetricFamily("governor_connections", "Open client connections.", len(s.connections))
-        yield GaugeMetricFamily("governor_draining", "1 while the governor drains for shutdown.", int(s.draining))
+        yield GaugeMetricFamily(
+            "governor_draining", "1 while the governor drains for shutdown.", int(admission.draining)
+        )
         yield CounterMetricFamily(
             "governor_received", "Generate frames received (incl. unreadable ones).", acc.received
         )
         yield CounterMetricFamily("governor_executed", "Requests that ended with a done reply.", acc.executed)
         for name, help_text, by_reason in (
-            ("governor_connections_shed", "Client connections the governor closed, by reason.", s.shed),
+            ("governor_connections_shed", "Client connections the governor closed, by reason.", acc.shed),
             ("governor_yielded", "Frames answered with yield, by the limit that refused them.", acc.yielded),
             ("governor_rejected", "Frames refused as invalid, by error code.", acc.rejected),
             ("governor_failed", "Admitted requests that failed, by reason.", acc.failed),
@@ -168,19 +117,20 @@ class GovernorCollector(Collector):
             for reason, n in sorted(by_reason.items()):
                 family.add_metric([reason], n)
             yield family
-        yield from _endpoint_families(s)
-        if s.pool.bucket is not None:
+        yield from _endpoint_families(self._upstream, now)
+        bucket = admission.rate.bucket
+        if bucket is not None:
             yield GaugeMetricFamily(
-                "governor_qps_tokens",
-                "Admissions the --max-qps token bucket holds now.",
-                s.pool.bucket.level(s.clock()),
+                "governor_qps_tokens", "Admissions the --max-qps token bucket holds now.", bucket.level(now)
             )
-        yield from _worker_stats_families(s.upstream.links)
+        yield from _worker_stats_families(self._upstream.links)
         yield CounterMetricFamily(
-            "governor_worker_restarts", "Spawned workers restarted after exiting.", s.worker_restarts
+            "governor_worker_restarts", "Spawned workers restarted after exiting.", acc.worker_restarts
         )
         yield CounterMetricFamily(
-            "governor_rerouted", "Requests moved to another endpoint after theirs was lost before starting.", s.rerouted
+            "governor_rerouted",
+            "Requests moved to another endpoint after theirs was lost before starting.",
+            acc.rerouted,
         )
         for attr, help_text in _HISTOGRAM_HELP.items():
             h: Histogram = getattr(s.latency, attr)
@@ -189,9 +139,9 @@ class GovernorCollector(Collector):
             )
 
 
-def build_registry(state: ServerState) -> CollectorRegistry:
+def build_registry(state: ServerState, upstream: Upstream) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GovernorCollector(state))
+    registry.register(GovernorCollector(state, upstream))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

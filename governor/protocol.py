@@ -16,18 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import cast
 
-from governor.accounting import CONNECTION_SHED
-from governor.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections, Unauthorized
+from governor.accounting import CONNECTION_SHED, ShedReason
 from governor.ingress import Ingress
-from governor.state import (
-    SHED_BUFFER,
-    SHED_IDLE,
-    SHED_MAX_CONNECTIONS,
-    SHED_UNAUTHORIZED,
-    SHED_WRITE_BUFFER,
-    ServerState,
-)
-from governor.wire import encode_error
+from governor.state import ServerState
+from govwire.codec import encode_error
+from govwire.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections, Unauthorized
 
 log = logging.getLogger("governor.protocol")
 
@@ -62,7 +55,9 @@ class GovernorProtocol(asyncio.Protocol):
         state = self._state
         if len(state.connections) >= self._limits.max_connections:
             n = self._limits.max_connections
-            self.shed(SHED_MAX_CONNECTIONS, TooManyConnections(f"the governor holds its limit of {n} connections"))
+            self.shed(
+                ShedReason.MAX_CONNECTIONS, TooManyConnections(f"the governor holds its limit of {n} connections")
+            )
             return
         self._ingress = Ingress(state, self._transport.write, self._limits.max_frame_bytes)
         state.connections.add(self)
@@ -80,7 +75,7 @@ class GovernorProtocol(asyncio.Protocol):
             transport.close()
             return
         if ingress.closing:
-            self.shed(SHED_UNAUTHORIZED)  # the refusal is written; close after it
+            self.shed(ShedReason.UNAUTHORIZED)  # the refusal is written; close after it
             return
         buffered = ingress.buffered_bytes
         if buffered != self._buffered:
@@ -90,7 +85,9 @@ class GovernorProtocol(asyncio.Protocol):
             if state.buffered_bytes > self._limits.max_buffer_bytes:
                 victim = max(state.connections, key=lambda c: c.buffered_bytes)
                 limit = self._limits.max_buffer_bytes
-                victim.shed(SHED_BUFFER, BufferFull(f"unfinished frames over all connections exceed {limit} bytes"))
+                victim.shed(
+                    ShedReason.BUFFER, BufferFull(f"unfinished frames over all connections exceed {limit} bytes")
+                )
 
     def eof_received(self) -> bool | None:
         # The client closed (or half-closed) its side: it is treated as gone. Its slots are freed and
@@ -118,7 +115,7 @@ class GovernorProtocol(asyncio.Protocol):
         transport.write(data)
         if transport.get_write_buffer_size() > self._limits.max_write_buffer_bytes:
             # Deferred: this runs inside the ingress's own flush, which shedding would re-enter.
-            asyncio.get_running_loop().call_soon(self.shed, SHED_WRITE_BUFFER)
+            asyncio.get_running_loop().call_soon(self.shed, ShedReason.WRITE_BUFFER)
 
     def check_timeouts(self, now: float) -> None:
         """Called about once a second: the auth deadline (blank lines do not extend it), then idling."""
@@ -126,20 +123,20 @@ class GovernorProtocol(asyncio.Protocol):
         if ingress is None:
             return
         if not ingress.authenticated and now - self._opened_at > AUTH_TIMEOUT_S:
-            self.shed(SHED_UNAUTHORIZED, Unauthorized(f"no auth frame within {AUTH_TIMEOUT_S:g} s"))
+            self.shed(ShedReason.UNAUTHORIZED, Unauthorized(f"no auth frame within {AUTH_TIMEOUT_S:g} s"))
             return
         timeout_s = self._limits.idle_timeout_s
         if timeout_s and not ingress.active and now - ingress.last_line_at > timeout_s:
-            self.shed(SHED_IDLE, IdleTimeout(f"no frame for {timeout_s:g} s"))
+            self.shed(ShedReason.IDLE, IdleTimeout(f"no frame for {timeout_s:g} s"))
 
-    def shed(self, reason: str, error: GovernorError | None = None) -> None:
+    def shed(self, reason: ShedReason, error: GovernorError | None = None) -> None:
         """Close this connection to protect the others: its requests are settled now (cancelled in
         the worker), and `error`, if given, is its last reply."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
         state = self._state
-        state.shed[reason] += 1
+        state.accounting.connection_shed(reason)
         ingress = self._ingress
         inflight = 0 if ingress is None else len(ingress.active)
         log.warning("event=connection_shed reason=%s peer=%s inflight=%d", reason, self._peer, inflight)

@@ -1,8 +1,10 @@
-"""Server lifecycle: start the worker link(s), listen, wait for a signal, drain, exit 0."""
+"""Server lifecycle in named phases: start up (workers, links, metrics, listener), run until a
+signal, drain, shut down (one teardown stack), exit 0."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import logging
@@ -13,19 +15,23 @@ import signal
 import tempfile
 import time
 
-from governor.address import Address
-from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
-from governor.auth import SharedSecret
-from governor.config import ConfigError, GovernorConfig, parse_endpoint
+from governor.admission import Admission
+from governor.config import GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
+from governor.endpoint import Endpoint, EndpointLimits
+from governor.hints import RetryHintEstimator, RetryHintPolicy
+from governor.lifecycle import Phase
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
-from governor.pool import Endpoint, EndpointLimits, Pool
 from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ServerState
-from governor.supervisor import WORKER_TOKEN_ENV, WorkerSupervisor
+from governor.supervisor import WorkerSupervisor
 from governor.upstream import HealthPolicy, Upstream, WorkerLink
-from governor.validation import IntegrityMode, Limits
+from govwire.address import Address
+from govwire.auth import SharedSecret
+from govwire.options import ConfigError
+from govwire.request import IntegrityMode, Limits
+from govwire.vocab import WORKER_TOKEN_ENV
 
 log = logging.getLogger("governor.server")
 
@@ -40,13 +46,11 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         max_ms=config.retry_hint_max_ms,
         adaptive=config.retry_hint == "adaptive",
     )
+    hints = RetryHintEstimator(policy, config.max_inflight)
+    endpoints = [link.endpoint for link in upstream.links]
     return ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
-        limiter=InflightLimiter(config.max_inflight),
-        pool=Pool(
-            [link.endpoint for link in upstream.links], config.max_qps, config.qps_burst, config.max_inflight, now
-        ),
-        hints=RetryHintEstimator(policy, config.max_inflight),
+        admission=Admission(endpoints, config.max_inflight, config.max_qps, config.qps_burst, hints, now),
         upstream=upstream,
         auth=config.client_secret(),
     )
@@ -88,10 +92,8 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     """Live cap changes. Lowering a cap never cancels a running request: it stops new admissions
     until in-flight falls under it. Endpoints are matched by address; adding or removing one
     needs a restart."""
-    state.limiter.max_inflight = config.max_inflight
-    state.hints.set_capacity(config.max_inflight)
-    state.pool.set_global(config.max_qps, config.qps_burst, config.max_inflight, now)
-    endpoints = {e.name: e for e in state.pool.endpoints}
+    state.admission.set_caps(config.max_inflight, config.max_qps, config.qps_burst, now)
+    endpoints = {e.name: e for e in state.admission.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)
         if endpoint is None:
@@ -159,18 +161,37 @@ class Server:
         log.info("event=reloaded max_inflight=%d max_qps=%g endpoints=%s", new.max_inflight, new.max_qps, new.worker)
 
     async def serve(self) -> int:
+        """Start up, run until a signal, drain, shut down: every resource is registered on one
+        teardown stack as it is created, so shutdown releases them in reverse order whichever
+        phase ended the run."""
+        async with contextlib.AsyncExitStack() as stack:
+            state, listener = await self.start_up(stack)
+            await self._stop.wait()
+            log.info(
+                "event=draining inflight=%d timeout_s=%.1f",
+                state.admission.inflight.inflight,
+                self.config.drain_timeout_s,
+            )
+            listener.close()
+            await self._drain(state)
+            executed = state.accounting.executed
+        log.info("event=stopped executed=%d", executed)
+        return 0
+
+    async def start_up(self, stack: contextlib.AsyncExitStack) -> tuple[ServerState, asyncio.Server]:
+        """Workers (spawned or linked), the shared state, the metrics endpoint, then the listener."""
         config = self.config
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
-
-        runtime_dir: str | None = None
-        supervisors: list[WorkerSupervisor] = []
+            stack.callback(loop.remove_signal_handler, sig)
         now = time.monotonic()
+        runtime_dir: str | None = None
         if config.worker:
             specs = [parse_endpoint(text) for text in config.worker]
         else:
             runtime_dir = tempfile.mkdtemp(prefix="governor-")  # mode 0700: the worker sockets are ours alone
+            stack.callback(shutil.rmtree, runtime_dir, ignore_errors=True)
             sockets = [os.path.join(runtime_dir, f"worker-{i}.sock") for i in range(config.workers)]
             specs = [(Address(path=path), EndpointLimits()) for path in sockets]
         # Spawned workers accept only links that present this run's secret (passed in their environment).
@@ -184,15 +205,13 @@ class Server:
         state = build_state(config, upstream, now)
         if config.config:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
+            stack.callback(loop.remove_signal_handler, signal.SIGHUP)
         if runtime_dir is not None:
             devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
             assert worker_secret is not None  # generated above for spawned workers
-            supervisors = [
-                self._spawn_worker(link, state, device, worker_secret)
-                for link, device in zip(upstream.links, devices, strict=True)
-            ]
-
-        metrics: MetricsEndpoint | None = None
+            for link, device in zip(upstream.links, devices, strict=True):
+                supervisor = self._spawn_worker(link, state, device, worker_secret)
+                stack.push_async_callback(supervisor.stop)
         max_open_files = raise_fd_limit()
         if state.auth is None and not is_loopback(config.host):
             log.warning(
@@ -200,44 +219,30 @@ class Server:
                 config.host,
                 "anyone who can reach this address can submit work; set --auth-token-file",
             )
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            upstream.start()
-            tasks.append(asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s)))
-            if config.metrics_port:
-                metrics = MetricsEndpoint(build_registry(state), is_ready=lambda: upstream.num_up > 0)
-                await metrics.start(config.metrics_host or config.host, config.metrics_port)
-            limits = connection_limits(config)
-            listener = await loop.create_server(
-                lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024
-            )
-            log.info(
-                "event=listening host=%s port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
-                config.host,
-                config.port,
-                config.metrics_port,
-                config.max_inflight,
-                max_open_files,
-                ",".join(link.address for link in upstream.links),
-            )
-            await self._stop.wait()
-            log.info("event=draining inflight=%d timeout_s=%.1f", state.limiter.inflight, config.drain_timeout_s)
-            listener.close()
-            await self._drain(state)
-        finally:
-            for task in tasks:
-                task.cancel()
-            for connection in list(state.connections):
-                connection.close()
-            await upstream.close()
-            for supervisor in supervisors:
-                await supervisor.stop()
-            if metrics is not None:
-                await metrics.close()
-            if runtime_dir is not None:
-                shutil.rmtree(runtime_dir, ignore_errors=True)
-        log.info("event=stopped executed=%d", state.accounting.executed)
-        return 0
+        upstream.start()
+        stack.push_async_callback(upstream.close)
+        stack.callback(_close_connections, state)  # before the links close: their requests settle first
+        sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
+        stack.callback(sweeper.cancel)
+        if config.metrics_port:
+            metrics = MetricsEndpoint(build_registry(state, upstream), is_ready=lambda: upstream.num_up > 0)
+            await metrics.start(config.metrics_host or config.host, config.metrics_port)
+            stack.push_async_callback(metrics.close)
+        limits = connection_limits(config)
+        listener = await loop.create_server(
+            lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024
+        )
+        stack.callback(listener.close)
+        log.info(
+            "event=listening host=%s port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
+            config.host,
+            config.port,
+            config.metrics_port,
+            config.max_inflight,
+            max_open_files,
+            ",".join(link.address for link in upstream.links),
+        )
+        return state, listener
 
     def _spawn_worker(
         self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret
@@ -245,33 +250,38 @@ class Server:
         def on_spawn(pid: int) -> None:
             link.pid = pid
 
-        def on_restart() -> None:
-            state.worker_restarts += 1
-
         env = {**os.environ, WORKER_TOKEN_ENV: secret.token.decode()}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
-        supervisor = WorkerSupervisor(link.address, list(self.config.worker_args), on_spawn, on_restart, env)
+        supervisor = WorkerSupervisor(
+            link.address, list(self.config.worker_args), on_spawn, state.accounting.worker_restarted, env
+        )
         link.kill_worker = supervisor.kill
         supervisor.start()
         return supervisor
 
     async def _drain(self, state: ServerState) -> None:
         """New frames now yield with reason `draining`; wait for in-flight ones, then cancel the rest."""
-        state.draining = True
+        admission = state.admission
+        admission.start_draining()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout_s
-        while state.limiter.inflight and loop.time() < deadline and not self._skip_drain.is_set():
+        while admission.inflight.inflight and loop.time() < deadline and not self._skip_drain.is_set():
             await asyncio.sleep(0.01)
-        if not state.limiter.inflight:
+        if not admission.inflight.inflight:
             return
         leftovers = [r for c in state.connections if c.ingress for r in c.ingress.active.values()]
         log.warning("event=drain_timeout cancelling=%d", len(leftovers))
         for request in leftovers:
-            state.upstream.cancel(request)  # the worker answers with done, finish_reason=cancelled
+            state.lifecycle.cancel(request)  # the worker answers with done, finish_reason=cancelled
         deadline = loop.time() + CANCEL_GRACE_S
-        while state.limiter.inflight and loop.time() < deadline:
+        while admission.inflight.inflight and loop.time() < deadline:
             await asyncio.sleep(0.01)
-        for request in [r for r in leftovers if not r.settled]:
+        for request in [r for r in leftovers if r.phase is not Phase.SETTLED]:
             request.owner.worker_lost(request, "shutdown: the worker did not confirm cancellation")
             request.owner.flush()
+
+
+def _close_connections(state: ServerState) -> None:
+    for connection in list(state.connections):
+        connection.close()

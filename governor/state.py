@@ -1,50 +1,23 @@
-"""Server-wide state shared by every connection (uvicorn's ServerState idea).
+"""What every client connection shares: the wiring of one governor (uvicorn's ServerState idea).
 
-One object holds the limiter, the endpoint pool, the hint estimator, the accounting and the open connections, and
-`finish` is the single place a slot is released, so "released exactly once" is checkable.
+No logic and no counters of its own: admission decides (admission.py), the lifecycle moves
+admitted requests (lifecycle.py), accounting counts (accounting.py). `snapshot` reads them all for
+the `stats` reply.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from governor.accounting import Accounting, Outcome
-from governor.admission import InflightLimiter, RetryHintEstimator
-from governor.auth import SharedSecret
-from governor.errors import GovernorError
-from governor.metrics import LatencyMetrics
-from governor.pool import Endpoint, Pool
-from governor.validation import GenerateRequest, Limits
-
-log = logging.getLogger("governor.state")
-
-# Why the governor closed a client connection (governor_connections_shed_total{reason}).
-SHED_MAX_CONNECTIONS = "max_connections"
-SHED_IDLE = "idle_timeout"
-SHED_BUFFER = "buffer_bytes"
-SHED_WRITE_BUFFER = "write_buffer"
-SHED_UNAUTHORIZED = "unauthorized"
-SHED_REASONS = (SHED_MAX_CONNECTIONS, SHED_IDLE, SHED_BUFFER, SHED_WRITE_BUFFER, SHED_UNAUTHORIZED)
-
-if TYPE_CHECKING:
-    from governor.upstream import Upstream, WorkerLink
-
-
-class RequestOwner(Protocol):
-    """The client connection an admitted request answers to."""
-
-    active: dict[str, InflightRequest]
-
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None: ...
-
-    def worker_token(self, request: InflightRequest, rest: bytes) -> None: ...
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None: ...
-
-    def flush(self) -> None: ...
+from governor.accounting import Accounting, ShedReason
+from governor.admission import Admission
+from governor.latency import LatencyMetrics
+from governor.lifecycle import Dispatcher, Lifecycle, RequestOwner
+from govwire.auth import SharedSecret
+from govwire.errors import GovernorError
+from govwire.request import Limits
 
 
 class ClientConnection(Protocol):
@@ -58,117 +31,61 @@ class ClientConnection(Protocol):
 
     def close(self) -> None: ...
 
-    def shed(self, reason: str, error: GovernorError | None = None) -> None: ...
+    def shed(self, reason: ShedReason, error: GovernorError | None = None) -> None: ...
 
     def check_timeouts(self, now: float) -> None: ...
 
 
-class InflightRequest:
-    """What the governor keeps for one admitted request; dropped at its final reply."""
+class UpstreamView(Dispatcher, Protocol):
+    """The worker links as the state needs them: dispatch, and their description for `stats`."""
 
-    __slots__ = (
-        "client_id",
-        "uid",
-        "stream",
-        "owner",
-        "endpoint",
-        "link",
-        "generate",
-        "t_received",
-        "t_first_token",
-        "settled",
-    )
-
-    def __init__(
-        self, client_id: str, stream: bool, owner: RequestOwner, t_received: float, endpoint: Endpoint | None
-    ) -> None:
-        self.client_id = client_id
-        self.endpoint = endpoint  # the endpoint whose slot it holds (None when no endpoint was up)
-        self.uid = ""  # assigned by the upstream on dispatch; unique across all connections
-        self.stream = stream
-        self.owner = owner
-        self.link: WorkerLink | None = None
-        # Kept until its first token, to re-route it once if its worker is lost before starting
-        self.generate: GenerateRequest | None = None
-        self.t_received = t_received
-        self.t_first_token: float | None = None
-        self.settled = False
+    def describe(self) -> list[dict[str, Any]]: ...
 
 
 class ServerState:
     __slots__ = (
         "limits",
-        "limiter",
-        "pool",
-        "hints",
-        "upstream",
+        "auth",
         "clock",
+        "admission",
         "accounting",
         "latency",
+        "lifecycle",
+        "upstream",
         "connections",
-        "draining",
-        "worker_restarts",
-        "rerouted",
-        "auth",
-        "shed",
         "buffered_bytes",
     )
 
     def __init__(
         self,
         limits: Limits,
-        limiter: InflightLimiter,
-        pool: Pool,
-        hints: RetryHintEstimator,
-        upstream: Upstream,
+        admission: Admission,
+        upstream: UpstreamView,
         clock: Callable[[], float] = time.monotonic,
         auth: SharedSecret | None = None,
     ) -> None:
-        self.limits = limits
-        self.limiter = limiter
-        self.pool = pool
-        self.hints = hints
-        self.upstream = upstream
+        self.limits = limits  # what a generate frame may ask for
+        self.auth = auth  # when set, every connection must open with a matching `auth` frame
         self.clock = clock
+        self.admission = admission
         self.accounting = Accounting()
         self.latency = LatencyMetrics()
+        self.upstream = upstream
+        self.lifecycle = Lifecycle(admission, self.accounting, self.latency, upstream, clock)
         self.connections: set[ClientConnection] = set()
-        self.draining = False
-        self.worker_restarts = 0
-        self.rerouted = 0  # requests moved to another endpoint after theirs was lost
-        self.auth = auth  # when set, every connection must open with a matching `auth` frame
-        self.shed = dict.fromkeys(SHED_REASONS, 0)  # connections the governor closed, by reason
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
-
-    def finish(self, request: InflightRequest, outcome: Outcome, reason: str = "") -> None:
-        """Settle an admitted request: free its slot, count it, forget it everywhere. Exactly once:
-        a second call (a late frame racing a disconnect, say) must not free someone else's slot."""
-        if request.settled:
-            log.error("event=double_settle id=%r outcome=%s", request.client_id, outcome.value)
-            return
-        request.settled = True
-        self.limiter.release()
-        if request.endpoint is not None:
-            self.pool.release(request.endpoint, executed=outcome is Outcome.EXECUTED)
-        self.accounting.record(outcome, reason)
-        request.owner.active.pop(request.client_id, None)
-        if request.link is not None:
-            request.link.inflight.pop(request.uid, None)
-        if request.link is None:
-            return  # never reached a worker (invalid after admission, or no worker): no duration
-        elapsed = self.clock() - request.t_received
-        self.latency.request_duration.observe(elapsed)
-        if outcome is Outcome.EXECUTED:
-            self.hints.observe_service_time(elapsed)
 
     def snapshot(self) -> dict[str, Any]:
         """The `stats` reply body."""
         acc = self.accounting
+        admission = self.admission
+        bucket = admission.rate.bucket
+        hints = admission.hints
         return {
-            "inflight": self.limiter.inflight,
-            "max_inflight": self.limiter.max_inflight,
-            "max_qps": 0.0 if self.pool.bucket is None else self.pool.bucket.rate,
-            "qps_tokens": None if self.pool.bucket is None else round(self.pool.bucket.level(self.clock()), 3),
+            "inflight": admission.inflight.inflight,
+            "max_inflight": admission.inflight.max_inflight,
+            "max_qps": 0.0 if bucket is None else bucket.rate,
+            "qps_tokens": None if bucket is None else round(bucket.level(self.clock()), 3),
             "received_total": acc.received,
             "executed_total": acc.executed,
             "yielded_total": acc.yielded_total,
@@ -178,12 +95,10 @@ class ServerState:
             "rejected_by_reason": dict(acc.rejected),
             "failed_by_reason": dict(acc.failed),
             "connections": len(self.connections),
-            "draining": self.draining,
-            "service_time_ms": None
-            if self.hints.service_time_s is None
-            else round(self.hints.service_time_s * 1000, 3),
-            "worker_restarts": self.worker_restarts,
-            "rerouted_total": self.rerouted,
-            "connections_shed": dict(self.shed),
-            "workers": [link.describe() for link in self.upstream.links],
+            "draining": admission.draining,
+            "service_time_ms": None if hints.service_time_s is None else round(hints.service_time_s * 1000, 3),
+            "worker_restarts": acc.worker_restarts,
+            "rerouted_total": acc.rerouted,
+            "connections_shed": dict(acc.shed),
+            "workers": self.upstream.describe(),
         }

@@ -23,32 +23,23 @@ from typing import Any, cast
 
 import orjson
 
-from governor.address import Address, open_connection
-from governor.auth import SharedSecret
-from governor.errors import WorkerUnavailable
-from governor.framing import TOO_LARGE, LineSplitter
-from governor.pool import Endpoint
-from governor.state import InflightRequest, RequestOwner
-from governor.validation import OP_CANCEL, OP_PING, GenerateRequest
-from governor.wire import (
-    STATUS_ERROR,
-    STATUS_STATS,
-    TOKEN_FRAME_HEAD,
-    TOKEN_FRAME_STATUS,
-    WORKER_AUTH_ID,
-    WORKER_PING_ID,
-    WORKER_STATS_ID,
-    encode,
-)
+from governor.endpoint import Endpoint
+from governor.lifecycle import InflightRequest, RequestOwner
+from govwire.address import Address, open_connection
+from govwire.auth import SharedSecret
+from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping
+from govwire.errors import WorkerUnavailable
+from govwire.framing import TOO_LARGE, LineSplitter
+from govwire.messages import EngineStats
+from govwire.request import GenerateRequest
+from govwire.vocab import MAX_REPLY_BYTES, ReservedId, Status
 
 log = logging.getLogger("governor.upstream")
 
-# The worker is trusted and its `done` frames carry whole completions: allow far more than a
-# client frame, but still bound it so a broken worker cannot grow the governor without limit.
-MAX_WORKER_FRAME_BYTES = 64 * 1024 * 1024
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
-RESERVED_IDS = frozenset({WORKER_STATS_ID, WORKER_PING_ID, WORKER_AUTH_ID})  # link traffic, no request
+_RESERVED_IDS = frozenset(ReservedId)  # link traffic, no request
+_PING = encode_ping(ReservedId.PING.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,10 +59,14 @@ class WorkerLink(asyncio.Protocol):
         self.pid: int | None = None  # set when the governor spawned this worker
         self.kill_worker: Callable[[], None] | None = None  # the same: its supervisor's kill
         self.answered = False  # the current connection answered a ping (it works, not just accepts)
-        self.engine_stats: dict[str, Any] = {}  # the worker's latest pushed statistics
+        self.engine_stats = EngineStats()  # the worker's latest push (empty until the first)
         self._transport: asyncio.Transport | None = None
-        self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
+        self._splitter = LineSplitter(MAX_REPLY_BYTES)
         self._closed: asyncio.Future[None] | None = None
+        # Frames sent during one loop iteration leave in one write (set by `connect`; a link driven
+        # by hand, as in unit tests, writes each frame at once).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._outbox: list[bytes] = []
         self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
         self.last_progress_at = 0.0  # when a request on this link last heard from the worker
 
@@ -81,7 +76,6 @@ class WorkerLink(asyncio.Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The link in `stats`, with the engine statistics the worker last pushed (empty until then)."""
-        engine = {k: v for k, v in self.engine_stats.items() if k not in ("id", "status")}
         limits = self.endpoint.limits
         return {
             "address": self.address,
@@ -93,12 +87,13 @@ class WorkerLink(asyncio.Protocol):
             "executed": self.endpoint.executed,
             "failed": self.endpoint.failed,
             "pid": self.pid,
-            "engine": engine,
+            "engine": self.engine_stats.to_dict(),
         }
 
     async def connect(self) -> None:
-        self._splitter = LineSplitter(MAX_WORKER_FRAME_BYTES)
-        self._closed = asyncio.get_running_loop().create_future()
+        self._splitter = LineSplitter(MAX_REPLY_BYTES)
+        self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
         await open_connection(self._address, lambda: self)
 
     async def wait_closed(self) -> None:
@@ -106,7 +101,9 @@ class WorkerLink(asyncio.Protocol):
             await asyncio.shield(self._closed)
 
     def close(self) -> None:
+        """Close after what is queued (a cancel sent just before a shutdown, say)."""
         if self._transport is not None:
+            self._flush()
             self._transport.close()
 
     def abort(self) -> None:
@@ -120,7 +117,7 @@ class WorkerLink(asyncio.Protocol):
         """Send a ping unless one is pending; False when the pending one is older than `timeout_s`."""
         if self.ping_pending_since is None:
             self.ping_pending_since = now
-            self.send({"id": WORKER_PING_ID, "op": OP_PING})
+            self.send(_PING)
         return now - self.ping_pending_since <= timeout_s
 
     def stalled(self, now: float, timeout_s: float) -> bool:
@@ -132,9 +129,23 @@ class WorkerLink(asyncio.Protocol):
             self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
         self.inflight[uid] = request
 
-    def send(self, frame: dict[str, Any]) -> None:
-        if self._transport is not None:
-            self._transport.write(encode(frame))
+    def send(self, data: bytes) -> None:
+        """Queue a frame; every frame queued in this loop iteration (the requests of every client
+        read in it) goes out in one write, as the worker batches its replies."""
+        if self._transport is None:
+            return
+        if self._loop is None:
+            self._transport.write(data)
+            return
+        if not self._outbox:
+            self._loop.call_soon(self._flush)
+        self._outbox.append(data)
+
+    def _flush(self) -> None:
+        outbox = self._outbox
+        if outbox and self._transport is not None:
+            self._transport.write(b"".join(outbox))
+        outbox.clear()
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -143,10 +154,12 @@ class WorkerLink(asyncio.Protocol):
         self.ping_pending_since = None
         self.answered = False
         if self._secret is not None:
-            self.send({"id": WORKER_AUTH_ID, **self._secret.frame()})
+            self.send(encode({"id": ReservedId.AUTH.value, **self._secret.frame()}))
         log.info("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
+        """Token frames take the fast path (re-addressed as bytes); every other line is parsed and
+        goes to `_on_link_frame` (reserved ids) or `_on_reply` (a request's)."""
         touched: set[RequestOwner] = set()
         inflight = self.inflight
         now = time.monotonic()
@@ -175,27 +188,8 @@ class WorkerLink(asyncio.Protocol):
                 log.error("event=worker_protocol_error worker=%s error=%r frame=%r", self.address, exc, preview)
                 self.close()
                 break
-            if rid == WORKER_STATS_ID and frame.get("status") == STATUS_STATS:
-                if frame.get("steps_total") != self.engine_stats.get("steps_total"):
-                    # The engine is stepping: requests of ours that hear nothing are queued behind
-                    # others (a worker shared by several governors), not stalled.
-                    self.last_progress_at = now
-                self.engine_stats = frame
-                continue
-            if rid in RESERVED_IDS:
-                if frame.get("status") == STATUS_ERROR:  # e.g. unauthorized: the worker closes the link
-                    log.error(
-                        "event=worker_refused worker=%s code=%r message=%r",
-                        self.address,
-                        frame.get("code"),
-                        frame.get("message"),
-                    )
-                elif rid == WORKER_PING_ID:
-                    self.ping_pending_since = None
-                    self.answered = True
-                    if not self.endpoint.up:
-                        self.endpoint.up = True
-                        log.info("event=worker_up worker=%s", self.address)
+            if rid in _RESERVED_IDS:
+                self._on_link_frame(rid, frame, now)
                 continue
             request = inflight.get(rid)
             if request is None:
@@ -206,10 +200,35 @@ class WorkerLink(asyncio.Protocol):
         for owner in touched:
             owner.flush()
 
+    def _on_link_frame(self, rid: str, frame: dict[str, Any], now: float) -> None:
+        """Traffic of the link itself: the worker's statistics, a pong, or a refusal."""
+        status = frame.get("status")
+        if rid == ReservedId.STATS and status == Status.STATS:
+            stats = EngineStats.from_frame(frame)
+            if stats.steps_total != self.engine_stats.steps_total:
+                # The engine is stepping: requests of ours that hear nothing are queued behind
+                # others (a worker shared by several governors), not stalled.
+                self.last_progress_at = now
+            self.engine_stats = stats
+        elif status == Status.ERROR:  # e.g. unauthorized: the worker closes the link
+            log.error(
+                "event=worker_refused worker=%s code=%r message=%r",
+                self.address,
+                frame.get("code"),
+                frame.get("message"),
+            )
+        elif rid == ReservedId.PING:
+            self.ping_pending_since = None
+            self.answered = True
+            if not self.endpoint.up:
+                self.endpoint.up = True
+                log.info("event=worker_up worker=%s", self.address)
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
+        self._outbox.clear()
         self.endpoint.up = False
-        self.engine_stats = {}
+        self.engine_stats = EngineStats()
         lost = list(self.inflight.values())
         if lost:
             log.warning("event=worker_lost worker=%s inflight=%d", self.address, len(lost))
@@ -243,22 +262,30 @@ class Upstream:
         return sum(link.endpoint.up for link in self.links)
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
-        """Hand an admitted request to the worker of the endpoint the pool reserved for it."""
-        best = None if request.endpoint is None else self._link_of[request.endpoint]
-        if best is None or not best.endpoint.up:
+        """Hand an admitted request to the worker of the endpoint admission granted it."""
+        endpoint = request.grant.endpoint
+        link = None if endpoint is None else self._link_of[endpoint]
+        if link is None or not link.endpoint.up:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next_uid += 1
         uid = format(self._next_uid, "x")
         request.uid = uid
-        request.link = best
-        best.add(uid, request)
+        request.link = link
+        link.add(uid, request)
         frame = generate.to_frame()
         frame["id"] = uid
-        best.send(frame)
+        link.send(encode(frame))
+
+    def forget(self, request: InflightRequest) -> None:
+        if request.link is not None:
+            request.link.inflight.pop(request.uid, None)
 
     def cancel(self, request: InflightRequest) -> None:
         if request.link is not None:
-            request.link.send({"id": request.uid, "op": OP_CANCEL})
+            request.link.send(encode_cancel(request.uid))
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [link.describe() for link in self.links]
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._maintain(link)) for link in self.links]

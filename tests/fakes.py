@@ -7,13 +7,25 @@ from typing import Any
 
 import orjson
 
-from governor.admission import InflightLimiter, RetryHintEstimator, RetryHintPolicy
-from governor.auth import SharedSecret
-from governor.errors import WorkerUnavailable
+from governor.admission import Admission
+from governor.endpoint import Endpoint, EndpointLimits
+from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.ingress import Ingress
-from governor.pool import Endpoint, EndpointLimits, Pool
-from governor.state import InflightRequest, ServerState
-from governor.validation import OP_CANCEL, GenerateRequest, IntegrityMode, Limits
+from governor.lifecycle import InflightRequest
+from governor.state import ServerState
+from govwire.auth import SharedSecret
+from govwire.codec import encode_done
+from govwire.errors import WorkerUnavailable
+from govwire.messages import Completion
+from govwire.request import GenerateRequest, IntegrityMode, Limits
+from govwire.vocab import FinishReason, Op
+
+
+def done_frame(request_id: str, text: str = "", finish_reason: str = "eos", prompt_tokens: int = 1) -> dict[str, Any]:
+    """A worker's `done` frame, parsed, as the contract's encoder writes it."""
+    completion = Completion(text, prompt_tokens, len(text), FinishReason(finish_reason), queue_wait_ms=0.0)
+    frame: dict[str, Any] = orjson.loads(encode_done(request_id, completion))
+    return frame
 
 
 class FakeClock:
@@ -31,6 +43,10 @@ class FakeLink:
     def __init__(self) -> None:
         self.address = "fake"
         self.inflight: dict[str, InflightRequest] = {}
+        self.sent: list[bytes] = []
+
+    def send(self, data: bytes) -> None:
+        self.sent.append(data)
 
 
 class FakeUpstream:
@@ -49,12 +65,18 @@ class FakeUpstream:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next += 1
         request.uid = str(self._next)
-        request.link = self.link  # type: ignore[assignment]
+        request.link = self.link
         self.link.inflight[request.uid] = request
         self.dispatched[request.uid] = (request, generate)
 
+    def forget(self, request: InflightRequest) -> None:
+        self.link.inflight.pop(request.uid, None)
+
     def cancel(self, request: InflightRequest) -> None:
-        self.sent_frames.append({"id": request.uid, "op": OP_CANCEL})
+        self.sent_frames.append({"id": request.uid, "op": Op.CANCEL})
+
+    def describe(self) -> list[dict[str, Any]]:
+        return []
 
 
 class FakeTransportWrites:
@@ -75,18 +97,20 @@ def make_state(
     upstream: FakeUpstream | None = None,
     max_new_tokens: int = 64,
     hint_policy: RetryHintPolicy | None = None,
-    pool: Pool | None = None,
+    endpoints: list[Endpoint] | None = None,
     auth: SharedSecret | None = None,
 ) -> ServerState:
+    """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter."""
     clock = clock or FakeClock()
-    endpoint = Endpoint("fake", EndpointLimits(), clock())
-    endpoint.up = True
+    if endpoints is None:
+        endpoint = Endpoint("fake", EndpointLimits(), clock())
+        endpoint.up = True
+        endpoints = [endpoint]
+    hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
-        limiter=InflightLimiter(max_inflight),
-        pool=pool or Pool([endpoint], 0.0, 0.0, max_inflight, clock()),
-        hints=RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7)),
-        upstream=upstream or FakeUpstream(),  # type: ignore[arg-type]
+        admission=Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock()),
+        upstream=upstream or FakeUpstream(),
         clock=clock,
         auth=auth,
     )

@@ -6,9 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from governor.config import ConfigError, parse_endpoint
+from governor.admission import Admission
+from governor.config import parse_endpoint
 from governor.config_file import config_sources, load_config, reload_config, render_config
-from governor.pool import Endpoint, EndpointLimits, Pool
+from governor.endpoint import Endpoint, EndpointLimits
+from governor.hints import RetryHintEstimator, RetryHintPolicy
+from governor.limits import Grant, Refusal
+from govwire.options import ConfigError
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -62,17 +66,20 @@ def test_a_bad_file_is_refused_naming_the_setting(tmp_path: Path, text: str, mes
 def test_live_limits_keep_what_the_bucket_holds_and_never_cancel() -> None:
     endpoint = Endpoint("e", EndpointLimits(concurrency=4, qps=10.0), 0.0)
     endpoint.up = True
-    pool = Pool([endpoint], 10.0, 5.0, 8, 0.0)
-    for _ in range(3):
-        assert pool.reserve(0.0) is endpoint
+    hints = RetryHintEstimator(RetryHintPolicy(), 8)
+    admission = Admission([endpoint], 8, 10.0, 5.0, hints, 0.0)
+    grants = [admission.decide(0.0) for _ in range(3)]
+    assert all(isinstance(g, Grant) and g.endpoint is endpoint for g in grants)
     endpoint.set_limits(EndpointLimits(concurrency=2, qps=10.0, burst=20.0), 0.0)
     assert endpoint.inflight == 3  # nothing running was touched
-    assert pool.reserve(0.0) is not endpoint  # but nothing new until it falls under 2
-    pool.release(endpoint, executed=True)
-    pool.release(endpoint, executed=True)
-    pool.set_global(10.0, 1.0, 8, 0.0)
-    assert pool.bucket is not None and pool.bucket.tokens == 1.0  # held 2, the new burst is 1
-    assert pool.reserve(0.0) is endpoint
+    assert isinstance(admission.decide(0.0), Refusal)  # but nothing new until it falls under 2
+    admission.release(grants[0], executed=True)  # type: ignore[arg-type]
+    admission.release(grants[1], executed=True)  # type: ignore[arg-type]
+    admission.set_caps(8, 10.0, 1.0, 0.0)
+    bucket = admission.rate.bucket
+    assert bucket is not None and bucket.tokens == 1.0  # held 2, the new burst is 1
+    last = admission.decide(0.0)
+    assert isinstance(last, Grant) and last.endpoint is endpoint
 
 
 def test_precedence_is_flag_then_environment_then_file_then_default(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.cli import build_parser as governor_parser
-from governor.metrics import WORKER_STATS_HELP, build_registry
+from governor.metrics import build_registry
+from governor.upstream import Upstream
+from govwire.messages import STATS_FIELDS
 from tests.fakes import make_state
 from worker.cli import build_parser as worker_parser
 
@@ -38,9 +40,9 @@ def test_every_flag_of_every_command_is_documented() -> None:
 def test_every_exported_metric_is_documented() -> None:
     from prometheus_client import generate_latest
 
-    text = generate_latest(build_registry(make_state())).decode()
+    text = generate_latest(build_registry(make_state(), Upstream([]))).decode()
     names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("governor_")}
-    names |= {f"governor_worker_{key.removesuffix('_total')}" for key in WORKER_STATS_HELP}
+    names |= {f"governor_worker_{key.removesuffix('_total')}" for key in STATS_FIELDS}
     documented = set(re.findall(r"`(governor_[a-z_]+)", OPERATIONS))
     documented |= {name.removesuffix("_total") for name in documented}
     documented |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in documented}

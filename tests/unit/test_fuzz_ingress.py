@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governor.accounting import YIELD_REASONS
-from governor.errors import ERRORS_BY_CODE
 from governor.ingress import Ingress
-from governor.validation import MAX_ID_CHARS, MAX_SEED, IntegrityMode
-from governor.wire import encode, generate_frame
-from tests.fakes import FakeTransportWrites, FakeUpstream, make_ingress, make_state
+from govwire.codec import encode, generate_frame
+from govwire.errors import ERRORS_BY_CODE
+from govwire.request import MAX_ID_CHARS, MAX_SEED, IntegrityMode
+from govwire.vocab import YieldReason
+from tests.fakes import FakeTransportWrites, FakeUpstream, done_frame, make_ingress, make_state
 
 MAX_FRAME = 512
 MAX_NEW_TOKENS = 64
@@ -48,7 +48,7 @@ def check_reply(reply: dict[str, Any]) -> None:
     if reply["status"] == "error":
         assert reply["code"] in ERRORS_BY_CODE and type(reply["message"]) is str, reply
     if reply["status"] == "yield":
-        assert reply["reason"] in YIELD_REASONS and type(reply["retry_hint_ms"]) is int, reply
+        assert reply["reason"] in set(YieldReason) and type(reply["retry_hint_ms"]) is int, reply
         assert reply["retry_hint_ms"] > 0
 
 
@@ -209,7 +209,7 @@ def test_any_value_in_any_generate_field_gets_the_documented_answer(
         assert [(r["status"], r["code"], r["id"]) for r in replies] == [("error", outcome, rid)]
         assert not upstream.dispatched
     ingress.connection_lost()
-    assert state.limiter.inflight == 0 and state.accounting.unbalanced_by(0) == 0
+    assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
 
 
 @pytest.mark.parametrize("line", HOSTILE_LINES, ids=lambda b: repr(b[:24]))
@@ -220,7 +220,7 @@ def test_each_hostile_line_gets_one_well_formed_reply_and_holds_nothing(line: by
     (reply,) = parsed(writes)
     assert reply["id"] == expected_id(line, 1 << 20)
     assert reply["status"] in ("error", "pong", "stats")
-    assert state.limiter.inflight == 0 and state.accounting.unbalanced_by(0) == 0
+    assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
 
 
 def test_deep_nesting_fed_byte_by_byte_is_one_bad_json() -> None:
@@ -248,7 +248,7 @@ def test_frames_at_the_limit_are_served_and_one_byte_more_is_too_large(ending: b
     assert [request.client_id for request, _ in upstream.dispatched.values()] == ["edge", "next"]
     assert [(r["code"], r["id"]) for r in parsed(writes)] == [("frame_too_large", None)]
     ingress.connection_lost()
-    assert state.limiter.inflight == 0 and state.accounting.unbalanced_by(0) == 0
+    assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
 
 
 def test_an_unterminated_over_size_line_is_answered_once_and_not_stored() -> None:
@@ -268,13 +268,13 @@ def test_duplicate_ids_are_refused_while_in_flight_and_reusable_after() -> None:
     ingress, writes = make_ingress(state)
     ingress.receive_data(valid_line("d") * 3)
     assert [(r["code"], r["id"]) for r in parsed(writes)] == [("duplicate_id", "d")] * 2
-    assert state.limiter.inflight == 1
+    assert state.admission.inflight.inflight == 1
     request, _ = upstream.dispatched["1"]
-    ingress.worker_frame(request, {"id": "1", "status": "done", "text": "", "finish_reason": "eos"})
+    ingress.worker_frame(request, done_frame("1", "", "eos"))
     ingress.receive_data(valid_line("d"))
     assert list(ingress.active) == ["d"] and len(upstream.dispatched) == 2
     ingress.connection_lost()
-    assert state.limiter.inflight == 0 and state.accounting.unbalanced_by(0) == 0
+    assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
 
 
 # -- arbitrary streams ----------------------------------------------------------------------------
@@ -330,19 +330,19 @@ def test_any_stream_in_any_chunking_gets_one_answer_per_line_and_leaks_nothing(
     dispatched = [request.client_id for request, _ in upstream.dispatched.values()]
     # One answer per line, carrying the id the line's frame named (null when it had no usable one).
     assert Counter([r["id"] for r in immediate] + dispatched) == Counter(expected_id(li, MAX_FRAME) for li in lines)
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
-    assert state.limiter.inflight == len(ingress.active) <= max_inflight
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+    assert state.admission.inflight.inflight == len(ingress.active) <= max_inflight
 
     # The worker side settles some requests; the client then goes away with the rest in flight.
     requests = [request for request, _ in upstream.dispatched.values()]
     before = len(writes.lines())
     settled = 0
     for request, how in zip(requests, endings, strict=False):
-        frame = {"id": request.uid, "status": "done", "text": "", "finish_reason": "eos"}
+        frame = done_frame(request.uid, "", "eos")
         if how == "error":
             frame = {"id": request.uid, "status": "error", "code": "bad_frame", "message": "too long"}
         if how == "lost":
-            state.pool.endpoints[0].up = False  # no endpoint to re-route to: the loss is final
+            state.admission.pool.endpoints[0].up = False  # no endpoint to re-route to: the loss is final
             ingress.worker_lost(request, "gone")
         elif how != "open":
             ingress.worker_frame(request, frame)
@@ -350,9 +350,9 @@ def test_any_stream_in_any_chunking_gets_one_answer_per_line_and_leaks_nothing(
     ingress.flush()
     finals = [r for r in parsed(writes)[before:] if r["status"] in ("done", "error")]
     assert len(finals) == settled
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
     ingress.connection_lost()
-    assert state.limiter.inflight == 0 and not ingress.active
+    assert state.admission.inflight.inflight == 0 and not ingress.active
     assert state.accounting.unbalanced_by(0) == 0
     assert state.accounting.failed["client_disconnected"] == len(requests) - settled
 
@@ -370,6 +370,6 @@ def test_random_bytes_never_raise_and_answer_every_line(data: bytes, cuts: list[
     replies = parsed(writes)
     assert [r["id"] for r in replies] == [expected_id(line, 64) for line in lines]
     assert state.accounting.received == sum(r["status"] not in ("pong", "stats") for r in replies)
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
     ingress.connection_lost()
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0

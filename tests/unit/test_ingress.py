@@ -9,12 +9,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from governor.accounting import Outcome
-from governor.admission import RetryHintPolicy
+from governor.endpoint import Endpoint, EndpointLimits
+from governor.hints import RetryHintPolicy
 from governor.ingress import Ingress
-from governor.pool import Endpoint, EndpointLimits, Pool
-from governor.validation import IntegrityMode
-from governor.wire import encode, encode_token, generate_frame
-from tests.fakes import FakeClock, FakeUpstream, make_ingress, make_state
+from governor.lifecycle import LifecycleError, Phase
+from govwire.codec import encode, encode_token, generate_frame
+from govwire.request import IntegrityMode
+from tests.fakes import FakeClock, FakeUpstream, done_frame, make_ingress, make_state
 
 
 def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
@@ -30,7 +31,7 @@ def test_yield_is_written_in_the_same_call_and_byte_exact() -> None:
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
     assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":50,"reason":"inflight"}\n']
-    assert state.limiter.inflight == 1
+    assert state.admission.inflight.inflight == 1
     assert state.accounting.yielded["inflight"] == 1
 
 
@@ -61,10 +62,10 @@ def test_each_bad_input_gets_its_code_and_the_connection_keeps_serving() -> None
     ingress.receive_data(frame("dup"))
     ingress.receive_data(frame("dup"))
     assert replies(writes)[-1]["code"] == "duplicate_id"
-    assert state.limiter.inflight == 1  # the integrity failure's slot was refunded; "dup" holds one
+    assert state.admission.inflight.inflight == 1  # the integrity failure's slot was refunded; "dup" holds one
     ingress.receive_data(b'{"id":"p","op":"ping"}\n')
     assert replies(writes)[-1] == {"id": "p", "status": "pong", "protocol": 1}
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
     assert state.accounting.rejected["bad_frame"] == 2
 
 
@@ -97,8 +98,8 @@ def test_worker_frames_are_readdressed_and_done_settles_the_slot() -> None:
     assert token == {"id": "client-id", "status": "token", "index": 0, "token_id": 97, "text": "a"}
     assert done["id"] == "client-id" and done["finish_reason"] == "length"
     assert done["ttft_ms"] == 10.0 and done["total_ms"] == 30.0
-    assert state.limiter.inflight == 0 and state.accounting.executed == 1
-    assert state.hints.service_time_s == pytest.approx(0.03)
+    assert state.admission.inflight.inflight == 0 and state.accounting.executed == 1
+    assert state.admission.hints.service_time_s == pytest.approx(0.03)
 
 
 def test_a_client_cancel_reaches_the_worker_and_is_answered_by_the_final_reply() -> None:
@@ -107,11 +108,11 @@ def test_a_client_cancel_reaches_the_worker_and_is_answered_by_the_final_reply()
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + b'{"id":"a","op":"cancel"}\n{"id":"gone","op":"cancel"}\n')
     assert upstream.sent_frames == [{"id": "1", "op": "cancel"}]  # "gone" is not in flight: ignored
-    assert writes.chunks == [] and state.limiter.inflight == 1
+    assert writes.chunks == [] and state.admission.inflight.inflight == 1
     request, _ = upstream.dispatched["1"]
-    ingress.worker_frame(request, {"id": "1", "status": "done", "text": "", "finish_reason": "cancelled"})
+    ingress.worker_frame(request, done_frame("1", "", "cancelled"))
     ingress.flush()
-    assert replies(writes)[-1]["finish_reason"] == "cancelled" and state.limiter.inflight == 0
+    assert replies(writes)[-1]["finish_reason"] == "cancelled" and state.admission.inflight.inflight == 0
     assert state.accounting.received == 1 and state.accounting.unbalanced_by(0) == 0
 
 
@@ -135,7 +136,7 @@ def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
     ingress.receive_data(frame("q", stream=False))
     request, _ = upstream.dispatched["1"]
     ingress.worker_frame(request, {"id": "1", "status": "token", "index": 0, "token_id": 1, "text": "h"})
-    ingress.worker_frame(request, {"id": "1", "status": "done", "text": "h", "finish_reason": "eos"})
+    ingress.worker_frame(request, done_frame("1", "h", "eos"))
     ingress.flush()
     assert [r["status"] for r in replies(writes)] == ["done"]
 
@@ -159,12 +160,12 @@ def test_worker_error_codes_are_counted_as_failed_or_rejected() -> None:
     ingress.worker_frame(
         upstream.dispatched["1"][0], {"id": "1", "status": "error", "code": "bad_frame", "message": "m"}
     )
-    state.pool.endpoints[0].up = False  # as a lost link marks it: no endpoint to re-route to
+    state.admission.pool.endpoints[0].up = False  # as a lost link marks it: no endpoint to re-route to
     ingress.worker_lost(upstream.dispatched["2"][0], "gone")
     ingress.flush()
     assert [(r["id"], r["code"]) for r in replies(writes)] == [("a", "bad_frame"), ("b", "worker_lost")]
     assert state.accounting.rejected["bad_frame"] == 1 and state.accounting.failed["worker_lost"] == 1
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
 
 
 def test_no_worker_means_worker_unavailable_and_no_slot_held() -> None:
@@ -174,7 +175,7 @@ def test_no_worker_means_worker_unavailable_and_no_slot_held() -> None:
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a"))
     assert replies(writes)[0]["code"] == "worker_unavailable"
-    assert state.limiter.inflight == 0 and state.accounting.failed["worker_unavailable"] == 1
+    assert state.admission.inflight.inflight == 0 and state.accounting.failed["worker_unavailable"] == 1
 
 
 def test_disconnect_frees_slots_and_cancels_in_the_worker() -> None:
@@ -183,7 +184,7 @@ def test_disconnect_frees_slots_and_cancels_in_the_worker() -> None:
     ingress, _ = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
     ingress.connection_lost()
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
     assert sorted(f["id"] for f in upstream.sent_frames) == ["1", "2"]
     assert state.accounting.failed["client_disconnected"] == 2
     assert state.accounting.unbalanced_by(0) == 0
@@ -195,19 +196,20 @@ def test_a_request_is_settled_at_most_once() -> None:
     ingress, _ = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
     request = upstream.dispatched["1"][0]
-    state.finish(request, Outcome.EXECUTED)
-    state.finish(request, Outcome.FAILED, "worker_lost")  # must not free b's slot
-    assert state.limiter.inflight == 1 and list(ingress.active) == ["b"]
+    state.lifecycle.settle(request, Outcome.EXECUTED)
+    with pytest.raises(LifecycleError, match="settled twice"):
+        state.lifecycle.settle(request, Outcome.FAILED, "worker_lost")  # must not free b's slot
+    assert state.admission.inflight.inflight == 1 and list(ingress.active) == ["b"]
     assert (state.accounting.executed, state.accounting.failed["worker_lost"]) == (1, 0)
 
 
 def test_draining_yields_with_reason_draining() -> None:
     state = make_state()
-    state.draining = True
+    state.admission.start_draining()
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a"))
     assert replies(writes)[0]["reason"] == "draining"
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
 
 
 def test_stats_reports_the_counters() -> None:
@@ -240,9 +242,9 @@ def test_any_bytes_get_a_reply_per_line_and_never_raise(pieces: list[bytes], dat
     *complete, tail = stream.split(b"\n")
     expected = sum(1 for line in complete if line not in (b"", b"\r")) + (len(tail) > 300)
     assert len(writes.lines()) + len(upstream.dispatched) == expected
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
     ingress.connection_lost()
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
 
 
 class IngressMachine(RuleBasedStateMachine):
@@ -267,15 +269,33 @@ class IngressMachine(RuleBasedStateMachine):
     def send_maybe_duplicate(self, conn: int, rid: int) -> None:
         self.conns[conn].receive_data(frame(f"r{rid}"))
 
-    @precondition(lambda self: self.state.limiter.inflight > 0)
+    @precondition(lambda self: self.state.admission.inflight.inflight > 0)
+    @rule(data=st.data())
+    def worker_streams_a_token(self, data: st.DataObject) -> None:
+        live = [r for c in self.conns for r in c.active.values()]
+        request = data.draw(st.sampled_from(live))
+        request.owner.worker_token(request, encode_token(request.uid, 0, 97, "a")[len(request.uid) + 8 : -1])
+        assert request.phase is Phase.STARTED and request.t_first_token is not None
+
+    @precondition(lambda self: self.upstream.dispatched)
+    @rule(data=st.data())
+    def an_illegal_transition_is_refused_and_changes_nothing(self, data: st.DataObject) -> None:
+        request, generate = data.draw(st.sampled_from(list(self.upstream.dispatched.values())))
+        phase = request.phase
+        with pytest.raises(LifecycleError):
+            if phase is Phase.SETTLED:
+                self.state.lifecycle.settle(request, Outcome.EXECUTED)
+            else:
+                self.state.lifecycle.dispatch(request, generate)  # dispatched already
+        assert request.phase is phase
+
+    @precondition(lambda self: self.state.admission.inflight.inflight > 0)
     @rule(data=st.data(), ok=st.booleans())
     def worker_finishes_one(self, data: st.DataObject, ok: bool) -> None:
         live = [r for c in self.conns for r in c.active.values()]
         request = data.draw(st.sampled_from(live))
         if ok:
-            request.owner.worker_frame(
-                request, {"id": request.uid, "status": "done", "text": "", "finish_reason": "eos"}
-            )
+            request.owner.worker_frame(request, done_frame(request.uid, "", "eos"))
         else:
             request.owner.worker_lost(request, "gone")
 
@@ -286,10 +306,22 @@ class IngressMachine(RuleBasedStateMachine):
 
     @invariant()
     def cap_holds_and_counters_balance(self) -> None:
-        inflight = self.state.limiter.inflight
+        inflight = self.state.admission.inflight.inflight
         assert 0 <= inflight <= 3
         assert inflight == sum(len(c.active) for c in self.conns)
         assert self.state.accounting.unbalanced_by(inflight) == 0
+        assert self.state.admission.pool.endpoints[0].inflight == inflight
+
+    @invariant()
+    def every_request_is_in_the_phase_its_replies_say(self) -> None:
+        live = {id(r) for c in self.conns for r in c.active.values()}
+        for request, _ in self.upstream.dispatched.values():
+            if id(request) in live:  # between replies: with a worker, started once a token came
+                assert request.phase in (Phase.DISPATCHED, Phase.STARTED)
+                assert (request.phase is Phase.STARTED) == (request.t_first_token is not None)
+            else:  # its final reply was written (or its connection is gone)
+                assert request.phase is Phase.SETTLED
+                assert request.uid not in self.upstream.link.inflight
 
 
 TestIngressMachine = IngressMachine.TestCase
@@ -300,8 +332,8 @@ def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
     clock = FakeClock(start=0.0)
     endpoint = Endpoint("w", EndpointLimits(concurrency=1), 0.0)
     endpoint.up = True
-    pool = Pool([endpoint], qps=2.0, burst=2.0, default_capacity=8, now=0.0)
-    state = make_state(max_inflight=8, clock=clock, pool=pool)
+    state = make_state(max_inflight=8, clock=clock, endpoints=[endpoint])
+    state.admission.set_caps(8, qps=2.0, burst=2.0, now=0.0)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
     assert [r.get("reason") for r in replies(writes)] == ["endpoint_inflight"]  # "a" holds the only slot
@@ -310,8 +342,9 @@ def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
     endpoint.limits = EndpointLimits(concurrency=4)
     ingress.receive_data(frame("bad", max_new_tokens="x"))
     assert replies(writes)[-1]["code"] == "bad_frame"
-    assert pool.bucket is not None and pool.bucket.level(0.0) == 1.0  # the invalid frame's token came back
+    bucket = state.admission.rate.bucket
+    assert bucket is not None and bucket.level(0.0) == 1.0  # the invalid frame's token came back
     ingress.receive_data(frame("c") + frame("d"))
     assert replies(writes)[-1] == {"id": "d", "status": "yield", "retry_hint_ms": 500, "reason": "qps"}
-    assert state.limiter.inflight == 2 and endpoint.inflight == 2
-    assert state.accounting.unbalanced_by(state.limiter.inflight) == 0
+    assert state.admission.inflight.inflight == 2 and endpoint.inflight == 2
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0

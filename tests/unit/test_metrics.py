@@ -3,17 +3,20 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.address import Address
+from governor.endpoint import Endpoint, EndpointLimits
 from governor.metrics import Histogram, build_registry
-from governor.pool import Endpoint, EndpointLimits
 from governor.state import ServerState
-from governor.upstream import WorkerLink
-from governor.wire import encode, generate_frame
+from governor.upstream import Upstream
+from govwire.address import Address
+from govwire.codec import encode, generate_frame
+from govwire.messages import EngineStats
 from tests.fakes import make_ingress, make_state
 
 
-def scrape(state: ServerState) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = generate_latest(build_registry(state)).decode()
+def scrape(
+    state: ServerState, upstream: Upstream | None = None
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(build_registry(state, upstream or Upstream([]))).decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)
@@ -49,14 +52,17 @@ def test_exposition_parses_and_matches_the_counters() -> None:
 
 def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
     state = make_state()
-    links = [
-        WorkerLink(Address(path="/tmp/a.sock"), Endpoint("a", EndpointLimits(concurrency=3, qps=5.0), state.clock())),
-        WorkerLink(Address(path="/tmp/b.sock"), Endpoint("b", EndpointLimits(), state.clock())),
-    ]
+    upstream = Upstream(
+        [
+            (Address(path="/tmp/a.sock"), Endpoint("a", EndpointLimits(concurrency=3, qps=5.0), state.clock())),
+            (Address(path="/tmp/b.sock"), Endpoint("b", EndpointLimits(), state.clock())),
+        ]
+    )
+    links = upstream.links
     links[0].endpoint.up, links[0].endpoint.inflight, links[0].endpoint.executed = True, 2, 7
     links[1].endpoint.failed = 1
-    state.upstream.links = links  # type: ignore[misc]
-    samples = scrape(state)
+    links[0].engine_stats = EngineStats(steps_total=5, running=2)
+    samples = scrape(state, upstream)
     a, b = (("endpoint", "unix:/tmp/a.sock"),), (("endpoint", "unix:/tmp/b.sock"),)
     assert (samples[("governor_endpoint_up", a)], samples[("governor_endpoint_up", b)]) == (1, 0)
     assert samples[("governor_endpoint_inflight", a)] == 2
@@ -66,3 +72,6 @@ def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
     assert samples[("governor_endpoint_qps_limit", a)] == 5.0
     assert samples[("governor_endpoint_qps_tokens", a)] == 5.0  # a full bucket: burst defaults to qps
     assert ("governor_endpoint_qps_tokens", b) not in samples  # no qps cap, no bucket
+    assert samples[("governor_worker_steps_total", a)] == 5 and samples[("governor_worker_running", a)] == 2
+    assert ("governor_worker_steps_total", b) not in samples  # nothing pushed yet
+    assert ("governor_worker_waiting", a) not in samples  # a field the worker did not report

@@ -6,11 +6,12 @@ import asyncio
 from typing import Any
 from unittest.mock import ANY
 
-from governor.auth import SharedSecret
+from governor.lifecycle import InflightRequest
 from governor.protocol import ConnectionLimits, GovernorProtocol
-from governor.state import InflightRequest, ServerState
-from governor.validation import GenerateRequest
-from governor.wire import encode, generate_frame
+from governor.state import ServerState
+from govwire.auth import SharedSecret
+from govwire.codec import encode, generate_frame
+from govwire.request import GenerateRequest
 from tests.fakes import FakeTransport, FakeUpstream, make_state
 
 LIMITS = ConnectionLimits(max_frame_bytes=4096)
@@ -42,7 +43,7 @@ def test_a_bug_costs_one_connection_with_an_internal_reply_and_balanced_counters
     assert transport.replies()[-1]["code"] == "internal"
     assert transport.closed
     protocol.connection_lost(None)
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
     assert state.accounting.failed["internal"] == 1
     assert state.accounting.unbalanced_by(0) == 0
     assert not state.connections
@@ -52,9 +53,9 @@ def test_eof_settles_in_flight_requests_at_once() -> None:
     upstream = FakeUpstream()
     protocol, transport, state = connect(upstream)
     protocol.data_received(encode(generate_frame("a", "x")))
-    assert state.limiter.inflight == 1
+    assert state.admission.inflight.inflight == 1
     assert protocol.eof_received() is None  # our side closes too
-    assert state.limiter.inflight == 0
+    assert state.admission.inflight.inflight == 0
     assert upstream.sent_frames == [{"id": "1", "op": "cancel"}]
     assert state.accounting.failed["client_disconnected"] == 1
 
@@ -79,7 +80,7 @@ def test_a_connection_over_max_connections_is_refused_with_a_typed_reply() -> No
     assert not first.closed and second.closed
     assert second.replies() == [{"id": None, "status": "error", "code": "too_many_connections", "message": ANY}]
     refused.data_received(encode(generate_frame("a", "x")))  # nothing is read from a refused connection
-    assert state.shed["max_connections"] == 1 and len(state.connections) == 1
+    assert state.accounting.shed["max_connections"] == 1 and len(state.connections) == 1
     assert state.accounting.received == 0
 
 
@@ -94,7 +95,7 @@ def test_idle_connections_are_closed_but_not_while_a_request_is_in_flight() -> N
         protocol.check_timeouts(state.clock())
     assert idle_transport.closed and idle_transport.replies()[-1]["code"] == "idle_timeout"
     assert not busy_transport.closed
-    assert state.shed["idle_timeout"] == 1
+    assert state.accounting.shed["idle_timeout"] == 1
     busy.data_received(b"\n")  # a blank line is a keep-alive: it restarts the idle clock
     assert busy.ingress is not None and busy.ingress.last_line_at == state.clock()
 
@@ -110,7 +111,7 @@ def test_past_the_total_buffer_cap_the_connection_holding_most_is_shed() -> None
     assert big_transport.closed and big_transport.replies()[-1]["code"] == "buffer_full"
     assert not small_transport.closed and state.buffered_bytes == 30
     small.connection_lost(None)
-    assert state.buffered_bytes == 0 and state.shed["buffer_bytes"] == 1
+    assert state.buffered_bytes == 0 and state.accounting.shed["buffer_bytes"] == 1
 
 
 def test_a_client_that_stops_reading_is_cut_past_the_write_buffer_cap() -> None:
@@ -131,8 +132,8 @@ def test_a_client_that_stops_reading_is_cut_past_the_write_buffer_cap() -> None:
         request.owner.flush()
         await asyncio.sleep(0)
         assert transport.aborted  # a graceful close would wait on a peer that does not read
-        assert state.limiter.inflight == 0 and upstream.sent_frames == [{"id": "1", "op": "cancel"}]
-        assert state.accounting.failed["connection_shed"] == 1 and state.shed["write_buffer"] == 1
+        assert state.admission.inflight.inflight == 0 and upstream.sent_frames == [{"id": "1", "op": "cancel"}]
+        assert state.accounting.failed["connection_shed"] == 1 and state.accounting.shed["write_buffer"] == 1
         assert state.accounting.unbalanced_by(0) == 0
 
     asyncio.run(scenario())
@@ -146,7 +147,7 @@ def test_with_auth_the_first_frame_must_carry_the_token() -> None:
     protocol, transport = attach(state)
     protocol.data_received(encode(generate_frame("a", "x")) + encode(generate_frame("b", "x")))
     assert [r.get("code") for r in transport.replies()] == ["unauthorized"]  # the second is never read
-    assert transport.closed and state.shed["unauthorized"] == 1 and state.limiter.inflight == 0
+    assert transport.closed and state.accounting.shed["unauthorized"] == 1 and state.admission.inflight.inflight == 0
     assert state.accounting.rejected["unauthorized"] == 1 and state.accounting.unbalanced_by(0) == 0
 
     protocol, transport = attach(state)
@@ -160,7 +161,7 @@ def test_a_matching_auth_frame_opens_the_connection_for_what_follows() -> None:
     protocol, transport = attach(state)
     protocol.data_received(b'\n{"id":"k","op":"auth","token":"s3cret"}\n' + encode(generate_frame("a", "x", ack=True)))
     assert transport.replies() == [{"id": "k", "status": "authenticated"}, {"id": "a", "status": "accepted"}]
-    assert not transport.closed and state.limiter.inflight == 1
+    assert not transport.closed and state.admission.inflight.inflight == 1
 
 
 def test_with_auth_a_connection_must_authenticate_in_time_and_blank_lines_do_not_extend_it() -> None:
@@ -174,7 +175,7 @@ def test_with_auth_a_connection_must_authenticate_in_time_and_blank_lines_do_not
         for protocol in (slow, quick):
             protocol.check_timeouts(state.clock())
     assert slow_transport.closed and slow_transport.replies()[-1]["code"] == "unauthorized"
-    assert not quick_transport.closed and state.shed["unauthorized"] == 1
+    assert not quick_transport.closed and state.accounting.shed["unauthorized"] == 1
 
 
 def test_before_auth_only_an_auth_sized_line_is_held_and_a_big_frame_may_follow_it() -> None:
@@ -182,7 +183,7 @@ def test_before_auth_only_an_auth_sized_line_is_held_and_a_big_frame_may_follow_
     protocol, transport = attach(state, ConnectionLimits(max_frame_bytes=1 << 20))
     big = encode(generate_frame("big", "x" * 100_000))
     protocol.data_received(b'{"op":"auth","token":"s3cret"}\n' + big)  # pipelined behind the auth frame
-    assert [r["status"] for r in transport.replies()] == ["authenticated"] and state.limiter.inflight == 1
+    assert [r["status"] for r in transport.replies()] == ["authenticated"] and state.admission.inflight.inflight == 1
     hog, hog_transport = attach(state, ConnectionLimits(max_frame_bytes=1 << 20))
     hog.data_received(b'{"op":"auth","token":"' + b"A" * 40_000)  # never a newline
     assert hog_transport.closed and hog.buffered_bytes == 0 and state.buffered_bytes == 0

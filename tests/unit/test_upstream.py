@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from governor.address import Address
-from governor.pool import Endpoint, EndpointLimits
-from governor.state import InflightRequest
+from governor.endpoint import Endpoint, EndpointLimits
+from governor.lifecycle import InflightRequest
+from governor.limits import Grant
 from governor.upstream import HealthPolicy, Upstream, WorkerLink
-from governor.wire import WORKER_PING_ID, encode_token
+from govwire.address import Address
+from govwire.codec import encode_token
+from govwire.vocab import ReservedId
 from tests.fakes import FakeTransport
 
 
@@ -44,7 +46,7 @@ def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
     link.data_received(b'{"id":"~ping","status":"pong"}\n')
     assert link.endpoint.up
     owner = Owner()
-    request = InflightRequest("client-1", True, owner, 0.0, None)
+    request = InflightRequest("client-1", owner, Grant(), 0.0)
     request.uid, request.link = "u1", link
     link.inflight["u1"] = request
     return link, transport, owner
@@ -85,7 +87,7 @@ def test_an_endpoint_is_up_only_once_its_worker_answers_a_ping() -> None:
     assert link.probe(10.0, timeout_s=5.0)
     assert bytes(transport.written) == b'{"id":"~ping","op":"ping"}\n'
     assert link.probe(12.0, timeout_s=5.0) and transport.written.count(b"\n") == 1  # one pending at a time
-    link.data_received(b'{"id":"%s","status":"pong"}\n' % WORKER_PING_ID.encode())
+    link.data_received(b'{"id":"%s","status":"pong"}\n' % ReservedId.PING.encode())
     assert link.endpoint.up and link.ping_pending_since is None
 
 
@@ -108,7 +110,7 @@ def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatc
     monkeypatch.setattr("governor.upstream.time.monotonic", lambda: clock[0])
     link, _, owner = linked()  # holds u1, added by hand: the stall clock starts at add()
     link.inflight.clear()
-    link.add("u1", InflightRequest("client-1", True, owner, 0.0, None))
+    link.add("u1", InflightRequest("client-1", owner, Grant(), 0.0))
     clock[0] = 160.0
     assert not link.stalled(clock[0], timeout_s=60.0)
     link.data_received(b'{"id":"~stats","status":"stats"}\n{"id":"~ping","status":"pong"}\n')

@@ -1,0 +1,46 @@
+"""One endpoint of the pool (a worker link's place in admission): its soft caps and its load."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from governor.buckets import TokenBucket, make_bucket, updated_bucket
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLimits:
+    """Soft caps of one endpoint; 0 means none."""
+
+    concurrency: int = 0
+    qps: float = 0.0
+    burst: float = 0.0  # 0 = max(1, qps): one second's worth
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        numbers = (self.qps, self.burst, self.weight)
+        if self.concurrency < 0 or not all(math.isfinite(x) and x >= 0 for x in numbers) or self.weight == 0:
+            raise ValueError("endpoint limits: concurrency, qps and burst must be finite and >= 0, weight > 0")
+        if 0 < self.burst < 1:
+            raise ValueError("endpoint limits: burst must be >= 1 (or 0 for the default)")
+
+    def bucket(self, now: float) -> TokenBucket | None:
+        return make_bucket(self.qps, self.burst, now)
+
+
+class Endpoint:
+    __slots__ = ("name", "limits", "bucket", "inflight", "up", "executed", "failed")
+
+    def __init__(self, name: str, limits: EndpointLimits, now: float) -> None:
+        self.name = name
+        self.limits = limits
+        self.bucket = limits.bucket(now)
+        self.inflight = 0
+        self.up = False  # set by its link: a down endpoint's capacity does not count
+        self.executed = 0
+        self.failed = 0  # every admitted request that did not end in `done`
+
+    def set_limits(self, limits: EndpointLimits, now: float) -> None:
+        """Live change: a lower cap stops new admissions until in-flight falls under it."""
+        self.limits = limits
+        self.bucket = updated_bucket(self.bucket, limits.qps, limits.burst, now)

@@ -1,0 +1,225 @@
+"""One admitted request's life, in one file: its phases, every transition, and what each moves.
+
+    ADMITTED ──dispatch──▶ DISPATCHED ──start──▶ STARTED
+        │                   │   ▲                   │
+        │                   └───┘ reroute           │
+        └───────────── settle (any phase) ──────────┴──▶ SETTLED
+
+A request is `ADMITTED` once a `Grant` was charged for it; `DISPATCHED` once a worker link has it;
+`STARTED` at its first token (from then on a lost worker means `worker_lost`, since tokens were
+already streamed; before it, the request is re-routed once); `SETTLED` at its final reply. Every
+release of capacity, every count of an admitted request's fate and every latency observation
+happens in these transitions, so "exactly one final reply, its slots released exactly once" is
+read here (h11 keeps its state machine in one file for the same reason). A transition from the
+wrong phase is a bug and raises `LifecycleError`: it never frees a slot twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, Protocol
+
+from governor.accounting import Accounting, Outcome
+from governor.admission import Admission
+from governor.latency import LatencyMetrics
+from governor.limits import Grant
+from govwire.errors import WorkerUnavailable
+from govwire.messages import Completion
+from govwire.request import GenerateRequest
+
+log = logging.getLogger("governor.lifecycle")
+
+
+class Phase(Enum):
+    ADMITTED = "admitted"
+    DISPATCHED = "dispatched"
+    STARTED = "started"
+    SETTLED = "settled"
+
+
+class LifecycleError(RuntimeError):
+    """A transition was asked for in a phase that does not allow it."""
+
+
+class RequestOwner(Protocol):
+    """The client connection an admitted request answers to (ingress.Ingress); its link calls it
+    with the worker's frames for the request, and `flush`es once per read."""
+
+    active: dict[str, InflightRequest]
+
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None: ...
+
+    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None: ...
+
+    def worker_lost(self, request: InflightRequest, message: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+
+class Link(Protocol):
+    """A worker link as a request sees it (upstream.WorkerLink): the requests it holds, by uid."""
+
+    inflight: dict[str, InflightRequest]
+
+    def send(self, data: bytes) -> None: ...
+
+
+class Dispatcher(Protocol):
+    """Where admitted requests go (upstream.py): it picks the link of the request's endpoint."""
+
+    def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
+        """Send it; sets `request.link` and `request.uid`, or raises `WorkerUnavailable`."""
+
+    def forget(self, request: InflightRequest) -> None:
+        """Stop routing the link's replies for it (they may still arrive)."""
+
+    def cancel(self, request: InflightRequest) -> None:
+        """Ask its worker to stop it; the worker answers with its final reply."""
+
+
+class InflightRequest:
+    """What the governor keeps for one admitted request; dropped at its final reply."""
+
+    __slots__ = (
+        "client_id",
+        "uid",
+        "stream",
+        "owner",
+        "grant",
+        "link",
+        "generate",
+        "t_received",
+        "t_first_token",
+        "phase",
+    )
+
+    def __init__(self, client_id: str, owner: RequestOwner, grant: Grant, t_received: float) -> None:
+        self.client_id = client_id
+        self.owner = owner
+        self.grant = grant  # what admission charged for it: its endpoint, among others
+        self.uid = ""  # assigned on dispatch; unique over all connections (client ids are not)
+        self.stream = True
+        self.link: Link | None = None  # the worker link holding it, set by the dispatcher
+        self.generate: GenerateRequest | None = None  # kept until it starts, to re-route it once
+        self.t_received = t_received
+        self.t_first_token: float | None = None
+        self.phase = Phase.ADMITTED
+
+
+class Lifecycle:
+    """The transitions. `settle` is the only place an admitted request's capacity is released."""
+
+    __slots__ = ("_admission", "_accounting", "_latency", "_dispatcher", "_clock")
+
+    def __init__(
+        self,
+        admission: Admission,
+        accounting: Accounting,
+        latency: LatencyMetrics,
+        dispatcher: Dispatcher,
+        clock: Callable[[], float],
+    ) -> None:
+        self._admission = admission
+        self._accounting = accounting
+        self._latency = latency
+        self._dispatcher = dispatcher
+        self._clock = clock
+
+    def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
+        """Register a request `decide` granted. From here on whatever happens to it ends in `settle`
+        (its final reply, or its connection's loss), so its slots are never stranded."""
+        self._accounting.frame_admitted()
+        request = InflightRequest(client_id, owner, grant, now)
+        owner.active[client_id] = request
+        return request
+
+    def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
+        """ADMITTED → DISPATCHED; `WorkerUnavailable` leaves it ADMITTED (the caller settles it)."""
+        _expect(request, Phase.ADMITTED, "dispatch")
+        request.stream = generate.stream
+        self._dispatcher.dispatch(request, generate)
+        request.generate = generate
+        request.phase = Phase.DISPATCHED
+
+    def start(self, request: InflightRequest) -> None:
+        """DISPATCHED → STARTED at its first token (later tokens find it STARTED: nothing to do)."""
+        if request.phase is Phase.STARTED:
+            return
+        _expect(request, Phase.DISPATCHED, "start")
+        request.phase = Phase.STARTED
+        request.generate = None
+        now = request.t_first_token = self._clock()
+        self._latency.time_to_first_token.observe(now - request.t_received)
+
+    def reroute(self, request: InflightRequest) -> bool:
+        """DISPATCHED → DISPATCHED on another endpoint, once, after its worker was lost before the
+        first token. Nothing was streamed, so the client cannot tell; it keeps its global slot and
+        charge. False (and no change) when it started, was re-routed already, or nowhere can take it."""
+        generate = request.generate
+        if request.phase is not Phase.DISPATCHED or generate is None:
+            return False
+        request.generate = None  # once
+        admission = self._admission
+        old_endpoint = request.grant.endpoint
+        if not admission.reroute(request.grant, self._clock()):
+            return False
+        self._dispatcher.forget(request)
+        request.phase = Phase.ADMITTED
+        try:
+            self.dispatch(request, generate)
+        except WorkerUnavailable:
+            admission.refund_reroute(request.grant)
+            return False  # still ADMITTED: the caller settles it, which frees the new endpoint's slot
+        request.generate = None
+        self._accounting.request_rerouted()
+        new_endpoint = request.grant.endpoint
+        log.info(
+            "event=rerouted id=%r from=%s to=%s",
+            request.client_id,
+            old_endpoint.name if old_endpoint is not None else None,
+            new_endpoint.name if new_endpoint is not None else None,
+        )
+        return True
+
+    def refuse(self, request: InflightRequest, outcome: Outcome, reason: str) -> None:
+        """ADMITTED → SETTLED without reaching a worker (invalid once admitted, or no worker up):
+        what admission charged is refunded, its slots released."""
+        _expect(request, Phase.ADMITTED, "refuse")
+        self._admission.refund(request.grant)
+        self.settle(request, outcome, reason)
+
+    def cancel(self, request: InflightRequest) -> None:
+        """Ask the worker to stop it; no phase change: its final reply settles it."""
+        if request.phase is Phase.DISPATCHED or request.phase is Phase.STARTED:
+            self._dispatcher.cancel(request)
+
+    def settle(
+        self, request: InflightRequest, outcome: Outcome, reason: str = "", completion: Completion | None = None
+    ) -> None:
+        """Any phase → SETTLED, exactly once: free its capacity, count its fate, forget it everywhere."""
+        if request.phase is Phase.SETTLED:
+            raise LifecycleError(f"request {request.client_id!r} settled twice ({outcome.value} {reason})")
+        reached_worker = request.phase is not Phase.ADMITTED
+        request.phase = Phase.SETTLED
+        self._admission.release(request.grant, executed=outcome is Outcome.EXECUTED)
+        self._accounting.request_settled(outcome, reason)
+        request.owner.active.pop(request.client_id, None)
+        if not reached_worker:
+            return  # invalid after admission, or no worker: no duration
+        self._dispatcher.forget(request)
+        latency = self._latency
+        if completion is not None:
+            latency.queue_wait.observe(completion.queue_wait_ms / 1000)
+        elapsed = self._clock() - request.t_received
+        latency.request_duration.observe(elapsed)
+        if outcome is Outcome.EXECUTED:
+            self._admission.hints.observe_service_time(elapsed)
+
+
+def _expect(request: InflightRequest, phase: Phase, transition: str) -> None:
+    if request.phase is not phase:
+        raise LifecycleError(
+            f"{transition} of request {request.client_id!r} in phase {request.phase.value} (needs {phase.value})"
+        )
