@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -c 'import torch' 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[worker,dev]'
 	@touch $(STAMP)
 
 run: $(STAMP)  ## start the governor with its GPT-2 worker (random weights); extra flags via ARGS="..."
@@ -36,7 +36,7 @@ test-integration: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff mypy
-	$(PY) -m ruff check governor worker tests benchmarks
+	$(PY) -m ruff check govwire governor worker tests benchmarks
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## the governor's own benchmarks (yield path, memory); bench-experiments runs all six experiments

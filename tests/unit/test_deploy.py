@@ -18,6 +18,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ import yaml
 from governor.cli import build_parser as governor_parser
 from governor.config import GovernorConfig
 from governor.config_file import load_config
-from governor.options import given
+from govwire.options import given
 from worker.cli import build_parser as worker_parser
 from worker.config import WorkerConfig
 
@@ -66,7 +67,7 @@ class Parsed:
 
 
 def _flag_names(cls: type) -> set[str]:
-    """The flags governor.options generates for a config dataclass, spelled out in full."""
+    """The flags govwire.options generates for a config dataclass, spelled out in full."""
     names = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(cls) if "help" in f.metadata}
     return names | {"--no-" + n[2:] for n in names}
 
@@ -213,9 +214,14 @@ def test_dockerfile_runs_a_valid_governor_as_non_root_with_a_health_check(name: 
     expected_base = "python:3.11-slim" if name == "Dockerfile" else "pytorch/pytorch:"
     assert by_kind["FROM"][0].startswith(expected_base)
     runs = " && ".join(by_kind["RUN"])
+    install = "pip install '.[worker]'"  # the worker's extra: torch and transformers
     if name == "Dockerfile":  # torch from the CPU index, before the project pulls in the CUDA wheels
-        assert runs.index("--index-url https://download.pytorch.org/whl/cpu") < runs.index("pip install .")
-    assert "pip install ." in runs
+        assert runs.index("--index-url https://download.pytorch.org/whl/cpu") < runs.index(install)
+    assert install in runs
+    copied = {rest.split()[0] for keyword, rest in instructions if keyword == "COPY"}
+    packages = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    wanted = {pattern.rstrip("*") for pattern in packages["find"]["include"]}
+    assert wanted <= copied, f"{name} does not copy {wanted - copied}, which `pip install .` needs"
 
     user = by_kind["USER"][-1].split(":")[0]
     assert user not in ("root", "0") and user.isdigit(), "USER must be numeric and not root (runAsNonRoot)"
