@@ -18,7 +18,7 @@ from typing import Any, cast
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, Outcome
-from governor.lifecycle import InflightRequest
+from governor.lifecycle import InflightRequest, Phase
 from governor.limits import Grant, Refusal
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
@@ -52,7 +52,10 @@ from govwire.vocab import Op, Status
 
 log = logging.getLogger("governor.ingress")
 
-_GENERATE = Op.GENERATE  # read for every frame: a module global is cheaper than the enum's attribute
+# Read for every frame or token: a module global is cheaper than the enum's attribute.
+_GENERATE = Op.GENERATE
+_STARTED = Phase.STARTED
+_TOKEN, _DONE, _ERROR = Status.TOKEN, Status.DONE, Status.ERROR
 
 
 class Ingress:
@@ -238,20 +241,21 @@ class Ingress:
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
         """A token frame, recognised by the link without parsing it (codec.TOKEN_FRAME_HEAD):
         re-addressed as bytes, which is most of what streaming costs the governor."""
-        self._lifecycle.start(request)
+        if request.phase is not _STARTED:  # the first token starts it; the rest only stream
+            self._lifecycle.start(request)
         if request.stream:
             self._pending.append(readdress_token(rest, request.client_id))
 
     def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
         """A parsed token, done or error frame from the worker, answered under the client's id."""
         status = frame.get("status")
-        if status == Status.TOKEN:
+        if status == _TOKEN:
             self._lifecycle.start(request)
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))
             return
-        if status == Status.DONE:
+        if status == _DONE:
             try:
                 completion = Completion.from_frame(frame)
             except ValueError as exc:
@@ -260,7 +264,7 @@ class Ingress:
                 return
             self._done(request, completion)
             return
-        if status == Status.ERROR:
+        if status == _ERROR:
             error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
         else:
             log.warning("event=worker_protocol_error status=%r", status)
@@ -273,8 +277,8 @@ class Ingress:
         reply = encode_done(
             request.client_id,
             completion,
-            total_ms=(self._state.clock() - t_received) * 1000,
-            ttft_ms=None if t_first is None else (t_first - t_received) * 1000,
+            total_ms=round((self._state.clock() - t_received) * 1000, 3),
+            ttft_ms=None if t_first is None else round((t_first - t_received) * 1000, 3),
         )
         self._pending.append(reply)
 

@@ -63,10 +63,6 @@ class WorkerLink(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
         self._closed: asyncio.Future[None] | None = None
-        # Frames sent during one loop iteration leave in one write (set by `connect`; a link driven
-        # by hand, as in unit tests, writes each frame at once).
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._outbox: list[bytes] = []
         self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
         self.last_progress_at = 0.0  # when a request on this link last heard from the worker
 
@@ -92,8 +88,7 @@ class WorkerLink(asyncio.Protocol):
 
     async def connect(self) -> None:
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
-        self._loop = asyncio.get_running_loop()
-        self._closed = self._loop.create_future()
+        self._closed = asyncio.get_running_loop().create_future()
         await open_connection(self._address, lambda: self)
 
     async def wait_closed(self) -> None:
@@ -101,9 +96,7 @@ class WorkerLink(asyncio.Protocol):
             await asyncio.shield(self._closed)
 
     def close(self) -> None:
-        """Close after what is queued (a cancel sent just before a shutdown, say)."""
         if self._transport is not None:
-            self._flush()
             self._transport.close()
 
     def abort(self) -> None:
@@ -130,22 +123,10 @@ class WorkerLink(asyncio.Protocol):
         self.inflight[uid] = request
 
     def send(self, data: bytes) -> None:
-        """Queue a frame; every frame queued in this loop iteration (the requests of every client
-        read in it) goes out in one write, as the worker batches its replies."""
-        if self._transport is None:
-            return
-        if self._loop is None:
+        """Write a frame now. (Deferring writes to coalesce those of one loop iteration was
+        measured: it cost one client ~0.1 ms per request and did not help sixteen.)"""
+        if self._transport is not None:
             self._transport.write(data)
-            return
-        if not self._outbox:
-            self._loop.call_soon(self._flush)
-        self._outbox.append(data)
-
-    def _flush(self) -> None:
-        outbox = self._outbox
-        if outbox and self._transport is not None:
-            self._transport.write(b"".join(outbox))
-        outbox.clear()
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -226,7 +207,6 @@ class WorkerLink(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None
-        self._outbox.clear()
         self.endpoint.up = False
         self.engine_stats = EngineStats()
         lost = list(self.inflight.values())

@@ -139,9 +139,10 @@ def _field(obj: dict[str, Any], key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GenerateRequest:
-    """A validated generate request, as forwarded to a worker."""
+    """A validated generate request, as forwarded to a worker. Read-only by convention, not
+    `frozen`, for the reason `messages.Completion` gives: one is built for every admitted frame."""
 
     id: str
     prompt: str

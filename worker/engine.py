@@ -181,7 +181,7 @@ class LLMEngine:
 
 def completion_of(seq: Sequence, text: str) -> Completion:
     def ms(start: float | None, end: float | None) -> float | None:
-        return None if start is None or end is None else (end - start) * 1000
+        return None if start is None or end is None else round((end - start) * 1000, 3)
 
     return Completion(
         text=text,

@@ -47,6 +47,9 @@ from worker.config import WorkerConfig
 
 log = logging.getLogger("worker.service")
 
+# Compared for every frame: module globals (an enum member read through its class costs ~75 ns on 3.11).
+_CANCEL, _PING, _AUTH, _GENERATE = Op.CANCEL, Op.PING, Op.AUTH, Op.GENERATE
+
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long cancelled requests get to answer
 # The governor already enforced its limits; the worker re-validates shape, not policy.
 WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
@@ -139,19 +142,19 @@ class WorkerConnection(asyncio.Protocol):
         try:
             frame = decode(line)
             op = frame.get("op") if type(frame) is dict else None
-            if op == Op.CANCEL:
+            if op == _CANCEL:
                 rid = frame.get("id")
                 handle = self._active.get(rid) if type(rid) is str else None
                 if handle is not None:
                     handle.cancel()
                 return
-            if op == Op.PING:
+            if op == _PING:
                 self.queue(encode_pong(str(frame.get("id"))))
                 return
-            if op == Op.AUTH:  # a governor holding a secret this worker does not ask for: welcome
+            if op == _AUTH:  # a governor holding a secret this worker does not ask for: welcome
                 self.queue(encode_authenticated(authenticate(frame, None)))
                 return
-            if frame_op(frame) != Op.GENERATE:
+            if frame_op(frame) != _GENERATE:
                 raise UnknownOp("the worker serves generate, cancel, ping and auth", frame.get("id"))
             request = checked_request(frame, WORKER_LIMITS)
             if self._state.draining:
