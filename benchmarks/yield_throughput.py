@@ -6,7 +6,7 @@ slot, and every measured frame goes through the whole yield path (split, parse, 
 duplicate check, admission, retry hint, accounting, decision histogram) and is answered with a
 yield. Runs alternate bare/governor to share the machine's noise.
 
-    python -m benchmarks.yield_throughput [--repeats 3] [--seconds 3] [--connections 4]
+    python -m benchmarks.yield_throughput [--repeats 3] [--seconds 3] [--connections 4] [--window 1024] [--batch 64]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from benchmarks.common import (
     wait_until,
 )
 from governor.client import NO_RETRY, Client, Yielded
-from governor.wire import encode, generate_frame
+from govwire.codec import encode, generate_frame
 
 
 def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
@@ -49,6 +49,10 @@ def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
             str(args.seconds),
             "--connections",
             str(args.connections),
+            "--window",
+            str(args.window),
+            "--batch",
+            str(args.batch),
         ],
         cwd=ROOT,
         capture_output=True,
@@ -106,6 +110,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--window", type=int, default=1024, help="frames in flight per connection")
+    parser.add_argument("--batch", type=int, default=64, help="frames per write")
     args = parser.parse_args()
     log = ROOT / "benchmarks" / "out" / "yield_governor.log"
     log.parent.mkdir(exist_ok=True)
