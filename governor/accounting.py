@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from govwire.errors import ERRORS_BY_CODE, RequestFailed, RequestRejected
+from govwire.errors import ERRORS_BY_CODE, GovernorError, RequestFailed, RequestRejected
 from govwire.vocab import YieldReason
 
 CLIENT_DISCONNECTED = "client_disconnected"
@@ -30,6 +30,12 @@ class Outcome(StrEnum):
     EXECUTED = "executed"
     REJECTED = "rejected"
     FAILED = "failed"
+
+
+def outcome_of(error: GovernorError) -> Outcome:
+    """How an admitted request that ends in `error` is counted: rejected when the frame was at
+    fault, failed otherwise."""
+    return Outcome.REJECTED if isinstance(error, RequestRejected) else Outcome.FAILED
 
 
 class ShedReason(StrEnum):

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
-from governor.accounting import CLIENT_DISCONNECTED, Outcome
+from governor.accounting import CLIENT_DISCONNECTED, Outcome, outcome_of
 from governor.lifecycle import InflightRequest, Phase
 from governor.limits import Grant, Refusal
 from governor.state import ServerState
@@ -166,8 +166,7 @@ class Ingress:
             generate = checked_request(obj, self._state.limits)
             lifecycle.dispatch(request, generate)
         except (RequestRejected, WorkerUnavailable) as exc:
-            outcome = Outcome.REJECTED if isinstance(exc, RequestRejected) else Outcome.FAILED
-            lifecycle.refuse(request, outcome, exc.code)
+            lifecycle.refuse(request, outcome_of(exc), exc.code)
             return encode_error(exc, rid)
         return encode_accepted(rid) if generate.ack else b""
 
@@ -288,8 +287,7 @@ class Ingress:
             self._settle_error(request, WorkerLost(message, request.client_id))
 
     def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
-        outcome = Outcome.REJECTED if isinstance(error, RequestRejected) else Outcome.FAILED
-        self._lifecycle.settle(request, outcome, error.code)
+        self._lifecycle.settle(request, outcome_of(error), error.code)
         self._pending.append(encode_error(error))
 
     def flush(self) -> None:

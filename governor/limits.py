@@ -1,7 +1,7 @@
 """What a limit on admission is, and the limits that apply to a request as a whole.
 
 A `Limit` answers four questions about one request, each without I/O and with the clock passed
-in: may it go now (`check`, no side effects: a refusal must leave no trace anywhere), take what it
+in: may it go now (`check`, which charges nothing: a refusal leaves no trace on any capacity), take what it
 costs (`charge`), give back a charge that was never used (`refund`: the frame turned out invalid
 after its admission), and give back what a running request holds once it has ended (`release`).
 A refusal names its reason and its hint: how long the refused client should wait.
@@ -63,7 +63,8 @@ class Grant:
 
 class Limit(Protocol):
     def check(self, now: float) -> Refusal | None:
-        """None when the request may go as far as this limit is concerned; no side effects."""
+        """None when the request may go as far as this limit is concerned. Charges nothing: a
+        refusal only books the refused client's retry appointment."""
 
     def charge(self, grant: Grant, now: float) -> None:
         """Take the request's cost; called only after every limit's `check` passed, at the same `now`."""
@@ -86,11 +87,7 @@ class Draining:
         self._refusal = Refusal(YieldReason.DRAINING)
 
     def check(self, now: float) -> Refusal | None:
-        if not self.draining:
-            return None
-        refusal = self._refusal
-        refusal.hint_ms = self._hints.hint_ms(now)
-        return refusal
+        return self._refusal.at(self._hints.hint_ms(now)) if self.draining else None
 
     def charge(self, grant: Grant, now: float) -> None:
         return None
@@ -124,7 +121,7 @@ class InflightLimiter:
     def check(self, now: float) -> Refusal | None:
         if self.inflight < self.max_inflight:
             return None
-        refusal = self._refusal
+        refusal = self._refusal  # `at` inlined: this check refuses every frame under overload
         refusal.hint_ms = self._hints.hint_ms(now)
         return refusal
 

@@ -12,13 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from govwire.request import is_number
 from govwire.vocab import FinishReason
 
 _FINISH_REASONS = {reason.value: reason for reason in FinishReason}  # a dict: FinishReason(x) is slow
-
-
-def _is_number(value: object) -> bool:
-    return type(value) is int or type(value) is float
 
 
 @dataclass(slots=True)
@@ -102,7 +99,7 @@ class EngineStats:
     def from_frame(cls, frame: dict[str, Any]) -> EngineStats:
         """Read a `~stats` frame: known fields holding numbers; others are ignored (a newer worker
         may report more than this governor exports)."""
-        return cls(**{name: frame[name] for name in STATS_FIELDS if _is_number(frame.get(name))})
+        return cls(**{name: frame[name] for name in STATS_FIELDS if is_number(frame.get(name))})
 
 
 STATS_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EngineStats))

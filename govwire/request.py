@@ -39,12 +39,12 @@ class Limits:
     integrity: IntegrityMode = IntegrityMode.REQUIRED
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     # bool is a subclass of int; JSON true must not pass as 1.
     return type(value) is int
 
 
-def _is_number(value: object) -> bool:
+def is_number(value: object) -> bool:
     return type(value) is int or type(value) is float
 
 
@@ -75,19 +75,19 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     if type(obj.get("prompt")) is not str:
         raise BadFrame("prompt must be a string", rid)
     n = obj.get("max_new_tokens")
-    if n is not None and not (_is_int(n) and 1 <= n <= limits.max_new_tokens):
+    if n is not None and not (is_int(n) and 1 <= n <= limits.max_new_tokens):
         raise BadFrame(f"max_new_tokens must be an integer in [1, {limits.max_new_tokens}]", rid)
     v = obj.get("temperature")
-    if v is not None and not (_is_number(v) and v >= 0):
+    if v is not None and not (is_number(v) and v >= 0):
         raise BadFrame("temperature must be a number >= 0", rid)
     v = obj.get("top_p")
-    if v is not None and not (_is_number(v) and 0 < v <= 1):
+    if v is not None and not (is_number(v) and 0 < v <= 1):
         raise BadFrame("top_p must be a number in (0, 1]", rid)
     v = obj.get("top_k")
-    if v is not None and not (_is_int(v) and v >= 0):
+    if v is not None and not (is_int(v) and v >= 0):
         raise BadFrame("top_k must be an integer >= 0 (0 disables it)", rid)
     v = obj.get("seed")
-    if v is not None and not (_is_int(v) and 0 <= v <= MAX_SEED):
+    if v is not None and not (is_int(v) and 0 <= v <= MAX_SEED):
         raise BadFrame(f"seed must be an integer in [0, {MAX_SEED}]", rid)
     v = obj.get("stop_on_eos")
     if v is not None and type(v) is not bool:
@@ -104,7 +104,7 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     digest = obj.get("sha256")
     if limits.integrity is IntegrityMode.REQUIRED and (size is None or digest is None):
         raise BadFrame("size and sha256 are required (server runs with --integrity required)", rid)
-    if size is not None and not (_is_int(size) and size >= 0):
+    if size is not None and not (is_int(size) and size >= 0):
         raise BadFrame("size must be an integer >= 0", rid)
     if digest is not None and not (type(digest) is str and _is_hex64(digest)):
         raise BadFrame("sha256 must be 64 lowercase hex characters", rid)
