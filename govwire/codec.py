@@ -84,6 +84,7 @@ def encode_done(
         "text": completion.text,
         "prompt_tokens": completion.prompt_tokens,
         "completion_tokens": completion.completion_tokens,
+        "cached_prompt_tokens": completion.cached_prompt_tokens,
         "finish_reason": completion.finish_reason,  # a StrEnum member: orjson writes its value
         "queue_wait_ms": completion.queue_wait_ms,
     }

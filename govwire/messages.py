@@ -36,6 +36,7 @@ class Completion:
     prefill_ms: float | None = None  # admitted -> first token sampled (all prompt chunks)
     worker_ttft_ms: float | None = None  # arrival at the worker -> first token sampled
     decode_ms: float | None = None  # first token -> finished
+    cached_prompt_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
     @classmethod
     def from_frame(cls, frame: dict[str, Any]) -> Completion:
@@ -48,6 +49,9 @@ class Completion:
             type(prompt_tokens) is int and type(completion_tokens) is int and min(prompt_tokens, completion_tokens) >= 0
         ):
             raise ValueError("done: prompt_tokens and completion_tokens must be integers >= 0")
+        cached = frame.get("cached_prompt_tokens", 0)
+        if not (type(cached) is int and 0 <= cached <= prompt_tokens):
+            raise ValueError("done: cached_prompt_tokens must be an integer between 0 and prompt_tokens")
         finish_reason = frame.get("finish_reason")
         reason = _FINISH_REASONS.get(finish_reason) if type(finish_reason) is str else None
         if reason is None:
@@ -65,7 +69,9 @@ class Completion:
         ):
             if value is not None and type(value) is not float and type(value) is not int:
                 raise ValueError(f"done: {key} must be a number")
-        return cls(text, prompt_tokens, completion_tokens, reason, queue_wait or 0.0, prefill, worker_ttft, decode)
+        return cls(
+            text, prompt_tokens, completion_tokens, reason, queue_wait or 0.0, prefill, worker_ttft, decode, cached
+        )
 
 
 def _stat(help_text: str) -> Any:
@@ -87,9 +93,19 @@ class EngineStats:
     busy_seconds_total: float | None = _stat("Seconds spent in engine steps; its rate is the engine's utilisation.")
     running: int | None = _stat("Sequences in the running batch (prefilling or decoding).")
     waiting: int | None = _stat("Requests queued inside the worker, waiting for a batch slot or KV cache room.")
-    kv_cache_used_tokens: int | None = _stat("KV cache rows reserved by running sequences.")
-    kv_cache_capacity_tokens: int | None = _stat("KV cache size in tokens (--kv-cache-tokens).")
+    kv_cache_used_tokens: int | None = _stat("KV cache rows in blocks held by running sequences.")
+    kv_cache_capacity_tokens: int | None = _stat("KV cache size in tokens (whole blocks of --kv-cache-tokens).")
     kv_cache_bytes: int | None = _stat("Bytes of the preallocated KV cache.")
+    kv_cache_usage_ratio: float | None = _stat(
+        "Share of the KV cache's blocks held by running sequences (0-1; vLLM's kv_cache_usage_perc)."
+    )
+    kv_cache_capacity_blocks: int | None = _stat("KV cache blocks in the pool.")
+    kv_cache_used_blocks: int | None = _stat("KV cache blocks held by running sequences.")
+    kv_cache_cached_blocks: int | None = _stat("Unheld KV blocks keeping a prefix for reuse (evicted when needed).")
+    kv_cache_free_blocks: int | None = _stat("KV cache blocks holding nothing.")
+    prefix_cache_queries_tokens_total: int | None = _stat("Prompt tokens looked up in the prefix cache.")
+    prefix_cache_hits_tokens_total: int | None = _stat("Prompt tokens found in the prefix cache (not prefilled).")
+    preemptions_total: int | None = _stat("Running sequences preempted for KV cache room (recomputed when readmitted).")
 
     def to_dict(self) -> dict[str, int | float]:
         """The fields that are set, by name (the body of the `~stats` frame)."""

@@ -1,18 +1,21 @@
-"""Attention over the KV arena for one step: decode rows in one call per layer, prompt chunks each.
+"""Attention over the paged KV cache for one step: decode rows in one call per layer, prompt chunks each.
 
-A step's rows are of two kinds. A single-token row (a decoding sequence, or a one-token prompt
-chunk) attends to its sequence's whole cached span: all of them go through one `DecodeAttention`
-call per layer, built once per step from the rows' spans. A prompt chunk of several tokens attends
-causally to its span and goes through SDPA on its own (4-D inputs, so torch's fused CPU and CUDA
-kernels take it instead of the math fallback that 3-D inputs get: 2-4.6x faster on 64-1,024-token
-prompts on the CPU).
+A sequence's keys and values lie in its blocks (kv_cache.py): token t at arena row
+`table[t // block_size] * block_size + t % block_size`. A step's rows are of two kinds. A
+single-token row (a decoding sequence, or a one-token prompt chunk) attends to its sequence's
+whole context: all of them go through one `DecodeAttention` call per layer, built once per step
+from the rows' block tables. A prompt chunk of several tokens attends causally to its context and
+goes through SDPA on its own (4-D inputs, so torch's fused CPU and CUDA kernels take it instead of
+the math fallback that 3-D inputs get: 2-4.6x faster on 64-1,024-token prompts on the CPU); its
+context is a view of the arena where its blocks are consecutive (as a fresh pool hands them
+out), else gathered by row.
 
 Two decode implementations, chosen by the runner for its device:
-- `KernelDecode` (CPU): the C kernel reads each span where it lies (kernels/decode_attention.c).
-- `GatherDecode` (CUDA, and CPU where no C compiler is at hand): gathers the spans into a padded
-  [B, S] index and runs SDPA under a length mask. Only tensor ops on tensors built once per step,
-  with S fixed by the caller: this is what a CUDA graph can capture. The gather copies the spans,
-  which a GPU streams in microseconds and a CPU does not.
+- `KernelDecode` (CPU): the C kernel reads each block where it lies (kernels/decode_attention.c).
+- `GatherDecode` (CUDA, and CPU where no C compiler is at hand): maps the block tables to a padded
+  [B, S] row index and runs SDPA under a length mask. Only tensor ops on tensors built once per
+  step, with S fixed by the caller: this is what a CUDA graph can capture. The gather copies the
+  context, which a GPU streams in microseconds and a CPU does not.
 Both compute the softmax in float32 whatever the storage dtype (SDPA's kernels do internally).
 """
 
@@ -31,13 +34,15 @@ from worker.kernels.decode_attention import DecodeAttentionKernel
 @dataclass(frozen=True, slots=True)
 class Segment:
     """A prompt chunk of several tokens inside a packed step: query rows [q_start, q_end) of the
-    packed batch, attending to arena rows [kv_start, kv_start + kv_len) (its cached tokens plus
-    this chunk)."""
+    packed batch, attending to its sequence's first `kv_len` tokens (cached ones plus this chunk):
+    arena rows [kv_start, kv_start + kv_len) when its blocks are consecutive, else (kv_start -1)
+    the rows listed at [gather_at, gather_at + kv_len) of the step's gather index."""
 
     q_start: int
     q_end: int
     kv_start: int
     kv_len: int
+    gather_at: int = 0
 
 
 class DecodeAttention(Protocol):
@@ -47,24 +52,30 @@ class DecodeAttention(Protocol):
 
 
 class KernelDecode:
-    def __init__(self, kernel: DecodeAttentionKernel, rows: Tensor, starts: Tensor, lens: Tensor, scale: float) -> None:
+    def __init__(
+        self, kernel: DecodeAttentionKernel, rows: Tensor, tables: Tensor, lens: Tensor, block_size: int, scale: float
+    ) -> None:
         self.kernel = kernel
-        self.rows, self.starts, self.lens = rows, starts, lens  # [B] int64 each, on the CPU
+        self.rows, self.tables, self.lens = rows, tables, lens  # [B], [B, W], [B] int64, on the CPU
+        self.block_size = block_size
         self.scale = scale
 
     def __call__(self, q: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
         # Named for torch.profiler, which sees no torch op inside a ctypes call.
         with torch.profiler.record_function("governor::decode_attention"):
-            self.kernel(q, keys, values, self.rows, self.starts, self.lens, out, self.scale)
+            self.kernel(q, keys, values, self.rows, self.tables, self.lens, self.block_size, out, self.scale)
 
 
 class GatherDecode:
-    def __init__(self, rows: Tensor, starts: Tensor, lens: Tensor, max_len: int, scale: float) -> None:
-        """`max_len` >= every length: the padded width S (a CUDA graph's context bucket)."""
+    def __init__(self, rows: Tensor, tables: Tensor, lens: Tensor, max_len: int, block_size: int, scale: float) -> None:
+        """`tables` [B, W] covers every length; `max_len` >= every length: the padded width S (a
+        CUDA graph's context bucket), with (S - 1) // block_size < W."""
         positions = torch.arange(max_len, device=rows.device)
         valid = positions < lens[:, None]  # [B, S]
-        # Padding positions read the span's first row: in bounds, and masked out below.
-        self.index = torch.where(valid, starts[:, None] + positions, starts[:, None])  # [B, S]
+        blocks = tables.gather(1, (positions // block_size).expand(tables.shape[0], max_len))  # [B, S]
+        first = tables[:, :1] * block_size  # [B, 1]
+        # Padding positions read the sequence's first row: in bounds, and masked out below.
+        self.index = torch.where(valid, blocks * block_size + positions % block_size, first)  # [B, S]
         self.mask = valid[:, None, None, :]  # [B, 1, 1, S]
         self.rows = rows
         self.scale = scale
@@ -78,14 +89,27 @@ class GatherDecode:
 
 
 def prefill_attention(
-    q: Tensor, keys: Tensor, values: Tensor, segments: list[Segment], out: Tensor, scale: float
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    segments: list[Segment],
+    gather: Tensor | None,
+    out: Tensor,
+    scale: float,
 ) -> None:
-    """Causal attention of each prompt chunk over its span, written to its rows of out [N, H, D]."""
+    """Causal attention of each prompt chunk over its context, written to its rows of out [N, H, D];
+    `gather` holds the arena rows of the segments whose blocks are not consecutive."""
     for seg in segments:
         q_len = seg.q_end - seg.q_start
         q_seg = q[seg.q_start : seg.q_end].transpose(0, 1)[None]  # [1, H, L, D]
-        k_seg = keys[None, :, seg.kv_start : seg.kv_start + seg.kv_len]  # [1, H, S, D], a view of the arena
-        v_seg = values[None, :, seg.kv_start : seg.kv_start + seg.kv_len]
+        if seg.kv_start >= 0:
+            k_seg = keys[None, :, seg.kv_start : seg.kv_start + seg.kv_len]  # [1, H, S, D], a view of the arena
+            v_seg = values[None, :, seg.kv_start : seg.kv_start + seg.kv_len]
+        else:
+            assert gather is not None  # the runner stages it whenever a segment needs it
+            index = gather[seg.gather_at : seg.gather_at + seg.kv_len]
+            k_seg = keys.index_select(1, index)[None]  # [1, H, S, D], a copy
+            v_seg = values.index_select(1, index)[None]
         if q_len == seg.kv_len:  # a whole prompt: plainly causal
             o = F.scaled_dot_product_attention(q_seg, k_seg, v_seg, is_causal=True, scale=scale)
         else:

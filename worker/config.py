@@ -36,7 +36,18 @@ class WorkerConfig:
     prefill_max_batch_size: int = option(0, "gpt2: most waiting requests admitted per step; 0 = --max-batch-size")
     max_prefill_tokens: int = option(2048, "gpt2: prompt tokens per step; longer prompts are prefilled in chunks")
     kv_cache_tokens: int = option(
-        16384, "gpt2: KV cache size in tokens, allocated once; requests wait while their span does not fit"
+        16384, "gpt2: KV cache size in tokens, allocated once in blocks; requests wait while their blocks do not fit"
+    )
+    kv_block_size: int = option(16, "gpt2: tokens per KV cache block (the unit of paging and of prefix reuse)")
+    prefix_caching: bool = option(
+        True,
+        "gpt2: reuse the cached KV blocks of a prompt's longest known prefix (full blocks only);"
+        " --no-prefix-caching: prefill every prompt whole",
+    )
+    kv_reservation: Literal["paged", "worst-case"] = option(
+        "paged",
+        "gpt2: paged = blocks as a sequence grows, preempting the newest when the cache runs dry;"
+        " worst-case = blocks for prompt + max_new_tokens at admission, never preempted",
     )
     threads: int = option(0, "gpt2: torch CPU threads; 0 = torch's default (the physical cores)")
     cuda_graphs: bool = option(
@@ -69,9 +80,11 @@ class WorkerConfig:
             raise ConfigError(f"--listen: {exc}") from None
         if self.token_delay_ms < 0 or self.first_token_delay_ms < 0:
             raise ConfigError("--token-delay-ms and --first-token-delay-ms must be >= 0")
-        for name in ("max_batch_size", "max_prefill_tokens", "kv_cache_tokens"):
+        for name in ("max_batch_size", "max_prefill_tokens", "kv_cache_tokens", "kv_block_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be > 0")
+        if self.kv_cache_tokens < self.kv_block_size:
+            raise ConfigError("--kv-cache-tokens must hold at least one block of --kv-block-size tokens")
         if min(self.prefill_max_batch_size, self.max_running, self.threads) < 0:
             raise ConfigError("--prefill-max-batch-size, --max-running and --threads must be >= 0")
         if not 0 <= self.tokenizer_nice <= 19:

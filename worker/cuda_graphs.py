@@ -8,8 +8,10 @@ every 16 up to the decode batch), captured largest first into one shared memory 
 n sequences replays the smallest bucket >= n with the rows past n padded. Attention here pads to
 a context bucket too (64, 128, ... up to the model's context), because its width must be fixed at
 capture (attention.GatherDecode), so there is a graph per (batch, context) bucket: 30 for a decode
-batch of 32 and GPT-2's 1,024 positions. Padding rows feed token 0 at position 0, write their keys
-and values to the arena's scratch row and attend to it alone, so they touch no sequence's cache.
+batch of 32 and GPT-2's 1,024 positions. Block tables are a static [batch, blocks for the whole
+context] buffer; a step copies its tables into the top-left corner, and columns past a row's
+length are never read. Padding rows feed token 0 at position 0, write their keys and values to
+the arena's scratch block and attend to its first row alone, so they touch no sequence's cache.
 
 Only pure-decode steps replay (every row a single token); a step with prompt chunks runs eagerly,
 which is also where first tokens are sampled. Sampling stays outside the graph (sampling.py).
@@ -82,12 +84,13 @@ class DecodeGraphs:
         self.context_buckets = context_buckets(model.shape.n_positions)
         device = cache.keys.device
         size = self.batch_buckets[-1]
-        scratch = cache.scratch_row
+        block_size = self.block_size = cache.block_size
+        max_blocks = -(-model.shape.n_positions // block_size)
         # The static inputs, padding values everywhere until a step fills its first rows.
         self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
         self.positions = torch.zeros(size, dtype=torch.long, device=device)
-        self.slots = torch.full((size,), scratch, dtype=torch.long, device=device)
-        self.starts = torch.full((size,), scratch, dtype=torch.long, device=device)
+        self.slots = torch.full((size,), cache.scratch_block * block_size, dtype=torch.long, device=device)
+        self.tables = torch.full((size, max_blocks), cache.scratch_block, dtype=torch.long, device=device)
         self.lens = torch.ones(size, dtype=torch.long, device=device)
         self.rows = torch.arange(size, device=device)
         self.logits = torch.empty(size, model.shape.vocab_size, dtype=cache.keys.dtype, device=device)
@@ -99,8 +102,10 @@ class DecodeGraphs:
         self.capture_seconds = time.perf_counter() - started
 
     def _forward(self, batch: int, width: int) -> None:
-        decode = GatherDecode(self.rows[:batch], self.starts[:batch], self.lens[:batch], width, self.scale)
-        packed = PackedBatch(self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, [], None)
+        decode = GatherDecode(
+            self.rows[:batch], self.tables[:batch], self.lens[:batch], width, self.block_size, self.scale
+        )
+        packed = PackedBatch(self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, [], None, None)
         self.logits[:batch] = self.model(packed, self.cache)
 
     def bucket(self, n: int, max_len: int) -> tuple[int, int] | None:
@@ -110,14 +115,14 @@ class DecodeGraphs:
         return None if batch is None or width is None else (batch, width)
 
     def run(
-        self, bucket: tuple[int, int], input_ids: Tensor, positions: Tensor, slots: Tensor, starts: Tensor, lens: Tensor
+        self, bucket: tuple[int, int], input_ids: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, lens: Tensor
     ) -> Tensor:
-        """Replay the bucket's graph for these n rows (device tensors [n]); logits [n, V]."""
+        """Replay the bucket's graph for these n rows (device tensors [n], tables [n, W]); logits [n, V]."""
         n, (batch, _) = input_ids.numel(), bucket
         self.input_ids[:n] = input_ids
         self.positions[:n] = positions
         self.slots[:n] = slots
-        self.starts[:n] = starts
+        self.tables[:n, : tables.shape[1]] = tables
         self.lens[:n] = lens
         self._pad(n, batch)  # rows a larger earlier step left behind
         self.graphs[bucket]()
@@ -125,9 +130,9 @@ class DecodeGraphs:
 
     def _pad(self, start: int, end: int) -> None:
         if start < end:
-            scratch = self.cache.scratch_row
+            scratch = self.cache.scratch_block
             self.input_ids[start:end] = 0
             self.positions[start:end] = 0
-            self.slots[start:end] = scratch
-            self.starts[start:end] = scratch
+            self.slots[start:end] = scratch * self.block_size
+            self.tables[start:end, 0] = scratch
             self.lens[start:end] = 1

@@ -74,11 +74,11 @@ class LLMEngine:
 
     @classmethod
     def for_model(cls, loaded: LoadedModel, config: SchedulerConfig, cuda_graphs: bool = True) -> LLMEngine:
-        """An engine over a loaded model: its own KV cache of `config.kv_cache_tokens` rows; on CUDA,
-        decode steps replay graphs captured now unless `cuda_graphs` is False."""
+        """An engine over a loaded model: its own paged KV cache of `config.num_blocks` blocks; on
+        CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False."""
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
-        runner = ModelRunner(loaded.model, config.kv_cache_tokens, config.max_batch_size, capture)
+        runner = ModelRunner(loaded.model, config.num_blocks, config.kv_block_size, config.max_batch_size, capture)
         return cls(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
 
     @property
@@ -108,9 +108,11 @@ class LLMEngine:
         if not sampling.is_greedy:
             seq.rng = random.Random(sampling.seed if sampling.seed is not None else secrets.randbits(63))
         if not self.scheduler.fits_ever(seq):
+            config = self.scheduler.config
             raise BadFrame(
-                f"prompt + max_new_tokens needs {seq.kv_tokens_needed} KV cache tokens; "
-                f"the worker's --kv-cache-tokens is {self.scheduler.config.kv_cache_tokens}",
+                f"prompt + max_new_tokens needs {seq.max_kv_tokens} KV cache tokens; the worker's cache holds "
+                f"{config.num_blocks * config.kv_block_size} (--kv-cache-tokens {config.kv_cache_tokens} "
+                f"in blocks of {config.kv_block_size})",
                 request.id,
             )
         self._detokenizers[seq] = IncrementalDetokenizer(self.tokenizer)
@@ -124,7 +126,7 @@ class LLMEngine:
         return self._finish(seq, FinishReason.CANCELLED, self.clock())
 
     def fail_all(self) -> None:
-        """Drop every request after a failed step (its state may be half-updated); spans are freed.
+        """Drop every request after a failed step (its state may be half-updated); blocks are freed.
         They end without a finish reason: their replies are errors (backends/gpt2.py)."""
         now = self.clock()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
@@ -152,7 +154,7 @@ class LLMEngine:
             seq = chunk.seq
             if chunk.is_prefill:
                 counters.prefill_tokens += chunk.num_tokens
-            seq.num_computed = chunk.end
+            self.scheduler.computed(seq, chunk.end)
             if not chunk.samples:
                 continue
             token = next(tokens)
@@ -187,6 +189,7 @@ def completion_of(seq: Sequence, text: str) -> Completion:
         text=text,
         prompt_tokens=seq.num_prompt_tokens,
         completion_tokens=len(seq.output_ids),
+        cached_prompt_tokens=seq.num_cached_prompt_tokens,
         finish_reason=seq.finish_reason or FinishReason.CANCELLED,
         queue_wait_ms=ms(seq.t_arrival, seq.t_admitted if seq.t_admitted is not None else seq.t_finished) or 0.0,
         prefill_ms=ms(seq.t_admitted, seq.t_first_token),

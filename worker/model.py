@@ -8,7 +8,7 @@ Why not call `GPT2LMHeadModel` per step: its cache concatenates or needs a recta
 materialises padding, and its per-layer overhead is large at small batch. Here all tokens of a
 step (decode tokens and prompt chunks of several sequences) are packed into one [N, C] matrix, so
 every matrix multiply runs once per layer with no padding; attention reads each sequence's own
-span of the arena (attention.py).
+blocks of the paged arena (attention.py).
 
 On the CPU the linear layers and the tied LM head run on oneDNN with weights reordered once into
 its blocked layout (`pack_for_cpu`), the path torch's own compiler takes for CPU inference. For
@@ -39,6 +39,7 @@ class PackedBatch:
     slots: Tensor  # [N] arena row each token's keys and values are written to
     decode: DecodeAttention | None  # the single-token rows, attended in one call per layer
     segments: list[Segment]  # prompt chunks of several tokens, attended each on its own
+    gather: Tensor | None  # [G] arena rows of the segments whose blocks are not consecutive
     sample_rows: Tensor | None  # [n] packed rows whose logits are needed; None: every row
 
 
@@ -104,7 +105,7 @@ class Attention(nn.Module):
         if batch.decode is not None:
             batch.decode(q, keys, values, out)
         if batch.segments:
-            prefill_attention(q, keys, values, batch.segments, out, self.scale)
+            prefill_attention(q, keys, values, batch.segments, batch.gather, out, self.scale)
         return self.c_proj(out.view(n, c))
 
 

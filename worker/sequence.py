@@ -33,9 +33,10 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Token ids, cache position and timings of one request.
 
-    `num_computed` counts the tokens whose keys and values are in the cache. While it is below
-    `len(prompt_ids)` the sequence is prefilling (maybe in chunks); afterwards each step feeds the
-    last sampled token. Compared by identity: two requests never share a sequence.
+    `num_computed` counts the tokens whose keys and values are in the cache. While more than one
+    token is missing the sequence is prefilling (maybe in chunks): its prompt, or after a
+    preemption its prompt and the tokens it had generated; afterwards each step feeds the last
+    sampled token. Compared by identity: two requests never share a sequence.
     """
 
     request_id: str
@@ -46,7 +47,11 @@ class Sequence:
     t_arrival: float
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
-    kv_start: int = -1
+    block_table: list[int] = field(default_factory=list)  # KV blocks holding its tokens, in order
+    block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks (block_manager.py)
+    num_keyed_blocks: int = 0  # leading blocks of its table already offered to the prefix cache
+    num_cached_prompt_tokens: int = 0  # prompt tokens found in the prefix cache when first admitted
+    num_admissions: int = 0  # 1 + the times it was preempted and admitted again
     last_step: int = 0  # the scheduler's last step that ran it (decode or prefill chunk)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None  # None: running, or failed
@@ -64,14 +69,19 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def kv_tokens_needed(self) -> int:
-        """Cache rows for the whole life of the sequence; the last sampled token is never fed back."""
+    def max_kv_tokens(self) -> int:
+        """Cache rows at the end of its longest life; the last sampled token is never fed back."""
         return len(self.prompt_ids) + self.max_new_tokens - 1
 
     @property
     def is_prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        return self.num_computed < len(self.prompt_ids) or self.num_tokens - self.num_computed > 1
 
-    def token_at(self, index: int) -> int:
+    def tokens(self, start: int, end: int) -> list[int]:
+        """Token ids [start, end) of prompt + output."""
         n = len(self.prompt_ids)
-        return self.prompt_ids[index] if index < n else self.output_ids[index - n]
+        if end <= n:
+            return self.prompt_ids[start:end]
+        if start >= n:
+            return self.output_ids[start - n : end - n]
+        return self.prompt_ids[start:] + self.output_ids[: end - n]

@@ -36,7 +36,7 @@ class EagerCapture:
 
 def graph_engine(loaded: LoadedModel, capture: EagerCapture, max_batch_size: int = 8) -> LLMEngine:
     config = SchedulerConfig(max_batch_size=max_batch_size, max_running=8, max_prefill_tokens=64, kv_cache_tokens=4096)
-    runner = ModelRunner(loaded.model, config.kv_cache_tokens, config.max_batch_size, capture)
+    runner = ModelRunner(loaded.model, config.num_blocks, config.kv_block_size, config.max_batch_size, capture)
     return LLMEngine(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
 
 

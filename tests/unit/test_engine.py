@@ -20,7 +20,7 @@ from worker.sequence import Sequence
 CPU = torch.device("cpu")
 
 
-def make_engine(loaded: LoadedModel, **overrides: int) -> LLMEngine:
+def make_engine(loaded: LoadedModel, **overrides: Any) -> LLMEngine:
     config = SchedulerConfig(**{"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096, **overrides})
     return LLMEngine.for_model(loaded, config)
 
@@ -95,7 +95,7 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(loaded: Lo
     assert drain(other_seed)["s"].seq.output_ids != solo
 
 
-def test_cancel_mid_decode_leaves_the_batch_and_frees_its_kv_span(loaded: LoadedModel) -> None:
+def test_cancel_mid_decode_leaves_the_batch_and_frees_its_kv_blocks(loaded: LoadedModel) -> None:
     engine = make_engine(loaded)
     long = engine.add(request("long", "The quick brown fox", 100, stop_on_eos=False))
     other = engine.add(request("other", "Governors keep", 5, stop_on_eos=False))
@@ -106,9 +106,9 @@ def test_cancel_mid_decode_leaves_the_batch_and_frees_its_kv_span(loaded: Loaded
     assert event.completion.finish_reason == "cancelled"
     assert event.completion.completion_tokens == len(long.output_ids) > 0
     assert engine.scheduler.running == [other]
-    assert engine.scheduler.kv.num_used == other.kv_tokens_needed
+    assert engine.scheduler.blocks.num_used == len(other.block_table) > 0
     drain(engine)
-    assert engine.scheduler.kv.num_used == 0
+    assert engine.scheduler.blocks.num_used == 0
     assert engine.cancel(long) is None  # already gone: a late cancel is a no-op
 
 
@@ -125,24 +125,24 @@ def test_a_request_beyond_the_model_context_is_bad_frame_naming_the_limit(loaded
 
 def test_a_request_larger_than_the_whole_kv_cache_is_bad_frame(loaded: LoadedModel) -> None:
     engine = make_engine(loaded, kv_cache_tokens=32)
-    with pytest.raises(BadFrame, match="--kv-cache-tokens is 32"):
+    with pytest.raises(BadFrame, match="cache holds 32 .--kv-cache-tokens 32 in blocks of 16"):
         engine.add(request("r", "The quick brown fox", 40))
 
 
-def test_requests_wait_for_kv_room_and_the_budget_is_never_exceeded(loaded: LoadedModel) -> None:
-    budget = 60
-    engine = make_engine(loaded, kv_cache_tokens=budget)
+@pytest.mark.parametrize("reservation", ["paged", "worst-case"])
+def test_requests_wait_for_kv_room_and_the_budget_is_never_exceeded(loaded: LoadedModel, reservation: str) -> None:
+    engine = make_engine(loaded, kv_cache_tokens=64, kv_block_size=8, kv_reservation=reservation)
     seqs: list[Sequence] = [
         engine.add(request(str(i), prompt, 20, stop_on_eos=False)) for i, (_, prompt, _) in enumerate(PROMPTS[:2] * 3)
     ]
     peak = 0
     while engine.has_work:
         engine.step()
-        used = sum(s.kv_tokens_needed for s in engine.scheduler.running)
-        assert used == engine.scheduler.kv.num_used <= budget
-        peak = max(peak, used)
+        held = {b for s in engine.scheduler.running for b in s.block_table}
+        assert len(held) == engine.scheduler.blocks.num_used <= 8
+        peak = max(peak, len(held))
     assert all(len(s.output_ids) == 20 for s in seqs)
-    assert peak > budget // 2
+    assert peak > 4
     assert max(s.t_admitted - s.t_arrival for s in seqs if s.t_admitted is not None) > 0
 
 

@@ -108,7 +108,7 @@ def test_the_client_imports_the_contract_and_not_the_server() -> None:
 
 
 @pytest.mark.parametrize(
-    "core", ["engine", "scheduler", "sequence", "runner", "model", "kv_allocator", "kv_cache", "attention"]
+    "core", ["engine", "scheduler", "sequence", "runner", "model", "block_manager", "kv_cache", "attention"]
 )
 def test_the_engine_core_does_not_import_its_adapters(core: str) -> None:
     bad = [
@@ -119,7 +119,7 @@ def test_the_engine_core_does_not_import_its_adapters(core: str) -> None:
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("bookkeeping", ["scheduler", "sequence", "kv_allocator"])
+@pytest.mark.parametrize("bookkeeping", ["scheduler", "sequence", "block_manager"])
 def test_the_scheduler_and_its_bookkeeping_need_no_torch(bookkeeping: str) -> None:
     imported = {i.top for i in imports_of(ROOT / "worker" / f"{bookkeeping}.py")}
     assert "torch" not in imported

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Literal
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from govwire.vocab import FinishReason
 from worker.scheduler import Chunk, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence, SequenceStatus
 
@@ -13,26 +17,29 @@ def seq(prompt_len: int, max_new: int = 4, name: str = "") -> Sequence:
     return Sequence(name, list(range(prompt_len)), max_new, SamplingParams(temperature=0.0), True, t_arrival=0.0)
 
 
-def run(chunks: list[Chunk]) -> None:
-    """What the engine does after a forward: advance the cache, append a token where one was sampled."""
+def run(s: Scheduler, chunks: list[Chunk]) -> None:
+    """What the engine does after a forward: advance the cache, append a token where one was sampled,
+    finish a sequence at its length."""
     for chunk in chunks:
-        chunk.seq.num_computed = chunk.end
+        s.computed(chunk.seq, chunk.end)
         if chunk.samples:
             chunk.seq.output_ids.append(1)
+            if len(chunk.seq.output_ids) == chunk.seq.max_new_tokens:
+                s.finish(chunk.seq, FinishReason.LENGTH, 0.0)
 
 
 def test_a_long_prompt_is_chunked_while_running_sequences_keep_decoding() -> None:
     s = Scheduler(SchedulerConfig(max_batch_size=4, max_prefill_tokens=10, kv_cache_tokens=1000))
     short = seq(5)
     s.add(short)
-    run(s.schedule(0.0))
+    run(s, s.schedule(0.0))
     long = seq(25)
     s.add(long)
     steps = []
     for _ in range(3):
         chunks = s.schedule(0.0)
         steps.append([(c.seq is short, c.start, c.end, c.samples) for c in chunks])
-        run(chunks)
+        run(s, chunks)
     assert steps == [
         [(True, 5, 6, True), (False, 0, 10, False)],
         [(True, 6, 7, True), (False, 10, 20, False)],
@@ -47,24 +54,86 @@ def test_admissions_per_step_and_batch_size_are_capped() -> None:
         s.add(seq(4, name=str(i)))
     first = s.schedule(0.0)
     assert [c.seq.request_id for c in first] == ["0", "1"]
-    run(first)
+    run(s, first)
     second = s.schedule(0.0)
     assert [c.seq.request_id for c in second] == ["0", "1", "2"]  # two decodes, one admission: batch full
     assert len(s.running) == 3 and len(s.waiting) == 2
 
 
-def test_the_head_request_waits_for_kv_room_and_blocks_those_behind_it() -> None:
-    s = Scheduler(SchedulerConfig(max_batch_size=8, kv_cache_tokens=20))
-    a, big, small = seq(10, 5, "a"), seq(10, 8, "big"), seq(2, 2, "small")
+def test_worst_case_reservation_admits_on_whole_lives_and_the_head_blocks_those_behind_it() -> None:
+    config = SchedulerConfig(max_batch_size=8, kv_cache_tokens=24, kv_block_size=4, kv_reservation="worst-case")
+    s = Scheduler(config)
+    a, big, small = seq(10, 5, "a"), seq(10, 8, "big"), seq(2, 2, "small")  # 14, 17, 3 tokens: 4, 5, 1 blocks
     for x in (a, big, small):
         s.add(x)
-    run(s.schedule(1.0))
+    run(s, s.schedule(1.0))
     assert s.running == [a] and list(s.waiting) == [big, small]  # small would fit, but is behind big
+    assert s.blocks.num_used == 4
     s.finish(a, "length", 2.0)
-    assert s.kv.num_used == 0
+    assert s.blocks.num_used == 0
     chunks = s.schedule(3.0)
     assert [c.seq for c in chunks] == [big, small]
-    assert big.t_admitted == 3.0 and big.kv_start == 0 and small.kv_start == 17
+    assert big.t_admitted == 3.0 and big.block_table == [0, 1, 2, 3, 4] and small.block_table == [5]
+
+
+def test_paged_admission_takes_the_prompt_blocks_and_grows_a_block_at_a_time() -> None:
+    s = Scheduler(SchedulerConfig(max_batch_size=8, kv_cache_tokens=64, kv_block_size=4))
+    a = seq(6, 10, "a")
+    s.add(a)
+    run(s, s.schedule(0.0))
+    assert a.block_table == [0, 1] and a.num_computed == 6 and a.output_ids == [1]
+    run(s, s.schedule(0.0))  # feeds token 6 into block 1
+    assert a.block_table == [0, 1]
+    run(s, s.schedule(0.0))  # token 7 still in block 1; token 8 needs block 2
+    run(s, s.schedule(0.0))
+    assert a.block_table == [0, 1, 2] and a.num_computed == 9
+
+
+def test_when_the_pool_runs_dry_the_newest_sequence_is_preempted_and_keeps_its_tokens() -> None:
+    config = SchedulerConfig(max_batch_size=8, kv_cache_tokens=16, kv_block_size=4, prefix_caching=False)
+    s = Scheduler(config)  # 4 blocks
+    old = seq(4, 8, "old")
+    new = Sequence("new", [7, 7, 7, 7], 8, SamplingParams(temperature=0.0), True, t_arrival=0.0)
+    s.add(old)
+    run(s, s.schedule(0.0))
+    s.add(new)
+    run(s, s.schedule(0.0))  # old decodes token 4 into block 1; new is admitted into block 2
+    assert old.block_table == [0, 1] and new.block_table == [2]
+    run(s, s.schedule(0.0))  # new's token 4 takes block 3: the pool is full
+    assert s.blocks.num_available == 0 and s.num_preemptions == 0
+    generated = list(new.output_ids)
+    chunks = s.schedule(0.0)  # old needs a block for token 8 after 3 more: not yet
+    run(s, chunks)
+    while s.num_preemptions == 0:
+        chunks = s.schedule(0.0)
+        run(s, chunks)
+    assert s.running == [old] and list(s.waiting) == [new]  # the newest gave its blocks back
+    assert new.block_table == [] and new.num_computed == 0 and new.output_ids[: len(generated)] == generated
+    assert all(c.seq is old for c in chunks)  # nothing admitted in a step that preempted
+    chunks = s.schedule(0.0)
+    while new not in [c.seq for c in chunks]:
+        run(s, chunks)
+        chunks = s.schedule(0.0)
+    # Readmitted: prompt + generated tokens again, then the next token is sampled.
+    (chunk,) = [c for c in chunks if c.seq is new]
+    assert (chunk.start, chunk.end, chunk.samples, chunk.is_prefill) == (0, new.num_tokens, True, True)
+    assert new.num_admissions == 2 and new.output_ids[: len(generated)] == generated
+
+
+def test_a_cached_prefix_is_not_prefilled_again_but_the_last_token_always_is() -> None:
+    s = Scheduler(SchedulerConfig(max_batch_size=8, kv_cache_tokens=64, kv_block_size=4))
+    first = Sequence("1", list(range(10)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
+    s.add(first)
+    run(s, s.schedule(0.0))
+    same = Sequence("2", list(range(10)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
+    exact = Sequence("3", list(range(8)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
+    s.add(same)
+    s.add(exact)
+    chunks = {c.seq.request_id: (c.start, c.end) for c in s.schedule(0.0)}
+    assert chunks["2"] == (8, 10) and same.block_table[:2] == first.block_table[:2]
+    assert chunks["3"] == (4, 8)  # two full blocks cached, but the last token's block is computed again
+    assert same.num_cached_prompt_tokens == 8 and exact.num_cached_prompt_tokens == 4
+    assert s.blocks.counters.queries == 28 and s.blocks.counters.hits == 12
 
 
 def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
@@ -78,24 +147,35 @@ def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
 
 
 @given(
-    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12)), min_size=1, max_size=25),
+    st.lists(
+        st.tuples(st.lists(st.integers(0, 1), min_size=1, max_size=30), st.integers(1, 12)), min_size=1, max_size=25
+    ),
     st.integers(1, 6),
     st.integers(1, 4),
     st.integers(1, 40),
     st.integers(0, 8),
+    st.integers(1, 8),
+    st.sampled_from(["paged", "worst-case"]),
+    st.booleans(),
     st.integers(0, 2**16),
 )
 def test_every_request_finishes_within_every_budget(
-    requests: list[tuple[int, int]],
+    requests: list[tuple[list[int], int]],
     max_batch: int,
     max_admit: int,
     prefill_budget: int,
     max_running: int,
+    block_size: int,
+    reservation: Literal["paged", "worst-case"],
+    prefix_caching: bool,
     cancel_seed: int,
 ) -> None:
-    capacity = 45  # every request fits alone: 30 + 12 - 1
-    s = Scheduler(SchedulerConfig(max_batch, max_admit, prefill_budget, capacity, max_running))
-    seqs = [seq(p, n, str(i)) for i, (p, n) in enumerate(requests)]
+    # Prompts of two token ids share prefixes often. Every request fits alone: 30 + 12 - 1 tokens.
+    config = SchedulerConfig(
+        max_batch, max_admit, prefill_budget, 48, max_running, block_size, prefix_caching, reservation
+    )
+    s = Scheduler(config)
+    seqs = [Sequence(str(i), p, n, SamplingParams(temperature=0.0), True, 0.0) for i, (p, n) in enumerate(requests)]
     for x in seqs:
         s.add(x)
     for step in range(10_000):
@@ -107,15 +187,18 @@ def test_every_request_finishes_within_every_budget(
         assert sum(not c.is_prefill for c in chunks) <= max_batch
         assert len(s.running) <= (max_running or max_batch)
         assert sum(c.num_tokens for c in chunks if c.is_prefill) <= prefill_budget
-        assert s.kv.num_used == sum(x.kv_tokens_needed for x in s.running) <= capacity
-        run(chunks)
+        assert all(c.start == c.seq.num_computed and len(c.seq.block_table) * block_size >= c.end for c in chunks)
+        held = Counter(b for x in s.running for b in x.block_table)
+        assert s.blocks.num_used == len(held) <= config.num_blocks
+        assert all(s.blocks.blocks[b].ref_count == n and (n == 1 or s.blocks.blocks[b].key) for b, n in held.items())
+        assert s.blocks.num_used + s.blocks.num_cached + s.blocks.num_free == config.num_blocks
+        run(s, chunks)
         for x in list(s.running):
-            if len(x.output_ids) == x.max_new_tokens:
-                s.finish(x, "length", float(step))
-            elif (cancel_seed + step + len(x.output_ids)) % 17 == 0:
-                s.finish(x, "cancelled", float(step))
-    assert not s.has_work and s.kv.num_used == 0
+            if (cancel_seed + step + len(x.output_ids)) % 17 == 0:
+                s.finish(x, FinishReason.CANCELLED, float(step))
+    assert not s.has_work and s.blocks.num_used == 0
     assert all(x.status is SequenceStatus.FINISHED for x in seqs)
+    assert reservation == "paged" or s.num_preemptions == 0
 
 
 def test_above_the_decode_batch_running_sequences_take_turns_oldest_turn_first() -> None:
@@ -125,11 +208,11 @@ def test_above_the_decode_batch_running_sequences_take_turns_oldest_turn_first()
         s.add(x)
     first = s.schedule(0.0)
     assert [c.seq.request_id for c in first] == ["0", "1", "2", "3"]  # four admitted and prefilled at once
-    run(first)
+    run(s, first)
     turns = []
     for _ in range(4):
         chunks = s.schedule(0.0)
         turns.append([c.seq.request_id for c in chunks])
-        run(chunks)
+        run(s, chunks)
     assert turns == [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]
     assert len(s.running) == 4 and list(s.waiting) == [seqs[4]]

@@ -151,6 +151,9 @@ class GPT2Backend:
             max_prefill_tokens=config.max_prefill_tokens,
             kv_cache_tokens=config.kv_cache_tokens,
             max_running=config.max_running,
+            kv_block_size=config.kv_block_size,
+            prefix_caching=config.prefix_caching,
+            kv_reservation=config.kv_reservation,
         )
         return LLMEngine.for_model(loaded, scheduling, cuda_graphs=config.cuda_graphs)
 
@@ -170,6 +173,7 @@ class GPT2Backend:
             return EngineStats()
         c = engine.counters
         s = engine.scheduler
+        blocks = s.blocks
         return EngineStats(
             steps_total=c.steps,
             step_sequences_total=c.step_sequences,
@@ -179,9 +183,17 @@ class GPT2Backend:
             busy_seconds_total=round(c.busy_seconds, 6),
             running=len(s.running),
             waiting=len(s.waiting),
-            kv_cache_used_tokens=s.kv.num_used,
-            kv_cache_capacity_tokens=s.kv.capacity,
+            kv_cache_used_tokens=blocks.num_used * blocks.block_size,
+            kv_cache_capacity_tokens=blocks.num_blocks * blocks.block_size,
             kv_cache_bytes=engine.runner.cache.nbytes,
+            kv_cache_usage_ratio=round(blocks.num_used / blocks.num_blocks, 6),
+            kv_cache_capacity_blocks=blocks.num_blocks,
+            kv_cache_used_blocks=blocks.num_used,
+            kv_cache_cached_blocks=blocks.num_cached,
+            kv_cache_free_blocks=blocks.num_free,
+            prefix_cache_queries_tokens_total=blocks.counters.queries,
+            prefix_cache_hits_tokens_total=blocks.counters.hits,
+            preemptions_total=s.num_preemptions,
         )
 
     async def close(self) -> None:

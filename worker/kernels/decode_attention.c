@@ -1,13 +1,15 @@
-/* Decode attention over a KV arena, one call per layer for every single-token query of a step.
+/* Decode attention over a paged KV arena, one call per layer for every single-token query of a step.
  *
- * Query i (packed row rows[i]) attends to arena rows [starts[i], starts[i] + lens[i]) of its
- * sequence: the keys and values are read where they lie, with no gather and no padding. Work is
- * split over (query, head) pairs with OpenMP; torch's own libgomp serves it (same soname), so the
- * calling thread's team is reused rather than a second one created (see worker/engines/gpt2.py).
+ * Query i (packed row rows[i]) attends to the first lens[i] tokens of its sequence, whose blocks
+ * are tables[i * table_stride + 0, 1, ...]: token t lies at arena row
+ * tables[i * table_stride + t / block_size] * block_size + t % block_size. The keys and values are
+ * read where they lie, block by block, with no gather and no padding. Work is split over
+ * (query, head) pairs with OpenMP; torch's own libgomp serves it (same soname), so the calling
+ * thread's team is reused rather than a second one created (see worker/backends/gpt2.py).
  *
  * Layouts, strides in elements:
  *   q      [row, head, d]  at q + row * q_row_stride + head * D + d
- *   keys   [head, t, d]    at keys + head * head_stride + t * D + d   (values alike)
+ *   keys   [head, r, d]    at keys + head * head_stride + r * D + d   (values alike; r an arena row)
  *   out    [row, head, d]  at out + row * out_row_stride + head * D + d
  * Scores, the softmax and the weighted sum are computed in float32 whatever the storage type.
  */
@@ -30,16 +32,16 @@ static inline uint16_t bf16_store(float f) {
 
 #define DEFINE_DECODE_ATTENTION(NAME, T, LOAD, STORE)                                                      \
     int NAME(const T *q, int64_t q_row_stride, const T *keys, const T *values, int64_t head_stride,        \
-             const int64_t *rows, const int64_t *starts, const int64_t *lens, int64_t n, T *out,            \
-             int64_t out_row_stride, int64_t H, int64_t D, float scale, int nthreads) {                     \
+             const int64_t *rows, const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t n, \
+             T *out, int64_t out_row_stride, int64_t H, int64_t D, int64_t block_size, float scale,         \
+             int nthreads) {                                                                                \
         if (D > MAX_HEAD_DIM) return -1;                                                                    \
         int failed = 0;                                                                                     \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")                              \
         for (int64_t task = 0; task < n * H; task++) {                                                      \
             int64_t i = task / H, h = task % H, len = lens[i];                                              \
             const T *qv = q + rows[i] * q_row_stride + h * D;                                               \
-            const T *K = keys + h * head_stride + starts[i] * D;                                            \
-            const T *V = values + h * head_stride + starts[i] * D;                                          \
+            const int64_t *table = tables + i * table_stride;                                               \
             float qf[MAX_HEAD_DIM], acc[MAX_HEAD_DIM];                                                      \
             float *scores = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));                            \
             if (scores == NULL) {                                                                           \
@@ -51,19 +53,27 @@ static inline uint16_t bf16_store(float f) {
                 acc[d] = 0.f;                                                                               \
             }                                                                                               \
             float m = -INFINITY;                                                                            \
-            for (int64_t t = 0; t < len; t++) {                                                             \
-                const T *k = K + t * D;                                                                     \
-                float s = 0.f;                                                                              \
-                _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < D; d++) s += qf[d] * LOAD(k[d]); \
-                scores[t] = s;                                                                              \
-                if (s > m) m = s;                                                                           \
+            for (int64_t t0 = 0; t0 < len; t0 += block_size) { /* block by block: no division per token */  \
+                const T *K = keys + h * head_stride + table[t0 / block_size] * block_size * D;               \
+                const int64_t count = len - t0 < block_size ? len - t0 : block_size;                        \
+                for (int64_t j = 0; j < count; j++) {                                                       \
+                    const T *k = K + j * D;                                                                 \
+                    float s = 0.f;                                                                          \
+                    _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < D; d++) s += qf[d] * LOAD(k[d]); \
+                    scores[t0 + j] = s;                                                                     \
+                    if (s > m) m = s;                                                                       \
+                }                                                                                           \
             }                                                                                               \
             float sum = 0.f;                                                                                \
-            for (int64_t t = 0; t < len; t++) {                                                             \
-                const float p = expf(scores[t] - m);                                                        \
-                const T *v = V + t * D;                                                                     \
-                sum += p;                                                                                   \
-                _Pragma("omp simd") for (int64_t d = 0; d < D; d++) acc[d] += p * LOAD(v[d]);               \
+            for (int64_t t0 = 0; t0 < len; t0 += block_size) {                                             \
+                const T *V = values + h * head_stride + table[t0 / block_size] * block_size * D;             \
+                const int64_t count = len - t0 < block_size ? len - t0 : block_size;                        \
+                for (int64_t j = 0; j < count; j++) {                                                       \
+                    const float p = expf(scores[t0 + j] - m);                                               \
+                    const T *v = V + j * D;                                                                 \
+                    sum += p;                                                                               \
+                    _Pragma("omp simd") for (int64_t d = 0; d < D; d++) acc[d] += p * LOAD(v[d]);           \
+                }                                                                                           \
             }                                                                                               \
             free(scores);                                                                                   \
             const float inv = len > 0 ? 1.f / sum : 0.f;                                                    \

@@ -1,7 +1,8 @@
 """The C decode-attention kernel (decode_attention.c) bound through ctypes, for CPU tensors.
 
 ctypes releases the GIL for the call, so the worker's event loop keeps running while a layer's
-attention runs. The arguments are checked here, once per call, because the C code trusts them.
+attention runs. The arguments are checked here, once per call, because the C code trusts them;
+that every length stays within its block table is the runner's invariant (runner.py builds both).
 """
 
 from __future__ import annotations
@@ -22,13 +23,19 @@ log = logging.getLogger("worker.kernels")
 SOURCE = Path(__file__).with_name("decode_attention.c")
 MAX_HEAD_DIM = 256  # as in the C source
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_ARGTYPES = [_ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _i64, _ptr, _i64, _i64, _i64, ctypes.c_float, ctypes.c_int]
+_ARGTYPES = [
+    *(_ptr, _i64, _ptr, _ptr, _i64),  # q, its row stride, keys, values, their head stride
+    *(_ptr, _ptr, _i64, _ptr, _i64),  # rows, tables, the tables' row stride, lens, n
+    *(_ptr, _i64, _i64, _i64, _i64),  # out, its row stride, heads, head dim, block size
+    *(ctypes.c_float, ctypes.c_int),  # scale, threads
+]
 
 
 class DecodeAttentionKernel:
-    """`kernel(q, keys, values, rows, starts, lens, out, scale)`: for each i, the attention of query
-    row rows[i] of q [N, H, D] over arena rows [starts[i], starts[i] + lens[i]) of keys/values
-    [H, T, D], written to row rows[i] of out [N, H, D]."""
+    """`kernel(q, keys, values, rows, tables, lens, block_size, out, scale)`: for each i, the
+    attention of query row rows[i] of q [N, H, D] over the first lens[i] tokens of the sequence
+    whose blocks are tables[i] ([B, W]) in the arena keys/values [H, T, D], written to row rows[i]
+    of out [N, H, D]."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
@@ -46,8 +53,9 @@ class DecodeAttentionKernel:
         keys: Tensor,
         values: Tensor,
         rows: Tensor,
-        starts: Tensor,
+        tables: Tensor,
         lens: Tensor,
+        block_size: int,
         out: Tensor,
         scale: float,
     ) -> None:
@@ -62,9 +70,11 @@ class DecodeAttentionKernel:
                 raise ValueError(f"decode attention: {name} must have contiguous heads, strides {t.stride()}")
         if keys.stride() != values.stride() or keys.stride()[1:] != (dim, 1):
             raise ValueError(f"decode attention: arena strides {keys.stride()} / {values.stride()}")
-        for t in (rows, starts, lens):
+        for t in (rows, lens):
             if t.dtype != torch.int64 or t.numel() != n or not t.is_contiguous():
-                raise ValueError("decode attention: rows, starts and lens must be contiguous int64 of one length")
+                raise ValueError("decode attention: rows and lens must be contiguous int64 of one length")
+        if tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] != n or tables.stride(1) != 1:
+            raise ValueError("decode attention: tables must be int64 [n, W] with contiguous rows")
         status = function(
             q.data_ptr(),
             q.stride(0),
@@ -72,13 +82,15 @@ class DecodeAttentionKernel:
             values.data_ptr(),
             keys.stride(0),
             rows.data_ptr(),
-            starts.data_ptr(),
+            tables.data_ptr(),
+            tables.stride(0),
             lens.data_ptr(),
             n,
             out.data_ptr(),
             out.stride(0),
             heads,
             dim,
+            block_size,
             scale,
             torch.get_num_threads(),
         )
