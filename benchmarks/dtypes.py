@@ -72,12 +72,12 @@ def speed(dtype: torch.dtype, device: torch.device, repeats: int) -> dict[str, f
 def teacher_forced_logits(loaded: LoadedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
     """Float32 logits [L, V] at every position of each sequence, from one causal forward each."""
     param = next(loaded.model.parameters())
-    cache = KVCache(loaded.shape, max(map(len, sequences)), param.dtype, param.device)
+    cache = KVCache(loaded.shape, max(map(len, sequences)), 1, param.dtype, param.device)  # blocks of one row
     out = []
     for ids in sequences:
         n = len(ids)
         rows = torch.arange(n, device=param.device)
-        batch = PackedBatch(torch.tensor(ids, device=param.device), rows, rows, None, [Segment(0, n, 0, n)], None)
+        batch = PackedBatch(torch.tensor(ids, device=param.device), rows, rows, None, [Segment(0, n, 0, n)], None, None)
         out.append(loaded.model(batch, cache).float().cpu())
     return out
 

@@ -17,11 +17,11 @@ pytestmark = pytest.mark.integration
 Start = Callable[..., Governor]
 
 
-def gpt2_governor(start_governor: Start, model_dir: Path, *flags: str) -> Governor:
+def gpt2_governor(start_governor: Start, model_dir: Path, *flags: str, worker_flags: tuple[str, ...] = ()) -> Governor:
     # float32 pinned: on a CPU with native bfloat16, --dtype auto picks bfloat16, whose greedy
     # tokens may differ from transformers' float32 ones at near-ties (docs/BENCHMARKS.md, dtypes).
     worker_args = ("--engine", "gpt2", "--model", str(model_dir), "--device", "cpu", "--dtype", "float32")
-    return start_governor(*flags, worker_args=(*worker_args, "--stats-interval-s", "0.1"))
+    return start_governor(*flags, worker_args=(*worker_args, "--stats-interval-s", "0.1", *worker_flags))
 
 
 def worker(gov: Governor, name: str) -> float:
@@ -108,3 +108,40 @@ def test_engine_statistics_are_exported_as_worker_metrics_and_in_stats(
     assert 1 <= worker(gov, "step_sequences_total") / worker(gov, "steps_total") <= 4
     (linked,) = gov.stats()["workers"]
     assert linked["engine"]["generated_tokens_total"] == 20 and linked["engine"]["finished_total"] == 4
+
+
+def test_prefix_hits_and_preemptions_through_the_governor_keep_greedy_outputs(
+    start_governor: Start, tiny_gpt2_dir: Path
+) -> None:
+    # A pool of 16 blocks of 8 tokens: a shared prompt is reused, and four 40-token streams
+    # cannot all grow at once, so some are preempted and resumed.
+    gov = gpt2_governor(
+        start_governor, tiny_gpt2_dir, worker_flags=("--kv-block-size", "8", "--kv-cache-tokens", "128")
+    )
+    hf = load_hf_model(str(tiny_gpt2_dir))
+    c = gov.conn()
+    system = "Governors keep inference workers healthy under bursts of traffic. "
+    c.send("first", system + "The quick", max_new_tokens=4, temperature=0)
+    first = c.until_final("first")[-1]
+    c.send("second", system + "Continuous", max_new_tokens=4, temperature=0)
+    replies = c.until_final("second")
+    second = replies[-1]
+    assert first["cached_prompt_tokens"] == 0 and second["cached_prompt_tokens"] >= 8
+    assert [t["token_id"] for t in replies[:-1]] == hf_greedy(hf, system + "Continuous", 4)
+    prompts = {f"p{i}": word for i, word in enumerate(["naïve café", "The lazy dog", "x y z", "Straße"])}
+    for rid, prompt in prompts.items():
+        c.send(rid, prompt, max_new_tokens=40, temperature=0)
+    streams: dict[str, list[dict[str, object]]] = {rid: [] for rid in prompts}
+    while len([s for s in streams.values() if s and s[-1]["status"] != "token"]) < len(prompts):
+        reply = c.recv()
+        streams[str(reply["id"])].append(reply)
+    for rid, prompt in prompts.items():
+        tokens = streams[rid][:-1]
+        assert [t["index"] for t in tokens] == list(range(len(tokens))), rid  # no gap, no repeat
+        assert [t["token_id"] for t in tokens] == hf_greedy(hf, prompt, 40), rid
+    gov.wait_until(lambda: worker(gov, "finished_total") == 6, what="worker stats push")
+    assert worker(gov, "preemptions_total") > 0
+    assert worker(gov, "prefix_cache_hits_tokens_total") == second["cached_prompt_tokens"]
+    assert worker(gov, "kv_cache_usage_ratio") == 0 and worker(gov, "kv_cache_used_blocks") == 0
+    assert worker(gov, "kv_cache_cached_blocks") + worker(gov, "kv_cache_free_blocks") == 16
+    assert gov.stats()["inflight"] == 0
