@@ -96,7 +96,7 @@ class BlockManager:
         hits = self._cached_prefix(seq)
         revived = sum(block.ref_count == 0 for block in hits)
         new = self.blocks_for(num_tokens) - len(hits)
-        if self.num_available - revived - max(new, 0) < reserve:
+        if self.num_available - revived - new < reserve:  # new >= 1: hits stop short of the last token
             return False
         for block in hits:
             self._take(block)
@@ -124,9 +124,9 @@ class BlockManager:
     def cache_computed(self, seq: Sequence) -> None:
         """Key the blocks of `seq` that are now full of computed tokens, so that later sequences
         can reuse them. A block whose key another block already holds stays private."""
-        if not self.prefix_caching:
-            return
         full = min(seq.num_computed // self.block_size, len(seq.block_table))
+        if not self.prefix_caching or full <= seq.num_keyed_blocks:  # most steps: no block filled up
+            return
         self._extend_keys(seq, full)
         for i in range(seq.num_keyed_blocks, full):
             key = seq.block_keys[i]
@@ -134,7 +134,7 @@ class BlockManager:
                 block = self.blocks[seq.block_table[i]]
                 block.key = key
                 self._by_key[key] = block
-        seq.num_keyed_blocks = max(seq.num_keyed_blocks, full)
+        seq.num_keyed_blocks = full
 
     def free(self, seq: Sequence) -> None:
         """Give back every block of `seq`: a keyed block stays cached, the rest become free."""

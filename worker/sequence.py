@@ -33,10 +33,10 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Token ids, cache position and timings of one request.
 
-    `num_computed` counts the tokens whose keys and values are in the cache. While more than one
-    token is missing the sequence is prefilling (maybe in chunks): its prompt, or after a
-    preemption its prompt and the tokens it had generated; afterwards each step feeds the last
-    sampled token. Compared by identity: two requests never share a sequence.
+    `num_computed` counts the tokens whose keys and values are in the cache. While its prompt is
+    not all in the cache, or (after a preemption) more than one of its tokens is missing, the
+    sequence is prefilling (maybe in chunks): its prompt, then the tokens it had generated;
+    afterwards each step feeds the last sampled token. Compared by identity: two requests never share a sequence.
     """
 
     request_id: str
