@@ -4,6 +4,9 @@ Where every generate frame ends up is the conservation law the tests check:
 
     received == executed + yielded + rejected + failed + inflight
 
+Token costs balance the same way: every admitted request's reserved cost is counted at
+admission, and its real cost when it settles (`tokens_reserved`, `tokens_settled`).
+
 Plain ints and dicts (no locks, no prometheus objects) because the yield path counts at hundreds
 of thousands of frames per second; `metrics.py` reads them at scrape time. One method per event,
 each a frame's or a request's single count, so no caller can count half of an event.
@@ -48,6 +51,14 @@ class ShedReason(StrEnum):
     UNAUTHORIZED = "unauthorized"
 
 
+class DeadlineOutcome(StrEnum):
+    """What became of an admitted request that carried `deadline_ms` (refusals are the yields with
+    reason `deadline`)."""
+
+    MET = "met"  # its first token came in time
+    EXPIRED = "expired"  # cancelled at its deadline, without a first token
+
+
 _EXECUTED = Outcome.EXECUTED  # a module global: read per request, cheaper than the enum's attribute
 
 
@@ -61,6 +72,9 @@ class Accounting:
         "rerouted",
         "worker_restarts",
         "shed",
+        "tokens_reserved",
+        "tokens_settled",
+        "deadlines",
         "_by_outcome",
     )
 
@@ -75,6 +89,9 @@ class Accounting:
         self.rerouted = 0  # requests moved to another endpoint after theirs was lost
         self.worker_restarts = 0
         self.shed = {reason.value: 0 for reason in ShedReason}  # connections the governor closed, by reason
+        self.tokens_reserved = 0  # token cost charged at admission, summed over admitted requests
+        self.tokens_settled = 0  # their real cost, summed as they settle
+        self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
         self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed}
 
     # -- frames: each is counted once, with its fate -------------------------------------------------
@@ -84,9 +101,10 @@ class Accounting:
         self.received += 1
         self.yielded[reason] += 1
 
-    def frame_admitted(self) -> None:
-        """Received and admitted: it is in flight until `request_settled`."""
+    def frame_admitted(self, cost: int = 0) -> None:
+        """Received and admitted with this token cost reserved: it is in flight until `request_settled`."""
         self.received += 1
+        self.tokens_reserved += cost
 
     def frame_rejected(self, code: str) -> None:
         """Received and refused as invalid before admission (or the frame that hit a bug)."""
@@ -100,12 +118,17 @@ class Accounting:
 
     # -- admitted requests --------------------------------------------------------------------------
 
-    def request_settled(self, outcome: Outcome, reason: str = "") -> None:
+    def request_settled(self, outcome: Outcome, reason: str = "", used_tokens: int = 0) -> None:
+        """It ended, having really cost `used_tokens`."""
+        self.tokens_settled += used_tokens
         if outcome is _EXECUTED:
             self.executed += 1
             return
         by_reason = self._by_outcome[outcome]
         by_reason[reason] = by_reason.get(reason, 0) + 1
+
+    def deadline(self, outcome: DeadlineOutcome) -> None:
+        self.deadlines[outcome] += 1
 
     def request_rerouted(self) -> None:
         self.rerouted += 1

@@ -1,29 +1,52 @@
 """The admission decision: one object owns every limit and answers each generate frame at once.
 
-`decide(now)` checks every limit and then charges every limit (limits.py), so a frame is either
-admitted with a `Grant` (its endpoint) or refused with a `Refusal` (reason and retry hint) and no
-trace on any limit. The order of the limits is the order of the reasons a client sees when
-several would refuse: draining first, then the global concurrency and rate caps, then the
-endpoint pool (which also routes). `refund` undoes a grant whose frame turned out invalid,
-`release` frees what a running request held once it has ended, and `reroute` moves a request
-whose endpoint was lost to another one without charging the global limits again.
+`decide(now, ask)` checks every limit and then charges every limit (limits.py), so a frame is
+either admitted with a `Grant` (its endpoint) or refused with a `Refusal` (reason and retry hint)
+and no trace on any limit. The `Ask` is what the frame costs in tokens and its deadline
+(cost.py); a request that no budget could ever hold raises `OverBudget` before any check. The
+order of the limits is the order of the reasons a client sees when several would refuse:
+draining first, then the global concurrency, rate and token caps, then the endpoint pool (which
+also routes), then the deadline (which predicts on the endpoint the pool chose). `refund` undoes
+a grant whose frame turned out invalid, `release` frees what a running request held once it has
+ended and settles its token cost, `started` records its first token (the TTFT model and the
+adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
+one without charging the global limits again.
 
-The ingress only parses, calls `decide` and encodes the answer; new limits (token budgets,
-tenant caps, class ceilings, fleet leases) are added here.
+The ingress only parses, calls `decide` and encodes the answer; new limits (tenant caps, class
+ceilings, fleet leases) are added here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from governor.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
+from governor.cost import NO_ASK, Ask
+from governor.deadline import DeadlineLimit
 from governor.endpoint import Endpoint
 from governor.hints import RetryHintEstimator
-from governor.limits import Draining, Grant, InflightLimiter, Limit, RateLimit, Refusal
+from governor.limits import Draining, Grant, InflightLimiter, Limit, RateLimit, Refusal, TokenBudget, TokenRate
 from governor.pool import Pool
+from govwire.errors import OverBudget
 
 
 class Admission:
-    __slots__ = ("hints", "drain", "inflight", "rate", "pool", "_every", "_limits", "_checks")
+    __slots__ = (
+        "hints",
+        "drain",
+        "inflight",
+        "rate",
+        "tokens",
+        "token_rate",
+        "pool",
+        "deadline",
+        "adaptive",
+        "max_inflight",
+        "_every",
+        "_limits",
+        "_checks",
+        "_fits",
+    )
 
     def __init__(
         self,
@@ -33,27 +56,54 @@ class Admission:
         burst: float,
         hints: RetryHintEstimator,
         now: float,
+        max_inflight_tokens: int = 0,
+        tokens_per_s: float = 0.0,
+        tokens_burst: float = 0.0,
+        adaptive: AdaptivePolicy | None = None,
     ) -> None:
         self.hints = hints
+        self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
         self.drain = Draining(hints)
         self.inflight = InflightLimiter(max_inflight, hints)
         self.rate = RateLimit(qps, burst, now)
+        self.tokens = TokenBudget(max_inflight_tokens, hints)
+        self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
         self.pool = Pool(endpoints, max_inflight, hints)
-        self._every: tuple[Limit, ...] = (self.drain, self.inflight, self.rate, self.pool)
+        self.deadline = DeadlineLimit(self.pool)
+        self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
+        self._every: tuple[Limit, ...] = (
+            self.drain,
+            self.inflight,
+            self.rate,
+            self.tokens,
+            self.token_rate,
+            self.pool,
+            self.deadline,
+        )
         self._limits: tuple[Limit, ...] = ()
-        self._checks: tuple[Callable[[float], Refusal | None], ...] = ()
+        self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
+        self._fits: tuple[Callable[[Ask], None], ...] = ()
         self._activate()
 
     def _activate(self) -> None:
-        """The limits that can refuse now, in order: draining only while draining, the rate cap
-        only when there is one. Every frame runs their checks, so none is there for nothing."""
-        limits: list[Limit] = [self.drain] if self.drain.draining else []
-        limits.append(self.inflight)
+        """The limits that can refuse now, in order: draining only while draining, the rate and
+        token caps only when there are. Every frame runs their checks, so none is there for
+        nothing. The in-flight tokens are charged either way (they are exported as a gauge)."""
+        checked: list[Limit] = [self.drain] if self.drain.draining else []
+        checked.append(self.inflight)
         if self.rate.bucket is not None:
-            limits.append(self.rate)
-        limits.append(self.pool)
-        self._limits = tuple(limits)
-        self._checks = tuple(limit.check for limit in limits)
+            checked.append(self.rate)
+        if self.tokens.max_tokens:
+            checked.append(self.tokens)
+        if self.token_rate.bucket is not None:
+            checked.append(self.token_rate)
+        checked += (self.pool, self.deadline)
+        charged = checked if self.tokens in checked else [*checked, self.tokens]
+        self._limits = tuple(charged)
+        self._checks = tuple(limit.check for limit in checked)
+        self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
+        if self.adaptive.enforced:
+            self.inflight.set_max(self.adaptive.limit)
 
     @property
     def draining(self) -> bool:
@@ -64,24 +114,54 @@ class Admission:
         self.drain.draining = True
         self._activate()
 
-    def set_caps(self, max_inflight: int, qps: float, burst: float, now: float) -> None:
+    def set_caps(
+        self,
+        max_inflight: int,
+        qps: float,
+        burst: float,
+        now: float,
+        max_inflight_tokens: int = 0,
+        tokens_per_s: float = 0.0,
+        tokens_burst: float = 0.0,
+    ) -> None:
         """Live change (SIGHUP). Lowering a cap never cancels a running request: it stops new
         admissions until in-flight falls under it."""
+        self.max_inflight = max_inflight
         self.inflight.set_max(max_inflight)
         self.rate.set_rate(qps, burst, now)
+        self.tokens.max_tokens = max_inflight_tokens
+        self.token_rate.set_rate(tokens_per_s, tokens_burst, now)
         self.pool.default_capacity = max_inflight
+        self.adaptive.set_ceiling(max_inflight)
         self._activate()
 
-    def decide(self, now: float) -> Grant | Refusal:
-        """A refusal is the refusing limit's own object (limits.Refusal): read it at once."""
+    def decide(self, now: float, ask: Ask = NO_ASK) -> Grant | Refusal:
+        """A refusal is the refusing limit's own object (limits.Refusal): read it at once.
+        Raises `OverBudget` for a request larger than a whole token budget."""
+        for fits in self._fits:
+            fits(ask)
         for check in self._checks:
-            refusal = check(now)
+            refusal = check(now, ask)
             if refusal is not None:
                 return refusal
-        grant = Grant()
+        grant = Grant(ask)
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
+
+    def started(self, grant: Grant, ttft_s: float, now: float) -> None:
+        """The request's first token came `ttft_s` after its admission: it waits no more on its
+        endpoint, whose TTFT model learns the sample, as does the adaptive limit."""
+        endpoint = grant.endpoint
+        if endpoint is not None and not grant.started:
+            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, ttft_s)
+        self.pool.started(grant)
+        adaptive = self.adaptive
+        if adaptive.policy.mode is AdaptiveMode.OFF:
+            return
+        limit = adaptive.observe(grant.concurrency, ttft_s, now)
+        if adaptive.enforced and limit != self.inflight.max_inflight:
+            self.inflight.set_max(limit)
 
     def refund(self, grant: Grant) -> None:
         """The admitted frame will not run: give back what `charge` took (its slots go with `release`).
@@ -98,9 +178,12 @@ class Admission:
         endpoint's slot is freed (as failed) and the new one charged; the global limits keep what
         they charged. False, changing nothing, when no other endpoint can take it now."""
         pool = self.pool
-        if self.drain.draining or pool.check(now) is not None:
+        try:
+            if self.drain.draining or pool.check(now, grant.ask) is not None:
+                return False
+        except OverBudget:  # no endpoint left up has a token budget it fits in
             return False
-        old = Grant()
+        old = Grant(grant.ask)
         old.endpoint, grant.endpoint = grant.endpoint, None
         pool.charge(grant, now)
         if grant.endpoint is None:  # no endpoint is up

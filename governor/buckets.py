@@ -1,9 +1,12 @@
-"""Token buckets: the admissions-per-second caps, for the whole pool and for each endpoint.
+"""Token buckets: the admissions-per-second caps, for the whole pool and for each endpoint, and the
+token-cost-per-second cap (where a request takes its cost, not one).
 
 Pure logic, clock passed in (`now`, seconds, monotonic).
 """
 
 from __future__ import annotations
+
+import math
 
 
 class TokenBucket:
@@ -18,7 +21,7 @@ class TokenBucket:
         self.burst = burst
         self.tokens = burst
         self._stamp = now
-        self._booked = now  # the first future token not yet promised to a yielded client
+        self._booked = -math.inf  # when the tokens promised to yielded clients so far are there
 
     def level(self, now: float) -> float:
         if now > self._stamp:
@@ -26,23 +29,25 @@ class TokenBucket:
             self._stamp = now
         return self.tokens
 
-    def wait_s(self, now: float) -> float:
-        """Exactly how long until a token is there (0 if one is)."""
-        return max(0.0, (1.0 - self.level(now)) / self.rate)
+    def wait_s(self, now: float, amount: float = 1.0) -> float:
+        """Exactly how long until `amount` tokens are there (0 if they are)."""
+        return max(0.0, (amount - self.level(now)) / self.rate)
 
-    def appointment_s(self, now: float) -> float:
-        """How long a refused client should wait: until the next token nobody else was told to
-        come back for, so that clients yielded together are spread one token apart instead of
-        all returning for the same one."""
-        at = max(now + self.wait_s(now), self._booked)
-        self._booked = at + 1.0 / self.rate
+    def appointment_s(self, now: float, amount: float = 1.0) -> float:
+        """How long a refused client should wait: until `amount` tokens nobody else was told to
+        come back for are there, so that clients yielded together are spread apart by what each
+        needs instead of all returning for the same tokens."""
+        at = max(now + self.wait_s(now, amount), self._booked + amount / self.rate)
+        self._booked = at
         return at - now
 
-    def take(self) -> None:
-        self.tokens -= 1.0
+    def take(self, amount: float = 1.0) -> None:
+        self.tokens -= amount
 
-    def refund(self) -> None:
-        self.tokens = min(self.burst, self.tokens + 1.0)
+    def refund(self, amount: float = 1.0) -> None:
+        """Give back `amount` (never above the burst); a negative amount takes more (a debt the
+        refill pays off)."""
+        self.tokens = min(self.burst, self.tokens + amount)
 
 
 def make_bucket(qps: float, burst: float, now: float) -> TokenBucket | None:

@@ -22,6 +22,38 @@ class GovernorConfig:
     max_inflight: int = option(32, "hard cap on admitted, unfinished generate requests, over all workers")
     max_qps: float = option(0.0, "hard cap on admissions per second over all workers (a token bucket); 0 = none")
     qps_burst: float = option(0.0, "admissions the --max-qps bucket can bank; 0 = max(1, --max-qps)")
+    max_inflight_tokens: int = option(
+        0, "hard cap on the token cost (prompt + weighted max_new_tokens) held by admitted requests; 0 = none"
+    )
+    max_tokens_per_s: float = option(
+        0.0, "hard cap on the token cost admitted per second (a bucket settled with real counts); 0 = none"
+    )
+    tokens_burst: float = option(
+        0.0, "token cost the --max-tokens-per-s bucket can bank, and the most one request may cost; 0 = one second's"
+    )
+    output_token_weight: float = option(
+        1.0, "what one requested output token (max_new_tokens) costs against the token caps, a prompt token costing 1"
+    )
+    bytes_per_token: float = option(
+        4.0, "prompt UTF-8 bytes per token, to estimate prompts that declare no prompt_tokens (the starting value)"
+    )
+    token_estimate: Literal["calibrated", "fixed"] = option(
+        "calibrated", "calibrated: learn --bytes-per-token from the prompt_tokens workers report; fixed: keep it"
+    )
+    deadline_margin: float = option(
+        1.65,
+        "a frame with deadline_ms is refused when the predicted time to first token plus this many standard"
+        " deviations of the prediction's recent error exceeds it",
+    )
+    adaptive_limit: Literal["off", "shadow", "enforce"] = option(
+        "off",
+        "estimate the concurrency where TTFT starts to grow: shadow exports it (governor_adaptive_limit),"
+        " enforce makes it the effective --max-inflight (which stays the ceiling)",
+    )
+    adaptive_limit_min: int = option(1, "the lowest limit --adaptive-limit enforce sets")
+    adaptive_tolerance: float = option(
+        1.5, "--adaptive-limit: a concurrency whose TTFT exceeds this times the fastest one's is past the knee"
+    )
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive", "adaptive: derive retry_hint_ms from observed service times; fixed: always the base value"
     )
@@ -55,7 +87,7 @@ class GovernorConfig:
     worker: tuple[str, ...] = option(
         (),
         "connect to a running worker instead of spawning one; repeatable. Soft caps may follow the address:"
-        " ADDRESS[,concurrency=N][,qps=R][,burst=B][,weight=W]",
+        " ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]",
         metavar="ENDPOINT",
     )
     workers: int = option(
@@ -108,6 +140,23 @@ class GovernorConfig:
                 "--worker-ping-interval-s must be > 0 and <= --worker-ping-timeout-s",
             ),
             (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
+            (self.max_inflight_tokens >= 0, "--max-inflight-tokens must be >= 0"),
+            (
+                math.isfinite(self.max_tokens_per_s + self.tokens_burst)
+                and self.max_tokens_per_s >= 0
+                and (not self.tokens_burst or self.tokens_burst >= 1),
+                "--max-tokens-per-s must be finite and >= 0, --tokens-burst >= 1 (or 0 for the default)",
+            ),
+            (
+                0 <= self.output_token_weight < math.inf and 0 < self.bytes_per_token < math.inf,
+                "--output-token-weight must be finite and >= 0, --bytes-per-token finite and > 0",
+            ),
+            (0 <= self.deadline_margin < math.inf, "--deadline-margin must be finite and >= 0"),
+            (
+                1 <= self.adaptive_limit_min <= self.max_inflight,
+                "--adaptive-limit-min must be in [1, --max-inflight]",
+            ),
+            (1 < self.adaptive_tolerance < math.inf, "--adaptive-tolerance must be finite and > 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -146,11 +195,11 @@ def _secret(path: str, flag: str) -> SharedSecret | None:
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-_LIMIT_KEYS = {"concurrency": int, "qps": float, "burst": float, "weight": float}
+_LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float}
 
 
 def parse_endpoint(text: str) -> tuple[Address, EndpointLimits]:
-    """`ADDRESS[,concurrency=N][,qps=R][,burst=B][,weight=W]` -> the address and its soft caps."""
+    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]` -> the address and its soft caps."""
     address, *options = text.split(",")
     values: dict[str, int | float] = {}
     for item in options:

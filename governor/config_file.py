@@ -2,7 +2,7 @@
 
 - The TOML file (`--config PATH`, re-read on SIGHUP): top-level keys are the flags' names
   (`max_inflight` or `max-inflight`); each `[[endpoint]]` table is one worker: `address` plus its
-  soft caps (`concurrency`, `qps`, `burst`, `weight`), the same as a `--worker` value.
+  soft caps (`concurrency`, `tokens`, `qps`, `burst`, `weight`), the same as a `--worker` value.
 - The environment: `GOVERNOR_` + the flag's name in capitals (`GOVERNOR_MAX_INFLIGHT=64`);
   repeatable settings take space-separated values (`GOVERNOR_WORKER="h:1,concurrency=4 h:2"`).
   Variables naming no setting are left alone (other tools share the prefix).
@@ -23,7 +23,7 @@ import orjson
 from governor.config import GovernorConfig, parse_endpoint
 from govwire.options import ConfigError
 
-_ENDPOINT_KEYS = ("concurrency", "qps", "burst", "weight")
+_ENDPOINT_KEYS = ("concurrency", "tokens", "qps", "burst", "weight")
 _NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker"}
 ENV_PREFIX = "GOVERNOR_"
 

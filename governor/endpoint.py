@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from governor.buckets import TokenBucket, make_bucket, updated_bucket
+from governor.ttft import TtftModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,11 +17,17 @@ class EndpointLimits:
     qps: float = 0.0
     burst: float = 0.0  # 0 = max(1, qps): one second's worth
     weight: float = 1.0
+    tokens: int = 0  # the token cost its admitted, unfinished requests may hold
 
     def __post_init__(self) -> None:
         numbers = (self.qps, self.burst, self.weight)
-        if self.concurrency < 0 or not all(math.isfinite(x) and x >= 0 for x in numbers) or self.weight == 0:
-            raise ValueError("endpoint limits: concurrency, qps and burst must be finite and >= 0, weight > 0")
+        if (
+            self.concurrency < 0
+            or self.tokens < 0
+            or not all(math.isfinite(x) and x >= 0 for x in numbers)
+            or self.weight == 0
+        ):
+            raise ValueError("endpoint limits: concurrency, tokens, qps and burst must be finite and >= 0, weight > 0")
         if 0 < self.burst < 1:
             raise ValueError("endpoint limits: burst must be >= 1 (or 0 for the default)")
 
@@ -29,13 +36,30 @@ class EndpointLimits:
 
 
 class Endpoint:
-    __slots__ = ("name", "limits", "bucket", "inflight", "up", "executed", "failed")
+    __slots__ = (
+        "name",
+        "limits",
+        "bucket",
+        "inflight",
+        "tokens",
+        "waiting",
+        "waiting_tokens",
+        "ttft",
+        "up",
+        "executed",
+        "failed",
+    )
 
-    def __init__(self, name: str, limits: EndpointLimits, now: float) -> None:
+    def __init__(self, name: str, limits: EndpointLimits, now: float, ttft: TtftModel | None = None) -> None:
         self.name = name
         self.limits = limits
         self.bucket = limits.bucket(now)
         self.inflight = 0
+        self.tokens = 0  # token cost held by its admitted, unfinished requests
+        # Its requests that have no first token yet, and their prompt tokens: the TTFT model's load.
+        self.waiting = 0
+        self.waiting_tokens = 0
+        self.ttft = ttft or TtftModel()
         self.up = False  # set by its link: a down endpoint's capacity does not count
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`

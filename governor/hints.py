@@ -5,6 +5,7 @@ Pure logic with the clock passed in (`now`, seconds, monotonic) so tests control
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -102,9 +103,42 @@ class RetryHintEstimator:
             self._next_ms = now_ms + wait_ms
         else:
             wait_ms = self._base_ms
+        # `jittered_ms` inlined: this runs for every frame refused by a concurrency limit
         wait_ms *= self._jitter_lo + self._jitter_span * self._random()
         if wait_ms < self._min_ms:
             wait_ms = self._min_ms
         elif wait_ms > self._max_ms:
             wait_ms = self._max_ms
         return int(wait_ms + 0.5) or 1
+
+    def jittered_ms(self, wait_ms: float) -> int:
+        """A computed wait as a hint: jittered and clamped like the others."""
+        wait_ms *= self._jitter_lo + self._jitter_span * self._random()
+        return int(min(self._max_ms, max(self._min_ms, wait_ms)) + 0.5) or 1
+
+
+class DrainHint:
+    """The retry hint of a budget that running requests hold and give back when they end (the
+    in-flight tokens, globally or per endpoint).
+
+    By Little's law the `held` amount drains at `held / S` per second, S being the observed service
+    time. A refused request needs the budget's `deficit` to drain; each refusal books its amount on
+    a virtual timeline, so requests refused together are told successive times instead of the same
+    one. Before any service time is known, the base hint."""
+
+    __slots__ = ("_hints", "_booked")
+
+    def __init__(self, hints: RetryHintEstimator) -> None:
+        self._hints = hints
+        self._booked = -math.inf  # seconds, on the caller's clock: when the drain promised so far is done
+
+    def hint_ms(self, now: float, deficit: float, amount: float, held: float) -> int:
+        hints = self._hints
+        service_s = hints.service_time_s
+        if not hints.policy.adaptive or service_s is None or service_s <= 0 or held <= 0:
+            return hints.jittered_ms(hints.policy.base_ms)
+        per_token_s = service_s / held
+        at = max(now + deficit * per_token_s, self._booked + amount * per_token_s)
+        wait_s = min(at - now, hints.policy.max_ms / 1000.0)
+        self._booked = now + wait_s
+        return hints.jittered_ms(wait_s * 1000.0)

@@ -35,6 +35,7 @@ from govwire.codec import (
     readdress_token,
 )
 from govwire.errors import (
+    DeadlineExceeded,
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -68,6 +69,7 @@ class Ingress:
     __slots__ = (
         "_state",
         "_decide",
+        "_ask",
         "_decisions",
         "_decided",
         "_accounting",
@@ -86,6 +88,7 @@ class Ingress:
         self._state = state
         # Bound once: these are called for every frame.
         self._decide = state.admission.decide
+        self._ask = state.costs.ask
         self._decisions = state.latency.admission_decision
         self._decided = 0  # generate frames decided during the current read
         self._accounting = state.accounting
@@ -151,7 +154,11 @@ class Ingress:
         rid: str = obj["id"]
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
-        decision = self._decide(now)
+        try:
+            decision = self._decide(now, self._ask(obj))
+        except RequestRejected as exc:  # OverBudget: no wait would let it in
+            exc.request_id = rid
+            return self._reject(exc)
         self._decided += 1
         if type(decision) is Refusal:
             # The hot path under overload: decided and encoded here, written with this read's replies.
@@ -242,6 +249,7 @@ class Ingress:
         re-addressed as bytes, which is most of what streaming costs the governor."""
         if request.phase is not _STARTED:  # the first token starts it; the rest only stream
             self._lifecycle.start(request)
+        request.tokens_seen += 1
         if request.stream:
             self._pending.append(readdress_token(rest, request.client_id))
 
@@ -250,6 +258,7 @@ class Ingress:
         status = frame.get("status")
         if status == _TOKEN:
             self._lifecycle.start(request)
+            request.tokens_seen += 1
             if request.stream:
                 frame["id"] = request.client_id
                 self._pending.append(encode(frame))
@@ -285,6 +294,10 @@ class Ingress:
         """Its link dropped: re-routed once if it had not started, else `worker_lost`."""
         if not self._lifecycle.reroute(request):
             self._settle_error(request, WorkerLost(message, request.client_id))
+
+    def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
+        self._settle_error(request, error)
+        self.flush()
 
     def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
         self._lifecycle.settle(request, outcome_of(error), error.code)

@@ -7,9 +7,11 @@
 
 A request is `ADMITTED` once a `Grant` was charged for it; `DISPATCHED` once a worker link has it;
 `STARTED` at its first token (from then on a lost worker means `worker_lost`, since tokens were
-already streamed; before it, the request is re-routed once); `SETTLED` at its final reply. Every
-release of capacity, every count of an admitted request's fate and every latency observation
-happens in these transitions, so "exactly one final reply, its slots released exactly once" is
+already streamed; before it, the request is re-routed once); `SETTLED` at its final reply. A
+request with a deadline that is still ADMITTED or DISPATCHED when it passes `expire`s: the worker
+is told to cancel it and it settles at once with `deadline_exceeded`. Every release of capacity,
+every settlement of a token cost, every count of an admitted request's fate and every latency
+observation happens in these transitions, so "exactly one final reply, its slots released exactly once" is
 read here (h11 keeps its state machine in one file for the same reason). A transition from the
 wrong phase is a bug and raises `LifecycleError`: it never frees a slot twice.
 """
@@ -21,11 +23,12 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Protocol
 
-from governor.accounting import Accounting, Outcome
+from governor.accounting import Accounting, DeadlineOutcome, Outcome
 from governor.admission import Admission
+from governor.cost import CostModel
 from governor.latency import LatencyMetrics
 from governor.limits import Grant
-from govwire.errors import WorkerUnavailable
+from govwire.errors import DeadlineExceeded, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 
@@ -61,7 +64,20 @@ class RequestOwner(Protocol):
 
     def worker_lost(self, request: InflightRequest, message: str) -> None: ...
 
+    def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
+        """Answer a request the lifecycle gave up on: its final reply is `error`."""
+
     def flush(self) -> None: ...
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timers(Protocol):
+    """Where deadlines are scheduled: the event loop (`loop.call_later`), or a test's fake."""
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Cancellable: ...
 
 
 class Link(Protocol):
@@ -98,6 +114,8 @@ class InflightRequest:
         "generate",
         "t_received",
         "t_first_token",
+        "tokens_seen",
+        "deadline_timer",
         "phase",
     )
 
@@ -111,13 +129,15 @@ class InflightRequest:
         self.generate: GenerateRequest | None = None  # kept until it starts, to re-route it once
         self.t_received = t_received
         self.t_first_token: float | None = None
+        self.tokens_seen = 0  # token frames from the worker (what it generated, if no done comes)
+        self.deadline_timer: Cancellable | None = None
         self.phase = _ADMITTED
 
 
 class Lifecycle:
     """The transitions. `settle` is the only place an admitted request's capacity is released."""
 
-    __slots__ = ("_admission", "_accounting", "_latency", "_dispatcher", "_clock")
+    __slots__ = ("_admission", "_accounting", "_latency", "_dispatcher", "_clock", "_costs", "_timers")
 
     def __init__(
         self,
@@ -126,19 +146,26 @@ class Lifecycle:
         latency: LatencyMetrics,
         dispatcher: Dispatcher,
         clock: Callable[[], float],
+        costs: CostModel,
+        timers: Timers,
     ) -> None:
         self._admission = admission
         self._accounting = accounting
         self._latency = latency
         self._dispatcher = dispatcher
         self._clock = clock
+        self._costs = costs
+        self._timers = timers
 
     def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
         """Register a request `decide` granted. From here on whatever happens to it ends in `settle`
         (its final reply, or its connection's loss), so its slots are never stranded."""
-        self._accounting.frame_admitted()
+        self._accounting.frame_admitted(grant.ask.cost)
         request = InflightRequest(client_id, owner, grant, now)
         owner.active[client_id] = request
+        deadline = grant.ask.deadline_s
+        if deadline is not None:
+            request.deadline_timer = self._timers.call_later(deadline, self.expire, request)
         return request
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
@@ -157,7 +184,13 @@ class Lifecycle:
         request.phase = _STARTED
         request.generate = None
         now = request.t_first_token = self._clock()
-        self._latency.time_to_first_token.observe(now - request.t_received)
+        ttft = now - request.t_received
+        self._latency.time_to_first_token.observe(ttft)
+        self._admission.started(request.grant, ttft, now)
+        if request.deadline_timer is not None:
+            request.deadline_timer.cancel()
+            request.deadline_timer = None
+            self._accounting.deadline(DeadlineOutcome.MET)
 
     def reroute(self, request: InflightRequest) -> bool:
         """DISPATCHED → DISPATCHED on another endpoint, once, after its worker was lost before the
@@ -201,6 +234,20 @@ class Lifecycle:
         if request.phase is _DISPATCHED or request.phase is _STARTED:
             self._dispatcher.cancel(request)
 
+    def expire(self, request: InflightRequest) -> None:
+        """Its deadline passed before its first token (the timer `admit` set): the worker is told
+        to stop it, and its owner answers `deadline_exceeded` and settles it, so its slot and
+        tokens return now. The worker's own final reply for it, arriving later, is dropped."""
+        request.deadline_timer = None
+        if request.phase is not _ADMITTED and request.phase is not _DISPATCHED:
+            return  # started or settled since the timer was set
+        self._accounting.deadline(DeadlineOutcome.EXPIRED)
+        self.cancel(request)
+        deadline_ms = round(request.grant.ask.deadline_s * 1000) if request.grant.ask.deadline_s else 0
+        request.owner.deadline_expired(
+            request, DeadlineExceeded(f"no first token within deadline_ms {deadline_ms}", request.client_id)
+        )
+
     def settle(
         self, request: InflightRequest, outcome: Outcome, reason: str = "", completion: Completion | None = None
     ) -> None:
@@ -209,8 +256,18 @@ class Lifecycle:
             raise LifecycleError(f"request {request.client_id!r} settled twice ({outcome.value} {reason})")
         reached_worker = request.phase is not _ADMITTED
         request.phase = _SETTLED
-        self._admission.release(request.grant, executed=outcome is _EXECUTED)
-        self._accounting.request_settled(outcome, reason)
+        if request.deadline_timer is not None:
+            request.deadline_timer.cancel()
+            request.deadline_timer = None
+        grant = request.grant
+        if completion is not None:
+            grant.used = self._costs.settle(grant.ask, completion.prompt_tokens, completion.completion_tokens)
+        elif reached_worker:  # no counts from the worker: its prompt as estimated, and what it streamed
+            grant.used = self._costs.cost_of(grant.ask.prompt_tokens, request.tokens_seen)
+        else:
+            grant.used = 0  # it never ran
+        self._admission.release(grant, executed=outcome is _EXECUTED)
+        self._accounting.request_settled(outcome, reason, grant.used)
         request.owner.active.pop(request.client_id, None)
         if not reached_worker:
             return  # invalid after admission, or no worker: no duration

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from governor.adaptive_limit import AdaptiveMode
 from governor.latency import Histogram
 from governor.state import ServerState
 from governor.upstream import Upstream, WorkerLink
@@ -68,6 +69,19 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
         "tokens": GaugeMetricFamily(
             "governor_endpoint_qps_tokens", "Admissions the endpoint's qps bucket holds now.", labels=["endpoint"]
         ),
+        "inflight_tokens": GaugeMetricFamily(
+            "governor_endpoint_inflight_tokens",
+            "Token cost held by the endpoint's admitted, unfinished requests.",
+            labels=["endpoint"],
+        ),
+        "tokens_limit": GaugeMetricFamily(
+            "governor_endpoint_tokens_limit", "The endpoint's token budget (tokens=N); 0 = none.", labels=["endpoint"]
+        ),
+        "waiting": GaugeMetricFamily(
+            "governor_endpoint_waiting",
+            "The endpoint's admitted requests without a first token yet (what the TTFT prediction waits behind).",
+            labels=["endpoint"],
+        ),
     }
     for link in upstream.links:
         e = link.endpoint
@@ -80,7 +94,71 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
         families["qps"].add_metric(label, e.limits.qps)
         if e.bucket is not None:
             families["tokens"].add_metric(label, e.bucket.level(now))
+        families["inflight_tokens"].add_metric(label, e.tokens)
+        families["tokens_limit"].add_metric(label, e.limits.tokens)
+        families["waiting"].add_metric(label, e.waiting)
     yield from families.values()
+
+
+def _token_families(
+    state: ServerState, now: float
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+    """Token-cost admission (cost.py, limits.TokenBudget, limits.TokenRate) and deadlines."""
+    admission, acc = state.admission, state.accounting
+    yield GaugeMetricFamily(
+        "governor_inflight_tokens", "Token cost reserved by admitted, unfinished requests.", admission.tokens.held
+    )
+    yield GaugeMetricFamily(
+        "governor_max_inflight_tokens", "Hard cap on governor_inflight_tokens; 0 = none.", admission.tokens.max_tokens
+    )
+    bucket = admission.token_rate.bucket
+    yield GaugeMetricFamily(
+        "governor_max_tokens_per_s",
+        "Token cost admitted per second (--max-tokens-per-s); 0 = none.",
+        0.0 if bucket is None else bucket.rate,
+    )
+    if bucket is not None:
+        yield GaugeMetricFamily(
+            "governor_token_rate_tokens", "Token cost the --max-tokens-per-s bucket holds now.", bucket.level(now)
+        )
+    yield CounterMetricFamily(
+        "governor_tokens_reserved",
+        "Token cost charged at admission (prompt estimate + weighted max_new_tokens).",
+        acc.tokens_reserved,
+    )
+    yield CounterMetricFamily(
+        "governor_tokens_settled",
+        "Real token cost of the requests that ended (from the workers' counts).",
+        acc.tokens_settled,
+    )
+    yield GaugeMetricFamily(
+        "governor_bytes_per_token",
+        "Prompt bytes per token used to estimate undeclared prompts.",
+        state.costs.bytes_per_token,
+    )
+    ratio = HistogramMetricFamily(
+        "governor_prompt_tokens_estimate_ratio",
+        "Estimated or declared prompt tokens over the real count, per request (1 = exact).",
+        labels=["source"],
+    )
+    for source, h in state.costs.accuracy.items():
+        ratio.add_metric([source], h.cumulative(), h.total)
+    yield ratio
+    deadlines = CounterMetricFamily(
+        "governor_deadlines",
+        "Admitted requests with deadline_ms: met (first token in time) or expired (cancelled at the deadline).",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(acc.deadlines.items()):
+        deadlines.add_metric([outcome], n)
+    yield deadlines
+    adaptive = admission.adaptive
+    if adaptive.policy.mode is not AdaptiveMode.OFF:
+        yield GaugeMetricFamily(
+            "governor_adaptive_limit",
+            "The concurrency limit --adaptive-limit sets (enforce) or would set (shadow).",
+            adaptive.limit,
+        )
 
 
 class GovernorCollector(Collector):
@@ -97,7 +175,9 @@ class GovernorCollector(Collector):
             "governor_inflight", "Admitted generate requests without a final reply.", admission.inflight.inflight
         )
         yield GaugeMetricFamily(
-            "governor_max_inflight", "Hard cap on governor_inflight.", admission.inflight.max_inflight
+            "governor_max_inflight",
+            "Hard cap on governor_inflight (the adaptive limit under --adaptive-limit enforce).",
+            admission.inflight.max_inflight,
         )
         yield GaugeMetricFamily("governor_connections", "Open client connections.", len(s.connections))
         yield GaugeMetricFamily(
@@ -118,6 +198,7 @@ class GovernorCollector(Collector):
                 family.add_metric([reason], n)
             yield family
         yield from _endpoint_families(self._upstream, now)
+        yield from _token_families(s, now)
         bucket = admission.rate.bucket
         if bucket is not None:
             yield GaugeMetricFamily(

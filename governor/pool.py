@@ -1,12 +1,18 @@
 """The endpoint pool: per-endpoint soft caps under the global hard ones, and the routing.
 
 A `Limit` (limits.py) that also chooses: `check` finds the least loaded endpoint that is up and
-under its concurrency cap and its token bucket (relative to capacity, round-robin among equals),
-`charge` takes that endpoint's slot and token. Refusals name the endpoint limit that was hit:
-`endpoint_qps` with the exact wait of the bucket that refills first when only buckets stand in
-the way, else `endpoint_inflight` with the service-time estimate. With no endpoint up at all it
-does not refuse: the request is admitted without an endpoint and fails with
-`worker_unavailable` (a yield would promise a retry that cannot succeed before a worker is back).
+under its concurrency cap, its token budget (`tokens=N`) and its qps bucket (relative to
+capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens and bucket token.
+Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
+that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
+estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
+service-time estimate. A request costing more than every endpoint's token budget is an `OverBudget` error.
+With no endpoint up at all it does not refuse: the request is admitted without an endpoint and
+fails with `worker_unavailable` (a yield would promise a retry that cannot succeed before a
+worker is back).
+
+The pool also keeps each endpoint's waiting load (requests without a first token and their
+prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
 """
 
 from __future__ import annotations
@@ -14,9 +20,10 @@ from __future__ import annotations
 import math
 
 from governor.buckets import TokenBucket
+from governor.cost import Ask
 from governor.endpoint import Endpoint
-from governor.hints import RetryHintEstimator
-from governor.limits import Grant, Refusal, hint_of
+from governor.hints import DrainHint, RetryHintEstimator
+from governor.limits import Grant, Refusal, hint_of, over_budget
 from govwire.vocab import YieldReason
 
 
@@ -29,15 +36,24 @@ class Pool:
         self._choice: tuple[Endpoint, int] | None = None  # from `check`, for the `charge` that follows
         self._qps_refusal = Refusal(YieldReason.ENDPOINT_QPS)
         self._inflight_refusal = Refusal(YieldReason.ENDPOINT_INFLIGHT)
+        self._tokens_refusal = Refusal(YieldReason.ENDPOINT_TOKENS)
+        self._drains = {e: DrainHint(hints) for e in endpoints}
 
-    def check(self, now: float) -> Refusal | None:
+    @property
+    def choice(self) -> Endpoint | None:
+        """The endpoint the last passing `check` chose (read by the deadline check that follows)."""
+        return None if self._choice is None else self._choice[0]
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
         self._choice = None
         endpoints = self.endpoints
         best: Endpoint | None = None
         best_index = 0
         best_load = math.inf
         qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
-        any_up = False
+        token_deficit: tuple[int, Endpoint] | None = None  # the token budget closest to fitting
+        any_up = fits_one = False
+        cost = ask.cost
         n = len(endpoints)
         for k in range(n):
             index = (self._next + k) % n
@@ -45,8 +61,17 @@ class Pool:
             if not e.up:
                 continue
             any_up = True
+            budget = e.limits.tokens
+            if budget and cost > budget:
+                continue  # it never fits here
+            fits_one = True
             cap = e.limits.concurrency
             if cap and e.inflight >= cap:
+                continue
+            if budget and e.tokens + cost > budget:
+                deficit = e.tokens + cost - budget
+                if token_deficit is None or deficit < token_deficit[0]:
+                    token_deficit = (deficit, e)
                 continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
                 if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):
@@ -60,8 +85,14 @@ class Pool:
             return None
         if not any_up:
             return None  # admitted without an endpoint: dispatch answers worker_unavailable
+        if not fits_one:
+            budget = max(e.limits.tokens for e in endpoints if e.up)
+            raise over_budget(ask, budget, "every endpoint's tokens=N")
         if qps_bucket is not None:
             return self._qps_refusal.at(hint_of(qps_bucket.appointment_s(now)))
+        if token_deficit is not None:
+            deficit, e = token_deficit
+            return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
         return self._inflight_refusal.at(self._hints.hint_ms(now))
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -71,9 +102,24 @@ class Pool:
         endpoint, index = choice
         if endpoint.bucket is not None:
             endpoint.bucket.take()
+        ask = grant.ask
         endpoint.inflight += 1
+        endpoint.tokens += ask.cost
+        # The TTFT model's features: what waits there for a first token, this request included.
+        grant.requests_ahead = endpoint.waiting
+        endpoint.waiting += 1
+        endpoint.waiting_tokens += ask.prompt_tokens
+        grant.tokens_ahead = endpoint.waiting_tokens
         self._next = (index + 1) % len(self.endpoints)
         grant.endpoint = endpoint
+
+    def started(self, grant: Grant) -> None:
+        """Its first token came: it waits no more on its endpoint."""
+        endpoint = grant.endpoint
+        if endpoint is not None and not grant.started:
+            endpoint.waiting -= 1
+            endpoint.waiting_tokens -= grant.ask.prompt_tokens
+        grant.started = True
 
     def refund(self, grant: Grant) -> None:
         endpoint = grant.endpoint
@@ -87,6 +133,10 @@ class Pool:
         if endpoint.inflight <= 0:
             raise RuntimeError("release() without a matching charge")
         endpoint.inflight -= 1
+        endpoint.tokens -= grant.ask.cost
+        if not grant.started:
+            endpoint.waiting -= 1
+            endpoint.waiting_tokens -= grant.ask.prompt_tokens
         if executed:
             endpoint.executed += 1
         else:

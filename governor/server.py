@@ -15,9 +15,11 @@ import signal
 import tempfile
 import time
 
+from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission import Admission
 from governor.config import GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
+from governor.cost import CostModel
 from governor.endpoint import Endpoint, EndpointLimits
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.lifecycle import Phase
@@ -26,6 +28,7 @@ from governor.metrics_server import MetricsEndpoint
 from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ServerState
 from governor.supervisor import WorkerSupervisor
+from governor.ttft import TtftModel
 from governor.upstream import HealthPolicy, Upstream, WorkerLink
 from govwire.address import Address
 from govwire.auth import SharedSecret
@@ -48,11 +51,35 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
     )
     hints = RetryHintEstimator(policy, config.max_inflight)
     endpoints = [link.endpoint for link in upstream.links]
+    adaptive = AdaptivePolicy(
+        AdaptiveMode(config.adaptive_limit),
+        floor=config.adaptive_limit_min,
+        ceiling=config.max_inflight,
+        tolerance=config.adaptive_tolerance,
+    )
+    admission = Admission(
+        endpoints,
+        config.max_inflight,
+        config.max_qps,
+        config.qps_burst,
+        hints,
+        now,
+        max_inflight_tokens=config.max_inflight_tokens,
+        tokens_per_s=config.max_tokens_per_s,
+        tokens_burst=config.tokens_burst,
+        adaptive=adaptive,
+    )
     return ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
-        admission=Admission(endpoints, config.max_inflight, config.max_qps, config.qps_burst, hints, now),
+        admission=admission,
         upstream=upstream,
         auth=config.client_secret(),
+        costs=CostModel(
+            config.bytes_per_token,
+            config.output_token_weight,
+            config.max_new_tokens_limit,
+            calibrate=config.token_estimate == "calibrated",
+        ),
     )
 
 
@@ -85,14 +112,30 @@ async def sweep_timeouts(state: ServerState, idle_timeout_s: float) -> None:
             connection.check_timeouts(now)
 
 
-RELOADABLE = ("max_inflight", "max_qps", "qps_burst", "worker")
+RELOADABLE = (
+    "max_inflight",
+    "max_qps",
+    "qps_burst",
+    "max_inflight_tokens",
+    "max_tokens_per_s",
+    "tokens_burst",
+    "worker",
+)
 
 
 def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     """Live cap changes. Lowering a cap never cancels a running request: it stops new admissions
     until in-flight falls under it. Endpoints are matched by address; adding or removing one
     needs a restart."""
-    state.admission.set_caps(config.max_inflight, config.max_qps, config.qps_burst, now)
+    state.admission.set_caps(
+        config.max_inflight,
+        config.max_qps,
+        config.qps_burst,
+        now,
+        max_inflight_tokens=config.max_inflight_tokens,
+        tokens_per_s=config.max_tokens_per_s,
+        tokens_burst=config.tokens_burst,
+    )
     endpoints = {e.name: e for e in state.admission.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)
@@ -200,7 +243,12 @@ class Server:
             config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
         )
         upstream = Upstream(
-            [(address, Endpoint(str(address), limits, now)) for address, limits in specs], health, worker_secret
+            [
+                (address, Endpoint(str(address), limits, now, TtftModel(config.deadline_margin)))
+                for address, limits in specs
+            ],
+            health,
+            worker_secret,
         )
         state = build_state(config, upstream, now)
         if config.config:

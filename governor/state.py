@@ -7,14 +7,16 @@ the `stats` reply.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from governor.accounting import Accounting, ShedReason
 from governor.admission import Admission
+from governor.cost import CostModel
 from governor.latency import LatencyMetrics
-from governor.lifecycle import Dispatcher, Lifecycle, RequestOwner
+from governor.lifecycle import Cancellable, Dispatcher, Lifecycle, RequestOwner, Timers
 from govwire.auth import SharedSecret
 from govwire.errors import GovernorError
 from govwire.request import Limits
@@ -42,11 +44,19 @@ class UpstreamView(Dispatcher, Protocol):
     def describe(self) -> list[dict[str, Any]]: ...
 
 
+class LoopTimers:
+    """Deadlines on the running event loop."""
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Cancellable:
+        return asyncio.get_running_loop().call_later(delay, callback, *args)
+
+
 class ServerState:
     __slots__ = (
         "limits",
         "auth",
         "clock",
+        "costs",
         "admission",
         "accounting",
         "latency",
@@ -63,15 +73,20 @@ class ServerState:
         upstream: UpstreamView,
         clock: Callable[[], float] = time.monotonic,
         auth: SharedSecret | None = None,
+        costs: CostModel | None = None,
+        timers: Timers | None = None,
     ) -> None:
         self.limits = limits  # what a generate frame may ask for
         self.auth = auth  # when set, every connection must open with a matching `auth` frame
         self.clock = clock
+        self.costs = costs or CostModel(4.0, 1.0, limits.max_new_tokens)  # what a frame costs in tokens
         self.admission = admission
         self.accounting = Accounting()
         self.latency = LatencyMetrics()
         self.upstream = upstream
-        self.lifecycle = Lifecycle(admission, self.accounting, self.latency, upstream, clock)
+        self.lifecycle = Lifecycle(
+            admission, self.accounting, self.latency, upstream, clock, self.costs, timers or LoopTimers()
+        )
         self.connections: set[ClientConnection] = set()
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
 
@@ -80,12 +95,25 @@ class ServerState:
         acc = self.accounting
         admission = self.admission
         bucket = admission.rate.bucket
+        token_bucket = admission.token_rate.bucket
         hints = admission.hints
+        adaptive = admission.adaptive
+        now = self.clock()
         return {
             "inflight": admission.inflight.inflight,
             "max_inflight": admission.inflight.max_inflight,
+            "configured_max_inflight": admission.max_inflight,
             "max_qps": 0.0 if bucket is None else bucket.rate,
-            "qps_tokens": None if bucket is None else round(bucket.level(self.clock()), 3),
+            "qps_tokens": None if bucket is None else round(bucket.level(now), 3),
+            "inflight_tokens": admission.tokens.held,
+            "max_inflight_tokens": admission.tokens.max_tokens,
+            "max_tokens_per_s": 0.0 if token_bucket is None else token_bucket.rate,
+            "token_rate_tokens": None if token_bucket is None else round(token_bucket.level(now), 3),
+            "tokens_reserved_total": acc.tokens_reserved,
+            "tokens_settled_total": acc.tokens_settled,
+            "bytes_per_token": round(self.costs.bytes_per_token, 4),
+            "deadlines": dict(acc.deadlines),
+            "adaptive_limit": {"mode": adaptive.policy.mode.value, "limit": adaptive.limit, "knee": adaptive.knee},
             "received_total": acc.received,
             "executed_total": acc.executed,
             "yielded_total": acc.yielded_total,

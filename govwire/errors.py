@@ -63,12 +63,24 @@ class Unauthorized(RequestRejected):
     code = ErrorCode.UNAUTHORIZED
 
 
+class OverBudget(RequestRejected):
+    """The request's token cost exceeds a whole budget: no wait would let it in."""
+
+    code = ErrorCode.OVER_BUDGET
+
+
 class WorkerUnavailable(RequestFailed):
     code = ErrorCode.WORKER_UNAVAILABLE
 
 
 class WorkerLost(RequestFailed):
     code = ErrorCode.WORKER_LOST
+
+
+class DeadlineExceeded(RequestFailed):
+    """The frame's `deadline_ms` passed before its first token: the governor cancelled it."""
+
+    code = ErrorCode.DEADLINE_EXCEEDED
 
 
 class InternalError(RequestFailed):
@@ -97,8 +109,10 @@ ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
         UnknownOp,
         DuplicateId,
         Unauthorized,
+        OverBudget,
         WorkerUnavailable,
         WorkerLost,
+        DeadlineExceeded,
         InternalError,
         TooManyConnections,
         IdleTimeout,

@@ -24,6 +24,8 @@ _OP_NAMES = ", ".join(_OPS)
 MAX_ID_CHARS = 256
 MAX_SEED = 2**64 - 1
 DEFAULT_MAX_NEW_TOKENS = 16
+MAX_DECLARED_TOKENS = 2**31 - 1  # a declared prompt_tokens is a claim: bounded, settled with the truth
+MAX_DEADLINE_MS = 86_400_000  # a day: a longer wait for a first token is no deadline
 _is_hex64 = re.compile(r"[0-9a-f]{64}").fullmatch
 
 
@@ -98,6 +100,12 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     v = obj.get("ack")
     if v is not None and type(v) is not bool:
         raise BadFrame("ack must be a boolean", rid)
+    v = obj.get("prompt_tokens")
+    if v is not None and not (is_int(v) and 0 <= v <= MAX_DECLARED_TOKENS):
+        raise BadFrame(f"prompt_tokens must be an integer in [0, {MAX_DECLARED_TOKENS}]", rid)
+    v = obj.get("deadline_ms")
+    if v is not None and not (is_number(v) and 0 < v <= MAX_DEADLINE_MS):
+        raise BadFrame(f"deadline_ms must be a number in (0, {MAX_DEADLINE_MS}]", rid)
     if limits.integrity is IntegrityMode.OFF:
         return
     size = obj.get("size")

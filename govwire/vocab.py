@@ -57,6 +57,10 @@ class YieldReason(StrEnum):
     QPS = "qps"
     ENDPOINT_INFLIGHT = "endpoint_inflight"
     ENDPOINT_QPS = "endpoint_qps"
+    TOKENS = "tokens"  # --max-inflight-tokens: the token cost held by admitted requests
+    TOKEN_RATE = "token_rate"  # --max-tokens-per-s: the token cost admitted per second
+    ENDPOINT_TOKENS = "endpoint_tokens"  # an endpoint's tokens=N
+    DEADLINE = "deadline"  # the predicted time to first token exceeds the frame's deadline_ms
     DRAINING = "draining"
 
 
@@ -84,6 +88,8 @@ class ErrorCode(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     IDLE_TIMEOUT = "idle_timeout"
     BUFFER_FULL = "buffer_full"
+    OVER_BUDGET = "over_budget"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 MIB: Final = 1024 * 1024

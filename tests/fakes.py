@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from governor.admission import Admission
+from governor.cost import CostModel
 from governor.endpoint import Endpoint, EndpointLimits
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.ingress import Ingress
@@ -21,9 +22,21 @@ from govwire.request import GenerateRequest, IntegrityMode, Limits
 from govwire.vocab import FinishReason, Op
 
 
-def done_frame(request_id: str, text: str = "", finish_reason: str = "eos", prompt_tokens: int = 1) -> dict[str, Any]:
+def done_frame(
+    request_id: str,
+    text: str = "",
+    finish_reason: str = "eos",
+    prompt_tokens: int = 1,
+    completion_tokens: int | None = None,
+) -> dict[str, Any]:
     """A worker's `done` frame, parsed, as the contract's encoder writes it."""
-    completion = Completion(text, prompt_tokens, len(text), FinishReason(finish_reason), queue_wait_ms=0.0)
+    completion = Completion(
+        text,
+        prompt_tokens,
+        len(text) if completion_tokens is None else completion_tokens,
+        FinishReason(finish_reason),
+        queue_wait_ms=0.0,
+    )
     frame: dict[str, Any] = orjson.loads(encode_done(request_id, completion))
     return frame
 
@@ -37,6 +50,35 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class FakeTimer:
+    def __init__(self, at: float, callback: Any, args: tuple[Any, ...]) -> None:
+        self.at, self.callback, self.args = at, callback, args
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeTimers:
+    """Deadlines on a FakeClock: `fire_due` runs the callbacks whose time has come."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.timers: list[FakeTimer] = []
+
+    def call_later(self, delay: float, callback: Any, *args: Any) -> FakeTimer:
+        timer = FakeTimer(self.clock() + delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def fire_due(self) -> int:
+        due = [t for t in self.timers if not t.cancelled and t.at <= self.clock()]
+        self.timers = [t for t in self.timers if not t.cancelled and t.at > self.clock()]
+        for timer in due:
+            timer.callback(*timer.args)
+        return len(due)
 
 
 class FakeLink:
@@ -99,8 +141,12 @@ def make_state(
     hint_policy: RetryHintPolicy | None = None,
     endpoints: list[Endpoint] | None = None,
     auth: SharedSecret | None = None,
+    timers: FakeTimers | None = None,
+    costs: CostModel | None = None,
+    **token_caps: Any,
 ) -> ServerState:
-    """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter."""
+    """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter;
+    `token_caps` are Admission's keyword arguments (max_inflight_tokens, tokens_per_s, ...)."""
     clock = clock or FakeClock()
     if endpoints is None:
         endpoint = Endpoint("fake", EndpointLimits(), clock())
@@ -109,10 +155,12 @@ def make_state(
     hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
-        admission=Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock()),
+        admission=Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), **token_caps),
         upstream=upstream or FakeUpstream(),
         clock=clock,
         auth=auth,
+        costs=costs,
+        timers=timers or FakeTimers(clock),
     )
 
 

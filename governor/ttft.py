@@ -1,0 +1,98 @@
+"""The time-to-first-token model of one endpoint: what the deadline check predicts with.
+
+A request routed to an endpoint waits for its first token behind the requests there that have
+not produced theirs, and for its own prefill. So the model is linear in what the governor sees
+when it routes the request:
+
+    ttft ≈ w0 + w1 * (prompt tokens waiting there, its own included) + w2 * (requests waiting there)
+
+w1 is the endpoint's inverse prefill rate, w2 what each waiting request adds beyond its tokens
+(a batch slot, a scheduling step), w0 the fixed path (two socket hops, one decode step). The
+weights are fitted by least squares over the requests' observed first tokens, with exponential
+forgetting so that the model follows an endpoint whose speed changes (another workload on the
+machine), and a small ridge so that it stays defined with few or collinear samples. A
+prediction is an upper estimate: the fit plus `margin` standard deviations of its recent
+residuals (Mooncake refuses on predicted TTFT the same way; the margin trades early refusals
+for deadlines met). No prediction before `MIN_SAMPLES` first tokens: the deadline check admits
+until then.
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_SAMPLES = 8
+FORGETTING = 0.98  # each sample's weight decays by this per newer sample: ~50 samples of memory
+RIDGE = 1e-6
+TOKEN_SCALE = 1000.0  # features are scaled to order 1 so the ridge treats them alike
+REQUEST_SCALE = 10.0
+
+
+def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a 3x3 system; None when singular."""
+    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(col + 1, 3):
+            f = m[r][col] / m[col][col]
+            for c in range(col, 4):
+                m[r][c] -= f * m[col][c]
+    x = [0.0, 0.0, 0.0]
+    for r in (2, 1, 0):
+        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    return x
+
+
+class TtftModel:
+    __slots__ = ("margin", "samples", "_xtx", "_xty", "_weights", "_residual_var", "_residuals")
+
+    def __init__(self, margin: float = 1.65) -> None:
+        self.margin = margin  # standard deviations of the residuals added to the fit
+        self.samples = 0
+        self._xtx = [[0.0] * 3 for _ in range(3)]
+        self._xty = [0.0] * 3
+        self._weights: list[float] | None = None
+        self._residual_var = 0.0
+        self._residuals = 0
+
+    @staticmethod
+    def _features(tokens_ahead: int, requests_ahead: int) -> tuple[float, float, float]:
+        return 1.0, tokens_ahead / TOKEN_SCALE, requests_ahead / REQUEST_SCALE
+
+    def fit(self, tokens_ahead: int, requests_ahead: int) -> float | None:
+        """The least-squares TTFT (seconds) for this load; None until the model has samples."""
+        w = self._weights
+        if w is None or self.samples < MIN_SAMPLES:
+            return None
+        x = self._features(tokens_ahead, requests_ahead)
+        return max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+
+    def predict(self, tokens_ahead: int, requests_ahead: int) -> float | None:
+        """The fit plus the margin: what the deadline is compared with."""
+        fit = self.fit(tokens_ahead, requests_ahead)
+        return None if fit is None else fit + self.margin * math.sqrt(self._residual_var)
+
+    def observe(self, tokens_ahead: int, requests_ahead: int, ttft_s: float) -> None:
+        """A request routed under this load got its first token after `ttft_s`."""
+        x = self._features(tokens_ahead, requests_ahead)
+        w = self._weights
+        if w is not None:  # the error of the fit so far on a sample it has not seen
+            error = ttft_s - max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+            self._residuals += 1
+            # a plain mean over the first samples, then the same forgetting as the fit
+            rate = max(1.0 - FORGETTING, 1.0 / self._residuals)
+            self._residual_var += rate * (error * error - self._residual_var)
+        xtx, xty = self._xtx, self._xty
+        for i in range(3):
+            xty[i] = FORGETTING * xty[i] + x[i] * ttft_s
+            row = xtx[i]
+            for j in range(3):
+                row[j] = FORGETTING * row[j] + x[i] * x[j]
+        self.samples += 1
+        regularised = [[xtx[i][j] + (RIDGE if i == j else 0.0) for j in range(3)] for i in range(3)]
+        weights = _solve3(regularised, xty)
+        if weights is not None:
+            self._weights = weights
