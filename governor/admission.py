@@ -173,6 +173,14 @@ class Admission:
         for limit in self._every:
             limit.release(grant, executed)
 
+    def expired(self, grant: Grant, waited_s: float) -> None:
+        """The request's deadline passed after `waited_s` without a first token: its TTFT is at
+        least that. The model learns it as a sample, or it would learn only from the requests fast
+        enough to be answered and predict too low exactly when deadlines are being missed."""
+        endpoint = grant.endpoint
+        if endpoint is not None and not grant.started:
+            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, waited_s)
+
     def reroute(self, grant: Grant, now: float) -> bool:
         """Route a request whose endpoint was lost before it started to another endpoint: the old
         endpoint's slot is freed (as failed) and the new one charged; the global limits keep what

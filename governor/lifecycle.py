@@ -242,6 +242,7 @@ class Lifecycle:
         if request.phase is not _ADMITTED and request.phase is not _DISPATCHED:
             return  # started or settled since the timer was set
         self._accounting.deadline(DeadlineOutcome.EXPIRED)
+        self._admission.expired(request.grant, self._clock() - request.t_received)
         self.cancel(request)
         deadline_ms = round(request.grant.ask.deadline_s * 1000) if request.grant.ask.deadline_s else 0
         request.owner.deadline_expired(

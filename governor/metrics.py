@@ -152,13 +152,11 @@ def _token_families(
     for outcome, n in sorted(acc.deadlines.items()):
         deadlines.add_metric([outcome], n)
     yield deadlines
-    adaptive = admission.adaptive
-    if adaptive.policy.mode is not AdaptiveMode.OFF:
-        yield GaugeMetricFamily(
-            "governor_adaptive_limit",
-            "The concurrency limit --adaptive-limit sets (enforce) or would set (shadow).",
-            adaptive.limit,
-        )
+    yield GaugeMetricFamily(
+        "governor_adaptive_limit",
+        "The concurrency limit --adaptive-limit sets (enforce) or would set (shadow); --max-inflight when off.",
+        admission.adaptive.limit if admission.adaptive.policy.mode is not AdaptiveMode.OFF else admission.max_inflight,
+    )
 
 
 class GovernorCollector(Collector):

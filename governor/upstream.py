@@ -78,6 +78,8 @@ class WorkerLink(asyncio.Protocol):
             "up": self.endpoint.up,
             "inflight": self.endpoint.inflight,
             "concurrency": limits.concurrency,
+            "tokens": limits.tokens,
+            "inflight_tokens": self.endpoint.tokens,
             "qps": limits.qps,
             "weight": limits.weight,
             "executed": self.endpoint.executed,

@@ -45,6 +45,9 @@ class BenchConfig:
     connections: int = option(1, "TCP connections the requests are spread over")
     warmup_runs: int = option(0, "runs whose results are discarded")
     repeat_runs: int = option(1, "measured runs")
+    deadline_ms: float = option(
+        0.0, "send deadline_ms (time to first token) with every request and report deadline outcomes; 0 = none"
+    )
     slo_ttft_ms: float = option(0.0, "goodput counts requests with TTFT at most this; 0 = no TTFT SLO")
     slo_tpot_ms: float = option(0.0, "goodput counts requests with TPOT at most this; 0 = no TPOT SLO")
     json: str = option("", "write every sample and summary to this file", metavar="PATH")
@@ -65,6 +68,8 @@ class BenchConfig:
             raise ConfigError("--num-requests, --connections and --repeat-runs must be > 0")
         if min(self.concurrency, self.warmup_runs, self.max_retries, self.prompt_repeats - 1) < 0:
             raise ConfigError("--concurrency, --warmup-runs, --max-retries must be >= 0, --prompt-repeats > 0")
+        if self.deadline_ms < 0:
+            raise ConfigError("--deadline-ms must be >= 0")
         if min(self.submit_interval_ms, self.submit_work_ms) < 0 or self.timeout_s <= 0 or self.poll_interval_ms <= 0:
             raise ConfigError(
                 "--submit-interval-ms and --submit-work-ms must be >= 0, --timeout-s and --poll-interval-ms > 0"

@@ -22,7 +22,9 @@ async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
     measured: list[tuple[Summary, RunResult]] = []
     for n in range(config.warmup_runs + config.repeat_runs):
         result = await BenchRun(config, prompts, rng).run()
-        summary = summarize(result.samples, result.wall_s, config.slo_ttft_ms or None, config.slo_tpot_ms or None)
+        summary = summarize(
+            result.samples, result.wall_s, config.slo_ttft_ms or None, config.slo_tpot_ms or None, config.deadline_ms
+        )
         if n < config.warmup_runs:
             print(f"warm-up run {n + 1}/{config.warmup_runs}: {summary.requests} done, {summary.rejected} yielded")
             continue

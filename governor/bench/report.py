@@ -45,15 +45,24 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
     if result.submit_wall_s > 0:
         schedule += f"; arrivals {result.arrival_rate:.1f} req/s"
     errors = ", ".join(f"{k}={v}" for k, v in sorted(summary.errors.items())) or "none"
+    reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary.yielded_by_reason.items()))
     lines = [
         f"== {title}",
         f"  Requests (accepted, done) {summary.requests}",
-        f"  Rejected (yielded)       {summary.rejected}",
+        f"  Rejected (yielded)       {summary.rejected}" + (f" ({reasons})" if reasons else ""),
         f"  Errors                   {errors}",
         f"  Retries                  {summary.retries} (amplification {summary.retry_amplification:.2f} attempts"
         " per completed request)",
         f"  Goodput                  {summary.goodput_rps:.2f} req/s"
         f" (SLO ttft {config.slo_ttft_ms or '-'} ms, tpot {config.slo_tpot_ms or '-'} ms)",
+        *(
+            [
+                f"  Deadlines ({config.deadline_ms:g} ms)     met {d.met} of {d.met + d.missed} admitted"
+                f" ({d.met_share:.1%}), missed {d.missed}, refused {d.refused}"
+            ]
+            if (d := summary.deadlines) is not None
+            else []
+        ),
         f"  Prompt tokens            {summary.prompt_tokens}",
         f"  Completion tokens        {summary.completion_tokens}",
         f"  Wall                     {summary.wall_s:.3f} s",

@@ -91,6 +91,8 @@ class BenchRun:
         self._clients: list[AsyncClient] = []
         # The client asks for an `accepted` reply (ack) on every request: submit -> ack latency.
         self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
+        if config.deadline_ms:
+            self._fields["deadline_ms"] = config.deadline_ms
 
     async def run(self) -> RunResult:
         address = self.config.direct or self.config.address

@@ -94,6 +94,23 @@ def _ms(values: list[float]) -> list[float]:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadlineOutcomes:
+    """Requests sent with a deadline: admitted ones whose first token came in time (as the client
+    measured it), admitted ones that did not (cancelled with `deadline_exceeded`, or late), and
+    those refused at once (yield reason `deadline`)."""
+
+    met: int
+    missed: int
+    refused: int
+
+    @property
+    def met_share(self) -> float:
+        """Of the admitted requests, the share that met the deadline."""
+        admitted = self.met + self.missed
+        return self.met / admitted if admitted else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     requests: int  # completed with done
     rejected: int  # yielded (finally, after any retries)
@@ -109,6 +126,8 @@ class Summary:
     reject_latency_ms: Distribution  # every yield reply, retried or final
     ack_ms: Distribution  # admitted attempts: submit -> accepted
     goodput_rps: float  # done requests meeting both SLOs, per second of wall time
+    yielded_by_reason: dict[str, int] = field(default_factory=dict)  # final yields
+    deadlines: DeadlineOutcomes | None = None  # with --deadline-ms
 
     @property
     def retry_amplification(self) -> float:
@@ -125,7 +144,11 @@ class Summary:
 
 
 def summarize(
-    samples: Sequence[RequestSample], wall_s: float, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None
+    samples: Sequence[RequestSample],
+    wall_s: float,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    deadline_ms: float | None = None,
 ) -> Summary:
     done = [s for s in samples if s.status == "done"]
     errors: dict[str, int] = {}
@@ -141,6 +164,15 @@ def summarize(
         return slo_tpot_ms is None or tpot is None or tpot * 1000 <= slo_tpot_ms
 
     good = sum(meets_slo(s) for s in done)
+    yielded: dict[str, int] = {}
+    for s in samples:
+        if s.status == "yield":
+            yielded[s.code or "unknown"] = yielded.get(s.code or "unknown", 0) + 1
+    deadlines = None
+    if deadline_ms:
+        met = sum(1 for s in done if (t := s.ttft) is not None and t * 1000 <= deadline_ms)
+        missed = len(done) - met + errors.get("deadline_exceeded", 0)
+        deadlines = DeadlineOutcomes(met=met, missed=missed, refused=yielded.get("deadline", 0))
     return Summary(
         requests=len(done),
         rejected=sum(s.status == "yield" for s in samples),
@@ -156,4 +188,6 @@ def summarize(
         reject_latency_ms=Distribution.of(_ms([t for s in samples for t in s.yield_latencies])),
         ack_ms=Distribution.of(_ms([t for s in samples if (t := s.ack_latency) is not None])),
         goodput_rps=good / wall_s if wall_s > 0 else 0.0,
+        yielded_by_reason=yielded,
+        deadlines=deadlines,
     )

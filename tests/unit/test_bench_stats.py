@@ -78,3 +78,19 @@ def test_goodput_counts_done_requests_meeting_both_slos_per_second() -> None:
     assert summarize(samples, 1.0).goodput_rps == 3
     assert summarize(samples, 2.0, slo_ttft_ms=100).goodput_rps == 1.0
     assert summarize(samples, 1.0, slo_ttft_ms=100, slo_tpot_ms=50).goodput_rps == 1
+
+
+def test_deadline_outcomes_count_met_missed_and_refused_requests() -> None:
+    samples = [
+        done(0.0, [0.05, 0.06], 0.1),  # first token at 50 ms: met
+        done(0.0, [0.25, 0.3], 0.4),  # at 250 ms: admitted, late
+        RequestSample(0.0, "error", 0.2, [], "deadline_exceeded"),  # cancelled at its deadline
+        RequestSample(0.0, "yield", 0.001, [], "deadline", attempts=1, yield_latencies=[0.001]),
+        RequestSample(0.0, "yield", 0.001, [], "tokens", attempts=1, yield_latencies=[0.001]),
+    ]
+    summary = summarize(samples, wall_s=1.0, deadline_ms=200)
+    assert summary.deadlines is not None
+    assert (summary.deadlines.met, summary.deadlines.missed, summary.deadlines.refused) == (1, 2, 1)
+    assert summary.deadlines.met_share == pytest.approx(1 / 3)
+    assert summary.yielded_by_reason == {"deadline": 1, "tokens": 1}
+    assert summarize(samples, wall_s=1.0).deadlines is None

@@ -85,6 +85,8 @@ def test_an_expired_deadline_cancels_in_the_worker_and_returns_slot_and_tokens()
     assert state.admission.inflight.inflight == 1 and state.admission.tokens.held == fast.grant.ask.cost
     assert state.accounting.deadlines == {"met": 1, "expired": 1}
     assert state.accounting.failed["deadline_exceeded"] == 1
+    # Both taught the endpoint's TTFT model: the expired one as a TTFT of at least its deadline.
+    assert state.admission.pool.endpoints[0].ttft.samples == 2
     # The link no longer routes the worker's own final reply for it (it drops it when it comes).
     assert late_uid not in upstream.link.inflight and fast_uid in upstream.link.inflight
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0

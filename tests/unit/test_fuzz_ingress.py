@@ -158,6 +158,8 @@ FIELD_OK: dict[str, Callable[[Any], bool]] = {
     "stop_on_eos": lambda v: v is None or type(v) is bool,
     "stream": lambda v: v is None or type(v) is bool,
     "ack": lambda v: v is None or type(v) is bool,
+    "prompt_tokens": lambda v: v is None or (_is_int(v) and 0 <= v <= 2**31 - 1),
+    "deadline_ms": lambda v: v is None or (_is_number(v) and 0 < v <= 86_400_000),
     "size": lambda v: _is_int(v) and v >= 0,
     "sha256": lambda v: type(v) is str and len(v) == 64 and all(c in "0123456789abcdef" for c in v),
 }
