@@ -152,9 +152,7 @@ class Admission:
     def started(self, grant: Grant, ttft_s: float, now: float) -> None:
         """The request's first token came `ttft_s` after its admission: it waits no more on its
         endpoint, whose TTFT model learns the sample, as does the adaptive limit."""
-        endpoint = grant.endpoint
-        if endpoint is not None and not grant.started:
-            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, ttft_s)
+        self._learn_ttft(grant, ttft_s)
         self.pool.started(grant)
         adaptive = self.adaptive
         if adaptive.policy.mode is AdaptiveMode.OFF:
@@ -177,9 +175,15 @@ class Admission:
         """The request's deadline passed after `waited_s` without a first token: its TTFT is at
         least that. The model learns it as a sample, or it would learn only from the requests fast
         enough to be answered and predict too low exactly when deadlines are being missed."""
+        self._learn_ttft(grant, waited_s)
+
+    @staticmethod
+    def _learn_ttft(grant: Grant, seconds: float) -> None:
+        """Its endpoint's TTFT model learns `seconds` for the load it was routed under (once: not
+        after its first token)."""
         endpoint = grant.endpoint
         if endpoint is not None and not grant.started:
-            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, waited_s)
+            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, seconds)
 
     def reroute(self, grant: Grant, now: float) -> bool:
         """Route a request whose endpoint was lost before it started to another endpoint: the old

@@ -62,13 +62,16 @@ class TtftModel:
     def _features(tokens_ahead: int, requests_ahead: int) -> tuple[float, float, float]:
         return 1.0, tokens_ahead / TOKEN_SCALE, requests_ahead / REQUEST_SCALE
 
+    @staticmethod
+    def _value(w: list[float], x: tuple[float, float, float]) -> float:
+        return max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+
     def fit(self, tokens_ahead: int, requests_ahead: int) -> float | None:
         """The least-squares TTFT (seconds) for this load; None until the model has samples."""
         w = self._weights
         if w is None or self.samples < MIN_SAMPLES:
             return None
-        x = self._features(tokens_ahead, requests_ahead)
-        return max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+        return self._value(w, self._features(tokens_ahead, requests_ahead))
 
     def predict(self, tokens_ahead: int, requests_ahead: int) -> float | None:
         """The fit plus the margin: what the deadline is compared with."""
@@ -80,7 +83,7 @@ class TtftModel:
         x = self._features(tokens_ahead, requests_ahead)
         w = self._weights
         if w is not None:  # the error of the fit so far on a sample it has not seen
-            error = ttft_s - max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+            error = ttft_s - self._value(w, x)
             self._residuals += 1
             # a plain mean over the first samples, then the same forgetting as the fit
             rate = max(1.0 - FORGETTING, 1.0 / self._residuals)
