@@ -15,9 +15,14 @@ each a frame's or a request's single count, so no caller can count half of an ev
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
+from governor.tally import Tally
 from govwire.errors import ERRORS_BY_CODE, GovernorError, RequestFailed, RequestRejected
-from govwire.vocab import YieldReason
+from govwire.vocab import Priority, YieldReason
+
+if TYPE_CHECKING:
+    from governor.cost import Ask
 
 CLIENT_DISCONNECTED = "client_disconnected"
 CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see protocol.py)
@@ -75,6 +80,7 @@ class Accounting:
         "tokens_reserved",
         "tokens_settled",
         "deadlines",
+        "classes",
         "_by_outcome",
     )
 
@@ -92,19 +98,26 @@ class Accounting:
         self.tokens_reserved = 0  # token cost charged at admission, summed over admitted requests
         self.tokens_settled = 0  # their real cost, summed as they settle
         self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
+        self.classes = {priority: Tally() for priority in Priority}
         self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed}
 
     # -- frames: each is counted once, with its fate -------------------------------------------------
 
-    def frame_yielded(self, reason: str) -> None:
+    def frame_yielded(self, reason: str, ask: Ask) -> None:
         """`reason`: a `YieldReason` value."""
         self.received += 1
         self.yielded[reason] += 1
+        self.classes[ask.priority].yielded[reason] += 1
+        if ask.tenant is not None:
+            ask.tenant.tally.yielded[reason] += 1
 
-    def frame_admitted(self, cost: int = 0) -> None:
-        """Received and admitted with this token cost reserved: it is in flight until `request_settled`."""
+    def frame_admitted(self, ask: Ask) -> None:
+        """Received and admitted with its token cost reserved: it is in flight until `request_settled`."""
         self.received += 1
-        self.tokens_reserved += cost
+        self.tokens_reserved += ask.cost
+        self.classes[ask.priority].admitted += 1
+        if ask.tenant is not None:
+            ask.tenant.tally.admitted += 1
 
     def frame_rejected(self, code: str) -> None:
         """Received and refused as invalid before admission (or the frame that hit a bug)."""
@@ -118,10 +131,14 @@ class Accounting:
 
     # -- admitted requests --------------------------------------------------------------------------
 
-    def request_settled(self, outcome: Outcome, reason: str = "", used_tokens: int = 0) -> None:
+    def request_settled(self, ask: Ask, outcome: Outcome, reason: str = "", used_tokens: int = 0) -> None:
         """It ended, having really cost `used_tokens`."""
         self.tokens_settled += used_tokens
-        if outcome is _EXECUTED:
+        executed = outcome is _EXECUTED
+        self.classes[ask.priority].count_settled(executed, used_tokens)
+        if ask.tenant is not None:
+            ask.tenant.tally.count_settled(executed, used_tokens)
+        if executed:
             self.executed += 1
             return
         by_reason = self._by_outcome[outcome]

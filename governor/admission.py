@@ -2,18 +2,21 @@
 
 `decide(now, ask)` checks every limit and then charges every limit (limits.py), so a frame is
 either admitted with a `Grant` (its endpoint) or refused with a `Refusal` (reason and retry hint)
-and no trace on any limit. The `Ask` is what the frame costs in tokens and its deadline
-(cost.py); a request that no budget could ever hold raises `OverBudget` before any check. The
-order of the limits is the order of the reasons a client sees when several would refuse:
-draining first, then the global concurrency, rate and token caps, then the endpoint pool (which
-also routes), then the deadline (which predicts on the endpoint the pool chose). `refund` undoes
+and no trace on any limit. The `Ask` is what the frame costs in tokens, its deadline (cost.py),
+its tenant (tenants.py) and its priority class, whose ceiling (priority.py) sets the fraction of
+each cap it may fill; a request that no budget could ever hold raises `OverBudget` before any
+check. The order of the limits is the order of the reasons a client sees when several would
+refuse: draining first, then the tenant's own caps, then the global concurrency, rate and token
+caps, then the tenant's fair share (fair_share.py), then the endpoint pool (which also routes),
+then the deadline (which predicts on the endpoint the pool chose). A refused tenant counts as
+contending for capacity, whichever limit refused it. `refund` undoes
 a grant whose frame turned out invalid, `release` frees what a running request held once it has
 ended and settles its token cost, `started` records its first token (the TTFT model and the
 adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
 one without charging the global limits again.
 
-The ingress only parses, calls `decide` and encodes the answer; new limits (tenant caps, class
-ceilings, fleet leases) are added here.
+The ingress only parses, calls `decide` and encodes the answer; new limits (fleet leases) are
+added here.
 """
 
 from __future__ import annotations
@@ -24,9 +27,22 @@ from governor.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
 from governor.cost import NO_ASK, Ask
 from governor.deadline import DeadlineLimit
 from governor.endpoint import Endpoint
+from governor.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
 from governor.hints import RetryHintEstimator
-from governor.limits import Draining, Grant, InflightLimiter, Limit, RateLimit, Refusal, TokenBudget, TokenRate
+from governor.limits import (
+    Draining,
+    Grant,
+    InflightLimiter,
+    Limit,
+    RateLimit,
+    Refusal,
+    TokenBudget,
+    TokenRate,
+)
 from governor.pool import Pool
+from governor.priority import CeilingPolicy, PriorityCeilings
+from governor.tenant import TenantLimits, Tenants
+from governor.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
 
 
@@ -41,7 +57,12 @@ class Admission:
         "pool",
         "deadline",
         "adaptive",
+        "tenants",
+        "tenant_caps",
+        "fair",
+        "ceilings",
         "max_inflight",
+        "_sharing",
         "_every",
         "_limits",
         "_checks",
@@ -71,12 +92,19 @@ class Admission:
         self.pool = Pool(endpoints, max_inflight, hints)
         self.deadline = DeadlineLimit(self.pool)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
+        self.tenants = Tenants(hints, now)
+        self.tenant_caps = TenantCaps()
+        self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
+        self.ceilings = PriorityCeilings(CeilingPolicy())
+        self._sharing = False  # whether fair shares apply: only between several tenants
         self._every: tuple[Limit, ...] = (
             self.drain,
+            self.tenant_caps,
             self.inflight,
             self.rate,
             self.tokens,
             self.token_rate,
+            self.fair,
             self.pool,
             self.deadline,
         )
@@ -87,9 +115,14 @@ class Admission:
 
     def _activate(self) -> None:
         """The limits that can refuse now, in order: draining only while draining, the rate and
-        token caps only when there are. Every frame runs their checks, so none is there for
-        nothing. The in-flight tokens are charged either way (they are exported as a gauge)."""
+        token caps only when there are, tenant caps when a tenant has one, fair shares between
+        several tenants. Every frame runs their checks, so none is there for nothing. The
+        in-flight tokens, globally and per tenant, are charged either way (they are exported as
+        gauges); the fair share is charged after the global caps (it reads what they hold)."""
         checked: list[Limit] = [self.drain] if self.drain.draining else []
+        tenant_caps = self.tenants.any_caps
+        if tenant_caps:
+            checked.append(self.tenant_caps)
         checked.append(self.inflight)
         if self.rate.bucket is not None:
             checked.append(self.rate)
@@ -97,11 +130,16 @@ class Admission:
             checked.append(self.tokens)
         if self.token_rate.bucket is not None:
             checked.append(self.token_rate)
+        self._sharing = len(self.tenants) > 1
+        if self._sharing:
+            checked.append(self.fair)
         checked += (self.pool, self.deadline)
-        charged = checked if self.tokens in checked else [*checked, self.tokens]
+        charged = [limit for limit in (self.tenant_caps, self.tokens) if limit not in checked] + checked
         self._limits = tuple(charged)
         self._checks = tuple(limit.check for limit in checked)
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
+        if tenant_caps:
+            self._fits += (self.tenant_caps.fits,)
         if self.adaptive.enforced:
             self.inflight.set_max(self.adaptive.limit)
 
@@ -135,14 +173,34 @@ class Admission:
         self.adaptive.set_ceiling(max_inflight)
         self._activate()
 
+    def set_tenancy(
+        self,
+        tenants: dict[str, TenantLimits],
+        implicit: frozenset[str],
+        share_threshold: float,
+        ceilings: CeilingPolicy,
+        now: float,
+    ) -> None:
+        """The tenant table (those with limits, and the names the token file gives), the
+        fair-share threshold and the class ceilings: at start, and live on SIGHUP."""
+        self.tenants.configure(tenants, implicit, now)
+        self.fair.threshold = share_threshold
+        self.ceilings.policy = ceilings
+        self._activate()
+
     def decide(self, now: float, ask: Ask = NO_ASK) -> Grant | Refusal:
         """A refusal is the refusing limit's own object (limits.Refusal): read it at once.
         Raises `OverBudget` for a request larger than a whole token budget."""
+        if ask is NO_ASK:
+            ask = Ask()  # this decision sets its ceiling: never on the shared default
+        ask.ceiling = self.ceilings.ceiling(ask.priority, now)
         for fits in self._fits:
             fits(ask)
         for check in self._checks:
             refusal = check(now, ask)
             if refusal is not None:
+                if self._sharing:
+                    self.fair.refused(ask.tenant, now)
                 return refusal
         grant = Grant(ask)
         for limit in self._limits:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.endpoint import EndpointLimits
+from governor.priority import CeilingPolicy
+from governor.tenant import TenantLimits, parse_tenant
 from govwire.address import Address, parse_address
-from govwire.auth import SharedSecret
+from govwire.auth import SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option
 from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB
 
@@ -54,6 +56,32 @@ class GovernorConfig:
     adaptive_tolerance: float = option(
         1.5, "--adaptive-limit: a concurrency whose TTFT exceeds this times the fastest one's is past the knee"
     )
+    tenant: tuple[str, ...] = option(
+        (),
+        "a tenant and its own caps; repeatable (or [[tenant]] tables in --config):"
+        " NAME[,weight=W][,max_inflight=N][,max_qps=R][,qps_burst=B][,max_inflight_tokens=T]"
+        "[,max_tokens_per_s=R][,tokens_burst=B]",
+        metavar="TENANT",
+    )
+    tenant_from: Literal["auth", "frame"] = option(
+        "auth",
+        "auth: a connection's tenant is the one its secret names in --auth-token-file (a frame naming another is"
+        " refused); frame: each frame's tenant field (trusted clients). Unknown or absent: the default tenant",
+    )
+    tenant_share_from: float = option(
+        0.8,
+        "fraction of the global caps past which a tenant ahead of its weighted share of recent service yields"
+        " (tenant_share) while another tenant contends; 1 = never",
+    )
+    sheddable_ceiling: float = option(
+        0.8, "fraction of each cap sheddable frames may fill while higher classes are around"
+    )
+    standard_ceiling: float = option(
+        0.95, "fraction of each cap standard frames may fill while critical ones are around"
+    )
+    priority_hold_s: float = option(
+        60.0, "a class ceiling holds headroom while a frame of a higher class came this recently; 0 = always"
+    )
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive", "adaptive: derive retry_hint_ms from observed service times; fixed: always the base value"
     )
@@ -77,7 +105,10 @@ class GovernorConfig:
         8 * MIB, "unread reply bytes queued for one client that stopped reading; past it the connection is cut"
     )
     auth_token_file: str = option(
-        "", "file holding a shared secret; every connection must then open with an auth frame", metavar="PATH"
+        "",
+        "file of client secrets, one per line: SECRET, or TENANT SECRET to name the tenant its connections act"
+        " as; every connection must then open with an auth frame. SIGHUP re-reads it",
+        metavar="PATH",
     )
     worker_auth_token_file: str = option(
         "",
@@ -157,6 +188,7 @@ class GovernorConfig:
                 "--adaptive-limit-min must be in [1, --max-inflight]",
             ),
             (1 < self.adaptive_tolerance < math.inf, "--adaptive-tolerance must be finite and > 1"),
+            (0 <= self.tenant_share_from <= 1, "--tenant-share-from must be in [0, 1]"),
         ]
         for ok, message in checks:
             if not ok:
@@ -178,9 +210,36 @@ class GovernorConfig:
             if address in seen:
                 raise ConfigError(f"--worker {address} is listed twice")
             seen.add(address)
+        self.tenant_limits()
+        self.ceiling_policy()
 
-    def client_secret(self) -> SharedSecret | None:
-        return _secret(self.auth_token_file, "--auth-token-file")
+    def tenant_limits(self) -> dict[str, TenantLimits]:
+        """The tenants with limits of their own, by name."""
+        tenants: dict[str, TenantLimits] = {}
+        for text in self.tenant:
+            try:
+                name, limits = parse_tenant(text)
+            except ValueError as exc:
+                raise ConfigError(f"--tenant {text!r}: {exc}") from None
+            if name in tenants:
+                raise ConfigError(f"--tenant {name} is listed twice")
+            tenants[name] = limits
+        return tenants
+
+    def ceiling_policy(self) -> CeilingPolicy:
+        try:
+            return CeilingPolicy(self.sheddable_ceiling, self.standard_ceiling, self.priority_hold_s)
+        except ValueError as exc:
+            raise ConfigError(f"--sheddable-ceiling, --standard-ceiling, --priority-hold-s: {exc}") from None
+
+    def client_secret(self) -> TenantSecrets | None:
+        """The client secrets and the tenants they name (read again on every call: SIGHUP rotates them)."""
+        if not self.auth_token_file:
+            return None
+        try:
+            return TenantSecrets.read(self.auth_token_file)
+        except ValueError as exc:
+            raise ConfigError(f"--auth-token-file: {exc}") from None
 
     def worker_secret(self) -> SharedSecret | None:
         return _secret(self.worker_auth_token_file, "--worker-auth-token-file")

@@ -2,7 +2,8 @@
 
 - The TOML file (`--config PATH`, re-read on SIGHUP): top-level keys are the flags' names
   (`max_inflight` or `max-inflight`); each `[[endpoint]]` table is one worker: `address` plus its
-  soft caps (`concurrency`, `tokens`, `qps`, `burst`, `weight`), the same as a `--worker` value.
+  soft caps (`concurrency`, `tokens`, `qps`, `burst`, `weight`), the same as a `--worker` value;
+  each `[[tenant]]` table is one tenant: `name` plus its weight and caps, as a `--tenant` value.
 - The environment: `GOVERNOR_` + the flag's name in capitals (`GOVERNOR_MAX_INFLIGHT=64`);
   repeatable settings take space-separated values (`GOVERNOR_WORKER="h:1,concurrency=4 h:2"`).
   Variables naming no setting are left alone (other tools share the prefix).
@@ -21,10 +22,11 @@ from typing import Any, Literal
 import orjson
 
 from governor.config import GovernorConfig, parse_endpoint
+from governor.tenant import TENANT_KEYS, parse_tenant
 from govwire.options import ConfigError
 
 _ENDPOINT_KEYS = ("concurrency", "tokens", "qps", "burst", "weight")
-_NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker"}
+_NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker", "tenant"}
 ENV_PREFIX = "GOVERNOR_"
 
 
@@ -97,6 +99,12 @@ def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
                 caps = "".join(f"\n{key} = {getattr(limits, key)!r}" for key in _ENDPOINT_KEYS)
                 endpoints.append(f"[[endpoint]]  # {source}\naddress = {str(address)!r}{caps}")
             continue
+        if f.name == "tenant":
+            for spec in value:
+                name, tenant_limits = parse_tenant(spec)
+                caps = "".join(f"\n{key} = {getattr(tenant_limits, key)!r}" for key in TENANT_KEYS)
+                endpoints.append(f"[[tenant]]  # {source}\nname = {name!r}{caps}")
+            continue
         shown = orjson.dumps(value).decode() if isinstance(value, str) else repr(value)
         lines.append(f"{f.name} = {shown}  # {source}")
     if config.worker_args:
@@ -115,7 +123,16 @@ def read_config_file(path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key == "endpoint":
-            values["worker"] = tuple(_endpoint_spec(path, i, table) for i, table in enumerate(_tables(path, value)))
+            values["worker"] = tuple(
+                _table_spec(path, "endpoint", "address", _ENDPOINT_KEYS, i, table)
+                for i, table in enumerate(_tables(path, key, value))
+            )
+            continue
+        if key == "tenant":
+            values["tenant"] = tuple(
+                _table_spec(path, "tenant", "name", TENANT_KEYS, i, table)
+                for i, table in enumerate(_tables(path, key, value))
+            )
             continue
         name = key.replace("-", "_")
         if name not in fields:
@@ -124,19 +141,20 @@ def read_config_file(path: str) -> dict[str, Any]:
     return values
 
 
-def _tables(path: str, value: Any) -> list[dict[str, Any]]:
+def _tables(path: str, key: str, value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        raise ConfigError(f"--config {path}: 'endpoint' must be an array of tables ([[endpoint]])")
+        raise ConfigError(f"--config {path}: {key!r} must be an array of tables ([[{key}]])")
     return value
 
 
-def _endpoint_spec(path: str, index: int, table: dict[str, Any]) -> str:
-    """The table as a `--worker` value, so both forms go through one parser."""
-    unknown = set(table) - {"address", *_ENDPOINT_KEYS}
-    if unknown or not isinstance(table.get("address"), str):
-        raise ConfigError(f"--config {path}: endpoint {index + 1} needs a string 'address' and only {_ENDPOINT_KEYS}")
-    caps = [f"{key}={table[key]}" for key in _ENDPOINT_KEYS if key in table]
-    return ",".join([table["address"], *caps])
+def _table_spec(path: str, kind: str, head: str, keys: tuple[str, ...], index: int, table: dict[str, Any]) -> str:
+    """The table as a flag value (`--worker` for an endpoint, `--tenant` for a tenant), so both
+    forms go through one parser."""
+    unknown = set(table) - {head, *keys}
+    if unknown or not isinstance(table.get(head), str):
+        raise ConfigError(f"--config {path}: {kind} {index + 1} needs a string {head!r} and only {keys}")
+    caps = [f"{key}={table[key]}" for key in keys if key in table]
+    return ",".join([table[head], *caps])
 
 
 def _checked(where: str, key: str, value: Any, kind: Any) -> Any:

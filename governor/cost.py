@@ -15,10 +15,17 @@ fields are checked only once it is admitted, so a yield still says nothing about
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.latency import Histogram
 from govwire.request import DEFAULT_MAX_NEW_TOKENS, MAX_DEADLINE_MS
+from govwire.vocab import Priority
+
+if TYPE_CHECKING:
+    from governor.tenant import Tenant
+
+_PRIORITY: dict[object, Priority] = {p.value: p for p in Priority}
+_STANDARD = Priority.STANDARD
 
 CALIBRATION_WEIGHT = 0.05
 """Weight of the newest request in the decayed byte and token sums that give the ratio."""
@@ -30,10 +37,21 @@ ESTIMATE_SOURCES = ("declared", "estimated")
 
 
 class Ask:
-    """What one generate frame asks of admission. Built for every generate frame, so a plain
-    slotted class (a dataclass would cost more per frame than the fields are worth)."""
+    """What one generate frame asks of admission: its cost, deadline, class and tenant. Built for
+    every generate frame, so a plain slotted class (a dataclass would cost more per frame than the
+    fields are worth)."""
 
-    __slots__ = ("prompt_bytes", "prompt_tokens", "declared", "max_new_tokens", "cost", "deadline_s")
+    __slots__ = (
+        "prompt_bytes",
+        "prompt_tokens",
+        "declared",
+        "max_new_tokens",
+        "cost",
+        "deadline_s",
+        "priority",
+        "tenant",
+        "ceiling",
+    )
 
     def __init__(
         self,
@@ -43,6 +61,8 @@ class Ask:
         max_new_tokens: int = 0,
         cost: int = 0,
         deadline_s: float | None = None,
+        priority: Priority = _STANDARD,
+        tenant: Tenant | None = None,
     ) -> None:
         self.prompt_bytes = prompt_bytes
         self.prompt_tokens = prompt_tokens  # declared, or estimated from prompt_bytes
@@ -50,13 +70,19 @@ class Ask:
         self.max_new_tokens = max_new_tokens
         self.cost = cost  # what admission reserves: prompt_tokens + output_weight * max_new_tokens
         self.deadline_s = deadline_s  # time to first token the client waits for; None = no deadline
+        self.priority = priority
+        self.tenant = tenant  # set by the ingress (who the connection or frame acts as); None = nobody's
+        # The fraction of each cap this request may fill: its class's ceiling, set by admission.
+        self.ceiling = 1.0
 
     def __repr__(self) -> str:
-        return f"Ask(cost={self.cost}, prompt_tokens={self.prompt_tokens}, deadline_s={self.deadline_s})"
+        tenant = None if self.tenant is None else self.tenant.name
+        return f"Ask(cost={self.cost}, deadline_s={self.deadline_s}, {self.priority.value}, tenant={tenant})"
 
 
 NO_ASK = Ask()
-"""A request that costs nothing and has no deadline (tests and callers without token limits)."""
+"""A standard request that costs nothing, has no deadline and no tenant (tests and callers
+without token limits). Admission never changes it: it decides on a copy."""
 
 
 class CostModel:
@@ -102,7 +128,8 @@ class CostModel:
             else None
         )
         cost = prompt_tokens + math.ceil(self.output_weight * n)
-        return Ask(prompt_bytes, prompt_tokens, is_declared, n, cost, deadline_s)
+        priority = _PRIORITY.get(obj.get("priority"), _STANDARD) if "priority" in obj else _STANDARD
+        return Ask(prompt_bytes, prompt_tokens, is_declared, n, cost, deadline_s, priority)
 
     def cost_of(self, prompt_tokens: int, completion_tokens: int) -> int:
         """What a request with these real counts cost, on the scale of `Ask.cost`."""

@@ -89,15 +89,16 @@ class RetryHintEstimator:
         else:
             self._gap_ms = 0.0
 
-    def hint_ms(self, now: float) -> int:
-        """`now` in seconds, on the same clock as the service times."""
+    def hint_ms(self, now: float, slots: int = 1) -> int:
+        """`now` in seconds, on the same clock as the service times; `slots`: how many releases the
+        refused client needs (more than one under a priority class ceiling)."""
         gap = self._gap_ms
         if gap:
             now_ms = now * 1000.0
             appointment = self._next_ms
             if appointment < now_ms:
                 appointment = now_ms
-            wait_ms = appointment + gap - now_ms
+            wait_ms = appointment + gap * slots - now_ms
             if wait_ms > self._max_ms:
                 wait_ms = self._max_ms
             self._next_ms = now_ms + wait_ms

@@ -41,6 +41,7 @@ from govwire.errors import (
     GovernorError,
     InternalError,
     RequestRejected,
+    TenantMismatch,
     Unauthorized,
     WorkerLost,
     WorkerUnavailable,
@@ -49,7 +50,7 @@ from govwire.errors import (
 from govwire.framing import TOO_LARGE, LineSplitter
 from govwire.messages import Completion
 from govwire.request import checked_request, frame_op
-from govwire.vocab import Op, Status
+from govwire.vocab import DEFAULT_TENANT, Op, Status
 
 log = logging.getLogger("governor.ingress")
 
@@ -74,6 +75,9 @@ class Ingress:
         "_decided",
         "_accounting",
         "_lifecycle",
+        "_tenants",
+        "_tenant_from_frame",
+        "tenant",
         "write",
         "_splitter",
         "_max_frame_bytes",
@@ -93,6 +97,11 @@ class Ingress:
         self._decided = 0  # generate frames decided during the current read
         self._accounting = state.accounting
         self._lifecycle = state.lifecycle
+        self._tenants = state.admission.tenants
+        self._tenant_from_frame = state.tenant_from_frame
+        # Whom the connection acts as: decided once, by the secret it authenticated with (the
+        # table's tenant of that name is looked up per frame, so a reload changes its limits).
+        self.tenant = DEFAULT_TENANT
         self.write = write
         self.authenticated = state.auth is None
         # Until it authenticates, a connection may hold no more than an auth frame needs.
@@ -154,15 +163,25 @@ class Ingress:
         rid: str = obj["id"]
         if rid in self.active:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
+        ask = self._ask(obj)
+        claimed = obj.get("tenant")
+        if self._tenant_from_frame:
+            ask.tenant = self._tenants.resolve(claimed)
+        elif claimed is None or claimed == self.tenant:
+            ask.tenant = self._tenants.resolve(self.tenant)
+        else:
+            return self._reject(
+                TenantMismatch(f"this connection acts as tenant {self.tenant!r} (--tenant-from auth)", rid)
+            )
         try:
-            decision = self._decide(now, self._ask(obj))
+            decision = self._decide(now, ask)
         except RequestRejected as exc:  # OverBudget: no wait would let it in
             exc.request_id = rid
             return self._reject(exc)
         self._decided += 1
         if type(decision) is Refusal:
             # The hot path under overload: decided and encoded here, written with this read's replies.
-            self._accounting.frame_yielded(decision.reason)
+            self._accounting.frame_yielded(decision.reason, ask)
             return encode_yield(rid, decision.hint_ms, decision.reason)
         return self._admit(obj, rid, now, cast(Grant, decision))
 
@@ -197,14 +216,18 @@ class Ingress:
 
     def _authenticate(self, obj: Any) -> bytes:
         try:
-            rid = authenticate(obj, self._state.auth)
+            rid, tenant = authenticate(obj, self._state.auth)
         except Unauthorized as exc:
             self.closing = True
             return self._reject(exc)
         if not self.authenticated:
             self.authenticated = True
+            self.tenant = tenant
             self._splitter.max_frame_bytes = self._max_frame_bytes
             self.last_line_at = self._state.clock()
+            log.debug("event=client_authenticated tenant=%s", tenant)
+        elif tenant != self.tenant:  # identity is decided once: a later auth frame cannot switch it
+            return self._reject(TenantMismatch(f"this connection acts as tenant {self.tenant!r}", rid))
         return encode_authenticated(rid)
 
     def _control(self, op: Op, obj: dict[str, Any]) -> bytes:

@@ -160,7 +160,7 @@ class Lifecycle:
     def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
         """Register a request `decide` granted. From here on whatever happens to it ends in `settle`
         (its final reply, or its connection's loss), so its slots are never stranded."""
-        self._accounting.frame_admitted(grant.ask.cost)
+        self._accounting.frame_admitted(grant.ask)
         request = InflightRequest(client_id, owner, grant, now)
         owner.active[client_id] = request
         deadline = grant.ask.deadline_s
@@ -215,8 +215,9 @@ class Lifecycle:
         self._accounting.request_rerouted()
         new_endpoint = request.grant.endpoint
         log.info(
-            "event=rerouted id=%r from=%s to=%s",
+            "event=rerouted id=%r tenant=%s from=%s to=%s",
             request.client_id,
+            request.grant.ask.tenant.name if request.grant.ask.tenant is not None else None,
             old_endpoint.name if old_endpoint is not None else None,
             new_endpoint.name if new_endpoint is not None else None,
         )
@@ -268,7 +269,7 @@ class Lifecycle:
         else:
             grant.used = 0  # it never ran
         self._admission.release(grant, executed=outcome is _EXECUTED)
-        self._accounting.request_settled(outcome, reason, grant.used)
+        self._accounting.request_settled(grant.ask, outcome, reason, grant.used)
         request.owner.active.pop(request.client_id, None)
         if not reached_worker:
             return  # invalid after admission, or no worker: no duration

@@ -9,7 +9,9 @@ counts). A refusal names its reason and its hint: how long the refused client sh
 
 `admission.Admission` checks every limit before it charges any, so admission is all-or-nothing;
 in a single-threaded event loop nothing can happen between the checks and the charges. Each new
-kind of limit (token budgets, tenant caps, class ceilings, fleet leases) is one more `Limit`.
+kind of limit (token budgets, tenant caps, fair shares, fleet leases) is one more `Limit`. A
+capacity limit counts its cap as `Ask.ceiling` of itself: the fraction the request's priority
+class may fill (priority.py).
 """
 
 from __future__ import annotations
@@ -147,10 +149,11 @@ class InflightLimiter:
         self._hints.set_capacity(max_inflight)
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
-        if self.inflight < self.max_inflight:
+        cap = self.max_inflight * ask.ceiling
+        if self.inflight + 1 <= cap:
             return None
         refusal = self._refusal  # `at` inlined: this check refuses every frame under overload
-        refusal.hint_ms = self._hints.hint_ms(now)
+        refusal.hint_ms = self._hints.hint_ms(now, self.inflight + 1 - math.floor(cap))
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -182,8 +185,10 @@ class RateLimit:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        if bucket is not None and bucket.level(now) < 1.0:
-            return self._refusal.at(hint_of(bucket.appointment_s(now)))
+        if bucket is not None:
+            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+            if bucket.level(now) - 1.0 < floor:
+                return self._refusal.at(hint_of(bucket.appointment_s(now, 1.0 + floor)))
         return None
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -217,7 +222,7 @@ class TokenBudget:
             raise over_budget(ask, self.max_tokens, "--max-inflight-tokens")
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
-        deficit = self.held + ask.cost - self.max_tokens
+        deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
         if deficit <= 0:
             return None
         return self._refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
@@ -257,8 +262,10 @@ class TokenRate:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        if bucket is not None and bucket.level(now) < ask.cost:
-            return self._refusal.at(hint_of(bucket.appointment_s(now, ask.cost)))
+        if bucket is not None:
+            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+            if bucket.level(now) - ask.cost < floor:
+                return self._refusal.at(hint_of(bucket.appointment_s(now, ask.cost + floor)))
         return None
 
     def charge(self, grant: Grant, now: float) -> None:

@@ -7,6 +7,7 @@ afford. A custom collector turns the plain values into metric families at scrape
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -16,6 +17,7 @@ from prometheus_client.registry import Collector
 from governor.adaptive_limit import AdaptiveMode
 from governor.latency import Histogram
 from governor.state import ServerState
+from governor.tally import Tally
 from governor.upstream import Upstream, WorkerLink
 from govwire.messages import STATS_HELP
 
@@ -159,6 +161,70 @@ def _token_families(
     )
 
 
+def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Per tenant and per priority class. The tenant label takes the table's names only (the
+    configured tenants, those the token file names, and `default` for everyone else), so its
+    cardinality is bounded by the configuration."""
+    admission = state.admission
+    tenants = list(admission.tenants)
+    lowest, _ = admission.fair.floor(now)
+    gauges = (
+        ("governor_tenant_inflight", "The tenant's admitted requests without a final reply.", "inflight"),
+        ("governor_tenant_inflight_tokens", "Token cost held by the tenant's admitted requests.", "tokens"),
+    )
+    for name, help_text, attr in gauges:
+        gauge = GaugeMetricFamily(name, help_text, labels=["tenant"])
+        for tenant in tenants:
+            gauge.add_metric([tenant.name], getattr(tenant, attr))
+        yield gauge
+    weight = GaugeMetricFamily("governor_tenant_weight", "The tenant's weight in fair shares.", labels=["tenant"])
+    lead = GaugeMetricFamily(
+        "governor_tenant_service_lead",
+        "How far the tenant's fair-share counter (token cost served / weight) is ahead of the least served"
+        " contending tenant's; it yields tenant_share past --tenant-share-from while above 0.",
+        labels=["tenant"],
+    )
+    for tenant in tenants:
+        weight.add_metric([tenant.name], tenant.limits.weight)
+        lead.add_metric([tenant.name], max(0.0, tenant.service - lowest) if lowest < math.inf else 0.0)
+    yield weight
+    yield lead
+    ceilings = admission.ceilings.current(now)
+    ceiling = GaugeMetricFamily(
+        "governor_class_ceiling", "Fraction of each cap the priority class may fill now.", labels=["class"]
+    )
+    inflight = GaugeMetricFamily(
+        "governor_class_inflight", "The class's admitted requests without a final reply.", labels=["class"]
+    )
+    for priority, tally in state.accounting.classes.items():
+        ceiling.add_metric([priority.value], ceilings[priority.value])
+        inflight.add_metric([priority.value], tally.inflight)
+    yield ceiling
+    yield inflight
+    groups: tuple[tuple[str, str, list[tuple[str, Tally]]], ...] = (
+        ("tenant", "tenant", [(t.name, t.tally) for t in tenants]),
+        ("class", "priority class", [(p.value, tally) for p, tally in state.accounting.classes.items()]),
+    )
+    for label, what, tallies in groups:
+        admitted = CounterMetricFamily(f"governor_{label}_admitted", f"Frames admitted, by {what}.", labels=[label])
+        executed = CounterMetricFamily(
+            f"governor_{label}_executed", f"Requests that ended with done, by {what}.", labels=[label]
+        )
+        tokens = CounterMetricFamily(
+            f"governor_{label}_tokens", f"Real token cost of the requests that ended, by {what}.", labels=[label]
+        )
+        yielded = CounterMetricFamily(
+            f"governor_{label}_yielded", f"Frames answered with yield, by {what} and reason.", labels=[label, "reason"]
+        )
+        for name, tally in tallies:
+            admitted.add_metric([name], tally.admitted)
+            executed.add_metric([name], tally.executed)
+            tokens.add_metric([name], tally.tokens_settled)
+            for reason, n in sorted(tally.yielded.items()):
+                yielded.add_metric([name, reason], n)
+        yield from (admitted, executed, tokens, yielded)
+
+
 class GovernorCollector(Collector):
     def __init__(self, state: ServerState, upstream: Upstream) -> None:
         self._state = state
@@ -197,6 +263,7 @@ class GovernorCollector(Collector):
             yield family
         yield from _endpoint_families(self._upstream, now)
         yield from _token_families(s, now)
+        yield from _tenant_families(s, now)
         bucket = admission.rate.bucket
         if bucket is not None:
             yield GaugeMetricFamily(

@@ -139,7 +139,10 @@ class GovernorProtocol(asyncio.Protocol):
         state.accounting.connection_shed(reason)
         ingress = self._ingress
         inflight = 0 if ingress is None else len(ingress.active)
-        log.warning("event=connection_shed reason=%s peer=%s inflight=%d", reason, self._peer, inflight)
+        tenant = None if ingress is None else ingress.tenant
+        log.warning(
+            "event=connection_shed reason=%s peer=%s tenant=%s inflight=%d", reason, self._peer, tenant, inflight
+        )
         if ingress is not None:
             ingress.connection_lost(CONNECTION_SHED)
         self._release_buffer()

@@ -31,7 +31,7 @@ from governor.supervisor import WorkerSupervisor
 from governor.ttft import TtftModel
 from governor.upstream import HealthPolicy, Upstream, WorkerLink
 from govwire.address import Address
-from govwire.auth import SharedSecret
+from govwire.auth import SharedSecret, TenantSecrets
 from govwire.options import ConfigError
 from govwire.request import IntegrityMode, Limits
 from govwire.vocab import WORKER_TOKEN_ENV
@@ -69,11 +69,14 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         tokens_burst=config.tokens_burst,
         adaptive=adaptive,
     )
+    auth = config.client_secret()
+    apply_tenancy(admission, config, auth, now)
     return ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
         admission=admission,
         upstream=upstream,
-        auth=config.client_secret(),
+        auth=auth,
+        tenant_from_frame=config.tenant_from == "frame",
         costs=CostModel(
             config.bytes_per_token,
             config.output_token_weight,
@@ -120,13 +123,30 @@ RELOADABLE = (
     "max_tokens_per_s",
     "tokens_burst",
     "worker",
+    "tenant",
+    "tenant_share_from",
+    "sheddable_ceiling",
+    "standard_ceiling",
+    "priority_hold_s",
 )
+
+
+def apply_tenancy(admission: Admission, config: GovernorConfig, auth: TenantSecrets | None, now: float) -> None:
+    """The tenant table: those the config gives limits, those the token file names, the default one."""
+    admission.set_tenancy(
+        config.tenant_limits(),
+        auth.tenants if auth is not None else frozenset(),
+        config.tenant_share_from,
+        config.ceiling_policy(),
+        now,
+    )
 
 
 def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     """Live cap changes. Lowering a cap never cancels a running request: it stops new admissions
     until in-flight falls under it. Endpoints are matched by address; adding or removing one
     needs a restart."""
+    apply_tenancy(state.admission, config, state.auth, now)
     state.admission.set_caps(
         config.max_inflight,
         config.max_qps,
@@ -187,12 +207,15 @@ class Server:
         self._stop.set()
 
     def reload(self, state: ServerState) -> None:
-        """SIGHUP: re-read the config file and apply its caps; nothing running is touched."""
+        """SIGHUP: re-read the config file and the client token file and apply their caps,
+        tenants and secrets; nothing running is touched (connections keep their tenant)."""
         try:
-            new = reload_config(self.config)
+            new = reload_config(self.config) if self.config.config else self.config
+            auth = new.client_secret()
         except ConfigError as exc:
             log.error("event=reload_failed error=%r", str(exc))
             return
+        state.auth = auth
         apply_caps(state, new, time.monotonic())
         caps = {name: getattr(new, name) for name in RELOADABLE}
         ignored = [
@@ -201,7 +224,13 @@ class Server:
         if ignored:
             log.warning("event=reload_needs_restart settings=%s", ",".join(ignored))
         self.config = dataclasses.replace(self.config, **caps)
-        log.info("event=reloaded max_inflight=%d max_qps=%g endpoints=%s", new.max_inflight, new.max_qps, new.worker)
+        log.info(
+            "event=reloaded max_inflight=%d max_qps=%g endpoints=%s tenants=%s",
+            new.max_inflight,
+            new.max_qps,
+            new.worker,
+            ",".join(t.name for t in state.admission.tenants),
+        )
 
     async def serve(self) -> int:
         """Start up, run until a signal, drain, shut down: every resource is registered on one
@@ -251,7 +280,7 @@ class Server:
             worker_secret,
         )
         state = build_state(config, upstream, now)
-        if config.config:
+        if config.config or config.auth_token_file:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
             stack.callback(loop.remove_signal_handler, signal.SIGHUP)
         if runtime_dir is not None:

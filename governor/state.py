@@ -8,6 +8,8 @@ the `stats` reply.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -17,7 +19,7 @@ from governor.admission import Admission
 from governor.cost import CostModel
 from governor.latency import LatencyMetrics
 from governor.lifecycle import Cancellable, Dispatcher, Lifecycle, RequestOwner, Timers
-from govwire.auth import SharedSecret
+from govwire.auth import TenantSecrets
 from govwire.errors import GovernorError
 from govwire.request import Limits
 
@@ -55,6 +57,7 @@ class ServerState:
     __slots__ = (
         "limits",
         "auth",
+        "tenant_from_frame",
         "clock",
         "costs",
         "admission",
@@ -72,12 +75,17 @@ class ServerState:
         admission: Admission,
         upstream: UpstreamView,
         clock: Callable[[], float] = time.monotonic,
-        auth: SharedSecret | None = None,
+        auth: TenantSecrets | None = None,
         costs: CostModel | None = None,
         timers: Timers | None = None,
+        tenant_from_frame: bool = False,
     ) -> None:
         self.limits = limits  # what a generate frame may ask for
-        self.auth = auth  # when set, every connection must open with a matching `auth` frame
+        # When set, every connection must open with a matching `auth` frame; its secret names the
+        # connection's tenant. Replaced when SIGHUP re-reads the token file.
+        self.auth = auth
+        # --tenant-from frame: each frame's `tenant` field names its tenant (the clients are trusted).
+        self.tenant_from_frame = tenant_from_frame
         self.clock = clock
         self.costs = costs or CostModel(4.0, 1.0, limits.max_new_tokens)  # what a frame costs in tokens
         self.admission = admission
@@ -114,6 +122,10 @@ class ServerState:
             "bytes_per_token": round(self.costs.bytes_per_token, 4),
             "deadlines": dict(acc.deadlines),
             "adaptive_limit": {"mode": adaptive.policy.mode.value, "limit": adaptive.limit, "knee": adaptive.knee},
+            "tenant_from": "frame" if self.tenant_from_frame else "auth",
+            "tenant_share_from": admission.fair.threshold,
+            "tenants": self._tenants(now),
+            "classes": self._classes(now),
             "received_total": acc.received,
             "executed_total": acc.executed,
             "yielded_total": acc.yielded_total,
@@ -129,4 +141,45 @@ class ServerState:
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),
             "workers": self.upstream.describe(),
+        }
+
+    def _tenants(self, now: float) -> list[dict[str, Any]]:
+        """Each tenant's limits, what it holds and its tally; `service_lead`: how far its fair-share
+        counter is ahead of the lowest contending one (weighted tokens; 0 for the least served)."""
+        fair = self.admission.fair
+        lowest, _ = fair.floor(now)
+        rows = []
+        for tenant in self.admission.tenants:
+            tally = tenant.tally
+            rows.append(
+                {
+                    "name": tenant.name,
+                    **dataclasses.asdict(tenant.limits),
+                    "inflight": tenant.inflight,
+                    "inflight_tokens": tenant.tokens,
+                    "admitted_total": tally.admitted,
+                    "executed_total": tally.executed,
+                    "yielded_total": tally.yielded_total,
+                    "yielded_by_reason": {reason: n for reason, n in tally.yielded.items() if n},
+                    "tokens_settled_total": tally.tokens_settled,
+                    "contending": tenant.contending_until > now,
+                    "service_lead": round(max(0.0, tenant.service - lowest), 3) if lowest < math.inf else 0.0,
+                }
+            )
+        return rows
+
+    def _classes(self, now: float) -> dict[str, dict[str, Any]]:
+        """Each priority class's ceiling now and its tally."""
+        ceilings = self.admission.ceilings.current(now)
+        return {
+            priority.value: {
+                "ceiling": ceilings[priority.value],
+                "inflight": tally.inflight,
+                "admitted_total": tally.admitted,
+                "executed_total": tally.executed,
+                "yielded_total": tally.yielded_total,
+                "yielded_by_reason": {reason: n for reason, n in tally.yielded.items() if n},
+                "tokens_settled_total": tally.tokens_settled,
+            }
+            for priority, tally in self.accounting.classes.items()
         }

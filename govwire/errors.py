@@ -69,6 +69,12 @@ class OverBudget(RequestRejected):
     code = ErrorCode.OVER_BUDGET
 
 
+class TenantMismatch(RequestRejected):
+    """The frame names a tenant other than the one its connection authenticated as."""
+
+    code = ErrorCode.TENANT_MISMATCH
+
+
 class WorkerUnavailable(RequestFailed):
     code = ErrorCode.WORKER_UNAVAILABLE
 

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from govwire.errors import BadFrame, IntegrityMismatch, UnknownOp
-from govwire.vocab import Op
+from govwire.vocab import Op, Priority
 
 _OPS: dict[str, Op] = {op.value: op for op in Op}
 _OP_NAMES = ", ".join(_OPS)
@@ -27,6 +27,10 @@ DEFAULT_MAX_NEW_TOKENS = 16
 MAX_DECLARED_TOKENS = 2**31 - 1  # a declared prompt_tokens is a claim: bounded, settled with the truth
 MAX_DEADLINE_MS = 86_400_000  # a day: a longer wait for a first token is no deadline
 _is_hex64 = re.compile(r"[0-9a-f]{64}").fullmatch
+MAX_TENANT_CHARS = 64
+is_tenant_name = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TENANT_CHARS}}}").fullmatch
+"""A tenant's name: it is a metric label and a log field, so a plain bounded word."""
+_PRIORITIES = frozenset(p.value for p in Priority)
 
 
 class IntegrityMode(StrEnum):
@@ -106,6 +110,12 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     v = obj.get("deadline_ms")
     if v is not None and not (is_number(v) and 0 < v <= MAX_DEADLINE_MS):
         raise BadFrame(f"deadline_ms must be a number in (0, {MAX_DEADLINE_MS}]", rid)
+    v = obj.get("tenant")
+    if v is not None and not (type(v) is str and is_tenant_name(v)):
+        raise BadFrame(f"tenant must be 1 to {MAX_TENANT_CHARS} characters of A-Z a-z 0-9 _ . -", rid)
+    v = obj.get("priority")
+    if v is not None and v not in _PRIORITIES:
+        raise BadFrame(f"priority must be one of {', '.join(sorted(_PRIORITIES))}", rid)
     if limits.integrity is IntegrityMode.OFF:
         return
     size = obj.get("size")

@@ -61,7 +61,26 @@ class YieldReason(StrEnum):
     TOKEN_RATE = "token_rate"  # --max-tokens-per-s: the token cost admitted per second
     ENDPOINT_TOKENS = "endpoint_tokens"  # an endpoint's tokens=N
     DEADLINE = "deadline"  # the predicted time to first token exceeds the frame's deadline_ms
+    TENANT_INFLIGHT = "tenant_inflight"  # the tenant's max_inflight
+    TENANT_QPS = "tenant_qps"  # the tenant's max_qps
+    TENANT_TOKENS = "tenant_tokens"  # the tenant's max_inflight_tokens
+    TENANT_TOKEN_RATE = "tenant_token_rate"  # the tenant's max_tokens_per_s
+    TENANT_SHARE = "tenant_share"  # near saturation, the tenant is past its weighted share of recent service
     DRAINING = "draining"
+
+
+class Priority(StrEnum):
+    """A generate frame's class (`priority`): how close to the hard caps it may be admitted. As
+    saturation rises sheddable frames yield first, then standard ones; critical ones only at the
+    hard cap (admission.PriorityCeilings)."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+
+DEFAULT_TENANT: Final = "default"
+"""The tenant of every connection and frame that names no known tenant."""
 
 
 class FinishReason(StrEnum):
@@ -90,6 +109,7 @@ class ErrorCode(StrEnum):
     BUFFER_FULL = "buffer_full"
     OVER_BUDGET = "over_budget"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    TENANT_MISMATCH = "tenant_mismatch"
 
 
 MIB: Final = 1024 * 1024

@@ -10,11 +10,14 @@ import orjson
 from governor.admission import Admission
 from governor.cost import CostModel
 from governor.endpoint import Endpoint, EndpointLimits
+from governor.fair_share import DEFAULT_SHARE_THRESHOLD
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.ingress import Ingress
 from governor.lifecycle import InflightRequest
+from governor.priority import CeilingPolicy
 from governor.state import ServerState
-from govwire.auth import SharedSecret
+from governor.tenant import TenantLimits
+from govwire.auth import TenantSecrets
 from govwire.codec import encode_done
 from govwire.errors import WorkerUnavailable
 from govwire.messages import Completion
@@ -140,27 +143,36 @@ def make_state(
     max_new_tokens: int = 64,
     hint_policy: RetryHintPolicy | None = None,
     endpoints: list[Endpoint] | None = None,
-    auth: SharedSecret | None = None,
+    auth: TenantSecrets | None = None,
     timers: FakeTimers | None = None,
     costs: CostModel | None = None,
+    tenants: dict[str, TenantLimits] | None = None,
+    tenant_from_frame: bool = False,
+    share_threshold: float = DEFAULT_SHARE_THRESHOLD,
+    ceilings: CeilingPolicy | None = None,
     **token_caps: Any,
 ) -> ServerState:
     """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter;
-    `token_caps` are Admission's keyword arguments (max_inflight_tokens, tokens_per_s, ...)."""
+    `token_caps` are Admission's keyword arguments (max_inflight_tokens, tokens_per_s, ...);
+    the tenant table holds `tenants`, the names `auth` gives, and the default one."""
     clock = clock or FakeClock()
     if endpoints is None:
         endpoint = Endpoint("fake", EndpointLimits(), clock())
         endpoint.up = True
         endpoints = [endpoint]
     hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
+    admission = Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), **token_caps)
+    implicit = auth.tenants if auth is not None else frozenset()
+    admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock())
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
-        admission=Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), **token_caps),
+        admission=admission,
         upstream=upstream or FakeUpstream(),
         clock=clock,
         auth=auth,
         costs=costs,
         timers=timers or FakeTimers(clock),
+        tenant_from_frame=tenant_from_frame,
     )
 
 

@@ -125,7 +125,7 @@ class WorkerConnection(asyncio.Protocol):
         """The first frame must carry the governor's secret; anything else closes the link."""
         frame = auth_candidate(line)
         try:
-            rid = authenticate(frame, self._state.secret)
+            rid = authenticate(frame, self._state.secret).id
         except Unauthorized as exc:
             rid = frame.get("id") if type(frame) is dict and type(frame.get("id")) is str else None
             log.warning("event=link_unauthorized")
@@ -152,7 +152,7 @@ class WorkerConnection(asyncio.Protocol):
                 self.queue(encode_pong(str(frame.get("id"))))
                 return
             if op == _AUTH:  # a governor holding a secret this worker does not ask for: welcome
-                self.queue(encode_authenticated(authenticate(frame, None)))
+                self.queue(encode_authenticated(authenticate(frame, None).id))
                 return
             if frame_op(frame) != _GENERATE:
                 raise UnknownOp("the worker serves generate, cancel, ping and auth", frame.get("id"))

@@ -10,6 +10,7 @@ from governor.endpoint import EndpointLimits
 from governor.server import is_loopback
 from govwire.address import Address, parse_address
 from govwire.options import ConfigError
+from govwire.vocab import DEFAULT_TENANT
 from worker.config import WorkerConfig
 
 
@@ -145,7 +146,8 @@ def test_an_empty_token_file_is_refused_and_a_token_never_shows_in_the_config(tm
     token.write_text("hunter2-but-longer\n")
     config = GovernorConfig(auth_token_file=str(token))
     secret = config.client_secret()
-    assert secret is not None and secret.matches("hunter2-but-longer") and not secret.matches("hunter2")
+    assert secret is not None and secret.tenant_of("hunter2-but-longer") == DEFAULT_TENANT
+    assert secret.tenant_of("hunter2") is None
     assert "hunter2" not in repr(config) + repr(secret)
 
 

@@ -9,7 +9,7 @@ from unittest.mock import ANY
 from governor.lifecycle import InflightRequest
 from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ServerState
-from govwire.auth import SharedSecret
+from govwire.auth import TenantSecrets
 from govwire.codec import encode, generate_frame
 from govwire.request import GenerateRequest
 from tests.fakes import FakeTransport, FakeUpstream, make_state
@@ -139,7 +139,7 @@ def test_a_client_that_stops_reading_is_cut_past_the_write_buffer_cap() -> None:
     asyncio.run(scenario())
 
 
-SECRET = SharedSecret(b"s3cret")
+SECRET = TenantSecrets.from_text("s3cret", "test")
 
 
 def test_with_auth_the_first_frame_must_carry_the_token() -> None:
