@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -20,6 +21,7 @@ from governor.config_file import config_sources, load_config, render_config
 from govwire.auth import SharedSecret
 from govwire.logs import configure_logging
 from govwire.options import ConfigError, add_options, from_namespace, given
+from govwire.vocab import Priority
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -79,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     send.add_argument("--seed", type=int, help="seed for reproducible sampling")
     send.add_argument("--no-stop-on-eos", action="store_true", help="keep generating past end-of-sequence")
     send.add_argument("--no-stream", action="store_true", help="ask for the final reply only")
+    send.add_argument(
+        "--tenant",
+        help="the tenant the frame speaks for (with --tenant-from auth it must be the token's own tenant)",
+    )
+    send.add_argument(
+        "--priority",
+        choices=[p.value for p in Priority],
+        help="the frame's class: sheddable frames yield first as the governor saturates (default: standard)",
+    )
     send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
 
     status = sub.add_parser("status", help="one screen of caps, load, rates, yields and worker health")
@@ -159,8 +170,8 @@ def _serve(config: GovernorConfig) -> int:
 def _send(args: argparse.Namespace) -> int:
     from governor.client import Yielded
 
-    fields = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
-    for name in ("temperature", "top_p", "top_k", "seed"):
+    fields: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
+    for name in ("temperature", "top_p", "top_k", "seed", "tenant", "priority"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     if args.no_stop_on_eos:

@@ -116,6 +116,7 @@ ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
         DuplicateId,
         Unauthorized,
         OverBudget,
+        TenantMismatch,
         WorkerUnavailable,
         WorkerLost,
         DeadlineExceeded,

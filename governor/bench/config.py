@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from governor.bench.tenants import TenantGroup, parse_tenant_mix, read_tenant_tokens
 from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.options import ConfigError, option
@@ -50,6 +51,19 @@ class BenchConfig:
     )
     slo_ttft_ms: float = option(0.0, "goodput counts requests with TTFT at most this; 0 = no TTFT SLO")
     slo_tpot_ms: float = option(0.0, "goodput counts requests with TPOT at most this; 0 = no TPOT SLO")
+    tenant_mix: str = option(
+        "",
+        "send each request as one of these comma-separated [TENANT][/CLASS]=SHARE entries, drawn by share"
+        " (relative weights) with --seed, and report each entry on its own line;"
+        " e.g. A=0.7,B=0.3 or A/critical=0.2,A/sheddable=0.3,B=0.5 or /critical=1,/sheddable=1",
+        metavar="SPEC",
+    )
+    tenant_token: tuple[str, ...] = option(
+        (),
+        "send tenant NAME's requests over connections opened with the secret in PATH, so the governor can"
+        " derive the tenant from auth; repeatable; tenants without one use the --auth-token-file connections",
+        metavar="NAME=PATH",
+    )
     json: str = option("", "write every sample and summary to this file", metavar="PATH")
     plot: str = option(
         "", "write a PNG: TTFT CDF per run, and the governor's inflight and yields over time", metavar="PATH"
@@ -75,6 +89,7 @@ class BenchConfig:
                 "--submit-interval-ms and --submit-work-ms must be >= 0, --timeout-s and --poll-interval-ms > 0"
             )
         self.token()
+        self.tenant_tokens()
         dist = self.prompt_len_dist
         if dist and parse_length_dist(dist) is None:
             raise ConfigError(f"--prompt-len-dist {dist!r}: expected fixed:N or uniform:LO-HI")
@@ -86,6 +101,23 @@ class BenchConfig:
             return SharedSecret.read(self.auth_token_file).token.decode()
         except ValueError as exc:
             raise ConfigError(f"--auth-token-file: {exc}") from None
+
+    def tenant_groups(self) -> tuple[TenantGroup, ...]:
+        """The --tenant-mix entries; none without one."""
+        if not self.tenant_mix:
+            return ()
+        try:
+            return parse_tenant_mix(self.tenant_mix)
+        except ValueError as exc:
+            raise ConfigError(f"--tenant-mix {self.tenant_mix!r}: {exc}") from None
+
+    def tenant_tokens(self) -> dict[str, str]:
+        """Tenant -> the secret its connections open with (--tenant-token)."""
+        groups = self.tenant_groups()
+        try:
+            return read_tenant_tokens(self.tenant_token, groups)
+        except ValueError as exc:
+            raise ConfigError(f"--tenant-token: {exc}") from None
 
 
 def parse_length_dist(text: str) -> tuple[int, int] | None:

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 from governor.bench.config import BenchConfig
-from governor.bench.report import format_run, to_json
+from governor.bench.report import format_run, run_summary, to_json
 from governor.bench.runner import BenchRun, RunResult, make_prompts
-from governor.bench.stats import Summary, summarize
+from governor.bench.stats import Summary
+from governor.bench.tenants import assign_groups
 from govwire.errors import GovernorError
 
 
@@ -19,12 +20,11 @@ async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
     """Warm-up runs, then the measured runs, each reported as it ends; the benchmark scripts call this."""
     rng = random.Random(config.seed)
     prompts = make_prompts(config, rng)
+    groups = assign_groups(config.tenant_groups(), config.num_requests, rng)
     measured: list[tuple[Summary, RunResult]] = []
     for n in range(config.warmup_runs + config.repeat_runs):
-        result = await BenchRun(config, prompts, rng).run()
-        summary = summarize(
-            result.samples, result.wall_s, config.slo_ttft_ms or None, config.slo_tpot_ms or None, config.deadline_ms
-        )
+        result = await BenchRun(config, prompts, groups, rng).run()
+        summary = run_summary(config, result.samples, result.wall_s)
         if n < config.warmup_runs:
             print(f"warm-up run {n + 1}/{config.warmup_runs}: {summary.requests} done, {summary.rejected} yielded")
             continue

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 from governor.bench.config import BenchConfig
 from governor.bench.runner import RunResult
-from governor.bench.stats import Distribution, Summary
+from governor.bench.stats import Distribution, RequestSample, Summary, summarize
+from governor.bench.tenants import TenantGroup
+
+
+def run_summary(config: BenchConfig, samples: Sequence[RequestSample], wall_s: float) -> Summary:
+    """The figures of some of a run's requests under its SLOs and deadline, over the whole run's
+    wall time: of all of them for the summary, of one --tenant-mix group's for its line."""
+    return summarize(samples, wall_s, config.slo_ttft_ms or None, config.slo_tpot_ms or None, config.deadline_ms)
+
+
+def group_summaries(config: BenchConfig, result: RunResult) -> list[tuple[TenantGroup, Summary]]:
+    """Each --tenant-mix group's summary, in the order the spec names them; none without a mix."""
+    return [
+        (group, run_summary(config, [s for s in result.samples if s.group == group.label], result.wall_s))
+        for group in config.tenant_groups()
+    ]
+
+
+def token_share(part: Summary, whole: Summary) -> float:
+    """The share of the run's served tokens (prompt and completion, of completed requests) `part` got."""
+    return part.tokens / whole.tokens if whole.tokens else 0.0
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
 
 
 def _num(x: float | None) -> str:
@@ -44,8 +69,8 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
     schedule = "closed loop" if config.concurrency else f"{config.submit_schedule}, {config.submit_interval_ms} ms"
     if result.submit_wall_s > 0:
         schedule += f"; arrivals {result.arrival_rate:.1f} req/s"
-    errors = ", ".join(f"{k}={v}" for k, v in sorted(summary.errors.items())) or "none"
-    reasons = ", ".join(f"{k}={v}" for k, v in sorted(summary.yielded_by_reason.items()))
+    errors = _counts(summary.errors) or "none"
+    reasons = _counts(summary.yielded_by_reason)
     lines = [
         f"== {title}",
         f"  Requests (accepted, done) {summary.requests}",
@@ -83,7 +108,32 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
         "  server timings from done (ms):",
     ]
     lines += [_dist(k, d) for k, d in server_distributions(result).items()]
+    groups = group_summaries(config, result)
+    if groups:
+        lines += _group_lines(config, summary, groups)
     return "\n".join(lines)
+
+
+def _group_lines(config: BenchConfig, summary: Summary, groups: list[tuple[TenantGroup, Summary]]) -> list[str]:
+    """One line per --tenant-mix group: what it offered, what became of it, and the share of the
+    service it got, to see who pays for an overload."""
+    width = max(5, *(len(group.label) for group, _ in groups))
+    slo = bool(config.slo_ttft_ms or config.slo_tpot_ms)
+    head = f"  {'group':<{width}} {'offered':>7} {'done':>6} {'yielded':>7} {'errors':>6} {'retries':>7} {'done/s':>8}"
+    lines = [
+        "  per --tenant-mix group (TTFT in ms; tokens: its share of all prompt and completion tokens served):",
+        head + (f" {'goodput/s':>9}" if slo else "") + f" {'TTFT p50':>9} {'TTFT p99':>9} {'tokens':>7}",
+    ]
+    for group, s in groups:
+        row = (
+            f"  {group.label:<{width}} {s.offered:>7} {s.requests:>6} {s.rejected:>7} {sum(s.errors.values()):>6}"
+            f" {s.retries:>7} {s.executed_rps:>8.2f}"
+        )
+        row += (f" {s.goodput_rps:>9.2f}" if slo else "") + f" {_num(s.ttft_ms.p50)} {_num(s.ttft_ms.p99)}"
+        row += f" {token_share(s, summary):>7.1%}"
+        reasons = _counts(s.yielded_by_reason)
+        lines.append(row + (f"  yields: {reasons}" if reasons else ""))
+    return lines
 
 
 def to_json(config: BenchConfig, runs: list[tuple[Summary, RunResult]]) -> dict[str, Any]:
@@ -92,6 +142,18 @@ def to_json(config: BenchConfig, runs: list[tuple[Summary, RunResult]]) -> dict[
         "runs": [
             {
                 "summary": asdict(summary),
+                "groups": [
+                    {
+                        "group": group.label,
+                        "tenant": group.tenant or None,
+                        "priority": group.priority,
+                        "mix_share": group.share,
+                        "executed_rps": part.executed_rps,
+                        "token_share": token_share(part, summary),
+                        "summary": asdict(part),
+                    }
+                    for group, part in group_summaries(config, result)
+                ],
                 "submit_lags_s": result.submit_lags_s,
                 "timeline": result.timeline,
                 "samples": [asdict(s) for s in result.samples],

@@ -3,6 +3,8 @@
 Open loop (`--concurrency 0`): requests are submitted on the chosen schedule whatever happens to
 the earlier ones, spread round-robin over `--connections` pipelined connections. Closed loop
 (`--concurrency N`): N clients, each sending its next request when its previous one ended.
+With `--tenant-mix` each request's frames carry its group's tenant and class; a tenant with a
+`--tenant-token` has `--connections` connections of its own, opened with that secret.
 With `--retry` a yielded request is sent again after its `retry_hint_ms` (times a jitter factor
 in [1, 1.2)), up to `--max-retries` times; its TTFT and latency then count from its first
 submission, as its user would see them.
@@ -12,14 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from governor.bench.config import BenchConfig, parse_length_dist
 from governor.bench.schedule import ScheduleKind, SubmitSchedule
 from governor.bench.stats import RequestSample
+from governor.bench.tenants import TenantGroup
 from governor.client import NO_RETRY, AsyncClient, ConnectionLost, GovernorError, Result, Token, Yielded
 from governor.client.aio import Reply
 from governor.client.session import Accepted
@@ -46,6 +51,8 @@ class RunResult:
 class _Request:
     index: int
     prompt: str
+    group: TenantGroup
+    client: AsyncClient  # the connection its attempts go over
     sample: RequestSample
     finished: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -84,11 +91,11 @@ class _StatsPoll:
 
 
 class BenchRun:
-    def __init__(self, config: BenchConfig, prompts: list[str], rng: random.Random) -> None:
+    def __init__(self, config: BenchConfig, prompts: list[str], groups: list[TenantGroup], rng: random.Random) -> None:
         self.config = config
         self.prompts = prompts
+        self.groups = groups  # each request's --tenant-mix group
         self.rng = rng
-        self._clients: list[AsyncClient] = []
         # The client asks for an `accepted` reply (ack) on every request: submit -> ack latency.
         self._fields: dict[str, Any] = {"max_new_tokens": config.max_new_tokens, "stop_on_eos": config.stop_on_eos}
         if config.deadline_ms:
@@ -96,18 +103,13 @@ class BenchRun:
 
     async def run(self) -> RunResult:
         address = self.config.direct or self.config.address
-        # No timeouts or retries inside the client: the run has its own deadline and retry rule.
         token = self.config.token()
-        self._clients = [
-            AsyncClient(address=address, token=token, timeout=None, retry=NO_RETRY)
-            for _ in range(self.config.connections)
-        ]
         poll = None if self.config.direct else _StatsPoll(AsyncClient(address=address, token=token, retry=NO_RETRY))
-        requests = [_Request(i, p, RequestSample(t_submit=0.0)) for i, p in enumerate(self.prompts)]
+        requests, clients = self._requests(address, token)
         lags: list[float] = []
         timeline: list[tuple[float, int, int]] = []
         try:
-            for client in self._clients:
+            for client in clients:
                 await client.connect()
             if poll is not None:
                 timeline.append((0.0, *await poll.sample()))  # the baseline: a burst's yields show at once
@@ -121,7 +123,7 @@ class BenchRun:
                 if poller is not None:
                     poller.cancel()
         finally:
-            for client in [*self._clients, *([] if poll is None else [poll.client])]:
+            for client in [*clients, *([] if poll is None else [poll.client])]:
                 await client.aclose()
         for request in requests:
             if not request.sample.status:
@@ -136,6 +138,28 @@ class BenchRun:
             submitted=len(submits),
             timeline=timeline,
         )
+
+    def _requests(self, address: str, token: str | None) -> tuple[list[_Request], list[AsyncClient]]:
+        """The workload's requests, each with its connection, and the connections. A tenant with a
+        --tenant-token gets a set of its own, opened with its secret; the other requests share the
+        set opened with `token`. Within a set, requests take the connections in turn."""
+        tokens = self.config.tenant_tokens()
+        turns: dict[str, Iterator[AsyncClient]] = {}
+        clients: list[AsyncClient] = []
+        requests: list[_Request] = []
+        for i, (prompt, group) in enumerate(zip(self.prompts, self.groups, strict=True)):
+            key = group.tenant if group.tenant in tokens else ""
+            if key not in turns:
+                # No timeouts or retries inside the client: the run has its own deadline and retry rule.
+                own = [
+                    AsyncClient(address=address, token=tokens.get(key, token), timeout=None, retry=NO_RETRY)
+                    for _ in range(self.config.connections)
+                ]
+                clients += own
+                turns[key] = itertools.cycle(own)
+            sample = RequestSample(t_submit=0.0, group=group.label)
+            requests.append(_Request(i, prompt, group, next(turns[key]), sample))
+        return requests, clients
 
     async def _submit_all(self, requests: list[_Request], t0: float, lags: list[float]) -> None:
         config = self.config
@@ -166,7 +190,6 @@ class BenchRun:
 
     def _send(self, request: _Request) -> None:
         sample = request.sample
-        client = self._clients[request.index % len(self._clients)]
         if sample.attempts == 0 and self.config.submit_work_ms:
             # Blocks the event loop like synchronous client work (tokenizing, building the request)
             # would, but sleeps rather than spins, so it takes no CPU from a server on the same machine.
@@ -176,7 +199,13 @@ class BenchRun:
             sample.t_submit = now
         sample.attempts += 1
         try:
-            client.submit(request.prompt, functools.partial(self._on_event, request, now), **self._fields)
+            request.client.submit(
+                request.prompt,
+                functools.partial(self._on_event, request, now),
+                tenant=request.group.tenant or None,
+                priority=request.group.priority,
+                **self._fields,
+            )
         except ConnectionLost:
             self._settle(request, "error", now, "connection_lost")
 

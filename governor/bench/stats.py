@@ -65,6 +65,7 @@ class RequestSample:
     yield_latencies: list[float] = field(default_factory=list)  # submit -> yield, for every yielded attempt
     ack_latency: float | None = None  # the admitted attempt's submit -> accepted
     server: dict[str, float] = field(default_factory=dict)  # the server's own timings from `done` (ms)
+    group: str = ""  # its --tenant-mix entry (TenantGroup.label); "" without a mix
 
     @property
     def ttft(self) -> float | None:
@@ -112,6 +113,7 @@ class DeadlineOutcomes:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
+    offered: int  # requests of the workload (each counted once, however often retried)
     requests: int  # completed with done
     rejected: int  # yielded (finally, after any retries)
     retries: int
@@ -135,12 +137,22 @@ class Summary:
         return (self.requests + self.retries) / self.requests if self.requests else 0.0
 
     @property
+    def executed_rps(self) -> float:
+        """Completed requests per second of wall time, whatever their latency (goodput without SLOs)."""
+        return self.requests / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Prompt and completion tokens of the completed requests: the service they got."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
     def output_tok_s(self) -> float:
         return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
 
     @property
     def total_tok_s(self) -> float:
-        return (self.prompt_tokens + self.completion_tokens) / self.wall_s if self.wall_s > 0 else 0.0
+        return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
 def summarize(
@@ -174,6 +186,7 @@ def summarize(
         missed = len(done) - met + errors.get("deadline_exceeded", 0)
         deadlines = DeadlineOutcomes(met=met, missed=missed, refused=yielded.get("deadline", 0))
     return Summary(
+        offered=len(samples),
         requests=len(done),
         rejected=sum(s.status == "yield" for s in samples),
         retries=sum(max(0, s.attempts - 1) for s in samples),

@@ -19,6 +19,7 @@ from governor.client.session import (
     Result,
     Session,
     Token,
+    identity,
     refusal,
     request_ids,
 )
@@ -105,21 +106,40 @@ class AsyncClient:
 
     # -- requests -------------------------------------------------------------------------------------
 
-    async def generate(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Result:
-        stream = self.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 16,
+        tenant: str | None = None,
+        priority: str | None = None,
+        **sampling: Any,
+    ) -> Result:
+        stream = self.stream(prompt, max_new_tokens=max_new_tokens, tenant=tenant, priority=priority, **sampling)
         async for _ in stream:
             pass
         assert stream.result is not None
         return stream.result
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> AsyncStream:
-        return AsyncStream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 16,
+        tenant: str | None = None,
+        priority: str | None = None,
+        **sampling: Any,
+    ) -> AsyncStream:
+        fields = {"max_new_tokens": max_new_tokens, "stream": True, **identity(tenant, priority), **sampling}
+        return AsyncStream(self._tokens(prompt, fields))
 
-    def submit(self, prompt: str, on_event: Route, **fields: Any) -> str:
+    def submit(
+        self, prompt: str, on_event: Route, *, tenant: str | None = None, priority: str | None = None, **fields: Any
+    ) -> str:
         """Send a generate now, without waiting or retrying, and pass each of its events to
         `on_event` as it is read: for harnesses that time every reply (`governor bench`). The
         client must be connected. Returns the request id."""
-        rid, frame = self._session.generate(prompt, fields)
+        rid, frame = self._session.generate(prompt, {**identity(tenant, priority), **fields})
         self._routes[rid] = on_event
         try:
             self._write(frame)

@@ -89,6 +89,13 @@ FINAL = (Result, Yielded, GovernorError)
 RESERVED_FIELDS = frozenset({"id", "op", "prompt", "size", "sha256", "ack", "integrity"})
 
 
+def identity(tenant: str | None, priority: str | None) -> dict[str, str]:
+    """The frame fields naming a request's tenant and class, only those given: a frame without
+    them speaks for its connection's tenant at the standard class, so leaving them out keeps the
+    frame what it was before the governor knew either."""
+    return {k: v for k, v in (("tenant", tenant), ("priority", priority)) if v is not None}
+
+
 class Session:
     """Request bookkeeping of one connection. `feed` returns (request id, event) pairs in order;
     control replies (ping, stats) come back as their raw dict.

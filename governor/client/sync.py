@@ -19,6 +19,7 @@ from governor.client.session import (
     Result,
     Session,
     Token,
+    identity,
     refusal,
     request_ids,
 )
@@ -85,19 +86,37 @@ class Client:
 
     # -- requests -------------------------------------------------------------------------------------
 
-    def generate(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Result:
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 16,
+        tenant: str | None = None,
+        priority: str | None = None,
+        **sampling: Any,
+    ) -> Result:
         """The finished completion. Raises `Yielded` (once retries are spent), a `GovernorError`
-        subclass per error code, `ConnectionLost` or `TimeoutError`."""
-        stream = self.stream(prompt, max_new_tokens=max_new_tokens, **sampling)
+        subclass per error code, `ConnectionLost` or `TimeoutError`. `tenant` and `priority`
+        (critical, standard, sheddable) go in the frame only when given."""
+        stream = self.stream(prompt, max_new_tokens=max_new_tokens, tenant=tenant, priority=priority, **sampling)
         for _ in stream:
             pass
         assert stream.result is not None
         return stream.result
 
-    def stream(self, prompt: str, *, max_new_tokens: int = 16, **sampling: Any) -> Stream:
+    def stream(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int = 16,
+        tenant: str | None = None,
+        priority: str | None = None,
+        **sampling: Any,
+    ) -> Stream:
         """Tokens as they are generated. Retries (on a yield or `worker_unavailable`) happen before
         the first token, so a stream never repeats itself."""
-        return Stream(self._tokens(prompt, {"max_new_tokens": max_new_tokens, "stream": True, **sampling}))
+        fields = {"max_new_tokens": max_new_tokens, "stream": True, **identity(tenant, priority), **sampling}
+        return Stream(self._tokens(prompt, fields))
 
     def ping(self) -> dict[str, Any]:
         return self._control(Op.PING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,13 @@ from tests.integration.conftest import Governor, Worker
 pytestmark = pytest.mark.integration
 
 
+def run_bench(gov: Governor, *flags: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "governor", "bench", "--address", f"127.0.0.1:{gov.port}", *flags]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
 def bench(gov: Governor, out: Path, *flags: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "governor", "bench", "--address", f"127.0.0.1:{gov.port}", "--json", str(out)]
-    proc = subprocess.run([*argv, *flags], capture_output=True, text=True, timeout=60)
+    proc = run_bench(gov, "--json", str(out), *flags)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Requests (accepted, done)" in proc.stdout
     report: dict[str, Any] = json.loads(out.read_text())
@@ -95,3 +100,61 @@ def test_direct_mode_drives_the_worker_past_the_governor(
         assert summary["ack_ms"]["count"] == 30  # the worker acknowledges too, when asked directly
     assert gov.stats()["executed_total"] == 30  # only the first run went through the governor
     assert direct["timeline"] == [] and "ttft_ms" not in direct["samples"][0]["server"]
+
+
+def test_a_tenant_mix_reports_each_group_and_the_governor_counts_the_same_tenants(
+    start_governor: Callable[..., Governor], tmp_path: Path
+) -> None:
+    gov = start_governor("--max-inflight", "64", "--tenant-from", "frame", "--tenant", "A", "--tenant", "B")
+    out = tmp_path / "mix.json"
+    flags = ("--num-requests", "40", "--tenant-mix", "A=1,B/critical=1", "--connections", "2", "--max-new-tokens", "4")
+    proc = run_bench(gov, *flags, "--json", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "per --tenant-mix group" in proc.stdout
+    assert any(line.startswith("  B/critical ") for line in proc.stdout.splitlines())
+    (run,) = json.loads(out.read_text())["runs"]
+    groups = {g["group"]: g for g in run["groups"]}
+    assert list(groups) == ["A", "B/critical"] and groups["B/critical"]["priority"] == "critical"
+    offered = {name: g["summary"]["offered"] for name, g in groups.items()}
+    assert sum(offered.values()) == 40 and min(offered.values()) > 0
+    assert Counter(s["group"] for s in run["samples"]) == offered
+    for g in groups.values():
+        assert g["summary"]["requests"] == g["summary"]["offered"] and g["summary"]["errors"] == {}
+    assert sum(g["token_share"] for g in groups.values()) == pytest.approx(1.0)
+    stats = gov.stats()
+    tenants = {t["name"]: t["executed_total"] for t in stats["tenants"]}
+    assert tenants == {"A": offered["A"], "B": offered["B/critical"], "default": 0}
+    assert stats["classes"]["critical"]["executed_total"] == offered["B/critical"]
+
+
+def test_tenant_tokens_open_each_tenants_own_connections(
+    start_governor: Callable[..., Governor], tmp_path: Path
+) -> None:
+    tokens, secret_a, secret_b, default, wrong = (tmp_path / name for name in ("tokens", "a", "b", "default", "wrong"))
+    tokens.write_text("A secret-a\nB secret-b\nthe-default-secret\n")
+    for path, text in ((secret_a, "secret-a"), (secret_b, "secret-b"), (default, "the-default-secret")):
+        path.write_text(text)
+    wrong.write_text("not-the-secret")
+    gov = start_governor("--auth-token-file", str(tokens), "--max-inflight", "64")
+    gov.token = "the-default-secret"
+    out = tmp_path / "tokens.json"
+    flags = ("--num-requests", "30", "--connections", "2", "--auth-token-file", str(default))
+    flags += ("--tenant-mix", "A=1,B=1,/sheddable=1", "--tenant-token", f"A={secret_a}")
+    ok = run_bench(gov, *flags, "--tenant-token", f"B={secret_b}", "--json", str(out))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    (run,) = json.loads(out.read_text())["runs"]
+    groups = {g["group"]: g["summary"] for g in run["groups"]}
+    assert list(groups) == ["A", "B", "/sheddable"] and sum(g["offered"] for g in groups.values()) == 30
+    assert all(g["requests"] == g["offered"] for g in groups.values())
+    # Each tenant's requests went over connections opened with its own secret: the governor
+    # counted them under the tenant that secret names (the frames' tenant field matched it).
+    executed = {t["name"]: t["executed_total"] for t in gov.stats()["tenants"]}
+    assert executed == {
+        "A": groups["A"]["offered"],
+        "B": groups["B"]["offered"],
+        "default": groups["/sheddable"]["offered"],
+    }
+    # Only B's connections open with the wrong secret, and the governor refuses them: the run
+    # fails although the --auth-token-file (of the other connections and the stats poll) is right.
+    refused = run_bench(gov, *flags, "--tenant-token", f"B={wrong}")
+    assert refused.returncode == 1 and "carrying the right token" in refused.stderr, refused.stdout + refused.stderr

@@ -11,7 +11,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
+import orjson
 import pytest
 
 from governor.client import (
@@ -28,6 +30,46 @@ from tests.integration.conftest import Governor
 
 pytestmark = pytest.mark.integration
 Start = Callable[..., Governor]
+
+
+def test_tenant_and_priority_go_in_the_frame_only_when_given() -> None:
+    """Both clients, and `governor send`, against a loopback stand-in that records each frame."""
+    frames: list[dict[str, Any]] = []
+    connections: list[asyncio.Task[None]] = []
+    done = {"status": "done", "text": "", "finish_reason": "length", "prompt_tokens": 1, "completion_tokens": 0}
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(cast(asyncio.Task[None], asyncio.current_task()))
+        try:
+            while line := await reader.readline():
+                frames.append(orjson.loads(line))
+                writer.write(orjson.dumps({"id": frames[-1]["id"], **done}) + b"\n")
+        finally:
+            writer.close()
+
+    def blocking(port: int) -> None:
+        with Client(port=port) as client:
+            client.generate("x", tenant="B")
+        argv = ["governor", "send", "x", "--port", str(port), "--tenant", "C", "--priority", "standard"]
+        sent = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=30)
+        assert sent.returncode == 0, sent.stderr
+
+    async def scenario() -> None:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            async with AsyncClient(port=port) as aio:
+                await aio.generate("x", tenant="A", priority="critical")
+                await aio.generate("x")
+                aio.submit("x", lambda *_: None, priority="sheddable", max_new_tokens=1)
+            await asyncio.gather(*connections)  # every frame read, in order, before the next client's
+            await asyncio.to_thread(blocking, port)
+            await asyncio.gather(*connections)
+
+    asyncio.run(scenario())
+    named = [(f.get("tenant"), f.get("priority")) for f in frames]
+    assert named == [("A", "critical"), (None, None), (None, "sheddable"), ("B", None), ("C", "standard")]
+    assert "tenant" not in frames[1] and "priority" not in frames[3]
 
 
 def test_generate_stream_and_typed_errors(start_governor: Start) -> None:

@@ -33,6 +33,9 @@ def test_prompt_length_distributions_and_unique_prompts() -> None:
         {"address": "nowhere"},
         {"direct": "unix:"},
         {"concurrency": -1},
+        {"tenant_mix": "A/urgent=1"},
+        {"tenant_mix": "A=0,B=1"},
+        {"tenant_token": ("A=/nonexistent/token",)},
     ],
 )
 def test_invalid_options_are_refused_naming_the_flag(kwargs: dict[str, object]) -> None:

@@ -7,8 +7,9 @@ import orjson
 import pytest
 
 from govwire.codec import decode, encode_error, encode_yield, generate_frame
-from govwire.errors import BadFrame, BadJson, IntegrityMismatch, UnknownOp, error_from_code
+from govwire.errors import ERRORS_BY_CODE, BadFrame, BadJson, IntegrityMismatch, UnknownOp, error_from_code
 from govwire.request import GenerateRequest, IntegrityMode, Limits, frame_op, validate_generate, verify_integrity
+from govwire.vocab import ErrorCode
 
 LIMITS = Limits(max_new_tokens=64)
 
@@ -143,3 +144,10 @@ def test_error_codes_round_trip_through_the_wire() -> None:
         reply = orjson.loads(encode_error(error_from_code(code, "m", "id1")))
         assert (reply["code"], reply["id"], reply["status"]) == (code, "id1", "error")
     assert error_from_code("no_such_code", "m").code == "internal"
+
+
+def test_every_error_code_has_its_error_class_and_comes_back_typed() -> None:
+    """A code missing from the registry would be counted under an enum key and read back as `internal`."""
+    assert set(ERRORS_BY_CODE) == {code.value for code in ErrorCode}
+    for code, cls in ERRORS_BY_CODE.items():
+        assert type(error_from_code(code, "m")) is cls and cls.code == code
