@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-pool fuzz soak image image-cuda clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -82,6 +82,9 @@ bench-kv: $(STAMP)  ## experiment 7: paged KV cache: prefix caching on/off, page
 bench-admission: $(STAMP)  ## experiment 8: token budget vs request cap, deadlines, an adaptive limit across a capacity change
 	$(PY) -m benchmarks.token_admission
 
+bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, priority classes at 150% load
+	$(PY) -m benchmarks.tenants
+
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
 	$(PY) -m benchmarks.pool_limits
 
@@ -91,7 +94,7 @@ fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=6
 soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
 	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
-bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission
+bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants
 
 image:  ## the CPU container image (BuildKit; the context is the repository root)
 	docker build -f deploy/Dockerfile -t governor:cpu .

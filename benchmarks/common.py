@@ -65,6 +65,21 @@ def start(argv: list[str], log: Path | None = None) -> Popen:
             out.close()  # type: ignore[union-attr]
 
 
+def start_gpt2_worker(name: str, model: str, threads: int, dtype: str) -> tuple[Popen, int]:
+    """A standalone GPT-2 worker (`worker serve`) on a free port, pushing stats every 0.25 s;
+    its log goes to benchmarks/out/NAME_worker.log."""
+    port = free_port()
+    flags = ["--engine", "gpt2", "--model", model, "--threads", str(threads), "--dtype", dtype]
+    argv = ["-m", "worker", "serve", "--listen", f"127.0.0.1:{port}", *flags, "--stats-interval-s", "0.25"]
+    proc = start(argv, out_dir() / f"{name}_worker.log")
+    try:
+        wait_for_port(port, timeout=300)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, port
+
+
 def start_governor(
     *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
 ) -> tuple[Popen, int]:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import ROOT, free_port, machine, markdown_table, out_dir, start_governor, stop, wait_for_port
+from benchmarks.common import machine, markdown_table, out_dir, start_governor, start_gpt2_worker, stop
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
 
 SHORT, LONG = 32, 896
@@ -150,15 +150,7 @@ async def drive(port: int, plan: list[Arrival], deadline_ms: float = 0.0, poll_s
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.worker_port = free_port()
-        flags = ["--engine", "gpt2", "--model", args.model, "--threads", str(args.threads), "--dtype", args.dtype]
-        log = (out_dir() / "token_admission_worker.log").open("wb")
-        self.worker = subprocess.Popen(
-            [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{self.worker_port}", *flags,
-             "--stats-interval-s", "0.25"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for_port(self.worker_port, timeout=300)
+        self.worker, self.worker_port = start_gpt2_worker("token_admission", args.model, args.threads, args.dtype)
 
     def run(self, name: str, flags: list[str], plan: list[Arrival], deadline_ms: float = 0.0) -> Run:
         proc, port = start_governor(

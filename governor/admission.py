@@ -200,7 +200,7 @@ class Admission:
             refusal = check(now, ask)
             if refusal is not None:
                 if self._sharing:
-                    self.fair.refused(ask.tenant, now)
+                    self.fair.refused(ask.tenant, now, refusal)
                 return refusal
         grant = Grant(ask)
         for limit in self._limits:

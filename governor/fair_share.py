@@ -37,6 +37,8 @@ from govwire.vocab import YieldReason
 DEFAULT_SHARE_THRESHOLD = 0.8
 """`--tenant-share-from`: the fraction of the global caps past which shares apply."""
 
+_INFLIGHT = YieldReason.INFLIGHT.value
+
 CONTENDING_S = 2.0
 """How long a tenant counts as contending after a refusal or a contended admission: longer than a
 retry hint usually is, so a backlogged tenant waiting out its hint keeps its place."""
@@ -71,22 +73,25 @@ class FairShare:
             used = max(used, (budget.held + tokens) / budget.max_tokens)
         return used
 
-    def floor(self, now: float) -> tuple[float, float]:
-        """The lowest counter among the contending tenants (inf when none contends) and their
-        total weight."""
-        lowest, weight = math.inf, 0.0
+    def floor(self, now: float) -> tuple[float, float, float]:
+        """The lowest and highest counters among the contending tenants (inf and -inf when none
+        contends) and their total weight."""
+        lowest, highest, weight = math.inf, -math.inf, 0.0
         for tenant in self.tenants:
             if tenant.contending_until > now:
                 weight += tenant.limits.weight
-                if tenant.service < lowest:
-                    lowest = tenant.service
-        return lowest, weight
+                service = tenant.service
+                if service < lowest:
+                    lowest = service
+                if service > highest:
+                    highest = service
+        return lowest, highest, weight
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         tenant = ask.tenant
         if tenant is None:
             return None
-        lowest, weight = self.floor(now)
+        lowest, _, weight = self.floor(now)
         if tenant.contending_until <= now:
             self._join(tenant, lowest)
         if tenant.service <= lowest or self.usage(1, ask.cost) <= self.threshold:
@@ -109,13 +114,22 @@ class FairShare:
         if tenant.service < lowest < math.inf:
             tenant.service = lowest
 
-    def refused(self, tenant: Tenant | None, now: float) -> None:
-        """A frame of `tenant` was refused by some limit: it has unmet demand, so it contends."""
+    def refused(self, tenant: Tenant | None, now: float, refusal: Refusal) -> None:
+        """A frame of `tenant` was refused by some limit: it has unmet demand, so it contends.
+        Refused by the global concurrency cap, its hint is booked on its own timeline at its
+        weighted share of the slot releases (`S / (max_inflight x share)` apart), not behind
+        every client of the other tenants the cap refused before: slots past the threshold go
+        by share, so a light tenant's next one does not wait for a heavy tenant's crowd."""
         if tenant is None:
             return
+        lowest, _, weight = self.floor(now)
         if tenant.contending_until <= now:
-            self._join(tenant, self.floor(now)[0])
+            self._join(tenant, lowest)
+            weight += tenant.limits.weight
         tenant.contending_until = now + CONTENDING_S
+        if refusal.reason == _INFLIGHT and self._hints.service_time_s:
+            slots = self._inflight.max_inflight * tenant.limits.weight / weight
+            refusal.hint_ms = tenant.request_drain.hint_ms(now, 1, 1, slots)
 
     def charge(self, grant: Grant, now: float) -> None:
         tenant = grant.ask.tenant

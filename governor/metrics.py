@@ -167,7 +167,7 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
     cardinality is bounded by the configuration."""
     admission = state.admission
     tenants = list(admission.tenants)
-    lowest, _ = admission.fair.floor(now)
+    lowest, _, _ = admission.fair.floor(now)
     gauges = (
         ("governor_tenant_inflight", "The tenant's admitted requests without a final reply.", "inflight"),
         ("governor_tenant_inflight_tokens", "Token cost held by the tenant's admitted requests.", "tokens"),

@@ -147,7 +147,7 @@ class ServerState:
         """Each tenant's limits, what it holds and its tally; `service_lead`: how far its fair-share
         counter is ahead of the lowest contending one (weighted tokens; 0 for the least served)."""
         fair = self.admission.fair
-        lowest, _ = fair.floor(now)
+        lowest, _, _ = fair.floor(now)
         rows = []
         for tenant in self.admission.tenants:
             tally = tenant.tally

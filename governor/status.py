@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+TOP_TENANTS = 5
+"""The tenants `governor status` lists, busiest first; the rest are counted."""
+TOP_REASONS = 3
+"""The yield reasons a tenant's or class's line names, most frequent over the interval first."""
+
 
 def _rate(before: dict[str, Any], after: dict[str, Any], key: str, seconds: float) -> float:
     return float(after.get(key, 0) - before.get(key, 0)) / seconds
@@ -48,9 +53,97 @@ def _token_lines(after: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> float:
+    """A counter's growth, never negative (a tenant reloaded away and back starts again at 0)."""
+    return max(0.0, float(after.get(key, 0) - before.get(key, 0)))
+
+
+def _yields(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
+    """`yielded 2.0/s (tenant_share 1.5/s, ...)`: the top reasons over the interval. The snapshots
+    list only the reasons that are not 0."""
+    line = f"yielded {_delta(before, after, 'yielded_total') / seconds:.1f}/s"
+    old, new = before.get("yielded_by_reason") or {}, after.get("yielded_by_reason") or {}
+    grown = {reason: _delta(old, new, reason) for reason in new}
+    top = sorted(((n, reason) for reason, n in grown.items() if n), key=lambda x: (-x[0], x[1]))[:TOP_REASONS]
+    if top:
+        line += " (" + ", ".join(f"{reason} {n / seconds:.1f}/s" for n, reason in top) + ")"
+    return line
+
+
+def _tenant_line(before: dict[str, Any], t: dict[str, Any], seconds: float) -> str:
+    cap = t.get("max_inflight") or 0
+    line = (
+        f"  {t.get('name')} (weight {t.get('weight', 1.0):g}): "
+        f"{t.get('inflight', 0)}{f'/{cap}' if cap else ''} in flight, "
+        f"admitted {_delta(before, t, 'admitted_total') / seconds:.1f}/s, "
+        f"executed {_delta(before, t, 'executed_total') / seconds:.1f}/s, "
+        f"{_yields(before, t, seconds)}, "
+        f"settled {_delta(before, t, 'tokens_settled_total') / seconds:.0f} tokens/s"
+    )
+    if t.get("contending"):
+        line += f", contending (lead {t.get('service_lead', 0.0):g})"
+    return line
+
+
+def _tenants_lines(before: dict[str, Any], after: dict[str, Any], seconds: float) -> list[str]:
+    """The busiest tenants: by admitted rate over the interval, then in flight, then yield rate."""
+    tenants: list[dict[str, Any]] = after.get("tenants") or []
+    old = {t.get("name"): t for t in before.get("tenants") or []}
+
+    def busiest(t: dict[str, Any]) -> tuple[float, int, float, str]:
+        was = old.get(t.get("name"), {})
+        admitted, yielded = _delta(was, t, "admitted_total"), _delta(was, t, "yielded_total")
+        return (-admitted, -t.get("inflight", 0), -yielded, str(t.get("name")))
+
+    ranked = sorted(tenants, key=busiest)
+    share = after.get("tenant_share_from")
+    details = ", ".join(
+        part
+        for part in (
+            f"named by {after['tenant_from']}" if after.get("tenant_from") else "",
+            f"fair shares past {share * 100:g}% of the caps" if share is not None else "",
+        )
+        if part
+    )
+    lines = [f"tenants: {len(tenants)}" + (f" ({details})" if details else "")]
+    lines.extend(_tenant_line(old.get(t.get("name"), {}), t, seconds) for t in ranked[:TOP_TENANTS])
+    if len(ranked) > TOP_TENANTS:
+        lines.append(f"  +{len(ranked) - TOP_TENANTS} more")
+    return lines
+
+
+def _class_line(name: str, before: dict[str, Any], c: dict[str, Any], seconds: float) -> str:
+    ceiling = c.get("ceiling")
+    at = "" if ceiling is None else f"ceiling {ceiling * 100:g}%, "
+    return (
+        f"  {name}: {at}{c.get('inflight', 0)} in flight, "
+        f"admitted {_delta(before, c, 'admitted_total') / seconds:.1f}/s, {_yields(before, c, seconds)}"
+    )
+
+
+def _tenancy_lines(before: dict[str, Any], after: dict[str, Any], seconds: float) -> list[str]:
+    """The busiest tenants and the priority classes that saw traffic since start, when there is
+    more than the default tenant or a class other than standard saw traffic. Read with `.get`: a
+    governor older than tenants has neither."""
+    tenants: list[dict[str, Any]] = after.get("tenants") or []
+    classes: dict[str, dict[str, Any]] = after.get("classes") or {}
+    used = {
+        name: c for name, c in classes.items() if c.get("admitted_total") or c.get("yielded_total") or c.get("inflight")
+    }
+    if len(tenants) <= 1 and not set(used) - {"standard"}:
+        return []
+    lines = _tenants_lines(before, after, seconds) if tenants else []
+    if used:
+        old = before.get("classes") or {}
+        lines.append("priority classes:")
+        lines.extend(_class_line(name, old.get(name, {}), c, seconds) for name, c in used.items())
+    return lines
+
+
 def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
     """Caps and load, rates over the interval, yields by reason, token budgets, deadlines and the
-    adaptive limit when in use, and each endpoint's health."""
+    adaptive limit when in use, the busiest tenants and the priority classes when there are more
+    than one, and each endpoint's health."""
     lines = []
     cap = f"{after['inflight']}/{after['max_inflight']} in flight"
     qps = f", --max-qps {after['max_qps']:g} ({after['qps_tokens']:g} tokens)" if after.get("max_qps") else ""
@@ -84,6 +177,7 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
     if after.get("service_time_ms") is not None:
         lines.append(f"observed service time: {after['service_time_ms']:.1f} ms")
     lines.extend(_token_lines(after))
+    lines.extend(_tenancy_lines(before, after, seconds))
     lines.append(
         f"workers: {sum(w['up'] for w in after['workers'])}/{len(after['workers'])} up, "
         f"{after['worker_restarts']} restarts, {after['rerouted_total']} re-routed"

@@ -7,6 +7,8 @@ from typing import Any
 
 from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.status import render_status
+from governor.tenant import TenantLimits
+from govwire.vocab import Priority
 from tests.fakes import make_state
 
 
@@ -136,3 +138,162 @@ def test_a_real_snapshot_renders_its_token_budget_and_adaptive_limit() -> None:
     assert "token budget: 0/4000 tokens in flight, --max-tokens-per-s 100 (100 in its bucket)\n" in text
     assert "deadlines since start: met 0, expired 1 (100.0% expired)\n" in text
     assert "adaptive limit (shadow): 8, knee not yet known, --max-inflight 8\n" in text
+
+
+def tenant(name: str, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "name": name,
+        "weight": 1.0,
+        "max_inflight": 0,
+        "max_qps": 0.0,
+        "qps_burst": 0.0,
+        "max_inflight_tokens": 0,
+        "max_tokens_per_s": 0.0,
+        "tokens_burst": 0.0,
+        "inflight": 0,
+        "inflight_tokens": 0,
+        "admitted_total": 0,
+        "executed_total": 0,
+        "yielded_total": 0,
+        "yielded_by_reason": {},
+        "tokens_settled_total": 0,
+        "contending": False,
+        "service_lead": 0.0,
+    }
+    row.update(fields)
+    return row
+
+
+def priority_class(ceiling: float, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "ceiling": ceiling,
+        "inflight": 0,
+        "admitted_total": 0,
+        "executed_total": 0,
+        "yielded_total": 0,
+        "yielded_by_reason": {},
+        "tokens_settled_total": 0,
+    }
+    row.update(fields)
+    return row
+
+
+def with_tenancy(tenants: list[dict[str, Any]], **classes: dict[str, Any]) -> dict[str, Any]:
+    snap = snapshot()
+    snap.update(
+        {
+            "tenant_from": "auth",
+            "tenant_share_from": 0.8,
+            "tenants": tenants,
+            "classes": {
+                "critical": priority_class(1.0),
+                "standard": priority_class(1.0),
+                "sheddable": priority_class(1.0),
+                **classes,
+            },
+        }
+    )
+    return snap
+
+
+def test_tenants_and_classes_show_their_rates_over_the_interval() -> None:
+    before = with_tenancy(
+        [
+            tenant("default"),
+            tenant("acme", admitted_total=100, executed_total=90, yielded_total=10,
+                   yielded_by_reason={"tenant_share": 10}, tokens_settled_total=5000),
+            tenant("globex", yielded_total=4, yielded_by_reason={"tenant_inflight": 4}),
+        ],
+        critical=priority_class(1.0, admitted_total=10),
+        standard=priority_class(0.95, admitted_total=90, yielded_total=14),
+    )  # fmt: skip
+    after = with_tenancy(
+        [
+            tenant("default"),
+            tenant("acme", weight=2.0, max_inflight=4, inflight=3, admitted_total=124, executed_total=112,
+                   yielded_total=16, yielded_by_reason={"tenant_share": 13, "inflight": 2, "tenant_qps": 1},
+                   tokens_settled_total=6660, contending=True, service_lead=120.5),
+            tenant("globex", inflight=1, admitted_total=4, executed_total=2, yielded_total=12,
+                   yielded_by_reason={"tenant_inflight": 12}, tokens_settled_total=100),
+        ],
+        critical=priority_class(1.0, inflight=1, admitted_total=14, yielded_total=2,
+                                yielded_by_reason={"inflight": 2}),
+        standard=priority_class(0.95, inflight=3, admitted_total=114, yielded_total=40,
+                                yielded_by_reason={"tenant_share": 13, "tenant_inflight": 12, "inflight": 1}),
+    )  # fmt: skip
+    text = render_status(before, after, 2.0)
+    assert (
+        "tenants: 3 (named by auth, fair shares past 80% of the caps)\n"
+        "  acme (weight 2): 3/4 in flight, admitted 12.0/s, executed 11.0/s,"
+        " yielded 3.0/s (tenant_share 1.5/s, inflight 1.0/s, tenant_qps 0.5/s), settled 830 tokens/s,"
+        " contending (lead 120.5)\n"
+        "  globex (weight 1): 1 in flight, admitted 2.0/s, executed 1.0/s,"
+        " yielded 4.0/s (tenant_inflight 4.0/s), settled 50 tokens/s\n"
+        "  default (weight 1): 0 in flight, admitted 0.0/s, executed 0.0/s, yielded 0.0/s, settled 0 tokens/s\n"
+        "priority classes:\n"
+        "  critical: ceiling 100%, 1 in flight, admitted 2.0/s, yielded 1.0/s (inflight 1.0/s)\n"
+        "  standard: ceiling 95%, 3 in flight, admitted 12.0/s,"
+        " yielded 13.0/s (tenant_share 6.5/s, tenant_inflight 6.0/s, inflight 0.5/s)\n"
+        "workers:"
+    ) in text
+    assert "sheddable" not in text  # a class that saw no traffic has no line
+
+
+def test_only_the_five_busiest_tenants_are_listed() -> None:
+    before = with_tenancy([tenant(f"t{i}", admitted_total=100) for i in range(8)])
+    after = with_tenancy([tenant(f"t{i}", admitted_total=100 + i, inflight=1 if i == 0 else 0) for i in range(8)])
+    lines = render_status(before, after, 1.0).splitlines()
+    start = lines.index("tenants: 8 (named by auth, fair shares past 80% of the caps)")
+    listed = [line.split()[0] for line in lines[start + 1 : start + 6]]
+    assert listed == ["t7", "t6", "t5", "t4", "t3"]  # by admitted rate over the interval
+    assert lines[start + 6] == "  +3 more"
+    assert lines[start + 7].startswith("workers:")  # no class saw traffic: no class lines
+
+    # Equal admitted rates: the tenant holding more in flight comes first.
+    after = with_tenancy([tenant(f"t{i}", admitted_total=100, inflight=i % 3) for i in range(8)])
+    lines = render_status(before, after, 1.0).splitlines()
+    assert [line.split()[0] for line in lines[start + 1 : start + 6]] == ["t2", "t5", "t1", "t4", "t7"]
+
+
+def test_one_tenant_and_standard_traffic_only_add_no_lines() -> None:
+    before = with_tenancy([tenant("default", admitted_total=10)], standard=priority_class(1.0, admitted_total=10))
+    after = with_tenancy([tenant("default", admitted_total=30)], standard=priority_class(1.0, admitted_total=30))
+    text = render_status(before, after, 1.0)
+    assert "tenants" not in text and "priority classes" not in text
+    assert text == render_status(snapshot(), snapshot(), 1.0)  # as a governor without tenants renders
+
+    # Sheddable traffic alone is enough for the class lines (and the lone tenant is listed too).
+    shed = priority_class(0.8, admitted_total=5, yielded_total=1, yielded_by_reason={"inflight": 1})
+    after["classes"]["sheddable"] = shed
+    text = render_status(before, after, 1.0)
+    assert "  default (weight 1): 0 in flight, admitted 20.0/s" in text
+    assert "  standard: ceiling 100%, 0 in flight, admitted 20.0/s, yielded 0.0/s\n" in text
+    assert "  sheddable: ceiling 80%, 0 in flight, admitted 5.0/s, yielded 1.0/s (inflight 1.0/s)\n" in text
+
+
+def test_stats_of_a_governor_without_tenant_fields_render_as_before() -> None:
+    text = render_status(snapshot(), snapshot(), 1.0)
+    assert "tenants" not in text and "priority classes" not in text
+    assert "observed service time: 120.0 ms\nworkers: 1/2 up" in text  # nothing between them
+    # A tenant new since the first snapshot (a reload) counts from 0; one whose counters went back
+    # (reloaded away and back) shows no negative rate.
+    before = with_tenancy([tenant("default"), tenant("acme", admitted_total=50)])
+    after = with_tenancy([tenant("default"), tenant("acme", admitted_total=10), tenant("new", admitted_total=3)])
+    text = render_status(before, after, 1.0)
+    assert "  new (weight 1): 0 in flight, admitted 3.0/s" in text
+    assert "  acme (weight 1): 0 in flight, admitted 0.0/s" in text
+
+
+def test_a_real_snapshot_renders_its_tenants_and_classes() -> None:
+    # The keys the tenant and class lines read are the ones ServerState.snapshot() writes.
+    state = make_state(max_inflight=8, tenants={"acme": TenantLimits(weight=2.0, max_inflight=4)})
+    before = state.snapshot()
+    (acme,) = [t for t in state.admission.tenants if t.name == "acme"]
+    acme.tally.admitted += 6
+    acme.tally.yielded["tenant_inflight"] += 2
+    state.accounting.classes[Priority.CRITICAL].admitted += 6
+    text = render_status(before, state.snapshot(), 2.0)
+    assert "tenants: 2 (named by auth, fair shares past 80% of the caps)\n" in text
+    assert "  acme (weight 2): 0/4 in flight, admitted 3.0/s, executed 0.0/s," in text
+    assert "yielded 1.0/s (tenant_inflight 1.0/s)" in text
+    assert "  critical: ceiling 100%, 6 in flight, admitted 3.0/s, yielded 0.0/s\n" in text

@@ -424,3 +424,22 @@ def test_two_backlogged_tenants_share_contended_capacity_by_weight_within_the_bo
     served_a, served_b = (cumulative[-1][i] - cumulative[2][i] for i in (0, 1))
     assert served_a > 0 and served_b > 0
     assert abs(served_a / weights[0] - served_b / weights[1]) <= 2 * bound + 1e-9
+
+
+def test_a_tenant_refused_at_the_cap_is_booked_on_its_own_timeline_at_its_share_of_the_releases() -> None:
+    state = make_state(
+        max_inflight=4,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(), "b": TenantLimits()},
+        tenant_from_frame=True,
+    )
+    state.admission.hints.observe_service_time(0.4)  # a slot frees every 100 ms at saturation
+    a, a_writes = make_ingress(state)
+    b, b_writes = make_ingress(state)
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(8)))
+    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [100, 200, 300, 400]  # a alone: every release
+    # b contends now: half the releases are its own, every 200 ms, whatever a's crowd was told.
+    b.receive_data(frame("b0", tenant="b") + frame("b1", tenant="b"))
+    assert [(r["reason"], r["retry_hint_ms"]) for r in replies(b_writes)] == [("inflight", 200), ("inflight", 400)]
+    a.receive_data(frame("a9", tenant="a"))
+    assert replies(a_writes)[-1]["retry_hint_ms"] == 600  # after a's own appointments, at half the rate
