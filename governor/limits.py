@@ -153,7 +153,7 @@ class InflightLimiter:
         if self.inflight + 1 <= cap:
             return None
         refusal = self._refusal  # `at` inlined: this check refuses every frame under overload
-        refusal.hint_ms = self._hints.hint_ms(now, self.inflight + 1 - math.floor(cap))
+        refusal.hint_ms = self._hints.hint_ms(now, self.inflight + 1 - int(cap))  # int: floor of a cap > 0
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:

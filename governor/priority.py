@@ -40,22 +40,26 @@ class CeilingPolicy:
 
 
 class PriorityCeilings:
-    """The ceiling each frame gets, from its class and the classes seen lately."""
+    """The ceiling each frame gets, from its class and the classes seen lately. `ceiling` runs for
+    every generate frame: plain attributes, no dict."""
 
-    __slots__ = ("policy", "_seen")
+    __slots__ = ("policy", "_critical_at", "_standard_at")
 
     def __init__(self, policy: CeilingPolicy) -> None:
         self.policy = policy
-        self._seen = {priority: -math.inf for priority in Priority}  # when a frame of each class came last
+        self._critical_at = -math.inf  # when a critical frame came last
+        self._standard_at = -math.inf  # when a standard one did
 
     def ceiling(self, priority: Priority, now: float) -> float:
         """The fraction of each cap a frame of `priority` arriving `now` may fill (and note that it came)."""
-        seen = self._seen
-        seen[priority] = now
+        if priority is _STANDARD:
+            self._standard_at = now
+            return self.policy.standard if self._holds(self._critical_at, now) else 1.0
         if priority is _CRITICAL:
+            self._critical_at = now
             return 1.0
-        higher = seen[_CRITICAL] if priority is _STANDARD else max(seen[_CRITICAL], seen[_STANDARD])
-        return self.policy.of(priority) if self._holds(higher, now) else 1.0
+        higher = max(self._critical_at, self._standard_at)
+        return self.policy.sheddable if self._holds(higher, now) else 1.0
 
     def _holds(self, higher_seen: float, now: float) -> bool:
         hold_s = self.policy.hold_s
@@ -63,9 +67,9 @@ class PriorityCeilings:
 
     def current(self, now: float) -> dict[str, float]:
         """Each class's ceiling now, without noting a frame (stats and metrics)."""
-        policy, seen = self.policy, self._seen
+        policy = self.policy
         return {
             _CRITICAL.value: 1.0,
-            _STANDARD.value: policy.standard if self._holds(seen[_CRITICAL], now) else 1.0,
-            _SHEDDABLE.value: policy.sheddable if self._holds(max(seen[_CRITICAL], seen[_STANDARD]), now) else 1.0,
+            _STANDARD.value: policy.standard if self._holds(self._critical_at, now) else 1.0,
+            _SHEDDABLE.value: policy.sheddable if self._holds(max(self._critical_at, self._standard_at), now) else 1.0,
         }
