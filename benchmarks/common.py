@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+import random
 import socket
 import statistics
 import subprocess
@@ -149,6 +150,16 @@ def median_ms(summaries: list[Summary], pick: Callable[[Summary], float | None])
 def server_p99(result: RunResult, key: str) -> float | None:
     """p99 of one of the server's own timings from `done` (queue_wait_ms, prefill_ms, ...)."""
     return Distribution.of([s.server[key] for s in result.samples if key in s.server]).p99
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    """`n` characters of lowercase words: n tokens for the random model's bytes tokenizer."""
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(n))
+
+
+def fmt(x: float | None, digits: int = 0) -> str:
+    """A number for a table, thousands separated; `-` for none."""
+    return "-" if x is None else f"{x:,.{digits}f}"
 
 
 def markdown_table(headers: list[str], rows: list[list[str]]) -> str:

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.common import machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.common import machine, markdown_table, out_dir, random_text, start_governor, stats, stop
 from governor.client import AsyncClient
 
 
@@ -69,10 +69,6 @@ class Run:
     @property
     def sequences_per_step(self) -> float:
         return self.engine["step_sequences_total"] / max(self.engine["steps_total"], 1)
-
-
-def text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(n))
 
 
 async def send_all(port: int, requests: list[Request]) -> tuple[list[Outcome], float]:
@@ -145,9 +141,9 @@ def same_outputs(a: Run, b: Run) -> str:
 
 def prefix_experiment(args: Any) -> str:
     rng = random.Random(args.seed)
-    system = text(rng, 512)
-    requests = [Request(system + text(rng, rng.randint(16, 64)), 32, 32) for _ in range(64)]
-    warmup = [Request(text(rng, 540), 4, 4) for _ in range(4)]  # another prefix: nothing to reuse
+    system = random_text(rng, 512)
+    requests = [Request(system + random_text(rng, rng.randint(16, 64)), 32, 32) for _ in range(64)]
+    warmup = [Request(random_text(rng, 540), 4, 4) for _ in range(4)]  # another prefix: nothing to reuse
     batch = ["--max-batch-size", str(args.max_batch_size)]
     off = measure("prefix-off", [*batch, "--no-prefix-caching"], requests, warmup, args)
     on = measure("prefix-on", batch, requests, warmup, args)
@@ -178,8 +174,8 @@ def prefix_experiment(args: Any) -> str:
 
 def overask_experiment(args: Any) -> str:
     rng = random.Random(args.seed + 1)
-    requests = [Request(text(rng, rng.randint(32, 64)), 512, rng.randint(16, 64)) for _ in range(96)]
-    warmup = [Request(text(rng, 48), 8, 8) for _ in range(4)]
+    requests = [Request(random_text(rng, rng.randint(32, 64)), 512, rng.randint(16, 64)) for _ in range(96)]
+    warmup = [Request(random_text(rng, 48), 8, 8) for _ in range(4)]
     common = ["--max-batch-size", str(args.max_batch_size), "--kv-cache-tokens", "8192"]
     worst = measure("worst-case", [*common, "--kv-reservation", "worst-case"], requests, warmup, args)
     paged = measure("paged", common, requests, warmup, args)
@@ -203,8 +199,8 @@ def overask_experiment(args: Any) -> str:
 
 def pressure_experiment(args: Any) -> str:
     rng = random.Random(args.seed + 2)
-    requests = [Request(text(rng, rng.randint(32, 64)), 96, 96) for _ in range(48)]
-    warmup = [Request(text(rng, 48), 8, 8) for _ in range(4)]
+    requests = [Request(random_text(rng, rng.randint(32, 64)), 96, 96) for _ in range(48)]
+    warmup = [Request(random_text(rng, 48), 8, 8) for _ in range(4)]
     batch = ["--max-batch-size", "32"]
     roomy = measure("roomy", [*batch, "--kv-cache-tokens", "16384"], requests, warmup, args)
     tight = measure("tight", [*batch, "--kv-cache-tokens", str(args.tight_kv_tokens)], requests, warmup, args)

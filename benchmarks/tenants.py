@@ -34,7 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, markdown_table, out_dir, start_governor, start_gpt2_worker, stats, stop
+from benchmarks.common import (
+    fmt,
+    machine,
+    markdown_table,
+    out_dir,
+    random_text,
+    start_governor,
+    start_gpt2_worker,
+    stats,
+    stop,
+)
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
 
 SHORT, LONG = 32, 128
@@ -57,10 +67,6 @@ class Outcome:
     attempts: int
     ttft_s: float | None  # from the first submission
     reasons: tuple[str, ...] = ()  # of the yields it met, in order
-
-
-def text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(n))
 
 
 def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:
@@ -114,10 +120,6 @@ def p99_ms(outcomes: list[Outcome]) -> float | None:
     return 1000 * values[min(len(values) - 1, int(0.99 * len(values)))] if values else None
 
 
-def fmt(x: float | None, digits: int = 0) -> str:
-    return "-" if x is None else f"{x:,.{digits}f}"
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -157,7 +159,7 @@ class Bench:
                     nonlocal done
                     while time.perf_counter() < end:
                         await client.generate(
-                            text(rng, SHORT), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
+                            random_text(rng, SHORT), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
                         )
                         done += 1
 
@@ -179,8 +181,8 @@ class Bench:
 def neighbour_experiment(bench: Bench, capacity: float) -> str:
     seconds = bench.args.seconds
     rng = random.Random(11)
-    b_plan = [Arrival(t, "B", None, text(rng, SHORT)) for t in poisson(0.3 * capacity, seconds, rng)]
-    a_plan = [Arrival(t, "A", None, text(rng, SHORT)) for t in poisson(5.0 * capacity, seconds, rng)]
+    b_plan = [Arrival(t, "B", None, random_text(rng, SHORT)) for t in poisson(0.3 * capacity, seconds, rng)]
+    a_plan = [Arrival(t, "A", None, random_text(rng, SHORT)) for t in poisson(5.0 * capacity, seconds, rng)]
     both = sorted(a_plan + b_plan, key=lambda a: a.at)
     tenants = ["--tenant", "A", "--tenant", "B"]
     runs = {
@@ -233,7 +235,11 @@ def weights_experiment(bench: Bench) -> str:
                 while time.perf_counter() < end:
                     try:
                         await client.generate(
-                            text(rng, n), max_new_tokens=MAX_NEW, tenant=tenant, temperature=0.0, stop_on_eos=False
+                            random_text(rng, n),
+                            max_new_tokens=MAX_NEW,
+                            tenant=tenant,
+                            temperature=0.0,
+                            stop_on_eos=False,
                         )
                     except Yielded as exc:
                         await asyncio.sleep(exc.retry_hint_ms / 1000 * random.uniform(1.0, 1.2))
@@ -272,7 +278,7 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
     seconds = bench.args.seconds
     rng = random.Random(17)
     classes = ("critical", "standard", "sheddable")
-    plan = [Arrival(t, "", rng.choice(classes), text(rng, SHORT)) for t in poisson(1.5 * capacity, seconds, rng)]
+    plan = [Arrival(t, "", rng.choice(classes), random_text(rng, SHORT)) for t in poisson(1.5 * capacity, seconds, rng)]
     classless = [Arrival(a.at, "", None, a.prompt) for a in plan]
     with_classes, wall = bench.run("classes", [], plan, retry=False)
     without, wall_without = bench.run("classless", [], classless, retry=False)

@@ -38,7 +38,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine, markdown_table, out_dir, start_governor, start_gpt2_worker, stop
+from benchmarks.common import (
+    fmt,
+    machine,
+    markdown_table,
+    out_dir,
+    random_text,
+    start_governor,
+    start_gpt2_worker,
+    stop,
+)
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
 
 SHORT, LONG = 32, 896
@@ -86,10 +95,6 @@ class Run:
         return sum(1 for o in self.outcomes if o.status == status and (code is None or o.code == code))
 
 
-def text(rng: random.Random, n: int) -> str:
-    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in range(n))
-
-
 def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[Arrival]:
     rng = random.Random(seed)
     out, t = [], 0.0
@@ -98,7 +103,7 @@ def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[
         if t >= seconds:
             return out
         kind = "long" if rng.random() < long_share else "short"
-        out.append(Arrival(t, kind, text(rng, LONG if kind == "long" else SHORT)))
+        out.append(Arrival(t, kind, random_text(rng, LONG if kind == "long" else SHORT)))
 
 
 async def drive(port: int, plan: list[Arrival], deadline_ms: float = 0.0, poll_s: float = 0.5) -> Run:
@@ -193,7 +198,9 @@ class Bench:
                     nonlocal done
                     while time.perf_counter() < end:
                         n = LONG if rng.random() < long_share else SHORT
-                        await client.generate(text(rng, n), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False)
+                        await client.generate(
+                            random_text(rng, n), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
+                        )
                         done += 1
 
                 await asyncio.gather(*(loop() for _ in range(16)))
@@ -206,10 +213,6 @@ class Bench:
         print(f"  capacity (long share {long_share:.0%}): {rate:.2f} req/s", flush=True)
         time.sleep(1.0)
         return rate
-
-
-def fmt(x: float | None, digits: int = 0) -> str:
-    return "-" if x is None else f"{x:,.{digits}f}"
 
 
 def mix_experiment(bench: Bench, capacity: float) -> str:
