@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
+.PHONY: run test test-unit test-integration redis-server lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
 	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
@@ -25,14 +25,24 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## start the governor with its GPT-2 worker (random weights); extra flags via ARGS="..."
 	$(PY) -m governor serve $(ARGS)
 
-test: $(STAMP)  ## the whole suite (unit + integration), as CI runs it
+test: $(STAMP) redis-server  ## the whole suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
-test-integration: $(STAMP)
+test-integration: $(STAMP) redis-server
 	$(PY) -m pytest -q tests/integration
+
+# The fleet tests start a real redis-server (or valkey-server) on loopback. Where neither is on the
+# PATH it is installed from the distribution's package (Debian/Ubuntu: apt, as root or with sudo).
+redis-server:
+	@command -v redis-server >/dev/null || command -v valkey-server >/dev/null || { \
+		if ! command -v apt-get >/dev/null; then \
+			echo "the fleet tests need redis-server or valkey-server on the PATH: install one" >&2; exit 1; fi; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff mypy

@@ -15,8 +15,7 @@ ended and settles its token cost, `started` records its first token (the TTFT mo
 adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
 one without charging the global limits again.
 
-The ingress only parses, calls `decide` and encodes the answer; new limits (fleet leases) are
-added here.
+The ingress only parses, calls `decide` and encodes the answer; new limits are added here.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from governor.cost import NO_ASK, Ask
 from governor.deadline import DeadlineLimit
 from governor.endpoint import Endpoint
 from governor.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
+from governor.fleet_lease import FleetLease
 from governor.hints import RetryHintEstimator
 from governor.limits import (
     Draining,
@@ -61,6 +61,7 @@ class Admission:
         "tenant_caps",
         "fair",
         "ceilings",
+        "fleet",
         "max_inflight",
         "_sharing",
         "_every",
@@ -96,6 +97,7 @@ class Admission:
         self.tenant_caps = TenantCaps()
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
+        self.fleet: FleetLease | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
         self._every: tuple[Limit, ...] = (
             self.drain,
@@ -130,6 +132,9 @@ class Admission:
             checked.append(self.tokens)
         if self.token_rate.bucket is not None:
             checked.append(self.token_rate)
+        fleet = self.fleet
+        if fleet is not None:
+            checked.append(fleet)
         self._sharing = len(self.tenants) > 1
         if self._sharing:
             checked.append(self.fair)
@@ -140,6 +145,8 @@ class Admission:
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
         if tenant_caps:
             self._fits += (self.tenant_caps.fits,)
+        if fleet is not None:
+            self._fits += (fleet.fits,)
         if self.adaptive.enforced:
             self.inflight.set_max(self.adaptive.limit)
 
@@ -171,6 +178,12 @@ class Admission:
         self.token_rate.set_rate(tokens_per_s, tokens_burst, now)
         self.pool.default_capacity = max_inflight
         self.adaptive.set_ceiling(max_inflight)
+        self._activate()
+
+    def join_fleet(self, fleet: FleetLease) -> None:
+        """Enforce this replica's share of the fleet caps from now on (at start, before any frame)."""
+        self.fleet = fleet
+        self._every = (*self._every, fleet)
         self._activate()
 
     def set_tenancy(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.endpoint import EndpointLimits
+from governor.fleet_lease import FleetPolicy
 from governor.priority import CeilingPolicy
 from governor.tenant import TenantLimits, parse_tenant
 from govwire.address import Address, parse_address
@@ -81,6 +82,34 @@ class GovernorConfig:
     )
     priority_hold_s: float = option(
         60.0, "a class ceiling holds headroom while a frame of a higher class came this recently; 0 = always"
+    )
+    fleet: str = option(
+        "",
+        "redis://[[USER]:PASSWORD@]HOST:PORT/DB (rediss:// for TLS): share the --fleet-* caps with every governor"
+        " using this Redis and --fleet-name, each enforcing a lease renewed in the background",
+        metavar="URL",
+    )
+    fleet_name: str = option("governor", "the fleet's key prefix in Redis: replicas with the same name share caps")
+    fleet_max_inflight: int = option(0, "hard cap on admitted, unfinished requests over the whole fleet; 0 = none")
+    fleet_max_qps: float = option(0.0, "hard cap on admissions per second over the whole fleet; 0 = none")
+    fleet_qps_burst: float = option(0.0, "admissions the fleet's --fleet-max-qps can bank; 0 = one second's")
+    fleet_max_inflight_tokens: int = option(
+        0, "hard cap on the token cost held by admitted requests over the whole fleet; 0 = none"
+    )
+    fleet_max_tokens_per_s: float = option(
+        0.0, "hard cap on the token cost admitted per second over the fleet; 0 = none"
+    )
+    fleet_tokens_burst: float = option(
+        0.0, "token cost the fleet's --fleet-max-tokens-per-s can bank; 0 = one second's"
+    )
+    fleet_renew_ms: float = option(250.0, "how often this replica renews its lease (its share of each fleet cap)")
+    fleet_lease_ms: float = option(
+        1000.0, "a lease not renewed for this long lapses: a dead replica's share returns to the others after it"
+    )
+    fleet_unavailable: Literal["local", "closed"] = option(
+        "local",
+        "once the lease lapsed (Redis unreachable): local enforces each fleet cap / the last known replica count;"
+        " closed yields every frame (fleet_unavailable)",
     )
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive", "adaptive: derive retry_hint_ms from observed service times; fixed: always the base value"
@@ -212,6 +241,29 @@ class GovernorConfig:
             seen.add(address)
         self.tenant_limits()
         self.ceiling_policy()
+        policy = self.fleet_policy()
+        if self.fleet and not policy.any:
+            raise ConfigError("--fleet needs a fleet cap: --fleet-max-inflight, --fleet-max-qps or a token one")
+        if policy.any and not self.fleet:
+            raise ConfigError("the --fleet-max-* caps are shared through Redis: give its --fleet URL")
+        if self.fleet and not self.fleet.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError("--fleet must be a redis://, rediss:// or unix:// URL")
+
+    def fleet_policy(self) -> FleetPolicy:
+        try:
+            return FleetPolicy(
+                max_inflight=self.fleet_max_inflight,
+                max_qps=self.fleet_max_qps,
+                qps_burst=self.fleet_qps_burst,
+                max_inflight_tokens=self.fleet_max_inflight_tokens,
+                max_tokens_per_s=self.fleet_max_tokens_per_s,
+                tokens_burst=self.fleet_tokens_burst,
+                renew_s=self.fleet_renew_ms / 1000,
+                lease_s=self.fleet_lease_ms / 1000,
+                unavailable=self.fleet_unavailable,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--fleet-*: {exc}") from None
 
     def tenant_limits(self) -> dict[str, TenantLimits]:
         """The tenants with limits of their own, by name."""

@@ -133,6 +133,18 @@ class DrainHint:
         self._hints = hints
         self._booked = -math.inf  # seconds, on the caller's clock: when the drain promised so far is done
 
+    def books(self, held: float) -> bool:
+        """Whether a refusal now books its place (else it gets the base hint)."""
+        hints = self._hints
+        return hints.policy.adaptive and bool(hints.service_time_s) and held > 0
+
+    def promised(self, now: float, held: float) -> float:
+        """The amount promised to refused requests that has not drained yet: what waits for it."""
+        service_s = self._hints.service_time_s
+        if not service_s or held <= 0:
+            return 0.0
+        return max(0.0, self._booked - now) * held / service_s
+
     def hint_ms(self, now: float, deficit: float, amount: float, held: float) -> int:
         hints = self._hints
         service_s = hints.service_time_s

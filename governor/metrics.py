@@ -15,6 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from governor.adaptive_limit import AdaptiveMode
+from governor.fleet_lease import RESOURCES
+from governor.fleet_member import FleetMember
 from governor.latency import Histogram
 from governor.state import ServerState
 from governor.tally import Tally
@@ -225,10 +227,75 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
         yield from (admitted, executed, tokens, yielded)
 
 
+def _fleet_families(
+    member: FleetMember,
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+    """This replica's lease on the fleet caps (--fleet), one sample per shared resource."""
+    lease = member.lease
+    yield GaugeMetricFamily(
+        "governor_fleet_up", "1 while this replica's last lease renewal in Redis succeeded.", int(member.up)
+    )
+    state = GaugeMetricFamily(
+        "governor_fleet_lease_state",
+        "1 for the lease's state: leased, joining, or lapsed into the --fleet-unavailable fallback (local, closed).",
+        labels=["state"],
+    )
+    state.add_metric([lease.state.value], 1)
+    yield state
+    yield GaugeMetricFamily(
+        "governor_fleet_replicas", "Live replicas of the fleet, as of the last renewal.", lease.replicas
+    )
+    families = {
+        "limit": GaugeMetricFamily("governor_fleet_limit", "The fleet-wide cap in force.", labels=["resource"]),
+        "share": GaugeMetricFamily(
+            "governor_fleet_lease",
+            "This replica's share of the fleet cap (its lease): slots or tokens held, or per second.",
+            labels=["resource"],
+        ),
+        "used": GaugeMetricFamily(
+            "governor_fleet_used",
+            "What this replica uses of its share: held now, or per second over the last renewal period.",
+            labels=["resource"],
+        ),
+        "fleet_used": GaugeMetricFamily(
+            "governor_fleet_usage",
+            "What the whole fleet uses, as of this replica's last renewal (held, or per second).",
+            labels=["resource"],
+        ),
+        "fleet_wants": GaugeMetricFamily(
+            "governor_fleet_wants",
+            "What the whole fleet asks for (usage plus refused demand), as of this replica's last renewal.",
+            labels=["resource"],
+        ),
+    }
+    for resource, share in zip(RESOURCES, lease.shares, strict=True):
+        if share.limit:
+            families["limit"].add_metric([resource], share.limit)
+            families["share"].add_metric([resource], share.share)
+            families["used"].add_metric([resource], share.used)
+            families["fleet_used"].add_metric([resource], share.fleet_usage)
+            families["fleet_wants"].add_metric([resource], share.fleet_want)
+    yield from families.values()
+    renewals = CounterMetricFamily(
+        "governor_fleet_renewals", "Lease renewals sent to Redis, by result.", labels=["result"]
+    )
+    for result, n in sorted(member.renewals.items()):
+        renewals.add_metric([result], n)
+    yield renewals
+    h = member.renewal_seconds
+    yield HistogramMetricFamily(
+        "governor_fleet_renewal_seconds",
+        "Round trip of a successful lease renewal (the Lua script in Redis).",
+        buckets=h.cumulative(),
+        sum_value=h.total,
+    )
+
+
 class GovernorCollector(Collector):
-    def __init__(self, state: ServerState, upstream: Upstream) -> None:
+    def __init__(self, state: ServerState, upstream: Upstream, fleet: FleetMember | None = None) -> None:
         self._state = state
         self._upstream = upstream
+        self._fleet = fleet
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._state
@@ -264,6 +331,8 @@ class GovernorCollector(Collector):
         yield from _endpoint_families(self._upstream, now)
         yield from _token_families(s, now)
         yield from _tenant_families(s, now)
+        if self._fleet is not None:
+            yield from _fleet_families(self._fleet)
         bucket = admission.rate.bucket
         if bucket is not None:
             yield GaugeMetricFamily(
@@ -285,9 +354,9 @@ class GovernorCollector(Collector):
             )
 
 
-def build_registry(state: ServerState, upstream: Upstream) -> CollectorRegistry:
+def build_registry(state: ServerState, upstream: Upstream, fleet: FleetMember | None = None) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GovernorCollector(state, upstream))
+    registry.register(GovernorCollector(state, upstream, fleet))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

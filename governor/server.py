@@ -21,6 +21,8 @@ from governor.config import GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
 from governor.cost import CostModel
 from governor.endpoint import Endpoint, EndpointLimits
+from governor.fleet_lease import FleetLease
+from governor.fleet_member import FleetMember
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.lifecycle import Phase
 from governor.metrics import build_registry
@@ -128,6 +130,12 @@ RELOADABLE = (
     "sheddable_ceiling",
     "standard_ceiling",
     "priority_hold_s",
+    "fleet_max_inflight",
+    "fleet_max_qps",
+    "fleet_qps_burst",
+    "fleet_max_inflight_tokens",
+    "fleet_max_tokens_per_s",
+    "fleet_tokens_burst",
 )
 
 
@@ -156,6 +164,15 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
         tokens_per_s=config.max_tokens_per_s,
         tokens_burst=config.tokens_burst,
     )
+    fleet = state.admission.fleet
+    if fleet is not None:  # the limits only: the lease timing needs a restart
+        policy = config.fleet_policy()
+        fleet.set_policy(
+            dataclasses.replace(
+                policy, renew_s=fleet.policy.renew_s, lease_s=fleet.policy.lease_s, unavailable=fleet.policy.unavailable
+            ),
+            now,
+        )
     endpoints = {e.name: e for e in state.admission.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)
@@ -280,6 +297,7 @@ class Server:
             worker_secret,
         )
         state = build_state(config, upstream, now)
+        fleet = await self._join_fleet(state, stack)
         if config.config or config.auth_token_file:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
             stack.callback(loop.remove_signal_handler, signal.SIGHUP)
@@ -302,7 +320,7 @@ class Server:
         sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
         stack.callback(sweeper.cancel)
         if config.metrics_port:
-            metrics = MetricsEndpoint(build_registry(state, upstream), is_ready=lambda: upstream.num_up > 0)
+            metrics = MetricsEndpoint(build_registry(state, upstream, fleet), is_ready=lambda: upstream.num_up > 0)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
         limits = connection_limits(config)
@@ -320,6 +338,28 @@ class Server:
             ",".join(link.address for link in upstream.links),
         )
         return state, listener
+
+    async def _join_fleet(self, state: ServerState, stack: contextlib.AsyncExitStack) -> FleetMember | None:
+        """With --fleet: the lease, enforced by admission from the first frame, its first renewal
+        before the listener opens, and its renewals from then on. It leaves the fleet last, once
+        the drain is over (its requests hold their share until they end)."""
+        config = self.config
+        if not config.fleet:
+            return None
+        lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
+        state.admission.join_fleet(lease)
+        member = FleetMember(config.fleet, config.fleet_name, lease)
+        stack.push_async_callback(member.close)
+        if not await member.join(lease.policy.lease_s):
+            log.warning(
+                "event=fleet_join_failed url=%s then=%s hint=%r",
+                member.url,
+                config.fleet_unavailable,
+                "admitting under --fleet-unavailable until Redis answers",
+            )
+        member.start()
+        state.fleet = member
+        return member
 
     def _spawn_worker(
         self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret

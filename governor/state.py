@@ -46,6 +46,12 @@ class UpstreamView(Dispatcher, Protocol):
     def describe(self) -> list[dict[str, Any]]: ...
 
 
+class FleetView(Protocol):
+    """This replica's fleet membership as `stats` shows it (fleet_member.FleetMember)."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 class LoopTimers:
     """Deadlines on the running event loop."""
 
@@ -67,6 +73,7 @@ class ServerState:
         "upstream",
         "connections",
         "buffered_bytes",
+        "fleet",
     )
 
     def __init__(
@@ -97,6 +104,7 @@ class ServerState:
         )
         self.connections: set[ClientConnection] = set()
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
+        self.fleet: FleetView | None = None  # with --fleet: the lease renewals
 
     def snapshot(self) -> dict[str, Any]:
         """The `stats` reply body."""
@@ -126,6 +134,7 @@ class ServerState:
             "tenant_share_from": admission.fair.threshold,
             "tenants": self._tenants(now),
             "classes": self._classes(now),
+            "fleet": None if self.fleet is None else self.fleet.describe(),
             "received_total": acc.received,
             "executed_total": acc.executed,
             "yielded_total": acc.yielded_total,

@@ -66,6 +66,11 @@ class YieldReason(StrEnum):
     TENANT_TOKENS = "tenant_tokens"  # the tenant's max_inflight_tokens
     TENANT_TOKEN_RATE = "tenant_token_rate"  # the tenant's max_tokens_per_s
     TENANT_SHARE = "tenant_share"  # near saturation, the tenant is past its weighted share of recent service
+    FLEET_INFLIGHT = "fleet_inflight"  # this replica's share of --fleet-max-inflight
+    FLEET_QPS = "fleet_qps"  # its share of --fleet-max-qps
+    FLEET_TOKENS = "fleet_tokens"  # its share of --fleet-max-inflight-tokens
+    FLEET_TOKEN_RATE = "fleet_token_rate"  # its share of --fleet-max-tokens-per-s
+    FLEET_UNAVAILABLE = "fleet_unavailable"  # no lease (Redis unreachable) and --fleet-unavailable closed
     DRAINING = "draining"
 
 

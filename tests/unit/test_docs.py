@@ -9,6 +9,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.cli import build_parser as governor_parser
+from governor.fleet_lease import FleetLease, FleetPolicy
+from governor.fleet_member import FleetMember
 from governor.metrics import build_registry
 from governor.upstream import Upstream
 from govwire.messages import STATS_FIELDS
@@ -40,7 +42,10 @@ def test_every_flag_of_every_command_is_documented() -> None:
 def test_every_exported_metric_is_documented() -> None:
     from prometheus_client import generate_latest
 
-    text = generate_latest(build_registry(make_state(), Upstream([]))).decode()
+    state = make_state()
+    lease = FleetLease(FleetPolicy(max_inflight=8, max_qps=10.0), state.admission.hints, 0.0)
+    fleet = FleetMember("redis://127.0.0.1:1/0", "docs", lease)  # never connects: metrics only read it
+    text = generate_latest(build_registry(state, Upstream([]), fleet)).decode()
     names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("governor_")}
     names |= {f"governor_worker_{key.removesuffix('_total')}" for key in STATS_FIELDS}
     documented = set(re.findall(r"`(governor_[a-z_]+)", OPERATIONS))

@@ -1,0 +1,421 @@
+"""Fleet-wide caps shared by governor replicas: this replica's lease, enforced locally as one `Limit`.
+
+Each replica of a fleet holds a *lease*: a share of every fleet limit (`--fleet-max-inflight`
+slots, `--fleet-max-qps` admissions per second, `--fleet-max-inflight-tokens` tokens held,
+`--fleet-max-tokens-per-s` tokens per second). Admission checks the local share in the read
+callback like any other limit, with no network round trip; fleet_member.py renews the lease every
+`renew_s` by running fleet_lease.lua atomically in Redis. That script is the whole allocation:
+
+- **Wants.** Each renewal reports, per limit, what the replica holds now (`usage`), what it
+  wants (for a held limit its peak holding since the last report plus what it refused for the
+  fleet limit; for a rate, its admitted plus refused amount per second) and the share it applies
+  until the reply reaches it (`applied`).
+- **Targets follow demand.** When the fleet's wants exceed the limit, each replica's target is
+  its proportional part (every request has the same chance whichever replica it reached, as
+  behind one governor); otherwise its want plus an equal part of what is left (burst headroom).
+- **Grants never sum over the limit.** A replica's new share is its target capped by what the
+  others hold. What Redis keeps reserved for it (`held`) is the largest of its new share, the
+  share it applies until the reply arrives and (for held limits) its usage: a shrinking share is
+  freed only once the replica has applied it, which it reports at once in a confirming renewal.
+  So the shares in force at any instant sum to at most the limit, and so does the fleet's usage.
+- **Leases expire.** Each entry carries an expiry `lease_s` after the renewal; the script drops
+  expired entries, so the capacity of a replica that died returns to the others within the TTL.
+  Locally, the lease counts from the moment the renewal was *sent* (before Redis stamped it), so
+  it lapses here no later than Redis forgets it. A lapsed lease follows `--fleet-unavailable`:
+  `closed` yields every frame (`fleet_unavailable`), `local` enforces the limit divided by the
+  last known replica count. The next successful renewal rejoins.
+- **Rates.** A replica's rate share runs its own token bucket whose burst is the same fraction of
+  the fleet burst; a new bucket starts empty, an existing one keeps what it holds (never above the
+  new burst), so the fleet admits at most burst + limit x T over any window of T seconds. A share
+  whose burst is under one request admits nothing until it grows.
+
+Hints: a held limit, the time what this replica holds takes to drain enough (hints.DrainHint);
+a rate, the bucket's exact refill; with nothing held or no lease, the next renewal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+from typing import Any, Literal
+
+from governor.buckets import TokenBucket
+from governor.cost import Ask
+from governor.hints import DrainHint, RetryHintEstimator
+from governor.limits import Grant, Refusal, hint_of, over_budget
+from govwire.vocab import YieldReason
+
+LEASE_SCRIPT = resources.files("governor").joinpath("fleet_lease.lua").read_text(encoding="utf-8")
+"""The allocation, run atomically in Redis for each renewal."""
+
+RESOURCES = ("inflight", "qps", "tokens", "token_rate")
+"""The fleet limits, in the order a renewal reports them (the script's resource index)."""
+
+
+@dataclass(frozen=True)
+class FleetPolicy:
+    """The fleet limits (0 = that one is not shared) and the lease timing."""
+
+    max_inflight: int = 0
+    max_qps: float = 0.0
+    qps_burst: float = 0.0  # 0 = one second's worth
+    max_inflight_tokens: int = 0
+    max_tokens_per_s: float = 0.0
+    tokens_burst: float = 0.0  # 0 = one second's worth
+    renew_s: float = 0.25
+    lease_s: float = 1.0
+    unavailable: Literal["local", "closed"] = "local"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_s * 2 <= self.lease_s < math.inf:
+            raise ValueError("the lease must last at least two renewal periods (and renewals be > 0)")
+        numbers = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
+        if min(self.max_inflight, self.max_inflight_tokens, *numbers) < 0 or not all(map(math.isfinite, numbers)):
+            raise ValueError("fleet limits must be finite and >= 0")
+
+    @property
+    def any(self) -> bool:
+        return bool(self.max_inflight or self.max_qps or self.max_inflight_tokens or self.max_tokens_per_s)
+
+
+class FleetState(StrEnum):
+    """Where this replica's lease stands (`stats` and the logs)."""
+
+    JOINING = "joining"  # no renewal has succeeded yet
+    LEASED = "leased"
+    LOCAL = "local"  # lapsed; --fleet-unavailable local: the limit / the last known replica count
+    CLOSED = "closed"  # lapsed; --fleet-unavailable closed: every frame yields
+
+
+class Share:
+    """This replica's share of one fleet limit, and what it measures for the next renewal."""
+
+    __slots__ = ("limit", "share", "refusals", "refused", "largest", "fleet_usage", "fleet_want", "refusal")
+
+    def __init__(self, reason: YieldReason) -> None:
+        self.limit: float = 0  # the fleet limit; 0 = not shared
+        self.share = 0.0  # the lease: what this replica enforces now
+        self.refusals = 0  # frames the share refused since the last report
+        self.refused = 0.0  # what it refused since the last report without booking a place for it
+        self.largest = 1.0  # the largest request it refused since the last report (at least 1)
+        self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
+        self.fleet_want = 0.0
+        self.refusal = Refusal(reason)
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
+        measurement period starts when `elapsed_s` (the one that ends) is not 0."""
+        raise NotImplementedError
+
+    def set_share(self, share: float, now: float) -> None:
+        self.share = share
+
+    @property
+    def used(self) -> float:
+        """What this replica uses of it now (held) or did over the last period (per second)."""
+        raise NotImplementedError
+
+
+class HeldShare(Share):
+    """A fleet limit on what running requests hold (requests or token cost): the share is a
+    whole number of them."""
+
+    __slots__ = ("holding", "want", "drain")
+
+    def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
+        super().__init__(reason)
+        self.holding = 0
+        self.want = 0.0  # as of the last measured period
+        self.drain = DrainHint(hints)
+
+    def take(self, amount: int) -> None:
+        self.holding += amount
+
+    def give(self, amount: int) -> None:
+        if self.holding < amount:
+            raise RuntimeError("release() without a matching charge")
+        self.holding -= amount
+
+    @property
+    def used(self) -> float:
+        return self.holding
+
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when `amount` more would not fit the share (under the class ceiling)."""
+        if self.holding + amount <= self.share * ceiling:
+            return None
+        self.refusals += 1
+        if amount > self.largest:
+            self.largest = amount
+        if not self.drain.books(self.holding):  # nothing to drain from (yet): come back after the renewal
+            self.refused += amount
+            return self.refusal.at(lease.renewal_hint(now))
+        excess = self.holding + amount - math.floor(self.share * ceiling)
+        return self.refusal.at(self.drain.hint_ms(now, excess, amount, self.holding))
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """It wants what it holds plus what waits for it: the drain promised to refused requests,
+        and those told to come back after the renewal. Its least share holds the largest request
+        it refused."""
+        least = self.largest
+        if elapsed_s > 0:
+            self.want = self.holding + self.refused + self.drain.promised(now, self.holding)
+            self.refusals, self.refused, self.largest = 0, 0.0, 1.0
+        return self.limit, self.holding, self.want, self.share, 1, least
+
+
+class RateShare(Share):
+    """A fleet limit per second (admissions or token cost): the share runs a local token bucket."""
+
+    __slots__ = ("burst", "bucket", "admitted", "rate", "want")
+
+    def __init__(self, reason: YieldReason) -> None:
+        super().__init__(reason)
+        self.burst = 0.0  # the fleet's burst
+        self.bucket: TokenBucket | None = None  # None: no share big enough for one request
+        self.admitted = 0.0  # since the last report
+        self.rate = 0.0  # admitted per second over the last measured period
+        self.want = 0.0  # and what it wanted per second
+
+    @property
+    def used(self) -> float:
+        return self.rate
+
+    def over(self, now: float, amount: float, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when the bucket cannot give `amount` now (keeping what the class ceiling keeps)."""
+        bucket = self.bucket
+        if bucket is None:  # no share big enough for one request: come back after the renewal
+            self.refusals += 1
+            self.refused += amount
+            if amount > self.largest:
+                self.largest = amount
+            return self.refusal.at(lease.renewal_hint(now))
+        floor = (1.0 - ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+        if bucket.level(now) - amount < floor:
+            self.refusals += 1
+            if amount > self.largest:
+                self.largest = amount
+            return self.refusal.at(hint_of(bucket.appointment_s(now, amount + floor)))
+        return None
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """It wants, per second, what it admitted plus what waits for it: the tokens its bucket
+        promised to refused requests, and those told to come back after the renewal. Its least
+        share has a burst that holds the largest request it refused."""
+        least = self.limit * self.largest / self.burst if self.burst else 0.0
+        if elapsed_s > 0:
+            self.rate = max(0.0, self.admitted) / elapsed_s
+            waiting = self.refused + (self.bucket.promised(now) if self.bucket is not None else 0.0)
+            self.want = self.rate + waiting / elapsed_s
+            self.admitted = self.refused = 0.0
+            self.refusals, self.largest = 0, 1.0
+        return self.limit, 0.0, self.want, self.share, 0, least
+
+    def set_share(self, share: float, now: float) -> None:
+        """Its bucket refills at `share` per second and banks the same fraction of the fleet burst;
+        a new bucket starts empty (its tokens must be earned at the share's rate)."""
+        self.share = share
+        burst = self.burst * share / self.limit if self.limit else 0.0
+        if share <= 0 or burst < 1.0:
+            self.bucket = None
+            return
+        old = self.bucket
+        bucket = TokenBucket(share, burst, now)
+        bucket.tokens = min(burst, old.level(now)) if old is not None else 0.0
+        self.bucket = bucket
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseReply:
+    """What one renewal returned: the live replica count, and per resource (RESOURCES order) this
+    replica's share, the limit in force, the fleet's usage and the fleet's wants."""
+
+    replicas: int
+    shares: tuple[float, ...]
+    limits: tuple[float, ...]
+    usage: tuple[float, ...]
+    wants: tuple[float, ...]
+
+    @classmethod
+    def parse(cls, raw: list[Any]) -> LeaseReply:
+        numbers = [float(x) for x in raw[1:]]
+        if len(numbers) != 4 * len(RESOURCES):
+            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 4 numbers, got {raw!r}")
+        return cls(int(raw[0]), *(tuple(numbers[i::4]) for i in range(4)))
+
+
+class FleetLease:
+    """The fleet limits as one `Limit` (limits.py), checked after the replica's own caps. Fed by
+    fleet_member.FleetMember: `report` when a renewal is sent, `granted` with its reply, `failed`
+    when it did not come. Pure logic: the clock is passed in."""
+
+    __slots__ = (
+        "policy",
+        "state",
+        "replicas",
+        "valid_until",
+        "shares",
+        "next_renewal",
+        "rtt_s",
+        "inflight",
+        "tokens",
+        "qps",
+        "token_rate",
+        "closed",
+        "_reported_at",
+        "_unavailable",
+    )
+
+    def __init__(self, policy: FleetPolicy, hints: RetryHintEstimator, now: float) -> None:
+        self.state = FleetState.JOINING
+        self.closed = False  # no lease and --fleet-unavailable closed: every frame yields
+        self.replicas = 1  # as of the last reply: the local fallback divides the limits by it
+        self.valid_until = -math.inf  # the lease in force lapses here (monotonic seconds)
+        self.next_renewal = now  # when the member sends its next renewal
+        self.rtt_s = 0.0  # the last renewal's round trip
+        self.inflight = HeldShare(YieldReason.FLEET_INFLIGHT, hints)
+        self.tokens = HeldShare(YieldReason.FLEET_TOKENS, hints)
+        self.qps = RateShare(YieldReason.FLEET_QPS)
+        self.token_rate = RateShare(YieldReason.FLEET_TOKEN_RATE)
+        self.shares: tuple[Share, ...] = (self.inflight, self.qps, self.tokens, self.token_rate)  # RESOURCES order
+        self._reported_at = now
+        self._unavailable = Refusal(YieldReason.FLEET_UNAVAILABLE)
+        self.policy = policy
+        self.set_policy(policy, now)
+
+    def set_policy(self, policy: FleetPolicy, now: float) -> None:
+        """The limits (at start, and live on SIGHUP): reported with the next renewal, and at once
+        in force where the fallback applies. Before its first renewal a replica holds nothing."""
+        self.policy = policy
+        self.inflight.limit = policy.max_inflight
+        self.tokens.limit = policy.max_inflight_tokens
+        self.qps.limit, self.qps.burst = policy.max_qps, policy.qps_burst or max(1.0, policy.max_qps)
+        rate = policy.max_tokens_per_s
+        self.token_rate.limit, self.token_rate.burst = rate, policy.tokens_burst or max(1.0, rate)
+        if self.state is FleetState.LOCAL or self.state is FleetState.CLOSED:
+            self._fall_back(now)
+
+    # --- the Limit -----------------------------------------------------------------------------
+
+    def fits(self, ask: Ask) -> None:
+        """OverBudget for a request larger than a whole fleet token budget: it could never run."""
+        tokens = self.tokens.limit
+        if tokens and ask.cost > tokens:
+            raise over_budget(ask, int(tokens), "--fleet-max-inflight-tokens")
+        burst = self.token_rate.burst
+        if self.token_rate.limit and ask.cost > burst:
+            raise over_budget(ask, int(burst), "the --fleet-tokens-burst")
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        if now >= self.valid_until and self.state is FleetState.LEASED:
+            self.lapse(now)
+        if self.closed:
+            return self._unavailable.at(self.renewal_hint(now))
+        ceiling = ask.ceiling
+        refusal = None
+        if self.inflight.limit:
+            refusal = self.inflight.over(now, 1, ceiling, self)
+        if refusal is None and self.qps.limit:
+            refusal = self.qps.over(now, 1.0, ceiling, self)
+        if refusal is None and self.tokens.limit:
+            refusal = self.tokens.over(now, ask.cost, ceiling, self)
+        if refusal is None and self.token_rate.limit:
+            refusal = self.token_rate.over(now, float(ask.cost), ceiling, self)
+        return refusal
+
+    def renewal_hint(self, now: float) -> int:
+        """Until the next renewal's reply may change the share."""
+        return hint_of(max(0.0, self.next_renewal - now) + self.rtt_s)
+
+    def charge(self, grant: Grant, now: float) -> None:
+        cost = grant.ask.cost
+        self.inflight.take(1)
+        self.tokens.take(cost)
+        for rate, amount in ((self.qps, 1.0), (self.token_rate, float(cost))):
+            rate.admitted += amount
+            if rate.bucket is not None:
+                rate.bucket.take(amount)
+
+    def refund(self, grant: Grant) -> None:
+        if self.qps.bucket is not None:
+            self.qps.bucket.refund()  # the rest is freed by `release`, as for any request that ends
+        self.qps.admitted -= 1
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        self.inflight.give(1)
+        self.tokens.give(grant.ask.cost)
+        rate = self.token_rate
+        rate.admitted += grant.used - grant.ask.cost
+        if rate.bucket is not None:
+            rate.bucket.refund(grant.ask.cost - grant.used)
+
+    # --- the lease -----------------------------------------------------------------------------
+
+    def report(self, now: float) -> list[float]:
+        """The renewal's per-resource numbers (the script's ARGV after its header). A new
+        measurement period starts unless the last one began under half a renewal period ago (a
+        confirmation right after a reply): rates measured over a few milliseconds are noise."""
+        elapsed = now - self._reported_at
+        if elapsed < self.policy.renew_s / 2:
+            elapsed = 0.0
+        else:
+            self._reported_at = now
+        return [x for share in self.shares for x in share.report(now, elapsed)]
+
+    def granted(self, reply: LeaseReply, sent_at: float, now: float) -> bool:
+        """Apply a renewal's reply; True when a share shrank (the member confirms at once so
+        that Redis frees the difference)."""
+        self.replicas = max(1, reply.replicas)
+        self.rtt_s = now - sent_at
+        self.valid_until = sent_at + self.policy.lease_s
+        if now >= self.valid_until:
+            self._fall_back(now)
+            return False
+        self.state = FleetState.LEASED
+        self.closed = False
+        shrank = False
+        for share, granted, usage, want in zip(self.shares, reply.shares, reply.usage, reply.wants, strict=True):
+            shrank = shrank or granted < share.share
+            share.set_share(granted, now)
+            share.fleet_usage, share.fleet_want = usage, want
+        return shrank
+
+    @property
+    def refusing(self) -> bool:
+        """Whether a fleet share refused a frame since the last report (the member renews early)."""
+        return any(share.refusals for share in self.shares)
+
+    def lapse(self, now: float) -> None:
+        """Apply the fallback if no lease is in force: the one in force ran out with no renewal
+        (checked by every frame, and by the member after a failed renewal, so it shows even
+        without traffic), or the first renewal failed."""
+        if self.state is not FleetState.LEASED or now >= self.valid_until:
+            self._fall_back(now)
+
+    def _fall_back(self, now: float) -> None:
+        """No lease in force: the limits divided by the last known replica count, or nothing."""
+        closed = self.closed = self.policy.unavailable == "closed"
+        if self.state is not FleetState.JOINING:
+            self.state = FleetState.CLOSED if closed else FleetState.LOCAL
+        n = self.replicas
+        for share in (self.inflight, self.tokens):
+            share.set_share(0 if closed else share.limit // n, now)
+        for rate in (self.qps, self.token_rate):
+            rate.set_share(0.0 if closed else rate.limit / n, now)
+
+    def describe(self) -> dict[str, Any]:
+        """The `stats` view: per resource the fleet limit, this replica's share and usage, and the
+        fleet's usage as of the last reply."""
+        resources_: dict[str, dict[str, float]] = {}
+        for name, share in zip(RESOURCES, self.shares, strict=True):
+            if share.limit:
+                resources_[name] = {
+                    "limit": share.limit,
+                    "share": round(share.share, 3),
+                    "used": round(share.used, 3),
+                    "fleet_used": round(share.fleet_usage, 3),
+                    "fleet_wants": round(share.fleet_want, 3),
+                }
+        return {"state": self.state.value, "replicas": self.replicas, "resources": resources_}

@@ -1,0 +1,138 @@
+"""A real redis-server (or valkey-server) on a loopback port, without persistence, for the fleet
+tests and benchmarks; and a loopback TCP relay that delays what the server sends back."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+
+SERVER_BINARIES = ("redis-server", "valkey-server")
+
+
+def server_binary() -> str:
+    """The server on the PATH; `make test` installs one where it is missing."""
+    for name in SERVER_BINARIES:
+        path = shutil.which(name)
+        if path is not None:
+            return path
+    raise RuntimeError(
+        "the fleet tests need redis-server or valkey-server on the PATH: run `make test`, which installs it"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """`start()` runs the server on `port` (a free one by default); `stop()` kills it; starting
+    it again serves the same port, empty (no persistence), as a restarted Redis would."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while self.command("PING") != "+PONG":
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[0]} did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def command(self, *words: str) -> str:
+        """One inline command over a fresh connection; its first reply line ('' when refused)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
+                conn.sendall(" ".join(words).encode() + b"\r\n")
+                return conn.makefile("rb").readline().decode().rstrip("\r\n")
+        except OSError:
+            return ""
+
+    def info(self, section: str) -> str:
+        """INFO SECTION as text (a bulk reply: the length line, then the body)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
+            conn.sendall(f"INFO {section}\r\n".encode())
+            reader = conn.makefile("rb")
+            length = int(reader.readline()[1:])
+            return reader.read(length).decode()
+
+    def evalsha_calls(self) -> int:
+        """How many scripts the server ran by SHA (the lease renewals) since it started."""
+        for line in self.info("commandstats").splitlines():
+            if line.startswith("cmdstat_evalsha:"):
+                return int(line.split("calls=")[1].split(",")[0])
+        return 0
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class DelayRelay:
+    """Forwards a loopback port to the server, holding every chunk the server sends back for
+    `delay_s` (a slow Redis, or a slow network, for the client)."""
+
+    def __init__(self, target_port: int, delay_s: float) -> None:
+        self.target_port = target_port
+        self.delay_s = delay_s
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                return
+            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, self.delay_s), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket, delay_s: float) -> None:
+        try:
+            while data := source.recv(65536):
+                if delay_s:
+                    time.sleep(delay_s)
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            source.close()
+            sink.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+    def __enter__(self) -> DelayRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
