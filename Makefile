@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration redis-server lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-pool fuzz soak image image-cuda clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -94,6 +94,9 @@ bench-admission: $(STAMP)  ## experiment 8: token budget vs request cap, deadlin
 
 bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, priority classes at 150% load
 	$(PY) -m benchmarks.tenants
+
+bench-fleet: $(STAMP) redis-server  ## experiment 10: fleet caps through Redis vs per-replica caps; yield/admitted paths; a killed replica
+	$(PY) -m benchmarks.fleet
 
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
 	$(PY) -m benchmarks.pool_limits

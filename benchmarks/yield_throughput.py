@@ -82,9 +82,11 @@ def yielded_hint(client: Client) -> int:
     raise AssertionError("admitted while the only slot was held")
 
 
-def run_governor(args: argparse.Namespace, log: Path) -> tuple[dict[str, float], list[int], float]:
-    """Frames/s on the yield path, the retry hints a client sees right after, the service time (ms)."""
-    proc, port = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "1000"), log=log)
+def run_governor(args: argparse.Namespace, log: Path, *flags: str) -> tuple[dict[str, float], list[int], float]:
+    """Frames/s on the yield path, the retry hints a client sees right after, the service time (ms).
+    `flags` set the cap one request fills (default `--max-inflight 1`)."""
+    flags = flags or ("--max-inflight", "1")
+    proc, port = start_governor(*flags, worker_args=("--token-delay-ms", "1000"), log=log)
     try:
         with Client("127.0.0.1", port) as client:
             for _ in range(20):  # empty prompts end at once (eos): service times get observed

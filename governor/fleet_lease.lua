@@ -10,9 +10,10 @@
 --          held (1 for a held resource whose grants are whole numbers, 0 for a rate), least (the
 --          smallest useful share: one request; a replica that wants any gets at least this much
 --          while it is free, or a proportional part under 1 would starve it).
--- Returns  the replica count, then per resource four strings (Lua numbers would be truncated to
---          integers on the way out): its new share, the fleet limit in force, the fleet's usage
---          and the sum of the fleet's wants.
+-- Returns  the replica count, then per resource five strings (Lua numbers would be truncated to
+--          integers on the way out): its new share, the fleet limit in force, the fleet's usage,
+--          the sum of the fleet's wants, and its target (more than its share while the others
+--          still hold what it is owed).
 local key, me = KEYS[1], ARGV[1]
 local ttl, k = tonumber(ARGV[2]), tonumber(ARGV[3])
 local clock = redis.call('TIME')
@@ -59,12 +60,11 @@ end
 local stored = { tostring(now + ttl) }
 local reply = { replicas }
 for r = 1, k do
-  local share, held = 0, 0
+  local share, held, target = 0, 0, 0
   local l = limit[r]
   if l > 0 then
     -- Demand-following target: in proportion to the wants when they exceed the limit, else each
     -- replica's want plus an equal part of what is left over (headroom for a burst).
-    local target
     if wants[r] >= l then
       target = l * want[r] / wants[r]
     else
@@ -90,6 +90,7 @@ for r = 1, k do
   reply[#reply + 1] = tostring(l)
   reply[#reply + 1] = tostring(usages[r])
   reply[#reply + 1] = tostring(wants[r])
+  reply[#reply + 1] = tostring(target)
 end
 redis.call('HSET', key, me, table.concat(stored, ' '))
 redis.call('PEXPIRE', key, ttl * 2)

@@ -117,6 +117,10 @@ class Share:
         """What this replica uses of it now (held) or did over the last period (per second)."""
         raise NotImplementedError
 
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when `amount` more would pass the share (under the class ceiling)."""
+        raise NotImplementedError
+
 
 class HeldShare(Share):
     """A fleet limit on what running requests hold (requests or token cost): the share is a
@@ -183,7 +187,7 @@ class RateShare(Share):
     def used(self) -> float:
         return self.rate
 
-    def over(self, now: float, amount: float, ceiling: float, lease: FleetLease) -> Refusal | None:
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
         """A refusal when the bucket cannot give `amount` now (keeping what the class ceiling keeps)."""
         bucket = self.bucket
         if bucket is None:  # no share big enough for one request: come back after the renewal
@@ -230,20 +234,22 @@ class RateShare(Share):
 @dataclass(frozen=True, slots=True)
 class LeaseReply:
     """What one renewal returned: the live replica count, and per resource (RESOURCES order) this
-    replica's share, the limit in force, the fleet's usage and the fleet's wants."""
+    replica's share, the limit in force, the fleet's usage, the fleet's wants and this replica's
+    target (above its share while others still hold what it is owed)."""
 
     replicas: int
     shares: tuple[float, ...]
     limits: tuple[float, ...]
     usage: tuple[float, ...]
     wants: tuple[float, ...]
+    targets: tuple[float, ...]
 
     @classmethod
     def parse(cls, raw: list[Any]) -> LeaseReply:
         numbers = [float(x) for x in raw[1:]]
-        if len(numbers) != 4 * len(RESOURCES):
-            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 4 numbers, got {raw!r}")
-        return cls(int(raw[0]), *(tuple(numbers[i::4]) for i in range(4)))
+        if len(numbers) != 5 * len(RESOURCES):
+            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 5 numbers, got {raw!r}")
+        return cls(int(raw[0]), *(tuple(numbers[i::5]) for i in range(5)))
 
 
 class FleetLease:
@@ -264,6 +270,9 @@ class FleetLease:
         "qps",
         "token_rate",
         "closed",
+        "could_grow",
+        "_hints",
+        "_others",
         "_reported_at",
         "_unavailable",
     )
@@ -271,6 +280,9 @@ class FleetLease:
     def __init__(self, policy: FleetPolicy, hints: RetryHintEstimator, now: float) -> None:
         self.state = FleetState.JOINING
         self.closed = False  # no lease and --fleet-unavailable closed: every frame yields
+        # As of the last reply, a renewal may bring a share more: one is under its target, or the
+        # fleet wants less than a limit (what this replica refuses now would raise its target).
+        self.could_grow = True
         self.replicas = 1  # as of the last reply: the local fallback divides the limits by it
         self.valid_until = -math.inf  # the lease in force lapses here (monotonic seconds)
         self.next_renewal = now  # when the member sends its next renewal
@@ -280,6 +292,8 @@ class FleetLease:
         self.qps = RateShare(YieldReason.FLEET_QPS)
         self.token_rate = RateShare(YieldReason.FLEET_TOKEN_RATE)
         self.shares: tuple[Share, ...] = (self.inflight, self.qps, self.tokens, self.token_rate)  # RESOURCES order
+        self._hints = hints
+        self._others: tuple[tuple[Share, bool], ...] = ()  # the limited shares but in-flight: (share, by cost)
         self._reported_at = now
         self._unavailable = Refusal(YieldReason.FLEET_UNAVAILABLE)
         self.policy = policy
@@ -294,6 +308,8 @@ class FleetLease:
         self.qps.limit, self.qps.burst = policy.max_qps, policy.qps_burst or max(1.0, policy.max_qps)
         rate = policy.max_tokens_per_s
         self.token_rate.limit, self.token_rate.burst = rate, policy.tokens_burst or max(1.0, rate)
+        others = ((self.qps, False), (self.tokens, True), (self.token_rate, True))
+        self._others = tuple((share, by_cost) for share, by_cost in others if share.limit)
         if self.state is FleetState.LOCAL or self.state is FleetState.CLOSED:
             self._fall_back(now)
 
@@ -313,17 +329,29 @@ class FleetLease:
             self.lapse(now)
         if self.closed:
             return self._unavailable.at(self.renewal_hint(now))
-        ceiling = ask.ceiling
-        refusal = None
-        if self.inflight.limit:
-            refusal = self.inflight.over(now, 1, ceiling, self)
-        if refusal is None and self.qps.limit:
-            refusal = self.qps.over(now, 1.0, ceiling, self)
-        if refusal is None and self.tokens.limit:
-            refusal = self.tokens.over(now, ask.cost, ceiling, self)
-        if refusal is None and self.token_rate.limit:
-            refusal = self.token_rate.over(now, float(ask.cost), ceiling, self)
-        return refusal
+        held = self.inflight
+        if held.limit:
+            cap = held.share * ask.ceiling
+            if held.holding + 1 > cap:
+                # Its slots free every S / share seconds (S the observed service time): the
+                # replica's release timeline (hints.RetryHintEstimator, which books refused
+                # clients one after another) scaled to the share; with nothing held here to drain,
+                # the next renewal. (Inlined: this refuses every frame while the share is full.)
+                held.refusals += 1
+                hints = self._hints
+                refusal = held.refusal
+                if not held.holding or cap < 1 or not hints.service_time_s:
+                    held.refused += 1
+                    refusal.hint_ms = self.renewal_hint(now)
+                else:
+                    deficit = held.holding + 1 - math.floor(cap)
+                    refusal.hint_ms = hints.hint_ms(now, deficit * hints.capacity / held.share)
+                return refusal
+        for share, by_cost in self._others:
+            refusal = share.over(now, ask.cost if by_cost else 1, ask.ceiling, self)
+            if refusal is not None:
+                return refusal
+        return None
 
     def renewal_hint(self, now: float) -> int:
         """Until the next renewal's reply may change the share."""
@@ -375,11 +403,15 @@ class FleetLease:
             return False
         self.state = FleetState.LEASED
         self.closed = False
-        shrank = False
-        for share, granted, usage, want in zip(self.shares, reply.shares, reply.usage, reply.wants, strict=True):
+        shrank = grow = False
+        for share, granted, usage, want, target in zip(
+            self.shares, reply.shares, reply.usage, reply.wants, reply.targets, strict=True
+        ):
             shrank = shrank or granted < share.share
+            grow = grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
             share.set_share(granted, now)
             share.fleet_usage, share.fleet_want = usage, want
+        self.could_grow = grow
         return shrank
 
     @property

@@ -7,8 +7,11 @@ redis-py's asyncio client, one renewal at a time:
 - at once after a reply that shrank a share, to confirm it (Redis frees the difference only
   once this replica reports that it applies the smaller share); a confirmation is not confirmed
   again, so shares that keep moving cost at most two renewals a period;
-- early, at most every `renew_s / 4`, while the fleet limits are refusing frames here, so a
-  replica whose load grows takes free capacity without waiting a whole period.
+- early, at most every `renew_s / 4`, while the fleet limits are refusing frames here and the
+  last reply said a renewal could bring more (the replica is under its target while others give
+  back, or the fleet wants less than a limit), so a replica whose load grows takes free capacity
+  without waiting a whole period, and a fleet whose shares have settled under contention renews
+  once a period.
 
 Admission never waits for Redis: a slow or unreachable Redis only delays the next share, and the
 lease lapses on its own (FleetLease.check) when no renewal succeeded for `lease_s`. A failed
@@ -163,7 +166,8 @@ class FleetMember:
             while True:
                 now = self._clock()
                 wait = lease.next_renewal - now
-                if wait <= 0 or (lease.refusing and now - (lease.next_renewal - renew_s) >= early_s):
+                early = lease.refusing and lease.could_grow and now - (lease.next_renewal - renew_s) >= early_s
+                if wait <= 0 or early:
                     break
                 await asyncio.sleep(min(wait, early_s))
             confirm = await self.renew()

@@ -89,9 +89,10 @@ class RetryHintEstimator:
         else:
             self._gap_ms = 0.0
 
-    def hint_ms(self, now: float, slots: int = 1) -> int:
+    def hint_ms(self, now: float, slots: float = 1) -> int:
         """`now` in seconds, on the same clock as the service times; `slots`: how many releases the
-        refused client needs (more than one under a priority class ceiling)."""
+        refused client needs (more than one under a priority class ceiling; a fraction of the
+        capacity's releases for a share of it: fleet_lease.py)."""
         gap = self._gap_ms
         if gap:
             now_ms = now * 1000.0

@@ -53,6 +53,28 @@ def _token_lines(after: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _fleet_lines(after: dict[str, Any]) -> list[str]:
+    """With --fleet: the lease's state, and per shared cap this replica's share and use against the
+    fleet's. Read with `.get`: a governor older than fleets has no `fleet`."""
+    fleet = after.get("fleet")
+    if not fleet:
+        return []
+    state = fleet.get("state", "?")
+    up = "up" if fleet.get("up") else "DOWN (no lease renewed)"
+    lines = [
+        f"fleet {fleet.get('key')} at {fleet.get('url')}: {up}, {state}, {fleet.get('replicas')} replicas,"
+        f" renewal {fleet.get('renewal_ms', 0):.1f} ms"
+    ]
+    if state in ("local", "closed"):
+        lines[0] += f" (lapsed: --fleet-unavailable {state})"
+    for name, r in (fleet.get("resources") or {}).items():
+        lines.append(
+            f"  {name}: share {r['share']:g} of {r['limit']:g}, using {r['used']:g};"
+            f" fleet using {r['fleet_used']:g}, wanting {r['fleet_wants']:g}"
+        )
+    return lines
+
+
 def _delta(before: dict[str, Any], after: dict[str, Any], key: str) -> float:
     """A counter's growth, never negative (a tenant reloaded away and back starts again at 0)."""
     return max(0.0, float(after.get(key, 0) - before.get(key, 0)))
@@ -142,8 +164,8 @@ def _tenancy_lines(before: dict[str, Any], after: dict[str, Any], seconds: float
 
 def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
     """Caps and load, rates over the interval, yields by reason, token budgets, deadlines and the
-    adaptive limit when in use, the busiest tenants and the priority classes when there are more
-    than one, and each endpoint's health."""
+    adaptive limit when in use, the fleet lease with --fleet, the busiest tenants and the
+    priority classes when there are more than one, and each endpoint's health."""
     lines = []
     cap = f"{after['inflight']}/{after['max_inflight']} in flight"
     qps = f", --max-qps {after['max_qps']:g} ({after['qps_tokens']:g} tokens)" if after.get("max_qps") else ""
@@ -177,6 +199,7 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
     if after.get("service_time_ms") is not None:
         lines.append(f"observed service time: {after['service_time_ms']:.1f} ms")
     lines.extend(_token_lines(after))
+    lines.extend(_fleet_lines(after))
     lines.extend(_tenancy_lines(before, after, seconds))
     lines.append(
         f"workers: {sum(w['up'] for w in after['workers'])}/{len(after['workers'])} up, "

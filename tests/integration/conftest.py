@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from govwire.codec import encode, generate_frame
 from govwire.framing import LineSplitter
 from govwire.vocab import FINAL_STATUSES
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 20.0
@@ -214,3 +215,10 @@ def start_worker() -> Iterator[Callable[..., Worker]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real redis-server (or valkey-server) on a free loopback port, stopped after the test."""
+    with RedisServer() as server:
+        yield server

@@ -2,7 +2,8 @@
 
 A metric renamed in governor/metrics.py would otherwise leave deploy/ querying nothing, silently:
 an alert on an absent series never fires. The governor runs the real GPT-2 engine (tiny random
-weights) so that the worker's pushed statistics appear too.
+weights) so that the worker's pushed statistics appear too, and joins a fleet on a real Redis so
+that the fleet's series do.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tests.integration.conftest import Governor
+from tests.redis_server import RedisServer
 from tests.unit.test_deploy import promql_expressions, referenced_label_values, referenced_metrics
 
 # The echo engine pushes only `running`; the GPT-2 engine pushes every governor_worker_* statistic.
@@ -19,8 +21,11 @@ TINY_GPT2 = (
 )  # fmt: skip
 
 
-def test_every_metric_deploy_queries_is_exported(start_governor: Callable[..., Governor]) -> None:
-    governor = start_governor(worker_args=TINY_GPT2)
+def test_every_metric_deploy_queries_is_exported(
+    start_governor: Callable[..., Governor], redis_server: RedisServer
+) -> None:
+    fleet = ("--fleet", redis_server.url, "--fleet-max-inflight", "64", "--fleet-max-qps", "1000")
+    governor = start_governor(*fleet, worker_args=TINY_GPT2)
     conn = governor.conn()
     for i in range(3):  # requests so the latency histograms and engine counters have moved
         conn.send(f"r{i}", "hello", max_new_tokens=4)

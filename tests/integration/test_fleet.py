@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -24,12 +24,6 @@ pytestmark = pytest.mark.integration
 CAP = 32
 RENEW_MS = 250
 LEASE_MS = 1000
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    with RedisServer() as server:
-        yield server
 
 
 class Load:

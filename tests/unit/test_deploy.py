@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import copy
 import dataclasses
 import json
 import re
@@ -663,3 +664,63 @@ def test_promql_extraction_finds_every_metric_family() -> None:
     assert ("governor_rejected_total", "reason", "integrity") in set().union(
         *(referenced_label_values(e) for e in exprs.values())
     )
+
+
+# --- the fleet overlay ---------------------------------------------------------------------------
+
+
+def _json_patch_add(document: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 `add` operations (all the overlay uses), as kustomize applies them."""
+    for op in ops:
+        assert op["op"] == "add", op
+        *parents, last = op["path"].lstrip("/").split("/")
+        node = document
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            node.insert(len(node) if last == "-" else int(last), op["value"])
+        else:
+            node[last] = op["value"]
+    return document
+
+
+def test_fleet_overlay_gives_every_governor_a_valid_fleet_on_its_own_valkey(secret: Path) -> None:
+    fleet = K8S / "fleet"
+    kustomization = yaml.safe_load((fleet / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../", "redis.yaml"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"]["kind"] == "Deployment" and patch["target"]["name"] == "inference"
+    deployment = copy.deepcopy(the(k8s_objects(), "Deployment"))
+    assert deployment["metadata"]["name"] == "inference"
+    assert deployment["spec"]["template"]["spec"]["containers"][1]["name"] == "governor"  # the patch's index
+    _json_patch_add(deployment, yaml.safe_load((fleet / patch["path"]).read_text()))
+    governor = _containers(deployment)["governor"]
+
+    redis = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all((fleet / "redis.yaml").read_text())}
+    assert set(redis) == {
+        ("Secret", "governor-fleet-redis"),
+        ("Service", "governor-fleet-redis"),
+        ("StatefulSet", "governor-fleet-redis"),
+        ("NetworkPolicy", "governor-fleet-redis"),
+    }
+    (env,) = governor["env"]
+    ref = env["valueFrom"]["secretKeyRef"]
+    assert ref["key"] in redis[("Secret", ref["name"])]["stringData"]
+    command = [arg.replace(f"$({env['name']})", "pw") for arg in governor["command"]]
+    config = parse_command(command, secret)[1].config
+    service = redis[("Service", "governor-fleet-redis")]
+    assert config.fleet == f"redis://:pw@{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
+    assert config.fleet_max_inflight > config.max_inflight and config.fleet_max_qps > 0
+
+    statefulset = redis[("StatefulSet", "governor-fleet-redis")]
+    assert statefulset["spec"]["serviceName"] == service["metadata"]["name"]
+    pod = statefulset["spec"]["template"]
+    assert service["spec"]["selector"] == pod["metadata"]["labels"]
+    (valkey,) = pod["spec"]["containers"]
+    assert valkey["env"][0]["valueFrom"]["secretKeyRef"] == ref  # the password the governors use
+    assert "--requirepass" in valkey["command"] and "$(REDIS_PASSWORD)" in valkey["command"]
+    policy = redis[("NetworkPolicy", "governor-fleet-redis")]
+    (allowed,) = policy["spec"]["ingress"]
+    inference_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert allowed["from"][0]["podSelector"]["matchLabels"].items() <= inference_labels.items()
+    assert allowed["ports"][0]["port"] == service["spec"]["ports"][0]["port"]

@@ -198,6 +198,8 @@ def test_shares_follow_demand(demands: list[int], limit: int) -> None:
         elif limit >= len(demands):
             assert abs(share - limit * demand / total) <= 1.0, (shares, demands, limit)
     assert limit - len(demands) < sum(shares) <= limit
+    if total > limit >= len(demands):  # settled under contention: no early renewals
+        assert not any(lease.could_grow for lease in leases.values()), (shares, demands, limit)
 
 
 def test_a_dead_replicas_share_returns_after_its_lease() -> None:
@@ -274,7 +276,7 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     lease.next_renewal = now + 1.0 + 0.05
     assert refusal.hint_ms >= 1
     zero = FleetLease(policy, hints(), now)
-    zero.granted(LeaseReply(3, (0.0, 0.0, 0.0, 0.0), (2, 10, 0, 0), (2, 0, 0, 0), (9, 0, 0, 0)), now, now)
+    zero.granted(LeaseReply(3, (0.0, 0.0, 0.0, 0.0), (2, 10, 0, 0), (2, 0, 0, 0), (9, 0, 0, 0), (0, 0, 0, 0)), now, now)
     zero.next_renewal = now + 0.2
     refusal = admit(zero, now)  # no share: come back when the next renewal may bring one
     assert isinstance(refusal, Refusal) and refusal.reason == "fleet_inflight" and refusal.hint_ms == 200

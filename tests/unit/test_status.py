@@ -6,6 +6,8 @@ import copy
 from typing import Any
 
 from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
+from governor.fleet_lease import FleetLease, FleetPolicy, LeaseReply
+from governor.fleet_member import FleetMember
 from governor.status import render_status
 from governor.tenant import TenantLimits
 from govwire.vocab import Priority
@@ -297,3 +299,22 @@ def test_a_real_snapshot_renders_its_tenants_and_classes() -> None:
     assert "  acme (weight 2): 0/4 in flight, admitted 3.0/s, executed 0.0/s," in text
     assert "yielded 1.0/s (tenant_inflight 1.0/s)" in text
     assert "  critical: ceiling 100%, 6 in flight, admitted 3.0/s, yielded 0.0/s\n" in text
+
+
+def test_a_real_snapshot_renders_the_fleet_lease() -> None:
+    # The keys the fleet lines read are the ones FleetMember.describe() writes into stats.
+    state = make_state(max_inflight=8)
+    assert "fleet" not in render_status(state.snapshot(), state.snapshot(), 1.0)
+    lease = FleetLease(FleetPolicy(max_inflight=64, max_qps=300.0, unavailable="closed"), state.admission.hints, 0.0)
+    state.fleet = FleetMember("redis://:secret@redis:6379/0", "inference", lease, member_id="pod-a")
+    lease.granted(
+        LeaseReply(3, (20.0, 90.0, 0, 0), (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), (20, 90, 0, 0)), 0.0, 0.001
+    )
+    text = render_status(state.snapshot(), state.snapshot(), 1.0)
+    assert "fleet inference:leases at redis://:***@redis:6379/0: DOWN (no lease renewed), leased, 3 replicas," in text
+    assert "  inflight: share 20 of 64, using 0; fleet using 50, wanting 70\n" in text
+    assert "  qps: share 90 of 300, using 0; fleet using 250, wanting 400\n" in text
+    lease.lapse(5.0)
+    assert "closed, 3 replicas, renewal 1.0 ms (lapsed: --fleet-unavailable closed)" in render_status(
+        state.snapshot(), state.snapshot(), 1.0
+    )
