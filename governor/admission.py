@@ -20,6 +20,7 @@ The ingress only parses, calls `decide` and encodes the answer; new limits are a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from governor.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
@@ -27,7 +28,7 @@ from governor.cost import NO_ASK, Ask
 from governor.deadline import DeadlineLimit
 from governor.endpoint import Endpoint
 from governor.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
-from governor.fleet_lease import FleetLease
+from governor.fleet_lease import FleetLease, FleetPolicy
 from governor.hints import RetryHintEstimator
 from governor.limits import (
     Draining,
@@ -145,7 +146,7 @@ class Admission:
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
         if tenant_caps:
             self._fits += (self.tenant_caps.fits,)
-        if fleet is not None:
+        if fleet is not None and (fleet.policy.max_inflight_tokens or fleet.policy.max_tokens_per_s):
             self._fits += (fleet.fits,)
         if self.adaptive.enforced:
             self.inflight.set_max(self.adaptive.limit)
@@ -184,6 +185,18 @@ class Admission:
         """Enforce this replica's share of the fleet caps from now on (at start, before any frame)."""
         self.fleet = fleet
         self._every = (*self._every, fleet)
+        self._activate()
+
+    def set_fleet_caps(self, policy: FleetPolicy, now: float) -> None:
+        """Live change of the fleet caps (SIGHUP), reported with the next renewal; the lease's
+        timing and fallback stay as they started."""
+        fleet = self.fleet
+        if fleet is None:
+            return
+        kept = fleet.policy
+        fleet.set_policy(
+            dataclasses.replace(policy, renew_s=kept.renew_s, lease_s=kept.lease_s, unavailable=kept.unavailable), now
+        )
         self._activate()
 
     def set_tenancy(

@@ -41,10 +41,6 @@ class TokenBucket:
         self._booked = at
         return at - now
 
-    def promised(self, now: float) -> float:
-        """Tokens promised to refused clients that are not there yet: how many wait for it."""
-        return max(0.0, self._booked - now) * self.rate
-
     def take(self, amount: float = 1.0) -> None:
         self.tokens -= amount
 

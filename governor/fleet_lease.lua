@@ -14,6 +14,7 @@
 --          integers on the way out): its new share, the fleet limit in force, the fleet's usage,
 --          the sum of the fleet's wants, and its target (more than its share while the others
 --          still hold what it is owed).
+local HEADROOM = 0.05
 local key, me = KEYS[1], ARGV[1]
 local ttl, k = tonumber(ARGV[2]), tonumber(ARGV[3])
 local clock = redis.call('TIME')
@@ -64,13 +65,14 @@ for r = 1, k do
   local l = limit[r]
   if l > 0 then
     -- Demand-following target: in proportion to the wants when they exceed the limit, else each
-    -- replica's want plus an equal part of what is left over (headroom for a burst).
+    -- replica's want plus headroom for a burst: an equal part of what is left, at most 5% of the
+    -- limit (at least one request); the rest stays free for whichever replica asks for it.
     if wants[r] >= l then
       target = l * want[r] / wants[r]
     else
-      target = want[r] + (l - wants[r]) / replicas
+      target = want[r] + math.min((l - wants[r]) / replicas, math.max(least[r], l * HEADROOM))
     end
-    if whole[r] then target = math.floor(target) end
+    if whole[r] then target = math.floor(target + 0.5) end  -- to the nearest: floors would leave slots unused
     if want[r] > 0 and target < least[r] then target = least[r] end
     -- Never more than what the others do not hold: the grants never sum over the limit.
     local free = l - others_held[r]

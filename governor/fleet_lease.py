@@ -7,12 +7,14 @@ callback like any other limit, with no network round trip; fleet_member.py renew
 `renew_s` by running fleet_lease.lua atomically in Redis. That script is the whole allocation:
 
 - **Wants.** Each renewal reports, per limit, what the replica holds now (`usage`), what it
-  wants (for a held limit its peak holding since the last report plus what it refused for the
-  fleet limit; for a rate, its admitted plus refused amount per second) and the share it applies
-  until the reply reaches it (`applied`).
+  wants (for a held limit what it holds plus what waited for it on average over the period; for
+  a rate, what it admitted per second plus what waited, to be served within a period) and the
+  share it applies until the reply reaches it (`applied`).
 - **Targets follow demand.** When the fleet's wants exceed the limit, each replica's target is
   its proportional part (every request has the same chance whichever replica it reached, as
-  behind one governor); otherwise its want plus an equal part of what is left (burst headroom).
+  behind one governor); otherwise its want plus a little headroom for a burst (an equal part of
+  what is left, at most 5% of the limit, at least one request), the rest staying free for
+  whichever replica's demand grows: it takes it at its next renewal.
 - **Grants never sum over the limit.** A replica's new share is its target capped by what the
   others hold. What Redis keeps reserved for it (`held`) is the largest of its new share, the
   share it applies until the reply arrives and (for held limits) its usage: a shrinking share is
@@ -29,8 +31,10 @@ callback like any other limit, with no network round trip; fleet_member.py renew
   new burst), so the fleet admits at most burst + limit x T over any window of T seconds. A share
   whose burst is under one request admits nothing until it grows.
 
-Hints: a held limit, the time what this replica holds takes to drain enough (hints.DrainHint);
-a rate, the bucket's exact refill; with nothing held or no lease, the next renewal.
+Hints: the in-flight share, the replica's release timeline scaled to the share; the token share,
+the time what this replica holds takes to drain enough (hints.DrainHint); a rate, the bucket's
+exact refill; with nothing held or no lease, the next renewal. What the hints told clients to
+wait is also how each replica measures its waiting demand (Share).
 """
 
 from __future__ import annotations
@@ -89,20 +93,58 @@ class FleetState(StrEnum):
     CLOSED = "closed"  # lapsed; --fleet-unavailable closed: every frame yields
 
 
-class Share:
-    """This replica's share of one fleet limit, and what it measures for the next renewal."""
+WAITING_MEMORY_S = 1.0
+"""How long a measure of the clients waiting on a share is remembered (it decays by e over this
+time, and a higher measure replaces it at once): a client told to wait longer than a renewal
+period refuses nothing while it waits, and must not vanish from its replica's demand meanwhile."""
 
-    __slots__ = ("limit", "share", "refusals", "refused", "largest", "fleet_usage", "fleet_want", "refusal")
+
+class Share:
+    """This replica's share of one fleet limit, and what it measures for the next renewal: what
+    its refusals told clients to wait. Summed over a period, the waits handed out divided by the
+    period are how many wait here on average (each waiting client's successive hints cover the
+    time it waits), whatever the hints were computed from; rising at once, decaying over
+    WAITING_MEMORY_S."""
+
+    __slots__ = (
+        "limit",
+        "share",
+        "refusals",
+        "waited",
+        "backlog",
+        "largest",
+        "fleet_usage",
+        "fleet_want",
+        "refusal",
+    )
 
     def __init__(self, reason: YieldReason) -> None:
         self.limit: float = 0  # the fleet limit; 0 = not shared
         self.share = 0.0  # the lease: what this replica enforces now
         self.refusals = 0  # frames the share refused since the last report
-        self.refused = 0.0  # what it refused since the last report without booking a place for it
+        self.waited = 0.0  # and the waits they were told, x their amount (unit-milliseconds)
+        self.backlog = 0.0  # how much waits here, as of the last measured period
         self.largest = 1.0  # the largest request it refused since the last report (at least 1)
         self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
         self.fleet_want = 0.0
         self.refusal = Refusal(reason)
+
+    def refuse(self, amount: float, hint_ms: int) -> Refusal:
+        """Count a refusal of `amount` told to come back in `hint_ms`, and return it."""
+        self.refusals += 1
+        self.waited += amount * hint_ms
+        if amount > self.largest:
+            self.largest = amount
+        refusal = self.refusal
+        refusal.hint_ms = hint_ms
+        return refusal
+
+    def waiting(self, elapsed_s: float) -> float:
+        """How much waits here: what waited on average over the period that ends, or what waited
+        before, decayed, if that is more; a new period starts."""
+        self.backlog = max(self.waited / (elapsed_s * 1000.0), self.backlog * math.exp(-elapsed_s / WAITING_MEMORY_S))
+        self.refusals, self.waited, self.largest = 0, 0.0, 1.0
+        return self.backlog
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
         """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
@@ -147,26 +189,22 @@ class HeldShare(Share):
         return self.holding
 
     def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
-        """A refusal when `amount` more would not fit the share (under the class ceiling)."""
+        """A refusal when `amount` more would not fit the share (under the class ceiling); its
+        hint, the time what this replica holds takes to drain enough, or the next renewal when it
+        holds nothing."""
         if self.holding + amount <= self.share * ceiling:
             return None
-        self.refusals += 1
-        if amount > self.largest:
-            self.largest = amount
-        if not self.drain.books(self.holding):  # nothing to drain from (yet): come back after the renewal
-            self.refused += amount
-            return self.refusal.at(lease.renewal_hint(now))
-        excess = self.holding + amount - math.floor(self.share * ceiling)
-        return self.refusal.at(self.drain.hint_ms(now, excess, amount, self.holding))
+        if not self.holding:
+            return self.refuse(amount, lease.renewal_hint(now))
+        excess = self.holding + amount - self.share * ceiling
+        return self.refuse(amount, self.drain.hint_ms(now, excess, amount, self.holding))
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
-        """It wants what it holds plus what waits for it: the drain promised to refused requests,
-        and those told to come back after the renewal. Its least share holds the largest request
-        it refused."""
+        """It wants what it holds plus what waited for it; its least share holds the largest
+        request it refused."""
         least = self.largest
         if elapsed_s > 0:
-            self.want = self.holding + self.refused + self.drain.promised(now, self.holding)
-            self.refusals, self.refused, self.largest = 0, 0.0, 1.0
+            self.want = self.holding + self.waiting(elapsed_s)
         return self.limit, self.holding, self.want, self.share, 1, least
 
 
@@ -188,33 +226,24 @@ class RateShare(Share):
         return self.rate
 
     def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
-        """A refusal when the bucket cannot give `amount` now (keeping what the class ceiling keeps)."""
+        """A refusal when the bucket cannot give `amount` now (keeping what the class ceiling
+        keeps); its hint, the bucket's refill, or the next renewal when its share is too small."""
         bucket = self.bucket
-        if bucket is None:  # no share big enough for one request: come back after the renewal
-            self.refusals += 1
-            self.refused += amount
-            if amount > self.largest:
-                self.largest = amount
-            return self.refusal.at(lease.renewal_hint(now))
+        if bucket is None:
+            return self.refuse(amount, lease.renewal_hint(now))
         floor = (1.0 - ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
         if bucket.level(now) - amount < floor:
-            self.refusals += 1
-            if amount > self.largest:
-                self.largest = amount
-            return self.refusal.at(hint_of(bucket.appointment_s(now, amount + floor)))
+            return self.refuse(amount, hint_of(bucket.appointment_s(now, amount + floor)))
         return None
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
-        """It wants, per second, what it admitted plus what waits for it: the tokens its bucket
-        promised to refused requests, and those told to come back after the renewal. Its least
-        share has a burst that holds the largest request it refused."""
+        """It wants, per second, what it admitted plus what waited for it, to be served within a
+        period; its least share has a burst that holds the largest request it refused."""
         least = self.limit * self.largest / self.burst if self.burst else 0.0
         if elapsed_s > 0:
             self.rate = max(0.0, self.admitted) / elapsed_s
-            waiting = self.refused + (self.bucket.promised(now) if self.bucket is not None else 0.0)
-            self.want = self.rate + waiting / elapsed_s
-            self.admitted = self.refused = 0.0
-            self.refusals, self.largest = 0, 1.0
+            self.want = self.rate + self.waiting(elapsed_s) / elapsed_s
+            self.admitted = 0.0
         return self.limit, 0.0, self.want, self.share, 0, least
 
     def set_share(self, share: float, now: float) -> None:
@@ -254,8 +283,8 @@ class LeaseReply:
 
 class FleetLease:
     """The fleet limits as one `Limit` (limits.py), checked after the replica's own caps. Fed by
-    fleet_member.FleetMember: `report` when a renewal is sent, `granted` with its reply, `failed`
-    when it did not come. Pure logic: the clock is passed in."""
+    fleet_member.FleetMember: `report` when a renewal is sent, `granted` with its reply, `lapse`
+    when none came. Pure logic: the clock is passed in."""
 
     __slots__ = (
         "policy",
@@ -333,20 +362,16 @@ class FleetLease:
         if held.limit:
             cap = held.share * ask.ceiling
             if held.holding + 1 > cap:
-                # Its slots free every S / share seconds (S the observed service time): the
-                # replica's release timeline (hints.RetryHintEstimator, which books refused
-                # clients one after another) scaled to the share; with nothing held here to drain,
-                # the next renewal. (Inlined: this refuses every frame while the share is full.)
-                held.refusals += 1
+                # Its slots free as this replica's requests end: the replica's release timeline
+                # (hints.RetryHintEstimator, shared with --max-inflight, which books refused
+                # clients one after another), scaled from its capacity to the share. With
+                # nothing held here to drain, the next renewal. (Inline: this refuses every frame
+                # while the share is full.)
                 hints = self._hints
-                refusal = held.refusal
                 if not held.holding or cap < 1 or not hints.service_time_s:
-                    held.refused += 1
-                    refusal.hint_ms = self.renewal_hint(now)
-                else:
-                    deficit = held.holding + 1 - math.floor(cap)
-                    refusal.hint_ms = hints.hint_ms(now, deficit * hints.capacity / held.share)
-                return refusal
+                    return held.refuse(1, self.renewal_hint(now))
+                deficit = held.holding + 1 - math.floor(cap)
+                return held.refuse(1, hints.hint_ms(now, deficit * hints.capacity / held.share))
         for share, by_cost in self._others:
             refusal = share.over(now, ask.cost if by_cost else 1, ask.ceiling, self)
             if refusal is not None:

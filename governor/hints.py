@@ -91,8 +91,8 @@ class RetryHintEstimator:
 
     def hint_ms(self, now: float, slots: float = 1) -> int:
         """`now` in seconds, on the same clock as the service times; `slots`: how many releases the
-        refused client needs (more than one under a priority class ceiling; a fraction of the
-        capacity's releases for a share of it: fleet_lease.py)."""
+        refused client needs (more than one under a priority class ceiling; scaled from the
+        capacity to a fleet share by fleet_lease.py)."""
         gap = self._gap_ms
         if gap:
             now_ms = now * 1000.0
@@ -116,7 +116,11 @@ class RetryHintEstimator:
     def jittered_ms(self, wait_ms: float) -> int:
         """A computed wait as a hint: jittered and clamped like the others."""
         wait_ms *= self._jitter_lo + self._jitter_span * self._random()
-        return int(min(self._max_ms, max(self._min_ms, wait_ms)) + 0.5) or 1
+        if wait_ms < self._min_ms:
+            wait_ms = self._min_ms
+        elif wait_ms > self._max_ms:
+            wait_ms = self._max_ms
+        return int(wait_ms + 0.5) or 1
 
 
 class DrainHint:
@@ -134,25 +138,20 @@ class DrainHint:
         self._hints = hints
         self._booked = -math.inf  # seconds, on the caller's clock: when the drain promised so far is done
 
-    def books(self, held: float) -> bool:
-        """Whether a refusal now books its place (else it gets the base hint)."""
-        hints = self._hints
-        return hints.policy.adaptive and bool(hints.service_time_s) and held > 0
-
-    def promised(self, now: float, held: float) -> float:
-        """The amount promised to refused requests that has not drained yet: what waits for it."""
-        service_s = self._hints.service_time_s
-        if not service_s or held <= 0:
-            return 0.0
-        return max(0.0, self._booked - now) * held / service_s
-
     def hint_ms(self, now: float, deficit: float, amount: float, held: float) -> int:
         hints = self._hints
         service_s = hints.service_time_s
-        if not hints.policy.adaptive or service_s is None or service_s <= 0 or held <= 0:
+        if not service_s or service_s <= 0 or held <= 0 or not hints.policy.adaptive:
             return hints.jittered_ms(hints.policy.base_ms)
-        per_token_s = service_s / held
-        at = max(now + deficit * per_token_s, self._booked + amount * per_token_s)
-        wait_s = min(at - now, hints.policy.max_ms / 1000.0)
-        self._booked = now + wait_s
-        return hints.jittered_ms(wait_s * 1000.0)
+        # Branches rather than max/min: this runs for every frame a held budget refuses.
+        per_s = service_s / held
+        at = now + deficit * per_s
+        booked = self._booked + amount * per_s
+        if booked > at:
+            at = booked
+        wait_ms = (at - now) * 1000.0
+        max_ms = hints.policy.max_ms
+        if wait_ms > max_ms:
+            wait_ms = max_ms
+        self._booked = now + wait_ms / 1000.0
+        return hints.jittered_ms(wait_ms)

@@ -164,15 +164,7 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
         tokens_per_s=config.max_tokens_per_s,
         tokens_burst=config.tokens_burst,
     )
-    fleet = state.admission.fleet
-    if fleet is not None:  # the limits only: the lease timing needs a restart
-        policy = config.fleet_policy()
-        fleet.set_policy(
-            dataclasses.replace(
-                policy, renew_s=fleet.policy.renew_s, lease_s=fleet.policy.lease_s, unavailable=fleet.policy.unavailable
-            ),
-            now,
-        )
+    state.admission.set_fleet_caps(config.fleet_policy(), now)
     endpoints = {e.name: e for e in state.admission.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)
