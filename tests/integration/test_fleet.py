@@ -267,7 +267,9 @@ def test_a_slow_redis_never_delays_the_request_path(
     redis_server: RedisServer, start_governor: Callable[..., Governor], start_worker: Callable[..., Worker]
 ) -> None:
     """Redis replies delayed by 200 ms: admitted and yielded frames are still answered in a few
-    milliseconds (no Redis round trip on the request path), and the lease is still renewed."""
+    milliseconds (no Redis round trip on the request path), and the lease is still renewed. (A
+    reconnection through the relay costs five delayed round trips: the lease is made to outlast
+    one, as operations.md advises for a slow Redis.)"""
     with DelayRelay(redis_server.port, 0.2) as relay:
         worker = start_worker("--engine", "echo", "--token-delay-ms", "5")
         governor = start_governor(
