@@ -107,7 +107,7 @@ fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=6
 soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
 	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
-bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants
+bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet
 
 image:  ## the CPU container image (BuildKit; the context is the repository root)
 	docker build -f deploy/Dockerfile -t governor:cpu .

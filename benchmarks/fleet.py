@@ -1,17 +1,18 @@
 """Experiment 10: fleet caps shared through Redis (--fleet), against per-replica caps.
 
-1. **Skewed load.** Three governor replicas, each with its own echo worker (5 tokens, 27 ms apart:
-   about 108 ms a request, so that 32 in flight is 300 a second and both caps bind at once), fleet caps of 32 in flight and 300 admissions/s, and closed-loop
-   `governor bench` clients (retrying yields after their hint) spread 70/20/10 over the replicas
-   at twice the caps. Every replica's stats are read at once every 10 ms: the fleet's in-flight
-   requests (peak and mean against the cap), its admissions per second, each replica's yields.
-   The same run with per-replica caps only (the cap split evenly: what a fleet without --fleet
-   must do to keep the total) for comparison; and the Redis commands per admitted request
-   (`INFO commandstats`).
-2. **Yield path.** One replica, frames refused by a fleet cap of 1 against frames refused by its
-   own `--max-inflight 1` (benchmarks/yield_throughput.py, alternating, same client).
+1. **Skewed load.** Three governor replicas, each with its own echo worker (5 tokens, 25 ms apart:
+   about 105 ms a request, so that 32 in flight is about 300 a second and both caps bind at once),
+   fleet caps of 32 in flight and 300 admissions/s, and closed-loop `governor bench` clients
+   (retrying yields after their hint) spread 70/20/10 over the replicas at twice the caps. Every
+   replica's stats are read at once every 10 ms: the fleet's in-flight requests (peak and mean
+   against the cap), its admissions per second, each replica's yields. The same run with
+   per-replica caps only (the cap split evenly: what a fleet without --fleet must do to keep the
+   total) for comparison; and the Redis commands per admitted request (`INFO commandstats`).
+2. **Yield path.** One replica, frames refused by its own `--max-inflight 1` without and with
+   --fleet, and frames refused by its share of a fleet cap of 1 (benchmarks/yield_throughput.py,
+   alternating, same client): each against the first in the same round.
 3. **Admitted path.** One replica with an echo worker: closed-loop requests with --fleet (a cap
-   never reached) and without, alternating: the added TTFT and latency.
+   never reached) and without, alternating: the added TTFT and latency per round.
 4. **A replica killed.** Two replicas, the load on the first, which takes the whole cap; SIGKILL
    it while the second is loaded too: the time until the second's share is 90% of the cap.
 
@@ -50,7 +51,7 @@ from tests.redis_server import RedisServer
 
 CAP, QPS = 32, 300.0
 SKEW = (0.7, 0.2, 0.1)
-CLIENTS = 2 * CAP  # closed-loop clients: twice the concurrency cap (and, at ~108 ms a request, twice the rate)
+CLIENTS = 2 * CAP  # closed-loop clients: twice the concurrency cap (and, at ~105 ms a request, twice the rate)
 
 
 def fleet_flags(url: str) -> tuple[str, ...]:
@@ -70,7 +71,7 @@ def start_replicas(per_replica: list[tuple[str, ...]], log_name: str) -> tuple[l
                 "--engine",
                 "echo",
                 "--token-delay-ms",
-                "27",
+                "25",
                 "--listen",
                 f"127.0.0.1:{worker_port}",
             ]
@@ -171,12 +172,12 @@ def yield_path(rounds: int, url: str) -> list[list[str]]:
             result, _, _ = run_governor(args, log, *flags[name])
             runs[name].append(result["frames_per_s"])
             print(f"yield path, {name}: {result['frames_per_s']:,.0f} frames/s", flush=True)
-    base = statistics.median(runs["its own --max-inflight 1, no --fleet"])
-    return [
+    base = runs["its own --max-inflight 1, no --fleet"]
+    return [  # the ratio: to the baseline of the same round (they share the machine's state), median over rounds
         [
             name,
             f"{statistics.median(rates):,.0f}",
-            f"{statistics.median(rates) / base:.3f}",
+            f"{statistics.median(r / b for r, b in zip(rates, base, strict=True)):.3f}",
             ", ".join(f"{r:,.0f}" for r in rates),
         ]
         for name, rates in runs.items()
@@ -225,6 +226,17 @@ def admitted_path(rounds: int, redis: RedisServer) -> list[list[str]]:
                         f"{statistics.median(s.executed_rps for s in summaries):,.0f}",
                     ]
                 )
+            paired = list(zip(runs["with --fleet"], runs["without --fleet"], strict=True))
+            rows.append(
+                [
+                    "**added** (per round, median)",
+                    *(
+                        f"{statistics.median(pick(w) - pick(o) for w, o in paired):+.3f}"
+                        for pick in (lambda s: s.ttft_ms.p50, lambda s: s.ttft_ms.p99, lambda s: s.latency_ms.p99)
+                    ),
+                    f"{statistics.median(w.executed_rps / o.executed_rps for w, o in paired):.3f}x",
+                ]
+            )
             rows.append(["Redis commands per admitted request (with --fleet)", f"{max(calls):.4f}", "", "", ""])
         finally:
             stop(plain)
@@ -264,7 +276,7 @@ def killed_replica(redis: RedisServer) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window of each skewed run")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds of the yield and admitted paths")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the yield and admitted paths")
     args = parser.parse_args()
     with RedisServer() as redis:
         split = [("--max-inflight", str(CAP // 3 + (i < CAP % 3)), "--max-qps", f"{QPS / 3:g}") for i in range(3)]

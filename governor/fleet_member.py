@@ -107,12 +107,12 @@ class FleetMember:
             return False
         now = self._clock()
         self.renewal_seconds.observe(now - sent)
-        self.renewals["ok"] += 1
         was = lease.state
         shrank = lease.granted(reply, sent, now)
         if lease.state is not FleetState.LEASED:  # the reply came after the lease it renewed ran out
             self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
             return False
+        self.renewals["ok"] += 1
         if not self.up or was is not FleetState.LEASED:
             log.info("event=fleet_joined key=%s member=%s replicas=%d", self.key, self.member_id, reply.replicas)
         self.up = True
