@@ -292,10 +292,9 @@ def _fleet_families(
 
 
 class GovernorCollector(Collector):
-    def __init__(self, state: ServerState, upstream: Upstream, fleet: FleetMember | None = None) -> None:
+    def __init__(self, state: ServerState, upstream: Upstream) -> None:
         self._state = state
         self._upstream = upstream
-        self._fleet = fleet
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._state
@@ -331,8 +330,8 @@ class GovernorCollector(Collector):
         yield from _endpoint_families(self._upstream, now)
         yield from _token_families(s, now)
         yield from _tenant_families(s, now)
-        if self._fleet is not None:
-            yield from _fleet_families(self._fleet)
+        if s.fleet is not None:
+            yield from _fleet_families(s.fleet)
         bucket = admission.rate.bucket
         if bucket is not None:
             yield GaugeMetricFamily(
@@ -354,9 +353,9 @@ class GovernorCollector(Collector):
             )
 
 
-def build_registry(state: ServerState, upstream: Upstream, fleet: FleetMember | None = None) -> CollectorRegistry:
+def build_registry(state: ServerState, upstream: Upstream) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GovernorCollector(state, upstream, fleet))
+    registry.register(GovernorCollector(state, upstream))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

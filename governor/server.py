@@ -289,7 +289,7 @@ class Server:
             worker_secret,
         )
         state = build_state(config, upstream, now)
-        fleet = await self._join_fleet(state, stack)
+        await self._join_fleet(state, stack)
         if config.config or config.auth_token_file:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
             stack.callback(loop.remove_signal_handler, signal.SIGHUP)
@@ -312,7 +312,7 @@ class Server:
         sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
         stack.callback(sweeper.cancel)
         if config.metrics_port:
-            metrics = MetricsEndpoint(build_registry(state, upstream, fleet), is_ready=lambda: upstream.num_up > 0)
+            metrics = MetricsEndpoint(build_registry(state, upstream), is_ready=lambda: upstream.num_up > 0)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
         limits = connection_limits(config)
@@ -331,13 +331,13 @@ class Server:
         )
         return state, listener
 
-    async def _join_fleet(self, state: ServerState, stack: contextlib.AsyncExitStack) -> FleetMember | None:
+    async def _join_fleet(self, state: ServerState, stack: contextlib.AsyncExitStack) -> None:
         """With --fleet: the lease, enforced by admission from the first frame, its first renewal
         before the listener opens, and its renewals from then on. It leaves the fleet last, once
         the drain is over (its requests hold their share until they end)."""
         config = self.config
         if not config.fleet:
-            return None
+            return
         lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
         state.admission.join_fleet(lease)
         member = FleetMember(config.fleet, config.fleet_name, lease)
@@ -351,7 +351,6 @@ class Server:
             )
         member.start()
         state.fleet = member
-        return member
 
     def _spawn_worker(
         self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret

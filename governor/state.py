@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from governor.accounting import Accounting, ShedReason
 from governor.admission import Admission
 from governor.cost import CostModel
+from governor.fleet_member import FleetMember
 from governor.latency import LatencyMetrics
 from governor.lifecycle import Cancellable, Dispatcher, Lifecycle, RequestOwner, Timers
 from govwire.auth import TenantSecrets
@@ -44,12 +45,6 @@ class UpstreamView(Dispatcher, Protocol):
     """The worker links as the state needs them: dispatch, and their description for `stats`."""
 
     def describe(self) -> list[dict[str, Any]]: ...
-
-
-class FleetView(Protocol):
-    """This replica's fleet membership as `stats` shows it (fleet_member.FleetMember)."""
-
-    def describe(self) -> dict[str, Any]: ...
 
 
 class LoopTimers:
@@ -104,7 +99,7 @@ class ServerState:
         )
         self.connections: set[ClientConnection] = set()
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
-        self.fleet: FleetView | None = None  # with --fleet: the lease renewals
+        self.fleet: FleetMember | None = None  # with --fleet: the lease and its renewals
 
     def snapshot(self) -> dict[str, Any]:
         """The `stats` reply body."""

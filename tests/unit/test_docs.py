@@ -44,8 +44,8 @@ def test_every_exported_metric_is_documented() -> None:
 
     state = make_state()
     lease = FleetLease(FleetPolicy(max_inflight=8, max_qps=10.0), state.admission.hints, 0.0)
-    fleet = FleetMember("redis://127.0.0.1:1/0", "docs", lease)  # never connects: metrics only read it
-    text = generate_latest(build_registry(state, Upstream([]), fleet)).decode()
+    state.fleet = FleetMember("redis://127.0.0.1:1/0", "docs", lease)  # never connects: metrics only read it
+    text = generate_latest(build_registry(state, Upstream([]))).decode()
     names = {f.name for f in text_string_to_metric_families(text) if f.name.startswith("governor_")}
     names |= {f"governor_worker_{key.removesuffix('_total')}" for key in STATS_FIELDS}
     documented = set(re.findall(r"`(governor_[a-z_]+)", OPERATIONS))
