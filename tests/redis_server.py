@@ -9,6 +9,8 @@ import subprocess
 import threading
 import time
 
+import redis
+
 SERVER_BINARIES = ("redis-server", "valkey-server")
 
 
@@ -24,6 +26,7 @@ def server_binary() -> str:
 
 
 def free_port() -> int:
+    """A loopback port nobody listens on now (the integration tests' too)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -45,35 +48,24 @@ class RedisServer:
         argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        while self.command("PING") != "+PONG":
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{argv[0]} did not start on port {self.port}")
-            time.sleep(0.02)
-        return self
+        while True:
+            try:
+                self.client().ping()
+                return self
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{argv[0]} did not start on port {self.port}") from None
+                time.sleep(0.02)
 
-    def command(self, *words: str) -> str:
-        """One inline command over a fresh connection; its first reply line ('' when refused)."""
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
-                conn.sendall(" ".join(words).encode() + b"\r\n")
-                return conn.makefile("rb").readline().decode().rstrip("\r\n")
-        except OSError:
-            return ""
-
-    def info(self, section: str) -> str:
-        """INFO SECTION as text (a bulk reply: the length line, then the body)."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as conn:
-            conn.sendall(f"INFO {section}\r\n".encode())
-            reader = conn.makefile("rb")
-            length = int(reader.readline()[1:])
-            return reader.read(length).decode()
+    def client(self) -> redis.Redis:
+        """A redis-py client of the server, for what the tests and benchmarks read from it."""
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
 
     def evalsha_calls(self) -> int:
         """How many scripts the server ran by SHA (the lease renewals) since it started."""
-        for line in self.info("commandstats").splitlines():
-            if line.startswith("cmdstat_evalsha:"):
-                return int(line.split("calls=")[1].split(",")[0])
-        return 0
+        with self.client() as client:
+            stats = client.info("commandstats").get("cmdstat_evalsha", {})
+        return int(stats.get("calls", 0))
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -21,16 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from govwire.codec import encode, generate_frame
 from govwire.framing import LineSplitter
 from govwire.vocab import FINAL_STATUSES
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Conn:
