@@ -38,6 +38,7 @@ class Outcome(StrEnum):
     EXECUTED = "executed"
     REJECTED = "rejected"
     FAILED = "failed"
+    YIELDED = "yielded"  # admitted, then its endpoint answered 429/503 before it started: a late yield
 
 
 def outcome_of(error: GovernorError) -> Outcome:
@@ -54,6 +55,8 @@ class ShedReason(StrEnum):
     BUFFER = "buffer_bytes"
     WRITE_BUFFER = "write_buffer"
     UNAUTHORIZED = "unauthorized"
+    BAD_REQUEST = "bad_request"  # HTTP front door: a request the parser cannot go on with (answered 4xx)
+    SLOW_REQUEST = "slow_request"  # HTTP front door: headers and body not in within the request timeout
 
 
 class DeadlineOutcome(StrEnum):
@@ -99,7 +102,7 @@ class Accounting:
         self.tokens_settled = 0  # their real cost, summed as they settle
         self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
         self.classes = {priority: Tally() for priority in Priority}
-        self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed}
+        self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed, Outcome.YIELDED: self.yielded}
 
     # -- frames: each is counted once, with its fate -------------------------------------------------
 

@@ -6,8 +6,11 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+import httpx
+
 from governor.endpoint import EndpointLimits
 from governor.fleet_lease import FleetPolicy
+from governor.openai_link import OpenAITarget
 from governor.priority import CeilingPolicy
 from governor.tenant import TenantLimits, parse_tenant
 from govwire.address import Address, parse_address
@@ -22,6 +25,18 @@ class GovernorConfig:
     port: int = option(7070, "TCP port for NDJSON frames")
     metrics_port: int = option(9464, "port for /metrics, /healthz, /readyz; 0 disables the endpoint")
     metrics_host: str = option("", "address of the metrics endpoint if not --host (e.g. 0.0.0.0 in a pod)")
+    http_port: int = option(
+        0, "TCP port of the OpenAI-compatible HTTP front door (POST /v1/completions, GET /v1/models); 0 = off"
+    )
+    http_request_timeout_s: float = option(
+        10.0, "front door: a request's headers and body must arrive within this (else 408 and close)"
+    )
+    http_max_pipelined: int = option(
+        16, "front door: pipelined requests held behind the one being answered; past it the socket is not read"
+    )
+    served_model: str = option(
+        "gpt2", "the model name front-door clients send for the worker endpoints (GET /v1/models lists it)"
+    )
     max_inflight: int = option(32, "hard cap on admitted, unfinished generate requests, over all workers")
     max_qps: float = option(0.0, "hard cap on admissions per second over all workers (a token bucket); 0 = none")
     qps_burst: float = option(0.0, "admissions the --max-qps bucket can bank; 0 = max(1, --max-qps)")
@@ -147,7 +162,9 @@ class GovernorConfig:
     worker: tuple[str, ...] = option(
         (),
         "connect to a running worker instead of spawning one; repeatable. Soft caps may follow the address:"
-        " ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]",
+        " ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]. An http(s)://HOST:PORT/v1 address"
+        " is an OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI, transformers serve) and needs"
+        " ,model=NAME (and ,api_key_file=PATH if it wants a key)",
         metavar="ENDPOINT",
     )
     workers: int = option(
@@ -173,6 +190,10 @@ class GovernorConfig:
         checks: list[tuple[bool, str]] = [
             (0 <= self.port < 65536, "--port must be in [0, 65535]"),
             (0 <= self.metrics_port < 65536, "--metrics-port must be in [0, 65535]"),
+            (0 <= self.http_port < 65536, "--http-port must be in [0, 65535]"),
+            (self.http_request_timeout_s > 0, "--http-request-timeout-s must be > 0"),
+            (self.http_max_pipelined >= 1, "--http-max-pipelined must be >= 1"),
+            (bool(self.served_model.strip()), "--served-model must not be empty"),
             (self.max_inflight >= 1, "--max-inflight must be >= 1"),
             (self.retry_hint_ms > 0, "--retry-hint-ms must be > 0"),
             (
@@ -233,9 +254,12 @@ class GovernorConfig:
         seen: set[str] = set()
         for text in self.worker:
             try:
-                address = str(parse_endpoint(text)[0])
-            except ValueError as exc:
+                target = parse_endpoint(text)[0]
+                if isinstance(target, OpenAITarget) and target.api_key_file:
+                    SharedSecret.read(target.api_key_file)
+            except (ValueError, OSError) as exc:
                 raise ConfigError(f"--worker {text!r}: {exc}") from None
+            address = str(target)
             if address in seen:
                 raise ConfigError(f"--worker {address} is listed twice")
             seen.add(address)
@@ -307,19 +331,36 @@ def _secret(path: str, flag: str) -> SharedSecret | None:
 
 
 _LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float}
+TARGET_KEYS = ("model", "api_key_file")  # of an OpenAI-compatible endpoint (http:// or https://)
 
 
-def parse_endpoint(text: str) -> tuple[Address, EndpointLimits]:
-    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]` -> the address and its soft caps."""
+def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
+    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]` -> the address and its soft
+    caps. An ADDRESS that is an `http://` or `https://` URL (up to `/v1`) is an OpenAI-compatible
+    server, and takes `model=NAME` (required) and `api_key_file=PATH` too."""
     address, *options = text.split(",")
+    is_http = address.startswith(("http://", "https://"))
     values: dict[str, int | float] = {}
+    target: dict[str, str] = {}
     for item in options:
-        key, sep, value = item.partition("=")
-        kind = _LIMIT_KEYS.get(key.strip())
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if is_http and sep and key in TARGET_KEYS:
+            target[key] = value
+            continue
+        kind = _LIMIT_KEYS.get(key)
         if not sep or kind is None:
-            raise ValueError(f"expected key=value with a key among {', '.join(_LIMIT_KEYS)}, got {item!r}")
+            keys = [*_LIMIT_KEYS, *(TARGET_KEYS if is_http else ())]
+            raise ValueError(f"expected key=value with a key among {', '.join(keys)}, got {item!r}")
         try:
-            values[key.strip()] = kind(value)
+            values[key] = kind(value)
         except ValueError:
             raise ValueError(f"{key}={value!r} is not a number") from None
-    return parse_address(address), EndpointLimits(**values)  # type: ignore[arg-type]
+    limits = EndpointLimits(**values)  # type: ignore[arg-type]
+    if not is_http:
+        return parse_address(address), limits
+    url = httpx.URL(address)
+    if not url.host:
+        raise ValueError(f"{address!r} is not an http(s) URL with a host")
+    if not target.get("model"):
+        raise ValueError("an OpenAI-compatible endpoint needs model=NAME (the model its requests name)")
+    return OpenAITarget(address.rstrip("/"), target["model"], target.get("api_key_file", "")), limits

@@ -2,7 +2,8 @@
 
 - The TOML file (`--config PATH`, re-read on SIGHUP): top-level keys are the flags' names
   (`max_inflight` or `max-inflight`); each `[[endpoint]]` table is one worker: `address` plus its
-  soft caps (`concurrency`, `tokens`, `qps`, `burst`, `weight`), the same as a `--worker` value;
+  soft caps (`concurrency`, `tokens`, `qps`, `burst`, `weight`; and `model`, `api_key_file` for an
+  OpenAI-compatible one), the same as a `--worker` value;
   each `[[tenant]]` table is one tenant: `name` plus its weight and caps, as a `--tenant` value.
 - The environment: `GOVERNOR_` + the flag's name in capitals (`GOVERNOR_MAX_INFLIGHT=64`);
   repeatable settings take space-separated values (`GOVERNOR_WORKER="h:1,concurrency=4 h:2"`).
@@ -21,11 +22,13 @@ from typing import Any, Literal
 
 import orjson
 
-from governor.config import GovernorConfig, parse_endpoint
+from governor.config import TARGET_KEYS, GovernorConfig, parse_endpoint
+from governor.openai_link import OpenAITarget
 from governor.tenant import TENANT_KEYS, parse_tenant
 from govwire.options import ConfigError
 
 _ENDPOINT_KEYS = ("concurrency", "tokens", "qps", "burst", "weight")
+_FILE_ENDPOINT_KEYS = (*_ENDPOINT_KEYS, *TARGET_KEYS)
 _NOT_IN_FILE = {"config", "worker_args", "flag_overrides", "worker", "tenant"}
 ENV_PREFIX = "GOVERNOR_"
 
@@ -97,6 +100,9 @@ def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
             for spec in value:
                 address, limits = parse_endpoint(spec)
                 caps = "".join(f"\n{key} = {getattr(limits, key)!r}" for key in _ENDPOINT_KEYS)
+                if isinstance(address, OpenAITarget):
+                    caps += f"\nmodel = {address.model!r}"
+                    caps += f"\napi_key_file = {address.api_key_file!r}" if address.api_key_file else ""
                 endpoints.append(f"[[endpoint]]  # {source}\naddress = {str(address)!r}{caps}")
             continue
         if f.name == "tenant":
@@ -124,7 +130,7 @@ def read_config_file(path: str) -> dict[str, Any]:
     for key, value in data.items():
         if key == "endpoint":
             values["worker"] = tuple(
-                _table_spec(path, "endpoint", "address", _ENDPOINT_KEYS, i, table)
+                _table_spec(path, "endpoint", "address", _FILE_ENDPOINT_KEYS, i, table)
                 for i, table in enumerate(_tables(path, key, value))
             )
             continue

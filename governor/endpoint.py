@@ -46,6 +46,7 @@ class Endpoint:
         "waiting_tokens",
         "ttft",
         "up",
+        "paused_until",
         "executed",
         "failed",
     )
@@ -61,6 +62,9 @@ class Endpoint:
         self.waiting_tokens = 0
         self.ttft = ttft or TtftModel()
         self.up = False  # set by its link: a down endpoint's capacity does not count
+        # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
+        # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
+        self.paused_until = 0.0
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
-from governor.accounting import CLIENT_DISCONNECTED, Outcome, outcome_of
+from governor.accounting import CLIENT_DISCONNECTED, Outcome, ShedReason, outcome_of
 from governor.lifecycle import InflightRequest, Phase
 from governor.limits import Grant, Refusal
 from governor.state import ServerState
@@ -39,6 +39,7 @@ from govwire.errors import (
     DuplicateId,
     FrameTooLarge,
     GovernorError,
+    IdleTimeout,
     InternalError,
     RequestRejected,
     TenantMismatch,
@@ -50,14 +51,17 @@ from govwire.errors import (
 from govwire.framing import TOO_LARGE, LineSplitter
 from govwire.messages import Completion
 from govwire.request import checked_request, frame_op
-from govwire.vocab import DEFAULT_TENANT, Op, Status
+from govwire.vocab import DEFAULT_TENANT, Op, Status, YieldReason
 
 log = logging.getLogger("governor.ingress")
+
+AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
 
 # Read for every frame or token: a module global is cheaper than the enum's attribute.
 _GENERATE = Op.GENERATE
 _STARTED = Phase.STARTED
 _TOKEN, _DONE, _ERROR = Status.TOKEN, Status.DONE, Status.ERROR
+_ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
 
 
 class Ingress:
@@ -86,6 +90,7 @@ class Ingress:
         "authenticated",
         "closing",
         "last_line_at",
+        "_opened_at",
     )
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
@@ -110,7 +115,8 @@ class Ingress:
         self._max_frame_bytes = max_frame_bytes
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
-        self.closing = False  # refused: answer nothing more, the adapter closes the connection
+        self.closing: ShedReason | None = None  # refused: answer nothing more, the adapter sheds the connection
+        self._opened_at = state.clock()
         self.last_line_at = state.clock()  # the idle timeout counts from here (blank lines count)
 
     @property
@@ -218,7 +224,7 @@ class Ingress:
         try:
             rid, tenant = authenticate(obj, self._state.auth)
         except Unauthorized as exc:
-            self.closing = True
+            self.closing = ShedReason.UNAUTHORIZED
             return self._reject(exc)
         if not self.authenticated:
             self.authenticated = True
@@ -256,6 +262,19 @@ class Ingress:
         self._pending.append(encode_error(InternalError("internal error; closing the connection")))
         self.flush()
 
+    def timeout(self, now: float, idle_timeout_s: float) -> tuple[ShedReason, GovernorError | None] | None:
+        """Called about once a second: the auth deadline (blank lines do not extend it), then idling."""
+        if not self.authenticated and now - self._opened_at > AUTH_TIMEOUT_S:
+            return ShedReason.UNAUTHORIZED, Unauthorized(f"no auth frame within {AUTH_TIMEOUT_S:g} s")
+        if idle_timeout_s and not self.active and now - self.last_line_at > idle_timeout_s:
+            return ShedReason.IDLE, IdleTimeout(f"no frame for {idle_timeout_s:g} s")
+        return None
+
+    @staticmethod
+    def last_words(error: GovernorError) -> bytes:
+        """The reply written when the connection is shed."""
+        return encode_error(error)
+
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
         """The connection is gone (or being shed): free its slots now and tell the worker to stop
         its requests."""
@@ -291,18 +310,18 @@ class Ingress:
                 completion = Completion.from_frame(frame)
             except ValueError as exc:
                 log.warning("event=worker_protocol_error error=%r", str(exc))
-                self._settle_error(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
+                self.worker_error(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
                 return
-            self._done(request, completion)
+            self.worker_done(request, completion)
             return
         if status == _ERROR:
             error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
         else:
             log.warning("event=worker_protocol_error status=%r", status)
             error = InternalError(f"worker sent an unknown status {status!r}", request.client_id)
-        self._settle_error(request, error)
+        self.worker_error(request, error)
 
-    def _done(self, request: InflightRequest, completion: Completion) -> None:
+    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
         t_received, t_first = request.t_received, request.t_first_token
         self._lifecycle.settle(request, Outcome.EXECUTED, completion=completion)
         reply = encode_done(
@@ -313,16 +332,22 @@ class Ingress:
         )
         self._pending.append(reply)
 
+    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
+        """Its endpoint said it is full before starting it: re-routed once, else a late yield."""
+        if not self._lifecycle.reroute(request):
+            self._lifecycle.settle(request, Outcome.YIELDED, _ENDPOINT_BUSY)
+            self._pending.append(encode_yield(request.client_id, retry_hint_ms, _ENDPOINT_BUSY))
+
     def worker_lost(self, request: InflightRequest, message: str) -> None:
         """Its link dropped: re-routed once if it had not started, else `worker_lost`."""
         if not self._lifecycle.reroute(request):
-            self._settle_error(request, WorkerLost(message, request.client_id))
+            self.worker_error(request, WorkerLost(message, request.client_id))
 
     def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
-        self._settle_error(request, error)
+        self.worker_error(request, error)
         self.flush()
 
-    def _settle_error(self, request: InflightRequest, error: GovernorError) -> None:
+    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
         self._lifecycle.settle(request, outcome_of(error), error.code)
         self._pending.append(encode_error(error))
 

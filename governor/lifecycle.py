@@ -28,7 +28,7 @@ from governor.admission import Admission
 from governor.cost import CostModel
 from governor.latency import LatencyMetrics
 from governor.limits import Grant
-from govwire.errors import DeadlineExceeded, WorkerUnavailable
+from govwire.errors import DeadlineExceeded, GovernorError, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 
@@ -62,6 +62,16 @@ class RequestOwner(Protocol):
 
     def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None: ...
 
+    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
+        """Its final reply: executed."""
+
+    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
+        """Its final reply: failed (or rejected by the endpoint)."""
+
+    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
+        """Its endpoint refused it as full before it started (an OpenAI-compatible server's
+        429/503): re-routed once, or answered with a yield."""
+
     def worker_lost(self, request: InflightRequest, message: str) -> None: ...
 
     def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
@@ -81,11 +91,11 @@ class Timers(Protocol):
 
 
 class Link(Protocol):
-    """A worker link as a request sees it (upstream.WorkerLink): the requests it holds, by uid."""
+    """A link as a request sees it (upstream.Link): the requests it holds, by uid."""
 
     inflight: dict[str, InflightRequest]
 
-    def send(self, data: bytes) -> None: ...
+    def cancel(self, uid: str) -> None: ...
 
 
 class Dispatcher(Protocol):

@@ -18,6 +18,7 @@ from governor.adaptive_limit import AdaptiveMode
 from governor.fleet_lease import RESOURCES
 from governor.fleet_member import FleetMember
 from governor.latency import Histogram
+from governor.openai_link import OpenAILink
 from governor.state import ServerState
 from governor.tally import Tally
 from governor.upstream import Upstream, WorkerLink
@@ -81,6 +82,17 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
         "tokens_limit": GaugeMetricFamily(
             "governor_endpoint_tokens_limit", "The endpoint's token budget (tokens=N); 0 = none.", labels=["endpoint"]
         ),
+        "info": GaugeMetricFamily(
+            "governor_endpoint_info",
+            "1 per endpoint, labelled with its kind (worker: NDJSON worker process; openai: an "
+            "OpenAI-compatible HTTP server) and the model it is asked for.",
+            labels=["endpoint", "kind", "model"],
+        ),
+        "busy": CounterMetricFamily(
+            "governor_endpoint_busy",
+            "429/503 answers of an OpenAI-compatible endpoint (it was paused for its Retry-After).",
+            labels=["endpoint"],
+        ),
         "waiting": GaugeMetricFamily(
             "governor_endpoint_waiting",
             "The endpoint's admitted requests without a first token yet (what the TTFT prediction waits behind).",
@@ -91,6 +103,10 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
         e = link.endpoint
         label = [link.address]
         families["up"].add_metric(label, int(e.up))
+        model = link.target.model if isinstance(link, OpenAILink) else ""
+        families["info"].add_metric([link.address, link.kind, model], 1)
+        if isinstance(link, OpenAILink):
+            families["busy"].add_metric(label, link.busy_total)
         families["inflight"].add_metric(label, e.inflight)
         families["executed"].add_metric(label, e.executed)
         families["failed"].add_metric(label, e.failed)
@@ -337,7 +353,7 @@ class GovernorCollector(Collector):
             yield GaugeMetricFamily(
                 "governor_qps_tokens", "Admissions the --max-qps token bucket holds now.", bucket.level(now)
             )
-        yield from _worker_stats_families(self._upstream.links)
+        yield from _worker_stats_families(self._upstream.worker_links)
         yield CounterMetricFamily(
             "governor_worker_restarts", "Spawned workers restarted after exiting.", acc.worker_restarts
         )

@@ -6,7 +6,9 @@ capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
 that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
 estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
-service-time estimate. A request costing more than every endpoint's token budget is an `OverBudget` error.
+service-time estimate. An endpoint paused by its own 429/503 is skipped; when every endpoint the
+request fits is paused the refusal is `endpoint_busy` with the time left of the earliest pause
+(its Retry-After). A request costing more than every endpoint's token budget is an `OverBudget` error.
 With no endpoint up at all it does not refuse: the request is admitted without an endpoint and
 fails with `worker_unavailable` (a yield would promise a retry that cannot succeed before a
 worker is back).
@@ -37,6 +39,7 @@ class Pool:
         self._qps_refusal = Refusal(YieldReason.ENDPOINT_QPS)
         self._inflight_refusal = Refusal(YieldReason.ENDPOINT_INFLIGHT)
         self._tokens_refusal = Refusal(YieldReason.ENDPOINT_TOKENS)
+        self._busy_refusal = Refusal(YieldReason.ENDPOINT_BUSY)
         self._drains = {e: DrainHint(hints) for e in endpoints}
 
     @property
@@ -52,7 +55,8 @@ class Pool:
         best_load = math.inf
         qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
         token_deficit: tuple[int, Endpoint] | None = None  # the token budget closest to fitting
-        any_up = fits_one = False
+        paused_until = math.inf  # the earliest end of a 429/503 pause among the endpoints skipped
+        any_up = fits_one = unpaused = False
         cost = ask.cost
         n = len(endpoints)
         for k in range(n):
@@ -65,6 +69,10 @@ class Pool:
             if budget and cost > budget:
                 continue  # it never fits here
             fits_one = True
+            if e.paused_until > now:
+                paused_until = min(paused_until, e.paused_until)
+                continue
+            unpaused = True
             cap = e.limits.concurrency
             if cap and e.inflight >= cap:
                 continue
@@ -88,6 +96,8 @@ class Pool:
         if not fits_one:
             budget = max(e.limits.tokens for e in endpoints if e.up)
             raise over_budget(ask, budget, "every endpoint's tokens=N")
+        if paused_until < math.inf and not unpaused:
+            return self._busy_refusal.at(hint_of(paused_until - now))
         if qps_bucket is not None:
             return self._qps_refusal.at(hint_of(qps_bucket.appointment_s(now)))
         if token_deficit is not None:

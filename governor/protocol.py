@@ -1,5 +1,6 @@
-"""asyncio transport adapter: moves bytes between a client socket and its `Ingress`, and keeps
-one connection from hurting the others.
+"""asyncio transport adapter: moves bytes between a client socket and its protocol core (the
+NDJSON `Ingress`, or the HTTP front door's `HttpIngress`), and keeps one connection from hurting
+the others.
 
 Flow control: a client that does not read its replies stops being read (its socket buffer
 fills, the transport calls `pause_writing`). Replies to requests already in flight still queue
@@ -13,19 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from governor.accounting import CONNECTION_SHED, ShedReason
 from governor.ingress import Ingress
-from governor.state import ServerState
-from govwire.codec import encode_error
-from govwire.errors import BufferFull, GovernorError, IdleTimeout, TooManyConnections, Unauthorized
+from governor.state import ClientCore, ServerState
+from govwire.errors import BufferFull, GovernorError, TooManyConnections
 
 log = logging.getLogger("governor.protocol")
 
 
-AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
+CoreFactory = Callable[[ServerState, Callable[[bytes], None], "GovernorProtocol"], ClientCore]
+
+
+def ndjson_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
+    return Ingress(state, write, protocol.limits.max_frame_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,28 +43,36 @@ class ConnectionLimits:
 
 
 class GovernorProtocol(asyncio.Protocol):
-    __slots__ = ("_state", "_limits", "_transport", "_ingress", "_buffered", "_peer", "_opened_at")
+    __slots__ = ("_state", "limits", "_transport", "_ingress", "_buffered", "_peer", "_make_core", "protocol")
 
-    def __init__(self, state: ServerState, limits: ConnectionLimits) -> None:
+    def __init__(
+        self,
+        state: ServerState,
+        limits: ConnectionLimits,
+        make_core: CoreFactory = ndjson_core,
+        protocol: str = "ndjson",
+    ) -> None:
         self._state = state
-        self._limits = limits
+        self.limits = limits
+        self._make_core = make_core
+        self.protocol = protocol  # the front door: "ndjson" or "http"
         self._transport: asyncio.Transport | None = None
-        self._ingress: Ingress | None = None
+        self._ingress: ClientCore | None = None
         self._buffered = 0  # this connection's share of state.buffered_bytes
         self._peer = ""
-        self._opened_at = state.clock()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         self._peer = str(transport.get_extra_info("peername"))
         state = self._state
-        if len(state.connections) >= self._limits.max_connections:
-            n = self._limits.max_connections
+        self._ingress = self._make_core(state, self._transport.write, self)  # it words the refusal below
+        if len(state.connections) >= self.limits.max_connections:
+            n = self.limits.max_connections
             self.shed(
                 ShedReason.MAX_CONNECTIONS, TooManyConnections(f"the governor holds its limit of {n} connections")
             )
+            self._ingress = None
             return
-        self._ingress = Ingress(state, self._transport.write, self._limits.max_frame_bytes)
         state.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -74,17 +87,17 @@ class GovernorProtocol(asyncio.Protocol):
             ingress.fail_internal()
             transport.close()
             return
-        if ingress.closing:
-            self.shed(ShedReason.UNAUTHORIZED)  # the refusal is written; close after it
+        if ingress.closing is not None:
+            self.shed(ingress.closing)  # the refusal is written; close after it
             return
         buffered = ingress.buffered_bytes
         if buffered != self._buffered:
             state = self._state
             state.buffered_bytes += buffered - self._buffered
             self._buffered = buffered
-            if state.buffered_bytes > self._limits.max_buffer_bytes:
+            if state.buffered_bytes > self.limits.max_buffer_bytes:
                 victim = max(state.connections, key=lambda c: c.buffered_bytes)
-                limit = self._limits.max_buffer_bytes
+                limit = self.limits.max_buffer_bytes
                 victim.shed(
                     ShedReason.BUFFER, BufferFull(f"unfinished frames over all connections exceed {limit} bytes")
                 )
@@ -113,21 +126,35 @@ class GovernorProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.write(data)
-        if transport.get_write_buffer_size() > self._limits.max_write_buffer_bytes:
+        if transport.get_write_buffer_size() > self.limits.max_write_buffer_bytes:
             # Deferred: this runs inside the ingress's own flush, which shedding would re-enter.
             asyncio.get_running_loop().call_soon(self.shed, ShedReason.WRITE_BUFFER)
 
     def check_timeouts(self, now: float) -> None:
-        """Called about once a second: the auth deadline (blank lines do not extend it), then idling."""
-        ingress = self._ingress
-        if ingress is None:
-            return
-        if not ingress.authenticated and now - self._opened_at > AUTH_TIMEOUT_S:
-            self.shed(ShedReason.UNAUTHORIZED, Unauthorized(f"no auth frame within {AUTH_TIMEOUT_S:g} s"))
-            return
-        timeout_s = self._limits.idle_timeout_s
-        if timeout_s and not ingress.active and now - ingress.last_line_at > timeout_s:
-            self.shed(ShedReason.IDLE, IdleTimeout(f"no frame for {timeout_s:g} s"))
+        """Called about once a second: the core says whether the connection overstayed (an auth
+        deadline, an idle connection, a request arriving too slowly)."""
+        if self._ingress is not None:
+            expired = self._ingress.timeout(now, self.limits.idle_timeout_s)
+            if expired is not None:
+                self.shed(*expired)
+
+    def pause_reading(self, paused: bool) -> None:
+        """The core holds as many requests as it may (HTTP pipelining): stop reading until it drains."""
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if paused:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
+
+    def finish(self, reason: ShedReason | None) -> None:
+        """The core is done with the connection: shed it for `reason`, or (None: the client asked to
+        close after its response) close once the written bytes are out."""
+        if reason is not None:
+            self.shed(reason)
+        elif self._transport is not None:
+            self._state.connections.discard(self)
+            self._transport.close()
 
     def shed(self, reason: ShedReason, error: GovernorError | None = None) -> None:
         """Close this connection to protect the others: its requests are settled now (cancelled in
@@ -147,8 +174,8 @@ class GovernorProtocol(asyncio.Protocol):
             ingress.connection_lost(CONNECTION_SHED)
         self._release_buffer()
         state.connections.discard(self)
-        if error is not None:
-            transport.write(encode_error(error))
+        if error is not None and ingress is not None:
+            transport.write(ingress.last_words(error))
         if transport.get_write_buffer_size():
             transport.abort()  # a peer that is not reading would hold a graceful close open
         else:
@@ -166,7 +193,7 @@ class GovernorProtocol(asyncio.Protocol):
         self._transport = None
 
     @property
-    def ingress(self) -> Ingress | None:
+    def ingress(self) -> ClientCore | None:
         return self._ingress
 
     @property

@@ -14,6 +14,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 
 from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission import Admission
@@ -23,15 +24,18 @@ from governor.cost import CostModel
 from governor.endpoint import Endpoint, EndpointLimits
 from governor.fleet_lease import FleetLease
 from governor.fleet_member import FleetMember
+from governor.health import HealthPolicy
 from governor.hints import RetryHintEstimator, RetryHintPolicy
+from governor.http_ingress import HttpIngress, HttpLimits
 from governor.lifecycle import Phase
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
+from governor.openai_link import OpenAITarget
 from governor.protocol import ConnectionLimits, GovernorProtocol
-from governor.state import ServerState
+from governor.state import ClientCore, ServerState
 from governor.supervisor import WorkerSupervisor
 from governor.ttft import TtftModel
-from governor.upstream import HealthPolicy, Upstream, WorkerLink
+from governor.upstream import Upstream, WorkerLink
 from govwire.address import Address
 from govwire.auth import SharedSecret, TenantSecrets
 from govwire.options import ConfigError
@@ -86,6 +90,16 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
             calibrate=config.token_estimate == "calibrated",
         ),
     )
+
+
+def served_models(config: GovernorConfig) -> list[str]:
+    """The model names the front door serves: each OpenAI-compatible endpoint's, and
+    `--served-model` for the worker endpoints."""
+    targets = [parse_endpoint(text)[0] for text in config.worker]
+    names = [t.model for t in targets if isinstance(t, OpenAITarget)]
+    if not targets or len(names) < len(targets):
+        names.append(config.served_model)
+    return list(dict.fromkeys(names))
 
 
 def connection_limits(config: GovernorConfig) -> ConnectionLimits:
@@ -246,20 +260,21 @@ class Server:
         teardown stack as it is created, so shutdown releases them in reverse order whichever
         phase ended the run."""
         async with contextlib.AsyncExitStack() as stack:
-            state, listener = await self.start_up(stack)
+            state, listeners = await self.start_up(stack)
             await self._stop.wait()
             log.info(
                 "event=draining inflight=%d timeout_s=%.1f",
                 state.admission.inflight.inflight,
                 self.config.drain_timeout_s,
             )
-            listener.close()
+            for listener in listeners:
+                listener.close()
             await self._drain(state)
             executed = state.accounting.executed
         log.info("event=stopped executed=%d", executed)
         return 0
 
-    async def start_up(self, stack: contextlib.AsyncExitStack) -> tuple[ServerState, asyncio.Server]:
+    async def start_up(self, stack: contextlib.AsyncExitStack) -> tuple[ServerState, list[asyncio.Server]]:
         """Workers (spawned or linked), the shared state, the metrics endpoint, then the listener."""
         config = self.config
         loop = asyncio.get_running_loop()
@@ -296,7 +311,7 @@ class Server:
         if runtime_dir is not None:
             devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
             assert worker_secret is not None  # generated above for spawned workers
-            for link, device in zip(upstream.links, devices, strict=True):
+            for link, device in zip(upstream.worker_links, devices, strict=True):
                 supervisor = self._spawn_worker(link, state, device, worker_secret)
                 stack.push_async_callback(supervisor.stop)
         max_open_files = raise_fd_limit()
@@ -320,16 +335,40 @@ class Server:
             lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024
         )
         stack.callback(listener.close)
+        listeners = [listener]
+        if config.http_port:
+            listeners.append(await self._open_front_door(state, limits))
+            stack.callback(listeners[-1].close)
         log.info(
-            "event=listening host=%s port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
+            "event=listening host=%s port=%d http_port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
             config.host,
             config.port,
+            config.http_port,
             config.metrics_port,
             config.max_inflight,
             max_open_files,
             ",".join(link.address for link in upstream.links),
         )
-        return state, listener
+        return state, listeners
+
+    async def _open_front_door(self, state: ServerState, limits: ConnectionLimits) -> asyncio.Server:
+        """The OpenAI-compatible HTTP listener: the same state, admission and connection limits as
+        the NDJSON port, an HTTP core per connection."""
+        config = self.config
+        http_limits = HttpLimits(
+            max_body_bytes=config.max_frame_bytes,
+            max_pipelined=config.http_max_pipelined,
+            request_timeout_s=config.http_request_timeout_s,
+        )
+        models = served_models(config)
+
+        def http_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
+            return HttpIngress(state, write, http_limits, models, protocol.pause_reading, protocol.finish)
+
+        loop = asyncio.get_running_loop()
+        return await loop.create_server(
+            lambda: GovernorProtocol(state, limits, http_core, "http"), config.host, config.http_port, backlog=1024
+        )
 
     async def _join_fleet(self, state: ServerState, stack: contextlib.AsyncExitStack) -> None:
         """With --fleet: the lease, enforced by admission from the first frame, its first renewal

@@ -19,17 +19,44 @@ from governor.admission import Admission
 from governor.cost import CostModel
 from governor.fleet_member import FleetMember
 from governor.latency import LatencyMetrics
-from governor.lifecycle import Cancellable, Dispatcher, Lifecycle, RequestOwner, Timers
+from governor.lifecycle import Cancellable, Dispatcher, InflightRequest, Lifecycle, Timers
 from govwire.auth import TenantSecrets
 from govwire.errors import GovernorError
 from govwire.request import Limits
 
 
+class ClientCore(Protocol):
+    """A connection's sans-IO protocol core, as the adapter drives it."""
+
+    write: Callable[[bytes], None]  # swapped by the adapter while the client is not reading
+    active: dict[str, InflightRequest]
+    tenant: str
+
+    @property
+    def closing(self) -> ShedReason | None:
+        """Set when the core refused the connection: the adapter sheds it for this reason."""
+
+    @property
+    def buffered_bytes(self) -> int: ...
+
+    def receive_data(self, data: bytes) -> None: ...
+
+    def fail_internal(self) -> None: ...
+
+    def connection_lost(self, reason: str = ...) -> None: ...
+
+    def timeout(self, now: float, idle_timeout_s: float) -> tuple[ShedReason, GovernorError | None] | None: ...
+
+    def last_words(self, error: GovernorError) -> bytes: ...
+
+
 class ClientConnection(Protocol):
     """A client transport as the server sees it: during drain and shutdown, and when shedding."""
 
+    protocol: str  # the front door it came through: "ndjson" or "http"
+
     @property
-    def ingress(self) -> RequestOwner | None: ...
+    def ingress(self) -> ClientCore | None: ...
 
     @property
     def buffered_bytes(self) -> int: ...

@@ -1,4 +1,5 @@
-"""Links from the governor to its worker processes.
+"""Links from the governor to its endpoints: worker processes (NDJSON, here) and OpenAI-compatible
+servers (HTTP, openai_link.py), and the dispatch of admitted requests to them.
 
 Each `WorkerLink` is one persistent NDJSON connection multiplexing many requests under
 governor-assigned ids (client ids are only unique per client connection). A link that drops fails
@@ -18,13 +19,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
 
 from governor.endpoint import Endpoint
+from governor.health import HealthPolicy
 from governor.lifecycle import InflightRequest, RequestOwner
+from governor.openai_link import OpenAILink, OpenAITarget
 from govwire.address import Address, open_connection
 from govwire.auth import SharedSecret
 from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping
@@ -42,14 +44,11 @@ _RESERVED_IDS = frozenset(ReservedId)  # link traffic, no request
 _PING = encode_ping(ReservedId.PING.value)
 
 
-@dataclass(frozen=True, slots=True)
-class HealthPolicy:
-    ping_interval_s: float = 1.0
-    ping_timeout_s: float = 5.0
-    stall_timeout_s: float = 60.0
-
-
 class WorkerLink(asyncio.Protocol):
+    """One NDJSON connection to a worker process."""
+
+    kind = "worker"
+
     def __init__(self, address: Address, endpoint: Endpoint, secret: SharedSecret | None = None) -> None:
         self.address = str(address)
         self._secret = secret
@@ -75,6 +74,7 @@ class WorkerLink(asyncio.Protocol):
         limits = self.endpoint.limits
         return {
             "address": self.address,
+            "kind": self.kind,
             "up": self.endpoint.up,
             "inflight": self.endpoint.inflight,
             "concurrency": limits.concurrency,
@@ -119,16 +119,63 @@ class WorkerLink(asyncio.Protocol):
         """Requests are in flight here but none heard anything for `timeout_s`."""
         return bool(self.inflight) and now - self.last_progress_at > timeout_s
 
-    def add(self, uid: str, request: InflightRequest) -> None:
+    def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
+        """Send an admitted request under the governor's `uid`."""
         if not self.inflight:
             self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
         self.inflight[uid] = request
+        frame = generate.to_frame()
+        frame["id"] = uid
+        self.send(encode(frame))
+
+    def cancel(self, uid: str) -> None:
+        """Ask the worker to stop a request; it answers with its `done` (finish_reason cancelled)."""
+        self.send(encode_cancel(uid))
 
     def send(self, data: bytes) -> None:
         """Write a frame now. (Deferring writes to coalesce those of one loop iteration was
         measured: it cost one client ~0.1 ms per request and did not help sixteen.)"""
         if self._transport is not None:
             self._transport.write(data)
+
+    async def maintain(self, health: HealthPolicy) -> None:
+        """Keep the link connected. Backoff applies to connects that fail and to connections that
+        end before answering a ping (a worker refusing our secret), so neither spins."""
+        delay = RECONNECT_MIN_S
+        while True:
+            try:
+                await self.connect()
+            except OSError:
+                pass
+            else:
+                await self._watch(health)
+                if self.answered:
+                    delay = RECONNECT_MIN_S
+                    continue
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX_S)
+
+    async def _watch(self, health: HealthPolicy) -> None:
+        """Ping a connected link until it closes; cut it when it stops answering or progressing."""
+        while self.is_connected:
+            now = time.monotonic()
+            if not self.probe(now, health.ping_timeout_s):
+                self._give_up(f"ping unanswered for {health.ping_timeout_s:g} s")
+                break
+            if self.stalled(now, health.stall_timeout_s):
+                self._give_up(f"no progress for {health.stall_timeout_s:g} s with requests in flight")
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wait_closed(), health.ping_interval_s)
+        await self.wait_closed()
+
+    def _give_up(self, why: str) -> None:
+        """Declare the worker lost: cut the link (its requests fail or are re-routed) and, if the
+        governor spawned it, kill it so that its supervisor starts a fresh one."""
+        log.error("event=worker_unresponsive worker=%s pid=%s why=%r", self.address, self.pid, why)
+        self.abort()
+        if self.kill_worker is not None:
+            self.kill_worker()
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
 
@@ -225,38 +272,43 @@ class WorkerLink(asyncio.Protocol):
 
 
 class Upstream:
-    """The set of worker links and the choice of which one takes a request."""
+    """The set of links and the choice of which one takes a request."""
 
     def __init__(
         self,
-        endpoints: list[tuple[Address, Endpoint]],
+        endpoints: list[tuple[Address | OpenAITarget, Endpoint]],
         health: HealthPolicy | None = None,
         secret: SharedSecret | None = None,
     ) -> None:
-        self.links = [WorkerLink(address, endpoint, secret) for address, endpoint in endpoints]
+        self.links: list[WorkerLink | OpenAILink] = [
+            OpenAILink(target, endpoint) if isinstance(target, OpenAITarget) else WorkerLink(target, endpoint, secret)
+            for target, endpoint in endpoints
+        ]
         self.health = health or HealthPolicy()
         self._link_of = {link.endpoint: link for link in self.links}
         self._next_uid = 0
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
+    def worker_links(self) -> list[WorkerLink]:
+        """The links to worker processes (those the governor may spawn, and that push engine stats)."""
+        return [link for link in self.links if isinstance(link, WorkerLink)]
+
+    @property
     def num_up(self) -> int:
         return sum(link.endpoint.up for link in self.links)
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
-        """Hand an admitted request to the worker of the endpoint admission granted it."""
+        """Hand an admitted request to the link of the endpoint admission granted it."""
         endpoint = request.grant.endpoint
         link = None if endpoint is None else self._link_of[endpoint]
         if link is None or not link.endpoint.up:
             raise WorkerUnavailable("no worker is connected; retry later", request.client_id)
         self._next_uid += 1
         uid = format(self._next_uid, "x")
+        link.submit(uid, request, generate)  # may refuse it (a field the endpoint cannot take)
         request.uid = uid
         request.link = link
-        link.add(uid, request)
-        frame = generate.to_frame()
-        frame["id"] = uid
-        link.send(encode(frame))
 
     def forget(self, request: InflightRequest) -> None:
         if request.link is not None:
@@ -264,54 +316,13 @@ class Upstream:
 
     def cancel(self, request: InflightRequest) -> None:
         if request.link is not None:
-            request.link.send(encode_cancel(request.uid))
+            request.link.cancel(request.uid)
 
     def describe(self) -> list[dict[str, Any]]:
         return [link.describe() for link in self.links]
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._maintain(link)) for link in self.links]
-
-    async def _maintain(self, link: WorkerLink) -> None:
-        """Keep the link connected. Backoff applies to connects that fail and to connections that
-        end before answering a ping (a worker refusing our secret), so neither spins."""
-        delay = RECONNECT_MIN_S
-        while True:
-            try:
-                await link.connect()
-            except OSError:
-                pass
-            else:
-                await self._watch(link)
-                if link.answered:
-                    delay = RECONNECT_MIN_S
-                    continue
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_MAX_S)
-
-    async def _watch(self, link: WorkerLink) -> None:
-        """Ping a connected link until it closes; cut it when it stops answering or progressing."""
-        health = self.health
-        while link.is_connected:
-            now = time.monotonic()
-            if not link.probe(now, health.ping_timeout_s):
-                self._give_up(link, f"ping unanswered for {health.ping_timeout_s:g} s")
-                break
-            if link.stalled(now, health.stall_timeout_s):
-                self._give_up(link, f"no progress for {health.stall_timeout_s:g} s with requests in flight")
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(link.wait_closed(), health.ping_interval_s)
-        await link.wait_closed()
-
-    @staticmethod
-    def _give_up(link: WorkerLink, why: str) -> None:
-        """Declare the worker lost: cut the link (its requests fail or are re-routed) and, if the
-        governor spawned it, kill it so that its supervisor starts a fresh one."""
-        log.error("event=worker_unresponsive worker=%s pid=%s why=%r", link.address, link.pid, why)
-        link.abort()
-        if link.kill_worker is not None:
-            link.kill_worker()
+        self._tasks = [asyncio.create_task(link.maintain(self.health)) for link in self.links]
 
     async def close(self) -> None:
         for task in self._tasks:

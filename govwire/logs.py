@@ -17,3 +17,7 @@ def configure_logging(level: str, name: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx (the OpenAI-compatible upstreams) logs every request at INFO: one line per request
+    # is not an event. Its warnings still show.
+    for chatty in ("httpx", "httpcore"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))

@@ -60,6 +60,7 @@ class YieldReason(StrEnum):
     TOKENS = "tokens"  # --max-inflight-tokens: the token cost held by admitted requests
     TOKEN_RATE = "token_rate"  # --max-tokens-per-s: the token cost admitted per second
     ENDPOINT_TOKENS = "endpoint_tokens"  # an endpoint's tokens=N
+    ENDPOINT_BUSY = "endpoint_busy"  # an OpenAI-compatible endpoint answered 429/503: its Retry-After
     DEADLINE = "deadline"  # the predicted time to first token exceeds the frame's deadline_ms
     TENANT_INFLIGHT = "tenant_inflight"  # the tenant's max_inflight
     TENANT_QPS = "tenant_qps"  # the tenant's max_qps

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from governor.endpoint import Endpoint, EndpointLimits
+from governor.health import HealthPolicy
 from governor.lifecycle import InflightRequest
 from governor.limits import Grant
-from governor.upstream import HealthPolicy, Upstream, WorkerLink
+from governor.upstream import Upstream, WorkerLink
 from govwire.address import Address
 from govwire.codec import encode_token
+from govwire.request import GenerateRequest
 from govwire.vocab import ReservedId
 from tests.fakes import FakeTransport
 
@@ -108,9 +110,9 @@ def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
 def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
     monkeypatch.setattr("governor.upstream.time.monotonic", lambda: clock[0])
-    link, _, owner = linked()  # holds u1, added by hand: the stall clock starts at add()
+    link, _, owner = linked()  # holds u1, added by hand: the stall clock starts at submit()
     link.inflight.clear()
-    link.add("u1", InflightRequest("client-1", owner, Grant(), 0.0))
+    link.submit("u1", InflightRequest("client-1", owner, Grant(), 0.0), GenerateRequest("client-1", "x"))
     clock[0] = 160.0
     assert not link.stalled(clock[0], timeout_s=60.0)
     link.data_received(b'{"id":"~stats","status":"stats"}\n{"id":"~ping","status":"pong"}\n')

@@ -1,0 +1,325 @@
+"""The OpenAI-compatible completions API, both ways, as pure functions over JSON values: no I/O.
+
+Upstream (openai_link.py): a validated `GenerateRequest` becomes a streaming `POST /v1/completions`
+body, and each server-sent chunk is read back as a `Chunk`. Front door (http_ingress.py): a client's
+completions body becomes a generate frame (the dict the NDJSON port reads, so both front doors
+share every later check), and the governor's answers become OpenAI response bodies, stream chunks
+and error objects.
+
+Only what maps one to one is accepted. A field the generate request has no meaning for (`n` > 1,
+`stop`, `logprobs`, penalties, ...) is refused with `bad_frame` naming it, rather than ignored:
+a client asking for three choices must not silently get one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import orjson
+
+from govwire.errors import BadFrame, GovernorError
+from govwire.messages import Completion
+from govwire.request import GenerateRequest
+from govwire.vocab import ErrorCode, FinishReason, Op
+
+MAX_RETRY_AFTER_S = 60.0  # an upstream's Retry-After beyond this is read as this
+DONE_EVENT = b"data: [DONE]\n\n"
+
+# An OpenAI finish_reason for each of ours, and ours for each of theirs.
+FINISH_TO_OPENAI = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop", FinishReason.CANCELLED: "cancelled"}
+FINISH_FROM_OPENAI = {"length": FinishReason.LENGTH, "stop": FinishReason.EOS}
+
+# Body fields of a completions request accepted when they ask for nothing beyond the default.
+_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "logprobs": (None, 0),
+    "stop": (None, [], ""),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+}
+# Copied into the generate frame under the same name (validated there, as for NDJSON frames).
+_SAME_NAME = ("temperature", "top_p", "top_k", "seed", "priority", "deadline_ms", "prompt_tokens")
+_KNOWN = {"model", "prompt", "max_tokens", "stream", "stream_options", "user", "ignore_eos", *_NEUTRAL, *_SAME_NAME}
+
+
+# -- upstream: the governor as an OpenAI client ------------------------------------------------
+
+
+def completion_body(generate: GenerateRequest, model: str) -> dict[str, Any]:
+    """The streaming `/v1/completions` body for an admitted request. Always streamed, with usage,
+    so that the first token is seen when it comes and token counts come back at the end.
+    `top_k` and `stop_on_eos=false` have no OpenAI field: refused, naming the field."""
+    if generate.top_k:
+        raise BadFrame("top_k is not supported by OpenAI-compatible endpoints (send 0 or omit it)", generate.id)
+    if not generate.stop_on_eos:
+        raise BadFrame("stop_on_eos=false is not supported by OpenAI-compatible endpoints", generate.id)
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": generate.prompt,
+        "max_tokens": generate.max_new_tokens,
+        "temperature": generate.temperature,
+        "top_p": generate.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if generate.seed is not None:
+        body["seed"] = generate.seed
+    return body
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One server-sent completions chunk: its text (may be empty), finish reason, usage."""
+
+    text: str
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+class UpstreamProtocolError(ValueError):
+    """The upstream sent something that is not a completions chunk (or an error in the stream)."""
+
+
+def _count(value: object, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise UpstreamProtocolError(f"usage.{name} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def read_chunk(data: str) -> Chunk:
+    """Parse one SSE `data:` payload of a streaming completion (not `[DONE]`)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamProtocolError(f"chunk is not JSON: {exc}") from None
+    if type(obj) is not dict:
+        raise UpstreamProtocolError("chunk is not a JSON object")
+    if "error" in obj:
+        raise UpstreamProtocolError(f"upstream error in the stream: {str(obj['error'])[:300]}")
+    text, finish = "", None
+    choices = obj.get("choices") or []
+    if type(choices) is not list:
+        raise UpstreamProtocolError("choices must be a list")
+    if choices:
+        choice = choices[0]
+        if type(choice) is not dict:
+            raise UpstreamProtocolError("a choice must be an object")
+        text = choice.get("text") or ""
+        if type(text) is not str:
+            raise UpstreamProtocolError("choices[0].text must be a string")
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            finish = FINISH_FROM_OPENAI.get(reason, FinishReason.EOS)  # content_filter etc.: ended by the model
+    usage = None
+    raw = obj.get("usage")
+    if type(raw) is dict:
+        details = raw.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if type(details) is dict else None
+        prompt = _count(raw.get("prompt_tokens"), "prompt_tokens")
+        usage = Usage(prompt, _count(raw.get("completion_tokens"), "completion_tokens"), min(cached or 0, prompt))
+    return Chunk(text, finish, usage)
+
+
+def retry_after_s(headers: dict[str, str]) -> float | None:
+    """The wait an upstream's 429/503 asks for: `retry-after-ms` first (as the OpenAI SDK reads
+    it), then `Retry-After` in seconds or as an HTTP date; None when it gives none. At most
+    `MAX_RETRY_AFTER_S`."""
+    value = headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            wait = float(value) / 1000
+        except ValueError:
+            wait = math.nan
+        if math.isfinite(wait) and wait >= 0:
+            return min(wait, MAX_RETRY_AFTER_S)
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        wait = float(value)
+    except ValueError:
+        try:
+            wait = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError):
+            return None
+    if not math.isfinite(wait):
+        return None
+    return min(max(wait, 0.0), MAX_RETRY_AFTER_S)
+
+
+# -- front door: the governor as an OpenAI server ----------------------------------------------
+
+
+def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
+    """A completions request body as a generate frame (validated later, like any frame). Raises
+    `BadFrame` for what cannot be expressed as one."""
+    if type(body) is not dict:
+        raise BadFrame("the request body must be a JSON object", request_id)
+    unknown = sorted(key for key in body if key not in _KNOWN)
+    if unknown:
+        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
+    for key, neutral in _NEUTRAL.items():
+        if body.get(key) not in neutral:
+            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+    prompt = body.get("prompt")
+    if type(prompt) is list and len(prompt) == 1:
+        prompt = prompt[0]  # one prompt in a list: the same request
+    if type(prompt) is not str:
+        raise BadFrame("prompt must be a string (one prompt; token arrays are not supported)", request_id)
+    frame: dict[str, Any] = {"id": request_id, "op": Op.GENERATE.value, "prompt": prompt}
+    if body.get("max_tokens") is not None:
+        frame["max_new_tokens"] = body["max_tokens"]
+    for key in _SAME_NAME:
+        if body.get(key) is not None:
+            frame[key] = body[key]
+    ignore_eos = body.get("ignore_eos")
+    if ignore_eos is not None:
+        if type(ignore_eos) is not bool:
+            raise BadFrame("ignore_eos must be a boolean", request_id)
+        frame["stop_on_eos"] = not ignore_eos
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        raise BadFrame("stream must be a boolean", request_id)
+    frame["stream"] = bool(stream)
+    return frame
+
+
+def wants_usage(body: dict[str, Any]) -> bool:
+    """`stream_options.include_usage`: a last chunk with the usage and no choices."""
+    options = body.get("stream_options")
+    return type(options) is dict and options.get("include_usage") is True
+
+
+def _usage(completion: Completion) -> dict[str, Any]:
+    return {
+        "prompt_tokens": completion.prompt_tokens,
+        "completion_tokens": completion.completion_tokens,
+        "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": completion.cached_prompt_tokens},
+    }
+
+
+def completion_response(request_id: str, model: str, created: int, completion: Completion) -> bytes:
+    """The non-streaming response body."""
+    return orjson.dumps(
+        {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "text": completion.text,
+                    "logprobs": None,
+                    "finish_reason": FINISH_TO_OPENAI[completion.finish_reason],
+                }
+            ],
+            "usage": _usage(completion),
+        }
+    )
+
+
+def chunk_event(
+    request_id: str, model: str, created: int, text: str, finish_reason: FinishReason | None = None
+) -> bytes:
+    """One streamed chunk as a server-sent event."""
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": None if finish_reason is None else FINISH_TO_OPENAI[finish_reason],
+    }
+    chunk = {"id": request_id, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def usage_event(request_id: str, model: str, created: int, completion: Completion) -> bytes:
+    chunk = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": _usage(completion),
+    }
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
+
+
+def error_object(status: int, code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """An OpenAI-style error (`{"error": {...}}`): `code` is the NDJSON error code or yield reason."""
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error"),
+            "param": None,
+            "code": code,
+            **extra,
+        }
+    }
+
+
+def error_body(status: int, error: GovernorError) -> bytes:
+    return orjson.dumps(error_object(status, error.code, error.message))
+
+
+def error_event(error: GovernorError) -> bytes:
+    """An error after the stream began (its 200 is sent): one event, then the stream ends."""
+    return b"data: " + orjson.dumps(error_object(500, error.code, error.message)) + b"\n\n"
+
+
+# The HTTP status of each error code on the front door (unlisted: 500).
+STATUS_OF_CODE: dict[str, int] = {
+    ErrorCode.BAD_JSON: 400,
+    ErrorCode.BAD_FRAME: 400,
+    ErrorCode.INTEGRITY: 400,
+    ErrorCode.OVER_BUDGET: 400,
+    ErrorCode.TENANT_MISMATCH: 400,
+    ErrorCode.DUPLICATE_ID: 400,
+    ErrorCode.UNKNOWN_OP: 400,
+    ErrorCode.FRAME_TOO_LARGE: 413,
+    ErrorCode.UNAUTHORIZED: 401,
+    ErrorCode.WORKER_UNAVAILABLE: 503,
+    ErrorCode.WORKER_LOST: 502,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.IDLE_TIMEOUT: 408,
+    ErrorCode.TOO_MANY_CONNECTIONS: 503,
+    ErrorCode.BUFFER_FULL: 503,
+}
+
+
+def models_body(models: list[str], created: int) -> bytes:
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "created": created, "owned_by": "governor"} for name in models],
+        }
+    )
