@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
+from httpx_sse import EventSource, SSEError
 
 from governor.endpoint import Endpoint
 from governor.health import HealthPolicy
@@ -71,8 +71,11 @@ class OpenAITarget:
 class OpenAILink:
     kind = "openai"
 
-    def __init__(self, target: OpenAITarget, endpoint: Endpoint) -> None:
+    def __init__(
+        self, target: OpenAITarget, endpoint: Endpoint, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
         self.target = target
+        self._transport = transport  # httpx's own (TCP) unless a test passes a mock
         self.address = str(target)
         self.endpoint = endpoint
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
@@ -114,6 +117,7 @@ class OpenAILink:
             # read: the longest silence of a stream (the stall timeout); connect: the ping timeout.
             timeout=httpx.Timeout(stall_timeout_s, connect=health_timeout_s, pool=None),
             headers=headers,
+            transport=self._transport,
             trust_env=False,  # never route loopback traffic through a proxy from the environment
         )
 
@@ -172,18 +176,24 @@ class OpenAILink:
         except asyncio.CancelledError:  # our cancel: the stream is closed, the server stops
             self._finish(uid, request, parts, FinishReason.CANCELLED, usage)
             return
+        except SSEError as exc:  # (a TransportError) a 200 that is not an event stream
+            self._protocol_error(uid, request, str(exc))
+            return
         except httpx.TransportError as exc:
             self._lost(uid, request, exc)
             return
         except UpstreamProtocolError as exc:
-            self.last_error = str(exc)
-            log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, str(exc))
-            error = InternalError(f"endpoint {self.address}: {exc}", request.client_id)
-            self._answer(uid, request, lambda: owner.worker_error(request, error))
+            self._protocol_error(uid, request, str(exc))
             return
         finally:
             self._tasks.pop(uid, None)
         self._finish(uid, request, parts, finish or FinishReason.EOS, usage)
+
+    def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
+        self.last_error = why
+        log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, why)
+        error = InternalError(f"endpoint {self.address}: {why}", request.client_id)
+        self._answer(uid, request, lambda: request.owner.worker_error(request, error))
 
     def _answer(self, uid: str, request: InflightRequest, reply: Any) -> None:
         """Give a request its final reply (if still ours), then flush its owner."""

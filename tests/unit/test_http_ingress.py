@@ -1,0 +1,211 @@
+"""The HTTP front door's core (http_ingress.py), sans IO: request bytes in, response bytes out."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httptools
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from governor.accounting import ShedReason
+from governor.hints import RetryHintPolicy
+from governor.http_ingress import HttpIngress, HttpLimits
+from governor.state import ServerState
+from govwire.codec import encode_token
+from govwire.request import IntegrityMode
+from tests.fakes import FakeTransportWrites, FakeUpstream, done_frame, make_state
+
+
+@dataclass
+class Parsed:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+@dataclass
+class Responses:
+    """Responses read back with httptools' response parser."""
+
+    done: list[Parsed] = field(default_factory=list)
+    _headers: dict[str, str] = field(default_factory=dict)
+    _body: list[bytes] = field(default_factory=list)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode().lower()] = value.decode()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done.append(Parsed(self.parser.get_status_code(), self._headers, b"".join(self._body)))
+        self._headers, self._body = {}, []
+
+    @classmethod
+    def of(cls, data: bytes) -> list[Parsed]:
+        responses = cls()
+        responses.parser = httptools.HttpResponseParser(responses)  # type: ignore[attr-defined]
+        responses.parser.feed_data(data)  # type: ignore[attr-defined]
+        return responses.done
+
+
+def post(body: dict[str, Any] | bytes, *headers: str, close: bool = False) -> bytes:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    lines = ["POST /v1/completions HTTP/1.1", "host: x", f"content-length: {len(data)}", *headers]
+    if close:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+def completion(prompt: str = "hi", **fields: Any) -> dict[str, Any]:
+    return {"model": "gpt2", "prompt": prompt, "max_tokens": 4, **fields}
+
+
+class Client:
+    def __init__(self, state: ServerState, limits: HttpLimits | None = None) -> None:
+        self.writes = FakeTransportWrites()
+        self.closed: list[ShedReason | None] = []
+        self.backlog: list[bool] = []
+        self.core = HttpIngress(
+            state, self.writes, limits or HttpLimits(), ["gpt2"], self.backlog.append, self.closed.append
+        )
+
+    def send(self, data: bytes) -> list[Parsed]:
+        self.core.receive_data(data)
+        return self.responses()
+
+    def responses(self) -> list[Parsed]:
+        return Responses.of(b"".join(self.writes.chunks))
+
+
+def balanced(state: ServerState) -> bool:
+    return state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
+    state = make_state(
+        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0, base_ms=1500)
+    )
+    assert Client(state).send(post(completion())) == []  # admitted: its response comes with its completion
+    (refused,) = Client(state).send(post(completion()))
+    assert refused.status == 429
+    assert refused.headers["retry-after-ms"] == "1500" and refused.headers["retry-after"] == "2"
+    error = orjson.loads(refused.body)["error"]
+    assert error["code"] == "inflight" and error["retry_hint_ms"] == 1500 and error["type"] == "rate_limit_error"
+    assert state.accounting.yielded["inflight"] == 1 and balanced(state)
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    assert client.send(post(completion("a")) + post(completion("b"))) == []  # b waits for a's response
+    (uid_a,) = upstream.dispatched
+    request, _ = upstream.dispatched[uid_a]
+    request.owner.worker_frame(request, done_frame(uid_a, "A", completion_tokens=1))
+    request.owner.flush()
+    first = client.responses()
+    assert [r.status for r in first] == [200] and orjson.loads(first[0].body)["choices"][0]["text"] == "A"
+    uid_b = [u for u in upstream.dispatched if u != uid_a][0]  # b was dispatched once a was answered
+    request_b, generate_b = upstream.dispatched[uid_b]
+    assert generate_b.prompt == "b"
+    request_b.owner.worker_frame(request_b, done_frame(uid_b, "B", completion_tokens=1))
+    request_b.owner.flush()
+    assert [orjson.loads(r.body)["choices"][0]["text"] for r in client.responses()] == ["A", "B"]
+    assert state.accounting.executed == 2 and balanced(state)
+
+
+def test_a_stream_sends_its_head_with_the_first_token_then_events_and_done() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    client.send(post(completion(stream=True, stream_options={"include_usage": True})))
+    assert client.writes.chunks == []  # no status before the first token
+    ((uid, (request, _)),) = upstream.dispatched.items()
+    line = encode_token(uid, 0, 7, "Hi")
+    request.owner.worker_token(request, line[line.index(b'"', 7) + 1 : -1])
+    request.owner.worker_frame(request, done_frame(uid, "Hi", "length", completion_tokens=1))
+    request.owner.flush()
+    (streamed,) = client.responses()
+    assert streamed.status == 200 and streamed.headers["content-type"] == "text/event-stream"
+    events = [e for e in streamed.body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["text"] == "Hi"
+    assert chunks[1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 1
+
+
+def test_a_busy_endpoint_before_the_first_token_is_a_late_429_and_balances() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    client.send(post(completion(stream=True)))
+    ((uid, (request, _)),) = upstream.dispatched.items()
+    state.admission.pool.endpoints[0].paused_until = state.clock() + 0.25  # nowhere to re-route
+    request.owner.worker_busy(request, 250)
+    request.owner.flush()
+    (late,) = client.responses()
+    assert late.status == 429 and late.headers["retry-after-ms"] == "250"
+    assert orjson.loads(late.body)["error"]["code"] == "endpoint_busy"
+    assert state.accounting.yielded["endpoint_busy"] == 1 and balanced(state)
+    (refused,) = Client(state).send(post(completion()))  # and the pool routes around the pause
+    assert refused.status == 429 and orjson.loads(refused.body)["error"]["code"] == "endpoint_busy"
+
+
+def test_content_digest_is_verified_and_required_under_integrity_required() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.REQUIRED)
+    body = orjson.dumps(completion())
+    good = "content-digest: sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
+    assert Client(state).send(post(body, good)) == []  # admitted
+    (missing,) = Client(state).send(post(body))
+    assert missing.status == 400 and b"Content-Digest" in missing.body
+    (wrong,) = Client(state).send(post(body, "content-digest: sha-256=:" + base64.b64encode(b"x" * 32).decode() + ":"))
+    assert wrong.status == 400 and orjson.loads(wrong.body)["error"]["code"] == "integrity"
+    assert state.admission.inflight.inflight == 1 and balanced(state)  # the failures were refunded
+
+
+def test_too_many_pipelined_requests_stop_the_reading() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(max_pipelined=2))
+    client.send(b"".join(post(completion(str(i))) for i in range(4)))  # one admitted, three wait
+    assert client.backlog == [True]
+
+
+def test_a_slow_request_times_out_with_408() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(request_timeout_s=1.0))
+    client.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+    assert client.core.timeout(state.clock() + 0.5, 0) is None
+    reason, error = client.core.timeout(state.clock() + 1.5, 0)  # type: ignore[misc]
+    assert reason is ShedReason.SLOW_REQUEST and error is not None
+    (answer,) = Responses.of(client.core.last_words(error))
+    assert answer.status == 408
+
+
+PIECES = st.sampled_from([post(completion()), b"\r\n", b"GET / HTTP/1.1\r\n\r\n"])
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=64), st.sampled_from([post(completion()), b"\r\n", b"GET / HTTP/1.1\r\n\r\n"]))
+    )
+)
+def test_any_bytes_get_responses_or_a_close_and_every_request_is_accounted(chunks: list[bytes]) -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state, HttpLimits(max_body_bytes=512))
+    for data in chunks:
+        client.send(data)
+        assert state.admission.inflight.inflight <= 1
+        assert balanced(state)
+    for parsed in client.responses():  # whatever came back parses as HTTP responses
+        assert parsed.status in (200, 400, 404, 405, 413, 429, 431, 503)
+    client.core.connection_lost()
+    assert state.admission.inflight.inflight == 0 and balanced(state)
