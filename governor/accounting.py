@@ -73,6 +73,7 @@ _EXECUTED = Outcome.EXECUTED  # a module global: read per request, cheaper than 
 class Accounting:
     __slots__ = (
         "received",
+        "http_received",
         "executed",
         "yielded",
         "rejected",
@@ -89,6 +90,9 @@ class Accounting:
 
     def __init__(self) -> None:
         self.received = 0
+        # Of `received`, those that came through the HTTP front door (the rest are NDJSON frames):
+        # counted once per request by http_ingress.py, so the NDJSON hot path pays nothing.
+        self.http_received = 0
         self.executed = 0
         # reason -> count. Known reasons start at 0 so every series exists from the first scrape
         # (rate() over a series that appears mid-way misses its first increments).

@@ -292,6 +292,7 @@ class HttpIngress:
                 self._pending.append(self._route(message, now))
             except Exception:
                 log.exception("event=internal_error where=http_route")
+                self._state.accounting.http_received += 1
                 self._state.accounting.frame_failed(InternalError.code)
                 self._pending.append(response(500, error_body(500, InternalError("internal error")), False))
                 self.closing = ShedReason.BAD_REQUEST
@@ -347,6 +348,7 @@ class HttpIngress:
     def _completions(self, message: _Message, now: float) -> bytes:
         state = self._state
         accounting = state.accounting
+        accounting.http_received += 1  # each path below counts it once more, with its fate
         keep = message.keep_alive
         self._next_id += 1
         rid = f"cmpl-{id(self):x}-{self._next_id}"
@@ -433,6 +435,7 @@ class HttpIngress:
         """A request the parser cannot go on with: counted now, answered after the requests before
         it (`_advance`), and then the connection is closed."""
         if self._broken is None:
+            self._state.accounting.http_received += 1
             self._state.accounting.frame_rejected(error.code)
             self._broken = (status, error)
             self._message = None
@@ -557,6 +560,7 @@ class HttpIngress:
         self._pending.clear()
 
     def fail_internal(self) -> None:
+        self._state.accounting.http_received += 1
         self._state.accounting.frame_failed(InternalError.code)
         if self._exchange is None or not self._exchange.headers_sent:
             self._pending.append(response(500, error_body(500, InternalError("internal error")), False))

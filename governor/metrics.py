@@ -326,6 +326,22 @@ class GovernorCollector(Collector):
             admission.inflight.max_inflight,
         )
         yield GaugeMetricFamily("governor_connections", "Open client connections.", len(s.connections))
+        by_protocol = GaugeMetricFamily(
+            "governor_protocol_connections",
+            "Open client connections by front door: ndjson (--port) or http (--http-port).",
+            labels=["protocol"],
+        )
+        for protocol, n in sorted(s.connections_by_protocol().items()):
+            by_protocol.add_metric([protocol], n)
+        yield by_protocol
+        received = CounterMetricFamily(
+            "governor_protocol_received",
+            "Generate frames (NDJSON) and completion requests (HTTP) received, by front door.",
+            labels=["protocol"],
+        )
+        received.add_metric(["ndjson"], acc.received - acc.http_received)
+        received.add_metric(["http"], acc.http_received)
+        yield received
         yield GaugeMetricFamily(
             "governor_draining", "1 while the governor drains for shutdown.", int(admission.draining)
         )

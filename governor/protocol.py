@@ -168,7 +168,12 @@ class GovernorProtocol(asyncio.Protocol):
         inflight = 0 if ingress is None else len(ingress.active)
         tenant = None if ingress is None else ingress.tenant
         log.warning(
-            "event=connection_shed reason=%s peer=%s tenant=%s inflight=%d", reason, self._peer, tenant, inflight
+            "event=connection_shed reason=%s protocol=%s peer=%s tenant=%s inflight=%d",
+            reason,
+            self.protocol,
+            self._peer,
+            tenant,
+            inflight,
         )
         if ingress is not None:
             ingress.connection_lost(CONNECTION_SHED)

@@ -128,6 +128,12 @@ class ServerState:
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
         self.fleet: FleetMember | None = None  # with --fleet: the lease and its renewals
 
+    def connections_by_protocol(self) -> dict[str, int]:
+        counts = {"ndjson": 0, "http": 0}
+        for connection in self.connections:
+            counts[connection.protocol] = counts.get(connection.protocol, 0) + 1
+        return counts
+
     def snapshot(self) -> dict[str, Any]:
         """The `stats` reply body."""
         acc = self.accounting
@@ -166,6 +172,8 @@ class ServerState:
             "rejected_by_reason": dict(acc.rejected),
             "failed_by_reason": dict(acc.failed),
             "connections": len(self.connections),
+            "connections_by_protocol": self.connections_by_protocol(),
+            "received_by_protocol": {"ndjson": acc.received - acc.http_received, "http": acc.http_received},
             "draining": admission.draining,
             "service_time_ms": None if hints.service_time_s is None else round(hints.service_time_s * 1000, 3),
             "worker_restarts": acc.worker_restarts,

@@ -170,7 +170,13 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
     cap = f"{after['inflight']}/{after['max_inflight']} in flight"
     qps = f", --max-qps {after['max_qps']:g} ({after['qps_tokens']:g} tokens)" if after.get("max_qps") else ""
     state = "DRAINING" if after["draining"] else "serving"
-    lines.append(f"governor: {state}, {cap}{qps}, {after['connections']} connections")
+    n = after["connections"]
+    doors = after.get("connections_by_protocol", {})
+    split = f" (ndjson {doors['ndjson']}, http {doors['http']})" if doors.get("http") else ""
+    lines.append(f"governor: {state}, {cap}{qps}, {n} connection{'s' if n != 1 else ''}{split}")
+    http = after.get("received_by_protocol", {}).get("http", 0)
+    if http:
+        lines.append(f"received through the HTTP front door since start: {http}")
     rates = ", ".join(
         f"{name} {_rate(before, after, key, seconds):.1f}/s"
         for name, key in (
@@ -211,10 +217,15 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
             ", ".join(f"{name} {w[name]:g}" for name in ("concurrency", "tokens", "qps") if w.get(name))
             or "no soft caps"
         )
+        kind = f" [openai, model {w['model']}]" if w.get("kind") == "openai" else ""
         line = (
-            f"  {'up  ' if w['up'] else 'DOWN'} {w['address']}: {w['inflight']} in flight ({caps}), "
+            f"  {'up  ' if w['up'] else 'DOWN'} {w['address']}{kind}: {w['inflight']} in flight ({caps}), "
             f"executed {w['executed']}, failed {w['failed']}"
         )
+        if w.get("busy"):
+            line += f", busy (429/503) {w['busy']}"
+        if not w["up"] and w.get("last_error"):
+            line += f", last error: {w['last_error']}"
         engine, old = w.get("engine", {}), previous.get(w["address"], {}).get("engine", {})
         tokens = _engine_rate(old, engine, "generated_tokens_total", seconds)
         if tokens is not None:

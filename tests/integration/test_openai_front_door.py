@@ -73,8 +73,11 @@ def test_the_openai_sdk_streams_and_completes_through_the_gpt2_worker(
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
     gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="settled")
     s = gov.stats()
-    assert s["executed_total"] == 2
+    assert s["executed_total"] == 2 and s["received_by_protocol"] == {"ndjson": 0, "http": 2}
     balanced(gov)
+    metrics = gov.metrics()
+    assert metrics[("governor_protocol_received_total", (("protocol", "http"),))] == 2
+    assert ("governor_protocol_connections", (("protocol", "http"),)) in metrics
     # The NDJSON port serves the same pool at the same time.
     c = gov.conn()
     c.send("n", "hello", max_new_tokens=2)
