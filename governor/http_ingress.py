@@ -37,6 +37,9 @@ from governor.limits import Grant, Refusal
 from governor.openai_api import (
     DONE_EVENT,
     STATUS_OF_CODE,
+    chat_chunk_event,
+    chat_frame_of,
+    chat_response,
     chunk_event,
     completion_response,
     error_body,
@@ -149,6 +152,7 @@ class _Exchange:
     usage: bool
     keep_alive: bool
     created: int
+    chat: bool = False  # rendered as chat.completion(.chunk)s
     headers_sent: bool = False
 
 
@@ -321,7 +325,9 @@ class HttpIngress:
                 return response(401, error_body(401, unauthorized), keep)
             return response(200, models_body(self._models, int(time.time())), keep)
         if path == b"/v1/chat/completions":
-            return self._plain(404, "chat completions are not served here: the endpoints take prompts", keep)
+            if message.method != b"POST":
+                return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
+            return self._completions(message, now, chat=True)
         if path == b"/health":
             up = any(e.up for e in self._state.admission.pool.endpoints)
             return response(200 if up else 503, b'{"status":"%s"}' % (b"ok" if up else b"no endpoint up"), keep)
@@ -345,7 +351,9 @@ class HttpIngress:
         self.tenant = tenant
         return None
 
-    def _completions(self, message: _Message, now: float) -> bytes:
+    def _completions(self, message: _Message, now: float, chat: bool = False) -> bytes:
+        """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (which only an
+        OpenAI-compatible endpoint can take: a worker endpoint refuses it `bad_frame`)."""
         state = self._state
         accounting = state.accounting
         accounting.http_received += 1  # each path below counts it once more, with its fate
@@ -359,7 +367,10 @@ class HttpIngress:
         raw = b"".join(message.body)
         try:
             body = orjson.loads(raw)
-            frame = generate_frame_of(body, rid)
+            if chat:
+                frame, messages = chat_frame_of(body, rid)
+            else:
+                frame, messages = generate_frame_of(body, rid), None
             model = body.get("model")
             if model not in self._models:
                 raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
@@ -386,13 +397,14 @@ class HttpIngress:
         try:
             self._verify_digest(message, raw, rid)
             generate = checked_request(frame, self._frame_limits)
+            generate.messages = messages
             lifecycle.dispatch(request, generate)
         except (RequestRejected, WorkerUnavailable) as exc:
             lifecycle.refuse(request, outcome_of(exc), exc.code)
-            return response(STATUS_OF_CODE.get(exc.code, 500), error_body(STATUS_OF_CODE.get(exc.code, 500), exc), keep)
-        self._exchange = _Exchange(
-            request, str(model), bool(frame["stream"]), wants_usage(body), keep, int(time.time())
-        )
+            status = STATUS_OF_CODE.get(exc.code, 500)
+            return response(status, error_body(status, exc), keep)
+        stream = bool(frame["stream"])
+        self._exchange = _Exchange(request, str(model), stream, wants_usage(body), keep, int(time.time()), chat)
         return b""
 
     def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
@@ -448,6 +460,9 @@ class HttpIngress:
             exchange.headers_sent = True
             headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache"), (b"transfer-encoding", b"chunked")]
             self._pending.append(status_line(200, headers, exchange.keep_alive))
+            if exchange.chat:
+                rid = exchange.request.client_id
+                self._pending.append(chunk(chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)))
 
     def _token(self, request: InflightRequest, text: str) -> None:
         if request.phase is not _STARTED:
@@ -456,7 +471,8 @@ class HttpIngress:
         exchange = self._exchange
         if exchange is not None and exchange.request is request and exchange.stream:
             self._head(exchange)
-            self._pending.append(chunk(chunk_event(request.client_id, exchange.model, exchange.created, text)))
+            event = chat_chunk_event if exchange.chat else chunk_event
+            self._pending.append(chunk(event(request.client_id, exchange.model, exchange.created, text)))
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
         self._token(request, orjson.loads(b'{"id":0' + rest)["text"])
@@ -485,13 +501,13 @@ class HttpIngress:
         rid, model, created = request.client_id, exchange.model, exchange.created
         if exchange.stream:
             self._head(exchange)
-            final = chunk_event(rid, model, created, "", completion.finish_reason)
-            usage = usage_event(rid, model, created, completion) if exchange.usage else b""
+            event = chat_chunk_event if exchange.chat else chunk_event
+            final = event(rid, model, created, "", completion.finish_reason)
+            usage = usage_event(rid, model, created, completion, exchange.chat) if exchange.usage else b""
             self._pending.append(chunk(final + usage + DONE_EVENT) + LAST_CHUNK)
         else:
-            self._pending.append(
-                response(200, completion_response(rid, model, created, completion), exchange.keep_alive)
-            )
+            render = chat_response if exchange.chat else completion_response
+            self._pending.append(response(200, render(rid, model, created, completion), exchange.keep_alive))
         self._next(exchange)
 
     def worker_error(self, request: InflightRequest, error: GovernorError) -> None:

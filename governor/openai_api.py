@@ -53,26 +53,32 @@ _KNOWN = {"model", "prompt", "max_tokens", "stream", "stream_options", "user", "
 # -- upstream: the governor as an OpenAI client ------------------------------------------------
 
 
-def completion_body(generate: GenerateRequest, model: str) -> dict[str, Any]:
-    """The streaming `/v1/completions` body for an admitted request. Always streamed, with usage,
-    so that the first token is seen when it comes and token counts come back at the end.
-    `top_k` and `stop_on_eos=false` have no OpenAI field: refused, naming the field."""
+def completion_body(generate: GenerateRequest, model: str) -> tuple[str, dict[str, Any]]:
+    """The path (`/completions`, or `/chat/completions` for a chat request) and streaming body for
+    an admitted request. Always streamed, with usage, so that the first token is seen when it
+    comes and token counts come back at the end. `top_k` and `stop_on_eos=false` have no OpenAI
+    field: refused, naming the field."""
     if generate.top_k:
         raise BadFrame("top_k is not supported by OpenAI-compatible endpoints (send 0 or omit it)", generate.id)
     if not generate.stop_on_eos:
         raise BadFrame("stop_on_eos=false is not supported by OpenAI-compatible endpoints", generate.id)
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": generate.prompt,
-        "max_tokens": generate.max_new_tokens,
-        "temperature": generate.temperature,
-        "top_p": generate.top_p,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body: dict[str, Any] = {"model": model}
+    if generate.messages is None:
+        body["prompt"] = generate.prompt
+    else:
+        body["messages"] = generate.messages
+    body.update(
+        {
+            "max_tokens": generate.max_new_tokens,
+            "temperature": generate.temperature,
+            "top_p": generate.top_p,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    )
     if generate.seed is not None:
         body["seed"] = generate.seed
-    return body
+    return ("/completions" if generate.messages is None else "/chat/completions"), body
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +125,10 @@ def read_chunk(data: str) -> Chunk:
         choice = choices[0]
         if type(choice) is not dict:
             raise UpstreamProtocolError("a choice must be an object")
-        text = choice.get("text") or ""
+        delta = choice.get("delta")  # a chat chunk: the text is the delta's content
+        text = (delta.get("content") if type(delta) is dict else choice.get("text")) or ""
         if type(text) is not str:
-            raise UpstreamProtocolError("choices[0].text must be a string")
+            raise UpstreamProtocolError("choices[0].text (or delta.content) must be a string")
         reason = choice.get("finish_reason")
         if reason is not None:
             finish = FINISH_FROM_OPENAI.get(reason, FinishReason.EOS)  # content_filter etc.: ended by the model
@@ -199,6 +206,44 @@ def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     return frame
 
 
+_CHAT_NEUTRAL = {**_NEUTRAL, "logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None,)}
+_CHAT_KNOWN = (_KNOWN - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "max_completion_tokens", "top_logprobs"}
+_ROLES = frozenset({"system", "developer", "user", "assistant"})
+MAX_MESSAGES = 1024
+
+
+def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A chat completions body as a generate frame, whose `prompt` is the messages' text (what the
+    cost is estimated from), and the messages themselves. Text content only: a list of parts
+    must be all text, and tool calls are refused."""
+    if type(body) is not dict:
+        raise BadFrame("the request body must be a JSON object", request_id)
+    unknown = sorted(key for key in body if key not in _CHAT_KNOWN)
+    if unknown:
+        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
+    for key, neutral in _CHAT_NEUTRAL.items():
+        if key in _CHAT_KNOWN and body.get(key) not in neutral:
+            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+    raw = body.get("messages")
+    if type(raw) is not list or not 0 < len(raw) <= MAX_MESSAGES:
+        raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", request_id)
+    messages: list[dict[str, str]] = []
+    for i, message in enumerate(raw):
+        if type(message) is not dict or message.get("role") not in _ROLES or set(message) - {"role", "content", "name"}:
+            raise BadFrame(f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", request_id)
+        content = message.get("content")
+        if type(content) is list and all(type(p) is dict and p.get("type") == "text" for p in content):
+            content = "".join(str(p.get("text", "")) for p in content)
+        if type(content) is not str:
+            raise BadFrame(f"messages[{i}].content must be text", request_id)
+        messages.append({"role": message["role"], "content": content})
+    completion_like = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens", "top_logprobs")}
+    completion_like["prompt"] = "\n".join(m["content"] for m in messages)
+    if body.get("max_completion_tokens") is not None:
+        completion_like["max_tokens"] = body["max_completion_tokens"]
+    return generate_frame_of(completion_like, request_id), messages
+
+
 def wants_usage(body: dict[str, Any]) -> bool:
     """`stream_options.include_usage`: a last chunk with the usage and no choices."""
     options = body.get("stream_options")
@@ -249,14 +294,48 @@ def chunk_event(
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
-def usage_event(request_id: str, model: str, created: int, completion: Completion) -> bytes:
-    chunk = {
+def usage_event(request_id: str, model: str, created: int, completion: Completion, chat: bool = False) -> bytes:
+    chunk: dict[str, Any] = {
         "id": request_id,
-        "object": "text_completion",
+        "object": "chat.completion.chunk" if chat else "text_completion",
         "created": created,
         "model": model,
         "choices": [],
         "usage": _usage(completion),
+    }
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+def chat_response(request_id: str, model: str, created: int, completion: Completion) -> bytes:
+    """The non-streaming chat response body."""
+    message = {"role": "assistant", "content": completion.text}
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": FINISH_TO_OPENAI[completion.finish_reason],
+    }
+    body = {"id": request_id, "object": "chat.completion", "created": created, "model": model, "choices": [choice]}
+    return orjson.dumps({**body, "usage": _usage(completion)})
+
+
+def chat_chunk_event(
+    request_id: str, model: str, created: int, text: str, finish_reason: FinishReason | None = None, role: bool = False
+) -> bytes:
+    """One streamed chat chunk: the first carries the role, the last the finish reason."""
+    delta = {"role": "assistant", "content": text} if role else ({"content": text} if text else {})
+    choice = {
+        "index": 0,
+        "delta": delta,
+        "logprobs": None,
+        "finish_reason": None if finish_reason is None else FINISH_TO_OPENAI[finish_reason],
+    }
+    chunk = {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [choice],
     }
     return b"data: " + orjson.dumps(chunk) + b"\n\n"
 

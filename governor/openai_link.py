@@ -124,11 +124,11 @@ class OpenAILink:
     # -- requests ---------------------------------------------------------------------------------
 
     def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
-        body = completion_body(generate, self.target.model)  # BadFrame for fields it cannot take
+        path, body = completion_body(generate, self.target.model)  # BadFrame for fields it cannot take
         if self._client is None:
             raise BadFrame("endpoint not started", generate.id)  # only before `maintain` runs
         self.inflight[uid] = request
-        self._tasks[uid] = asyncio.get_running_loop().create_task(self._stream(uid, request, body))
+        self._tasks[uid] = asyncio.get_running_loop().create_task(self._stream(uid, request, path, body))
 
     def cancel(self, uid: str) -> None:
         task = self._tasks.get(uid)
@@ -139,14 +139,14 @@ class OpenAILink:
         """Still ours to answer (not settled by a deadline, a disconnect or a re-route since)."""
         return self.inflight.get(uid) is request
 
-    async def _stream(self, uid: str, request: InflightRequest, body: dict[str, Any]) -> None:
+    async def _stream(self, uid: str, request: InflightRequest, path: str, body: dict[str, Any]) -> None:
         assert self._client is not None
         owner = request.owner
         parts: list[str] = []
         finish: FinishReason | None = None
         usage = None
         try:
-            async with self._client.stream("POST", self.target.base_url + "/completions", json=body) as response:
+            async with self._client.stream("POST", self.target.base_url + path, json=body) as response:
                 status = response.status_code
                 if status in (429, 503):
                     self._busy(uid, request, response.headers)
@@ -184,6 +184,12 @@ class OpenAILink:
             return
         except UpstreamProtocolError as exc:
             self._protocol_error(uid, request, str(exc))
+            return
+        except Exception:  # a bug of ours: this request fails, never silently and never the others
+            log.exception("event=internal_error where=openai_link endpoint=%s", self.address)
+            if self._current(uid, request):
+                error = InternalError("internal error relaying the endpoint's answer", request.client_id)
+                self._answer(uid, request, lambda: owner.worker_error(request, error))
             return
         finally:
             self._tasks.pop(uid, None)

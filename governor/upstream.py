@@ -30,7 +30,7 @@ from governor.openai_link import OpenAILink, OpenAITarget
 from govwire.address import Address, open_connection
 from govwire.auth import SharedSecret
 from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping
-from govwire.errors import WorkerUnavailable
+from govwire.errors import BadFrame, WorkerUnavailable
 from govwire.framing import TOO_LARGE, LineSplitter
 from govwire.messages import EngineStats
 from govwire.request import GenerateRequest
@@ -121,6 +121,8 @@ class WorkerLink(asyncio.Protocol):
 
     def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
         """Send an admitted request under the governor's `uid`."""
+        if generate.messages is not None:
+            raise BadFrame("chat messages need an OpenAI-compatible endpoint; this one is a worker", generate.id)
         if not self.inflight:
             self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
         self.inflight[uid] = request

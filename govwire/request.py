@@ -172,6 +172,9 @@ class GenerateRequest:
     stop_on_eos: bool = True
     stream: bool = True
     ack: bool = False  # answer `accepted` once admitted; a client-side option, not forwarded
+    # A chat request from the HTTP front door (its `prompt` is then the messages' text, for the
+    # cost estimate): only an OpenAI-compatible endpoint can take it. Never read from a frame.
+    messages: list[dict[str, str]] | None = None
 
     @classmethod
     def from_frame(cls, obj: dict[str, Any], limits: Limits) -> GenerateRequest:

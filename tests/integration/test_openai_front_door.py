@@ -78,6 +78,9 @@ def test_the_openai_sdk_streams_and_completes_through_the_gpt2_worker(
     metrics = gov.metrics()
     assert metrics[("governor_protocol_received_total", (("protocol", "http"),))] == 2
     assert ("governor_protocol_connections", (("protocol", "http"),)) in metrics
+    # Chat needs an OpenAI-compatible endpoint: a worker refuses it by name, the slot freed.
+    with pytest.raises(openai.BadRequestError, match="chat messages need an OpenAI-compatible endpoint"):
+        client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     # The NDJSON port serves the same pool at the same time.
     c = gov.conn()
     c.send("n", "hello", max_new_tokens=2)

@@ -5,6 +5,7 @@ comes back."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,9 +21,20 @@ pytestmark = pytest.mark.integration
 Start = Callable[..., Governor]
 
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+
+
 @pytest.fixture(scope="module")
-def served(tiny_gpt2_dir: Path) -> Iterator[TransformersServe]:
-    server = TransformersServe(tiny_gpt2_dir).start()
+def served(tiny_gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TransformersServe]:
+    """The tiny GPT-2, given a chat template (it has none) so that chat completions work too."""
+    from transformers import AutoTokenizer
+
+    model_dir = tmp_path_factory.mktemp("tiny-gpt2-chat")
+    shutil.copytree(tiny_gpt2_dir, model_dir, dirs_exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(model_dir)
+    server = TransformersServe(model_dir).start()
     try:
         yield server
     finally:
@@ -68,6 +80,19 @@ def test_ndjson_and_openai_clients_get_tokens_and_the_cap_holds_at_the_server(
     assert answer.choices[0].text == done["text"]  # transformers serve decodes greedily
     streamed = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8, stream=True)
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == done["text"]
+    # Chat, relayed as chat to the server (which applies its template), streamed and not.
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    chat = client.chat.completions.create(model=served.model, messages=messages, max_tokens=6)  # type: ignore[arg-type]
+    reply = chat.choices[0].message
+    assert reply.role == "assistant" and reply.content and chat.usage is not None
+    assert chat.usage.completion_tokens == 6
+    pieces = client.chat.completions.create(
+        model=served.model,
+        messages=messages,
+        max_tokens=6,
+        stream=True,  # type: ignore[arg-type]
+    )
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == reply.content
     # A burst of 16 at once: the server never holds more than the endpoint's cap of 2.
     burst = gov.conn()
     for i in range(16):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from governor.openai_api import (
     MAX_RETRY_AFTER_S,
     UpstreamProtocolError,
+    chat_frame_of,
     chunk_event,
     completion_body,
     completion_response,
@@ -27,8 +28,8 @@ from govwire.vocab import FinishReason
 
 
 def test_an_admitted_request_becomes_a_streaming_body_with_usage() -> None:
-    body = completion_body(GenerateRequest("r", "hi", max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3), "m")
-    assert body == {
+    path, body = completion_body(GenerateRequest("r", "hi", max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3), "m")
+    assert path == "/completions" and body == {
         "model": "m",
         "prompt": "hi",
         "max_tokens": 7,
@@ -38,6 +39,44 @@ def test_an_admitted_request_becomes_a_streaming_body_with_usage() -> None:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def test_a_chat_request_goes_to_chat_completions_with_its_messages() -> None:
+    frame, messages = chat_frame_of(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi"}]},
+            ],
+            "max_completion_tokens": 5,
+            "stream": True,
+        },
+        "c",
+    )
+    assert frame["prompt"] == "Be brief.\nHi" and frame["max_new_tokens"] == 5  # what the cost is estimated from
+    request = checked_request(frame, Limits(64, IntegrityMode.OFF))
+    request.messages = messages
+    path, body = completion_body(request, "m")
+    assert path == "/chat/completions" and body["messages"][1] == {"role": "user", "content": "Hi"}
+    assert "prompt" not in body and body["max_tokens"] == 5
+    assert read_chunk('{"choices":[{"index":0,"delta":{"content":"yo"}}]}').text == "yo"
+    assert read_chunk('{"choices":[{"index":0,"delta":{"role":"assistant"}}]}').text == ""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": []},
+        {"messages": [{"role": "wizard", "content": "x"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"messages": [{"role": "user", "content": "x"}], "tools": []},
+        {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    ],
+)
+def test_chat_requests_beyond_text_messages_are_refused(body: dict[str, object]) -> None:
+    with pytest.raises(BadFrame):
+        chat_frame_of(body, "c")
 
 
 @pytest.mark.parametrize(("field", "value"), [("top_k", 5), ("stop_on_eos", False)])
