@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from governor.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.ttft import TtftModel
@@ -67,6 +68,21 @@ class Endpoint:
         self.paused_until = 0.0
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`
+
+    def describe(self) -> dict[str, Any]:
+        """Its caps and load in `stats` (its link adds what it knows of the other side)."""
+        limits = self.limits
+        return {
+            "up": self.up,
+            "inflight": self.inflight,
+            "concurrency": limits.concurrency,
+            "tokens": limits.tokens,
+            "inflight_tokens": self.tokens,
+            "qps": limits.qps,
+            "weight": limits.weight,
+            "executed": self.executed,
+            "failed": self.failed,
+        }
 
     def set_limits(self, limits: EndpointLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until in-flight falls under it."""

@@ -172,17 +172,22 @@ def retry_after_s(headers: dict[str, str]) -> float | None:
 # -- front door: the governor as an OpenAI server ----------------------------------------------
 
 
+def _check_fields(body: Any, known: set[str], neutral: dict[str, tuple[object, ...]], request_id: str) -> None:
+    """A JSON object naming only `known` fields, those in `neutral` at one of their default values."""
+    if type(body) is not dict:
+        raise BadFrame("the request body must be a JSON object", request_id)
+    unknown = sorted(key for key in body if key not in known)
+    if unknown:
+        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
+    for key, defaults in neutral.items():
+        if body.get(key) not in defaults:
+            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+
+
 def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     """A completions request body as a generate frame (validated later, like any frame). Raises
     `BadFrame` for what cannot be expressed as one."""
-    if type(body) is not dict:
-        raise BadFrame("the request body must be a JSON object", request_id)
-    unknown = sorted(key for key in body if key not in _KNOWN)
-    if unknown:
-        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
-    for key, neutral in _NEUTRAL.items():
-        if body.get(key) not in neutral:
-            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+    _check_fields(body, _KNOWN, _NEUTRAL, request_id)
     prompt = body.get("prompt")
     if type(prompt) is list and len(prompt) == 1:
         prompt = prompt[0]  # one prompt in a list: the same request
@@ -206,7 +211,11 @@ def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     return frame
 
 
-_CHAT_NEUTRAL = {**_NEUTRAL, "logprobs": (None, False), "top_logprobs": (None, 0), "response_format": (None,)}
+_CHAT_NEUTRAL = {
+    **{k: v for k, v in _NEUTRAL.items() if k not in ("echo", "suffix", "best_of")},
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+}
 _CHAT_KNOWN = (_KNOWN - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "max_completion_tokens", "top_logprobs"}
 _ROLES = frozenset({"system", "developer", "user", "assistant"})
 MAX_MESSAGES = 1024
@@ -216,14 +225,7 @@ def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict
     """A chat completions body as a generate frame, whose `prompt` is the messages' text (what the
     cost is estimated from), and the messages themselves. Text content only: a list of parts
     must be all text, and tool calls are refused."""
-    if type(body) is not dict:
-        raise BadFrame("the request body must be a JSON object", request_id)
-    unknown = sorted(key for key in body if key not in _CHAT_KNOWN)
-    if unknown:
-        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
-    for key, neutral in _CHAT_NEUTRAL.items():
-        if key in _CHAT_KNOWN and body.get(key) not in neutral:
-            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+    _check_fields(body, _CHAT_KNOWN, _CHAT_NEUTRAL, request_id)
     raw = body.get("messages")
     if type(raw) is not list or not 0 < len(raw) <= MAX_MESSAGES:
         raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", request_id)

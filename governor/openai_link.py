@@ -88,20 +88,11 @@ class OpenAILink:
         self.last_error = ""  # why the last health check or request failed, for `stats`
 
     def describe(self) -> dict[str, Any]:
-        limits = self.endpoint.limits
         return {
             "address": self.address,
             "kind": self.kind,
             "model": self.target.model,
-            "up": self.endpoint.up,
-            "inflight": self.endpoint.inflight,
-            "concurrency": limits.concurrency,
-            "tokens": limits.tokens,
-            "inflight_tokens": self.endpoint.tokens,
-            "qps": limits.qps,
-            "weight": limits.weight,
-            "executed": self.endpoint.executed,
-            "failed": self.endpoint.failed,
+            **self.endpoint.describe(),
             "busy": self.busy_total,
             "last_error": self.last_error,
             "pid": None,

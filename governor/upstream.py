@@ -71,19 +71,10 @@ class WorkerLink(asyncio.Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The link in `stats`, with the engine statistics the worker last pushed (empty until then)."""
-        limits = self.endpoint.limits
         return {
             "address": self.address,
             "kind": self.kind,
-            "up": self.endpoint.up,
-            "inflight": self.endpoint.inflight,
-            "concurrency": limits.concurrency,
-            "tokens": limits.tokens,
-            "inflight_tokens": self.endpoint.tokens,
-            "qps": limits.qps,
-            "weight": limits.weight,
-            "executed": self.endpoint.executed,
-            "failed": self.endpoint.failed,
+            **self.endpoint.describe(),
             "pid": self.pid,
             "engine": self.engine_stats.to_dict(),
         }
