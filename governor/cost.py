@@ -128,7 +128,8 @@ class CostModel:
             else None
         )
         cost = prompt_tokens + math.ceil(self.output_weight * n)
-        priority = _PRIORITY.get(obj.get("priority"), _STANDARD) if "priority" in obj else _STANDARD
+        claimed = obj.get("priority")
+        priority = _PRIORITY.get(claimed, _STANDARD) if type(claimed) is str else _STANDARD
         return Ask(prompt_bytes, prompt_tokens, is_declared, n, cost, deadline_s, priority)
 
     def cost_of(self, prompt_tokens: int, completion_tokens: int) -> int:

@@ -140,6 +140,8 @@ class _Message:
     body: list[bytes] = field(default_factory=list)
     body_bytes: int = 0
     keep_alive: bool = True
+    http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
+    upgrade: bool = False
 
 
 @dataclass(slots=True)
@@ -153,7 +155,14 @@ class _Exchange:
     keep_alive: bool
     created: int
     chat: bool = False  # rendered as chat.completion(.chunk)s
+    chunked: bool = True  # HTTP/1.1; an HTTP/1.0 stream is sent as it comes and ends with the connection
     headers_sent: bool = False
+
+    def piece(self, data: bytes, last: bool = False) -> bytes:
+        """Stream bytes in the response's framing."""
+        if not self.chunked:
+            return data
+        return chunk(data) + LAST_CHUNK if last else chunk(data)
 
 
 class HttpIngress:
@@ -186,6 +195,9 @@ class HttpIngress:
         self._exchange: _Exchange | None = None  # admitted, its response not complete
         self._pending: list[bytes] = []
         self._broken: tuple[int, GovernorError] | None = None  # a request the parser gave up on
+        self._last_read = False  # a request said `connection: close`: it is the last one read
+        self._headers_done = False  # of the request being read
+        self._header_read = 0  # bytes read since that request began, while its headers were not done
         self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
         self._next_id = 0
         self.active: dict[str, InflightRequest] = {}
@@ -206,18 +218,23 @@ class HttpIngress:
     # -- bytes in ---------------------------------------------------------------------------------
 
     def receive_data(self, data: bytes) -> None:
-        if self.closing is not None or self.finished or self._broken is not None:
-            return  # nothing after a request the parser gave up on can be trusted
+        if self.closing is not None or self.finished or self._broken is not None or self._last_read:
+            return  # nothing after a request the parser gave up on, or after `connection: close`
         now = self._state.clock()
         self.last_line_at = now
-        if self.started_at is None:
-            self.started_at = now
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, BadFrame("protocol upgrades are not supported"))
+        except httptools.HttpParserUpgrade:  # (the upgrade request itself was dropped, see below)
+            self._fail(400, BadFrame("protocol upgrades (Upgrade: h2c, websocket) are not supported"))
         except httptools.HttpParserError as exc:
-            self._fail(400, BadFrame(f"malformed HTTP request: {exc}"))  # unless a limit failed it first
+            if not self._last_read:  # bytes after a `connection: close` request: ignored, not an error
+                self._fail(400, BadFrame(f"malformed HTTP request: {exc}"))  # unless a limit failed it first
+        if self._message is not None and not self._headers_done:
+            # httptools hands a header to on_header only once it is whole: a header that never ends
+            # is bounded here, by the bytes read since the request began.
+            self._header_read += len(data)
+            if self._header_read > 2 * self._limits.max_header_bytes:
+                self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
         self._advance(now)
         self.flush()
 
@@ -225,9 +242,9 @@ class HttpIngress:
 
     def on_message_begin(self) -> None:
         self._message = _Message()
-        self._header_bytes = 0
-        if self.started_at is None:
-            self.started_at = self._state.clock()
+        self._header_bytes = self._header_read = 0
+        self._headers_done = False
+        self.started_at = self._state.clock()
 
     def on_url(self, url: bytes) -> None:
         self._count_header(len(url))
@@ -256,8 +273,11 @@ class HttpIngress:
         message = self._message
         if message is None:
             return
+        self._headers_done = True
         message.method = self._parser.get_method()
         message.keep_alive = self._parser.should_keep_alive()
+        message.http11 = self._parser.get_http_version() == "1.1"
+        message.upgrade = self._parser.should_upgrade()
         length = message.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
             self._too_large()
@@ -279,8 +299,9 @@ class HttpIngress:
     def on_message_complete(self) -> None:
         message, self._message = self._message, None
         self.started_at = None
-        if message is None:
-            return
+        if message is None or message.upgrade:
+            return  # an upgrade is answered 400 once the parser stops on it (receive_data)
+        self._last_read = not message.keep_alive  # nothing after it is read
         self._queue.append(message)
         if len(self._queue) > self._limits.max_pipelined and not self.backlogged:
             self.backlogged = True
@@ -292,14 +313,18 @@ class HttpIngress:
         """Answer queued requests until one is admitted (its response comes later) or none is left."""
         while self._exchange is None and self._queue and self.closing is None and not self.finished:
             message = self._queue.popleft()
+            accounting = self._state.accounting
+            received = accounting.received
             try:
                 self._pending.append(self._route(message, now))
             except Exception:
                 log.exception("event=internal_error where=http_route")
-                self._state.accounting.http_received += 1
-                self._state.accounting.frame_failed(InternalError.code)
+                accounting.frame_failed(InternalError.code)
                 self._pending.append(response(500, error_body(500, InternalError("internal error")), False))
                 self.closing = ShedReason.BAD_REQUEST
+            # What this request was counted as (a yield, an admission, a rejection, and a failure
+            # if a bug surfaced after one of those), all through this front door.
+            accounting.http_received += accounting.received - received
             if not message.keep_alive and self._exchange is None:
                 self.finished = True
         if self._broken is not None and self._exchange is None and not self._queue and self.closing is None:
@@ -356,7 +381,6 @@ class HttpIngress:
         OpenAI-compatible endpoint can take: a worker endpoint refuses it `bad_frame`)."""
         state = self._state
         accounting = state.accounting
-        accounting.http_received += 1  # each path below counts it once more, with its fate
         keep = message.keep_alive
         self._next_id += 1
         rid = f"cmpl-{id(self):x}-{self._next_id}"
@@ -404,7 +428,10 @@ class HttpIngress:
             status = STATUS_OF_CODE.get(exc.code, 500)
             return response(status, error_body(status, exc), keep)
         stream = bool(frame["stream"])
-        self._exchange = _Exchange(request, str(model), stream, wants_usage(body), keep, int(time.time()), chat)
+        chunked = message.http11
+        keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
+        created = int(time.time())
+        self._exchange = _Exchange(request, str(model), stream, wants_usage(body), keep, created, chat, chunked)
         return b""
 
     def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
@@ -458,11 +485,14 @@ class HttpIngress:
     def _head(self, exchange: _Exchange) -> None:
         if not exchange.headers_sent:
             exchange.headers_sent = True
-            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache"), (b"transfer-encoding", b"chunked")]
+            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+            if exchange.chunked:
+                headers.append((b"transfer-encoding", b"chunked"))
             self._pending.append(status_line(200, headers, exchange.keep_alive))
             if exchange.chat:
                 rid = exchange.request.client_id
-                self._pending.append(chunk(chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)))
+                role = chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)
+                self._pending.append(exchange.piece(role))
 
     def _token(self, request: InflightRequest, text: str) -> None:
         if request.phase is not _STARTED:
@@ -472,7 +502,7 @@ class HttpIngress:
         if exchange is not None and exchange.request is request and exchange.stream:
             self._head(exchange)
             event = chat_chunk_event if exchange.chat else chunk_event
-            self._pending.append(chunk(event(request.client_id, exchange.model, exchange.created, text)))
+            self._pending.append(exchange.piece(event(request.client_id, exchange.model, exchange.created, text)))
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
         self._token(request, orjson.loads(b'{"id":0' + rest)["text"])
@@ -504,7 +534,7 @@ class HttpIngress:
             event = chat_chunk_event if exchange.chat else chunk_event
             final = event(rid, model, created, "", completion.finish_reason)
             usage = usage_event(rid, model, created, completion, exchange.chat) if exchange.usage else b""
-            self._pending.append(chunk(final + usage + DONE_EVENT) + LAST_CHUNK)
+            self._pending.append(exchange.piece(final + usage + DONE_EVENT, last=True))
         else:
             render = chat_response if exchange.chat else completion_response
             self._pending.append(response(200, render(rid, model, created, completion), exchange.keep_alive))
@@ -516,7 +546,7 @@ class HttpIngress:
         if exchange is None:
             return
         if exchange.headers_sent:
-            self._pending.append(chunk(error_event(error) + DONE_EVENT) + LAST_CHUNK)
+            self._pending.append(exchange.piece(error_event(error) + DONE_EVENT, last=True))
         else:
             status = STATUS_OF_CODE.get(error.code, 500)
             self._pending.append(response(status, error_body(status, error), exchange.keep_alive))
@@ -586,7 +616,8 @@ class HttpIngress:
         """A request that is taking too long to arrive (slow headers or body): 408. A connection
         idle between requests: closed without a word."""
         started = self.started_at
-        if started is not None and now - started > self._limits.request_timeout_s:
+        waiting_on_us = self._exchange is not None or bool(self._queue)  # not read while we answer
+        if started is not None and not waiting_on_us and now - started > self._limits.request_timeout_s:
             return ShedReason.SLOW_REQUEST, IdleTimeout(
                 f"the request did not arrive within {self._limits.request_timeout_s:g} s"
             )

@@ -28,7 +28,7 @@ from governor.admission import Admission
 from governor.cost import CostModel
 from governor.latency import LatencyMetrics
 from governor.limits import Grant
-from govwire.errors import DeadlineExceeded, GovernorError, WorkerUnavailable
+from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 
@@ -218,7 +218,7 @@ class Lifecycle:
         request.phase = _ADMITTED
         try:
             self.dispatch(request, generate)
-        except WorkerUnavailable:
+        except (WorkerUnavailable, RequestRejected):  # down, or a kind that cannot take it (chat, top_k)
             admission.refund_reroute(request.grant)
             return False  # still ADMITTED: the caller settles it, which frees the new endpoint's slot
         request.generate = None

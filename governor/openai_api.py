@@ -231,7 +231,8 @@ def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict
         raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", request_id)
     messages: list[dict[str, str]] = []
     for i, message in enumerate(raw):
-        if type(message) is not dict or message.get("role") not in _ROLES or set(message) - {"role", "content", "name"}:
+        role = message.get("role") if type(message) is dict else None
+        if type(role) is not str or role not in _ROLES or set(message) - {"role", "content", "name"}:
             raise BadFrame(f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", request_id)
         content = message.get("content")
         if type(content) is list and all(type(p) is dict and p.get("type") == "text" for p in content):

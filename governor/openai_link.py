@@ -119,7 +119,16 @@ class OpenAILink:
         if self._client is None:
             raise BadFrame("endpoint not started", generate.id)  # only before `maintain` runs
         self.inflight[uid] = request
-        self._tasks[uid] = asyncio.get_running_loop().create_task(self._stream(uid, request, path, body))
+        task = asyncio.get_running_loop().create_task(self._stream(uid, request, path, body))
+        task.add_done_callback(lambda _: self._ended(uid, request))
+        self._tasks[uid] = task
+
+    def _ended(self, uid: str, request: InflightRequest) -> None:
+        """The request's task is over. A task cancelled before its first step never ran `_stream`
+        (not even its handlers): answered here, as cancelled, with nothing generated."""
+        self._tasks.pop(uid, None)
+        if self._current(uid, request):
+            self._finish(uid, request, [], FinishReason.CANCELLED, None)
 
     def cancel(self, uid: str) -> None:
         task = self._tasks.get(uid)
@@ -143,18 +152,21 @@ class OpenAILink:
                     self._busy(uid, request, response.headers)
                     return
                 if status != 200:
-                    preview = (await response.aread())[:ERROR_PREVIEW_BYTES].decode("utf-8", "replace")
+                    preview = (await self._preview(response)).decode("utf-8", "replace")
                     self.last_error = f"HTTP {status}"
                     cls = BadFrame if 400 <= status < 500 else InternalError
                     message = f"endpoint {self.address} answered {status}: {preview}"
                     self._answer(uid, request, lambda: owner.worker_error(request, cls(message, request.client_id)))
                     return
+                ended = False  # by [DONE] or a finish_reason: a stream cut before either was lost
                 async for event in EventSource(response).aiter_sse():
                     if event.data == "[DONE]":
+                        ended = True
                         break
                     if not event.data:
                         continue
                     chunk = read_chunk(event.data)
+                    ended = ended or chunk.finish_reason is not None
                     finish = chunk.finish_reason or finish
                     usage = chunk.usage or usage
                     if chunk.text:
@@ -164,6 +176,8 @@ class OpenAILink:
                         frame = {"status": _TOKEN, "index": len(parts) - 1, "token_id": None, "text": chunk.text}
                         owner.worker_frame(request, frame)
                         owner.flush()
+                if not ended:
+                    raise httpx.RemoteProtocolError("the stream ended without [DONE] or a finish_reason")
         except asyncio.CancelledError:  # our cancel: the stream is closed, the server stops
             self._finish(uid, request, parts, FinishReason.CANCELLED, usage)
             return
@@ -182,9 +196,17 @@ class OpenAILink:
                 error = InternalError("internal error relaying the endpoint's answer", request.client_id)
                 self._answer(uid, request, lambda: owner.worker_error(request, error))
             return
-        finally:
-            self._tasks.pop(uid, None)
         self._finish(uid, request, parts, finish or FinishReason.EOS, usage)
+
+    @staticmethod
+    async def _preview(response: httpx.Response) -> bytes:
+        """The start of an error response's body, read no further."""
+        head = b""
+        async for data in response.aiter_bytes():
+            head += data
+            if len(head) >= ERROR_PREVIEW_BYTES:
+                break
+        return head[:ERROR_PREVIEW_BYTES]
 
     def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
         self.last_error = why
@@ -226,7 +248,9 @@ class OpenAILink:
         self.last_error = why
         if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
             log.error("event=worker_unresponsive worker=%s why=%r", self.address, why)
-        if self.endpoint.up:
+        if self.endpoint.up and not isinstance(exc, httpx.TimeoutException):
+            # The server is gone (refused, reset, cut mid-stream): down until a health check
+            # passes. One stream's silence is that request's loss, not the endpoint's.
             self.endpoint.up = False
             log.warning("event=worker_lost worker=%s why=%r", self.address, why)
         message = f"connection to endpoint {self.address} lost ({why})"
@@ -273,6 +297,9 @@ class OpenAILink:
                 self._health_url = models_url
                 return await self._check(timeout_s)
         except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # never let one odd answer stop the health checks for good
+            log.exception("event=internal_error where=health_check endpoint=%s", self.address)
             return f"{type(exc).__name__}: {exc}"
         if response.status_code != 200:
             return f"health check answered {response.status_code}"

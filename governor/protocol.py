@@ -43,7 +43,19 @@ class ConnectionLimits:
 
 
 class GovernorProtocol(asyncio.Protocol):
-    __slots__ = ("_state", "limits", "_transport", "_ingress", "_buffered", "_peer", "_make_core", "protocol")
+    __slots__ = (
+        "_state",
+        "limits",
+        "_transport",
+        "_ingress",
+        "_buffered",
+        "_peer",
+        "_make_core",
+        "protocol",
+        "_writing_paused",
+        "_backlogged",
+        "_closing_since",
+    )
 
     def __init__(
         self,
@@ -60,6 +72,11 @@ class GovernorProtocol(asyncio.Protocol):
         self._ingress: ClientCore | None = None
         self._buffered = 0  # this connection's share of state.buffered_bytes
         self._peer = ""
+        # Reading stops while the client does not read (writing paused) or, on HTTP, while as many
+        # requests as may be pipelined wait: it resumes only when neither holds.
+        self._writing_paused = False
+        self._backlogged = False
+        self._closing_since: float | None = None  # closed gracefully, its last bytes not yet out
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
@@ -112,13 +129,24 @@ class GovernorProtocol(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         if self._transport is not None and self._ingress is not None:
-            self._transport.pause_reading()
+            self._writing_paused = True
+            self._set_reading()
             self._ingress.write = self._write_paused
 
     def resume_writing(self) -> None:
         if self._transport is not None and self._ingress is not None and not self._transport.is_closing():
+            self._writing_paused = False
             self._ingress.write = self._transport.write
-            self._transport.resume_reading()
+            self._set_reading()
+
+    def _set_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._writing_paused or self._backlogged:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def _write_paused(self, data: bytes) -> None:
         """Replies to in-flight requests of a client that is not reading: bounded, then cut."""
@@ -132,7 +160,12 @@ class GovernorProtocol(asyncio.Protocol):
 
     def check_timeouts(self, now: float) -> None:
         """Called about once a second: the core says whether the connection overstayed (an auth
-        deadline, an idle connection, a request arriving too slowly)."""
+        deadline, an idle connection, a request arriving too slowly); a graceful close whose last
+        bytes the client does not take within the idle timeout (or a minute) is cut."""
+        if self._closing_since is not None:
+            if self._transport is not None and now - self._closing_since > (self.limits.idle_timeout_s or 60.0):
+                self._transport.abort()
+            return
         if self._ingress is not None:
             expired = self._ingress.timeout(now, self.limits.idle_timeout_s)
             if expired is not None:
@@ -140,25 +173,24 @@ class GovernorProtocol(asyncio.Protocol):
 
     def pause_reading(self, paused: bool) -> None:
         """The core holds as many requests as it may (HTTP pipelining): stop reading until it drains."""
-        transport = self._transport
-        if transport is not None and not transport.is_closing():
-            if paused:
-                transport.pause_reading()
-            else:
-                transport.resume_reading()
+        self._backlogged = paused
+        self._set_reading()
 
     def finish(self, reason: ShedReason | None) -> None:
         """The core is done with the connection: shed it for `reason`, or (None: the client asked to
-        close after its response) close once the written bytes are out."""
+        close after its response) close once the written bytes are out. It stays among the
+        connections, under their limits, until it is gone."""
         if reason is not None:
-            self.shed(reason)
-        elif self._transport is not None:
-            self._state.connections.discard(self)
+            self.shed(reason, graceful=True)
+        elif self._transport is not None and self._closing_since is None:
+            self._closing_since = self._state.clock()
             self._transport.close()
 
-    def shed(self, reason: ShedReason, error: GovernorError | None = None) -> None:
+    def shed(self, reason: ShedReason, error: GovernorError | None = None, graceful: bool = False) -> None:
         """Close this connection to protect the others: its requests are settled now (cancelled in
-        the worker), and `error`, if given, is its last reply."""
+        the worker), and `error`, if given, is its last reply. `graceful` (a refusal the core has
+        written, e.g. an HTTP 400): its bytes are flushed first, the close cut only if the client
+        does not take them (check_timeouts)."""
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -178,9 +210,13 @@ class GovernorProtocol(asyncio.Protocol):
         if ingress is not None:
             ingress.connection_lost(CONNECTION_SHED)
         self._release_buffer()
-        state.connections.discard(self)
         if error is not None and ingress is not None:
             transport.write(ingress.last_words(error))
+        if graceful:
+            self._closing_since = state.clock()  # still swept until gone: check_timeouts cuts it
+            transport.close()
+            return
+        state.connections.discard(self)
         if transport.get_write_buffer_size():
             transport.abort()  # a peer that is not reading would hold a graceful close open
         else:

@@ -114,7 +114,7 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     if v is not None and not (type(v) is str and is_tenant_name(v)):
         raise BadFrame(f"tenant must be 1 to {MAX_TENANT_CHARS} characters of A-Z a-z 0-9 _ . -", rid)
     v = obj.get("priority")
-    if v is not None and v not in _PRIORITIES:
+    if v is not None and (type(v) is not str or v not in _PRIORITIES):
         raise BadFrame(f"priority must be one of {', '.join(sorted(_PRIORITIES))}", rid)
     if limits.integrity is IntegrityMode.OFF:
         return

@@ -13,12 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.accounting import ShedReason
+from governor.endpoint import Endpoint, EndpointLimits
 from governor.hints import RetryHintPolicy
 from governor.http_ingress import HttpIngress, HttpLimits
 from governor.state import ServerState
 from govwire.codec import encode_token
+from govwire.errors import BadFrame
 from govwire.request import IntegrityMode
-from tests.fakes import FakeTransportWrites, FakeUpstream, done_frame, make_state
+from tests.fakes import FakeClock, FakeTransportWrites, FakeUpstream, done_frame, make_state
 
 
 @dataclass
@@ -209,3 +211,85 @@ def test_any_bytes_get_responses_or_a_close_and_every_request_is_accounted(chunk
         assert parsed.status in (200, 400, 404, 405, 413, 429, 431, 503)
     client.core.connection_lost()
     assert state.admission.inflight.inflight == 0 and balanced(state)
+
+
+def test_a_request_rerouted_to_an_endpoint_that_cannot_take_it_still_gets_its_answer() -> None:
+    class RefusingSecond(FakeUpstream):
+        def dispatch(self, request: Any, generate: Any) -> None:
+            if self.dispatched:
+                raise BadFrame("chat messages need an OpenAI-compatible endpoint", request.client_id)
+            super().dispatch(request, generate)
+
+    clock = FakeClock()
+    endpoints = [Endpoint(name, EndpointLimits(), clock()) for name in ("a", "b")]
+    for e in endpoints:
+        e.up = True
+    upstream = RefusingSecond()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream, endpoints=endpoints, clock=clock)
+    client = Client(state)
+    client.send(post(completion()))
+    ((_, (request, _)),) = upstream.dispatched.items()
+    request.grant.endpoint.up = False  # its endpoint is lost: the re-route goes to the other one
+    request.owner.worker_lost(request, "connection lost")
+    request.owner.flush()
+    (answer,) = client.responses()
+    assert answer.status == 502 and orjson.loads(answer.body)["error"]["code"] == "worker_lost"
+    assert state.admission.inflight.inflight == 0 and all(e.inflight == 0 for e in endpoints) and balanced(state)
+
+
+def test_a_header_that_never_ends_is_431_without_waiting_for_it() -> None:
+    client = Client(make_state(integrity=IntegrityMode.OFF), HttpLimits(max_header_bytes=1024))
+    client.send(b"POST /v1/completions HTTP/1.1\r\nx-pad: ")
+    for _ in range(10):
+        client.send(b"x" * 500)
+    (answer,) = client.responses()
+    assert answer.status == 431 and client.core.closing is ShedReason.BAD_REQUEST
+
+
+def test_odd_field_types_are_400_and_counted_once_through_the_front_door() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state)
+    (answer,) = client.send(post(completion(priority=[1])))
+    assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "bad_frame"
+    assert state.accounting.received == state.accounting.http_received == 1 and balanced(state)
+
+
+def test_an_upgrade_is_one_400_and_one_count() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state)
+    body = orjson.dumps(completion())
+    (answer,) = client.send(post(body, "connection: upgrade", "upgrade: h2c"))
+    assert answer.status == 400 and b"upgrade" in answer.body
+    assert state.accounting.received == state.accounting.http_received == 1
+
+
+def test_nothing_is_read_after_a_connection_close_request() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF)
+    Client(state).send(post(completion()))  # hold the slot: the next request is answered at once
+    client = Client(state)
+    (answer,) = client.send(post(completion(), close=True) + b"GARBAGE AFTER\r\n\r\n")
+    assert answer.status == 429 and answer.headers["connection"] == "close"
+    assert client.closed == [None] and client.core.closing is None  # closed gracefully, not shed
+    assert state.accounting.http_received == 2 and balanced(state)
+
+
+def test_a_blank_line_between_requests_starts_no_timer() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(request_timeout_s=1.0))
+    client.send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+    client.send(b"\r\n")
+    assert client.core.timeout(state.clock() + 5.0, 0) is None
+
+
+def test_an_http_1_0_stream_is_not_chunked_and_ends_with_the_connection() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    data = orjson.dumps(completion(stream=True))
+    client.send(b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+    ((uid, (request, _)),) = upstream.dispatched.items()
+    request.owner.worker_frame(request, done_frame(uid, "", "eos", completion_tokens=0))
+    request.owner.flush()
+    written = b"".join(client.writes.chunks)
+    assert b"transfer-encoding" not in written and written.rstrip().endswith(b"data: [DONE]")
+    assert client.closed == [None]

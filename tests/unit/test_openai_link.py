@@ -88,7 +88,8 @@ async def run(
     request = InflightRequest("c1", owner, Grant(), 0.0)
     link.submit("u1", request, generate)
     if cancel_after_s is not None:
-        await asyncio.sleep(cancel_after_s)
+        if cancel_after_s:  # else at once, before the request's task has taken a step
+            await asyncio.sleep(cancel_after_s)
         link.cancel("u1")
     await asyncio.wait_for(owner.ended.wait(), 5)
     assert "u1" not in link.inflight  # answered: the link holds it no more
@@ -176,3 +177,24 @@ def test_a_cancel_closes_the_stream_and_answers_cancelled() -> None:
     kind, completion = owner.events[-1]
     assert kind == "done" and completion.finish_reason is FinishReason.CANCELLED and completion.text == "a"
     assert closed.is_set()  # the stream was closed: the server sees the disconnect
+
+
+def test_a_cancel_before_the_request_started_still_answers_cancelled() -> None:
+    owner, link = asyncio.run(
+        run(lambda r: httpx.Response(200, content=sse("[DONE]"), headers=SSE), GenerateRequest("c1", "x"), 0)
+    )
+    ((kind, completion),) = owner.events
+    assert kind == "done" and completion.finish_reason is FinishReason.CANCELLED and completion.text == ""
+    assert not link._tasks  # nothing left behind
+
+
+def test_a_stream_cut_before_its_end_is_a_lost_worker() -> None:
+    owner, _ = asyncio.run(
+        run(
+            lambda r: httpx.Response(200, content=sse('{"choices":[{"text":"a"}]}'), headers=SSE),
+            GenerateRequest("c1", "x"),
+        )
+    )
+    assert owner.events[0] == ("token", "a")
+    kind, message = owner.events[-1]
+    assert kind == "lost" and "without [DONE]" in message
