@@ -348,3 +348,12 @@ def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
     assert replies(writes)[-1] == {"id": "d", "status": "yield", "retry_hint_ms": 500, "reason": "qps"}
     assert state.admission.inflight.inflight == 2 and endpoint.inflight == 2
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+def test_a_priority_of_the_wrong_type_is_bad_frame_not_an_internal_error() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("p", priority=[1]))
+    (reply,) = replies(writes)
+    assert reply["code"] == "bad_frame" and "priority" in reply["message"]
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
