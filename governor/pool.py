@@ -6,7 +6,7 @@ capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
 that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
 estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
-service-time estimate. An endpoint paused by its own 429/503 is skipped; when every endpoint the
+service-time estimate over the endpoints' summed caps. An endpoint paused by its own 429/503 is skipped; when every endpoint the
 request fits is paused the refusal is `endpoint_busy` with the time left of the earliest pause
 (its Retry-After). A request costing more than every endpoint's token budget is an `OverBudget` error.
 With no endpoint up at all it does not refuse: the request is admitted without an endpoint and
@@ -103,7 +103,11 @@ class Pool:
         if token_deficit is not None:
             deficit, e = token_deficit
             return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
-        return self._inflight_refusal.at(self._hints.hint_ms(now))
+        # At their caps, the endpoints release a slot every service time / their summed caps (not
+        # the global cap the estimator's gap is computed for): scaled, one release is this many.
+        capacity = sum(e.limits.concurrency or self.default_capacity for e in endpoints if e.up)
+        slots = self._hints.capacity / capacity if capacity else 1.0
+        return self._inflight_refusal.at(self._hints.hint_ms(now, slots))
 
     def charge(self, grant: Grant, now: float) -> None:
         choice, self._choice = self._choice, None

@@ -15,6 +15,7 @@ from governor.endpoint import Endpoint, EndpointLimits
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.limits import Grant, Refusal
 from govwire.vocab import YieldReason
+from tests.fakes import make_state
 
 
 def admission(
@@ -207,3 +208,16 @@ def test_a_reroute_takes_an_endpoint_slot_but_not_a_second_global_token() -> Non
     other.up = False
     assert not a.reroute(grant, 0.0)  # type: ignore[arg-type]
     assert routed(grant) is other  # nowhere to go: nothing changed
+
+
+def test_an_endpoint_inflight_hint_is_the_service_time_over_the_endpoints_caps() -> None:
+    # 32 global slots, but one endpoint capped at 2: a slot frees every S / 2, not S / 32.
+    endpoint = Endpoint("e", EndpointLimits(concurrency=2), 1000.0)
+    endpoint.up = True
+    state = make_state(max_inflight=32, endpoints=[endpoint], hint_policy=RetryHintPolicy(jitter=0.0))
+    state.admission.hints.observe_service_time(0.1)
+    for _ in range(2):
+        assert not isinstance(state.admission.decide(1000.0), Refusal)
+    refusal = state.admission.decide(1000.0)
+    assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
+    assert 45 <= refusal.hint_ms <= 55, refusal.hint_ms
