@@ -92,7 +92,33 @@ _REASONS = {
     504: b"Gateway Timeout",
 }
 _JSON = b"application/json"
+_HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest"})
 _SSE = b"text/event-stream"
+
+
+_429 = (429, b"Too Many Requests", b"rate_limit_error")
+_YIELD_HEAD = (
+    b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+    b"retry-after-ms: %d\r\nretry-after: %d\r\n%s\r\n"
+)
+_YIELD_BODY = (
+    b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
+    b'"code":"%s","reason":"%s","retry_hint_ms":%d}}'
+)
+
+
+def cost_view(body: dict[str, Any]) -> dict[str, Any]:
+    """What `CostModel.ask` reads of a frame, from a completions body, without checking the rest."""
+    prompt = body.get("prompt")
+    if type(prompt) is list and len(prompt) == 1:
+        prompt = prompt[0]
+    return {
+        "prompt": prompt,
+        "max_new_tokens": body.get("max_tokens"),
+        "prompt_tokens": body.get("prompt_tokens"),
+        "deadline_ms": body.get("deadline_ms"),
+        "priority": body.get("priority"),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,11 +149,6 @@ def chunk(data: bytes) -> bytes:
 
 
 LAST_CHUNK = b"0\r\n\r\n"
-
-
-def retry_headers(hint_ms: int) -> list[tuple[bytes, bytes]]:
-    """`retry-after-ms` (the OpenAI SDKs read it first) and `Retry-After` (whole seconds, up)."""
-    return [(b"retry-after-ms", str(hint_ms).encode()), (b"retry-after", str(-(-hint_ms // 1000)).encode())]
 
 
 @dataclass(slots=True)
@@ -252,12 +273,14 @@ class HttpIngress:
             self._message.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_header(len(name) + len(value))
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._count_header(0)
         message = self._message
-        if message is None:
-            return
         key = name.lower()
-        # The few headers read here: a repeated one is joined, as RFC 9110 allows for lists.
+        if message is None or key not in _HEADERS_READ:
+            return
+        # A repeated one is joined, as RFC 9110 allows for lists.
         if key in message.headers:
             message.headers[key] += b", " + value
         else:
@@ -389,20 +412,25 @@ class HttpIngress:
             accounting.frame_rejected(unauthorized.code)
             return response(401, error_body(401, unauthorized), keep)
         raw = b"".join(message.body)
+        # Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
+        # the cost. Every other field is checked once a slot was granted (a failure refunds it),
+        # so refusing stays cheap whatever the body holds.
+        frame: dict[str, Any] | None = None
+        messages = None
         try:
             body = orjson.loads(raw)
-            if chat:
-                frame, messages = chat_frame_of(body, rid)
-            else:
-                frame, messages = generate_frame_of(body, rid), None
+            if type(body) is not dict:
+                raise BadFrame("the request body must be a JSON object", rid)
             model = body.get("model")
-            if model not in self._models:
+            if type(model) is not str or model not in self._models:
                 raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
+            if chat:  # the messages' text is what the cost is estimated from: checked first
+                frame, messages = chat_frame_of(body, rid)
         except orjson.JSONDecodeError as exc:
             return self._rejected(BadJson(f"invalid JSON: {exc}"), keep)
         except RequestRejected as exc:
             return self._rejected(exc, keep)
-        ask = state.costs.ask(frame)
+        ask = state.costs.ask(frame if frame is not None else cost_view(body))
         user = body.get("user")
         if state.tenant_from_frame and type(user) is str and is_tenant_name(user):
             ask.tenant = state.admission.tenants.resolve(user)
@@ -419,6 +447,8 @@ class HttpIngress:
         lifecycle = state.lifecycle
         request = lifecycle.admit(self, rid, grant, now)
         try:
+            if frame is None:
+                frame = generate_frame_of(body, rid)
             self._verify_digest(message, raw, rid)
             generate = checked_request(frame, self._frame_limits)
             generate.messages = messages
@@ -464,11 +494,15 @@ class HttpIngress:
         status = STATUS_OF_CODE.get(error.code, 400)
         return response(status, error_body(status, error), keep)
 
-    def _yield(self, hint_ms: int, reason: str, keep: bool) -> bytes:
-        status = 503 if reason == _DRAINING else 429
-        message = f"yielded ({reason}): retry in {hint_ms} ms"
-        body = orjson.dumps(error_object(status, reason, message, reason=reason, retry_hint_ms=hint_ms))
-        return response(status, body, keep, retry_headers(hint_ms))
+    @staticmethod
+    def _yield(hint_ms: int, reason: str, keep: bool) -> bytes:
+        """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
+        body is `error_object(status, reason, ..., reason=reason, retry_hint_ms=hint_ms)`."""
+        status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
+        word = reason.encode()
+        body = _YIELD_BODY % (word, hint_ms, kind, word, word, hint_ms)
+        close = b"" if keep else b"connection: close\r\n"
+        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), close) + body
 
     def _fail(self, status: int, error: GovernorError) -> None:
         """A request the parser cannot go on with: counted now, answered after the requests before

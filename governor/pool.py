@@ -6,12 +6,12 @@ capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
 that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
 estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
-service-time estimate over the endpoints' summed caps. An endpoint paused by its own 429/503 is skipped; when every endpoint the
-request fits is paused the refusal is `endpoint_busy` with the time left of the earliest pause
-(its Retry-After). A request costing more than every endpoint's token budget is an `OverBudget` error.
-With no endpoint up at all it does not refuse: the request is admitted without an endpoint and
-fails with `worker_unavailable` (a yield would promise a retry that cannot succeed before a
-worker is back).
+service-time estimate over the endpoints' summed caps. An endpoint paused by its own 429/503
+is skipped; when every endpoint the request fits is paused the refusal is `endpoint_busy` with
+the time left of the earliest pause (its Retry-After). A request costing more than every
+endpoint's token budget is an `OverBudget` error. With no endpoint up at all it does not
+refuse: the request is admitted without an endpoint and fails with `worker_unavailable` (a
+yield would promise a retry that cannot succeed before a worker is back).
 
 The pool also keeps each endpoint's waiting load (requests without a first token and their
 prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
