@@ -218,7 +218,8 @@ class HttpIngress:
         self._broken: tuple[int, GovernorError] | None = None  # a request the parser gave up on
         self._last_read = False  # a request said `connection: close`: it is the last one read
         self._headers_done = False  # of the request being read
-        self._header_read = 0  # bytes read since that request began, while its headers were not done
+        self._header_read = 0  # bytes of later reads spent on that request's unfinished headers
+        self._began = False  # a request began during the current read
         self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
         self._next_id = 0
         self.active: dict[str, InflightRequest] = {}
@@ -243,6 +244,7 @@ class HttpIngress:
             return  # nothing after a request the parser gave up on, or after `connection: close`
         now = self._state.clock()
         self.last_line_at = now
+        self._began = False
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:  # (the upgrade request itself was dropped, see below)
@@ -250,9 +252,10 @@ class HttpIngress:
         except httptools.HttpParserError as exc:
             if not self._last_read:  # bytes after a `connection: close` request: ignored, not an error
                 self._fail(400, BadFrame(f"malformed HTTP request: {exc}"))  # unless a limit failed it first
-        if self._message is not None and not self._headers_done:
+        if self._message is not None and not self._headers_done and not self._began:
             # httptools hands a header to on_header only once it is whole: a header that never ends
-            # is bounded here, by the bytes read since the request began.
+            # is bounded here, by the reads wholly spent on it (its first read, where the request
+            # began after others, counts nothing: one read is bounded anyway).
             self._header_read += len(data)
             if self._header_read > 2 * self._limits.max_header_bytes:
                 self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
@@ -263,6 +266,7 @@ class HttpIngress:
 
     def on_message_begin(self) -> None:
         self._message = _Message()
+        self._began = True
         self._header_bytes = self._header_read = 0
         self._headers_done = False
         self.started_at = self._state.clock()

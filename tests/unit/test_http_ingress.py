@@ -293,3 +293,14 @@ def test_an_http_1_0_stream_is_not_chunked_and_ends_with_the_connection() -> Non
     written = b"".join(client.writes.chunks)
     assert b"transfer-encoding" not in written and written.rstrip().endswith(b"data: [DONE]")
     assert client.closed == [None]
+
+
+def test_a_large_read_of_pipelined_requests_is_not_mistaken_for_long_headers() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF)
+    Client(state).send(post(completion()))  # hold the slot: every request below is answered at once
+    client = Client(state, HttpLimits(max_header_bytes=1024))
+    data = b"".join(post(completion()) for _ in range(3000))
+    for at in range(0, len(data), 65536):
+        client.send(data[at : at + 65536])
+    statuses = [r.status for r in client.responses()]
+    assert statuses == [429] * 3000 and client.core.closing is None
