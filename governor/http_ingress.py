@@ -93,6 +93,7 @@ _REASONS = {
 }
 _JSON = b"application/json"
 _HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest"})
+_HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
 
 
@@ -281,8 +282,10 @@ class HttpIngress:
         if self._header_bytes > self._limits.max_header_bytes:
             self._count_header(0)
         message = self._message
+        if message is None or len(name) not in _HEADER_LENGTHS:  # most headers, without a lower()
+            return
         key = name.lower()
-        if message is None or key not in _HEADERS_READ:
+        if key not in _HEADERS_READ:
             return
         # A repeated one is joined, as RFC 9110 allows for lists.
         if key in message.headers:
@@ -410,12 +413,14 @@ class HttpIngress:
         accounting = state.accounting
         keep = message.keep_alive
         self._next_id += 1
-        rid = f"cmpl-{id(self):x}-{self._next_id}"
-        unauthorized = self._authorize(message)
-        if unauthorized is not None:
-            accounting.frame_rejected(unauthorized.code)
-            return response(401, error_body(401, unauthorized), keep)
-        raw = b"".join(message.body)
+        rid = ""  # named once admitted: a refusal needs no id
+        if state.auth is not None:
+            unauthorized = self._authorize(message)
+            if unauthorized is not None:
+                accounting.frame_rejected(unauthorized.code)
+                return response(401, error_body(401, unauthorized), keep)
+        parts = message.body
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
         # Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
         # the cost. Every other field is checked once a slot was granted (a failure refunds it),
         # so refusing stays cheap whatever the body holds.
@@ -448,6 +453,9 @@ class HttpIngress:
             accounting.frame_yielded(decision.reason, ask)
             return self._yield(decision.hint_ms, decision.reason, keep)
         grant: Grant = decision  # type: ignore[assignment]
+        rid = f"cmpl-{id(self):x}-{self._next_id}"
+        if frame is not None:
+            frame["id"] = rid
         lifecycle = state.lifecycle
         request = lifecycle.admit(self, rid, grant, now)
         try:
