@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration redis-server lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-pool fuzz soak image image-cuda clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -98,6 +98,12 @@ bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, pri
 bench-fleet: $(STAMP) redis-server  ## experiment 10: fleet caps through Redis vs per-replica caps; yield/admitted paths; a killed replica
 	$(PY) -m benchmarks.fleet
 
+bench-http: $(STAMP)  ## experiment 11a: the OpenAI-compatible front door vs the NDJSON port (refusals/s, added latency)
+	$(PY) -m benchmarks.http_front
+
+bench-openai: $(STAMP)  ## experiment 11b: bursts of 64 in front of transformers serve, with and without the governor
+	$(PY) -m benchmarks.openai_upstream
+
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
 	$(PY) -m benchmarks.pool_limits
 
@@ -107,7 +113,7 @@ fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=6
 soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
 	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
-bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet
+bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai
 
 image:  ## the CPU container image (BuildKit; the context is the repository root)
 	docker build -f deploy/Dockerfile -t governor:cpu .

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 
 import orjson
 import uvloop
@@ -45,8 +46,11 @@ class Pipeline(asyncio.Protocol):
             self.in_flight.append([time.perf_counter(), self.batch])
 
     def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
-        replies = data.count(b"\n")
+        self.replied(time.perf_counter(), data.count(b"\n"))
+
+    def replied(self, now: float, replies: int) -> None:
+        """`replies` more replies read at `now`: their round trips, then the window is topped up.
+        (benchmarks.http_yield_client counts HTTP responses with a parser and calls this.)"""
         self.received += replies
         while replies:
             batch = self.in_flight[0]
@@ -72,27 +76,37 @@ def weighted_percentile(samples: list[tuple[float, int]], q: float) -> float:
 
 
 async def run(port: int, connections: int, seconds: float, warmup: float, batch: int, window: int) -> dict[str, float]:
-    loop = asyncio.get_running_loop()
     frames = [encode(generate_frame(f"r{i}", PROMPT, max_new_tokens=16)) for i in range(batch * 50)]
+    _, result = await drive(port, connections, seconds, warmup, lambda: Pipeline(frames, batch, window))
+    return result
+
+
+async def drive(
+    port: int, connections: int, seconds: float, warmup: float, pipeline: Callable[[], Pipeline]
+) -> tuple[list[Pipeline], dict[str, float]]:
+    """Open `connections` pipelines, let them run `warmup` s, then count their replies for `seconds`."""
+    loop = asyncio.get_running_loop()
     pipes = []
     for _ in range(connections):
-        _, proto = await loop.create_connection(lambda: Pipeline(frames, batch, window), "127.0.0.1", port)
+        _, proto = await loop.create_connection(pipeline, "127.0.0.1", port)
         pipes.append(proto)
     await asyncio.sleep(warmup)
     for p in pipes:
         p.rtts = []
-    start_count, t0 = sum(p.received for p in pipes), time.perf_counter()
+    start_count, t0, cpu0 = sum(p.received for p in pipes), time.perf_counter(), time.process_time()
     await asyncio.sleep(seconds)
     count, elapsed = sum(p.received for p in pipes) - start_count, time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
     for p in pipes:
         p.transport.close()
     rtts = [x for p in pipes for x in p.rtts or ()]
-    return {
+    return pipes, {
         "frames": count,
         "seconds": elapsed,
         "frames_per_s": count / elapsed,
         "rtt_p50_ms": weighted_percentile(rtts, 50) * 1000,
         "rtt_p99_ms": weighted_percentile(rtts, 99) * 1000,
+        "client_cpu_share": cpu / elapsed,  # near 1.0: the client, not the server, limits the rate
     }
 
 
