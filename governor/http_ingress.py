@@ -32,6 +32,7 @@ import httptools
 import orjson
 
 from governor.accounting import CLIENT_DISCONNECTED, Outcome, ShedReason, outcome_of
+from governor.ingress import flush_pending
 from governor.lifecycle import InflightRequest, Phase
 from governor.limits import Grant, Refusal
 from governor.openai_api import (
@@ -631,12 +632,7 @@ class HttpIngress:
         self._advance(self._state.clock())
 
     def flush(self) -> None:
-        pending = self._pending
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            if data:
-                self.write(data)
+        flush_pending(self._pending, self.write)
         if self.closing is not None or self.finished:
             self._on_close(self.closing)
 

@@ -64,6 +64,15 @@ _TOKEN, _DONE, _ERROR = Status.TOKEN, Status.DONE, Status.ERROR
 _ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
 
 
+def flush_pending(pending: list[bytes], write: Callable[[bytes], None]) -> None:
+    """Write what a read (or a worker's callback) produced, in one write, and forget it."""
+    if pending:
+        data = b"".join(pending)
+        pending.clear()
+        if data:
+            write(data)
+
+
 class Ingress:
     """One client connection's state machine.
 
@@ -352,9 +361,4 @@ class Ingress:
         self._pending.append(encode_error(error))
 
     def flush(self) -> None:
-        pending = self._pending
-        if pending:
-            data = b"".join(pending)
-            pending.clear()
-            if data:
-                self.write(data)
+        flush_pending(self._pending, self.write)
