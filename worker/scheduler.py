@@ -34,7 +34,6 @@ no stream ever stalls for a recompute.
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass
 from typing import Literal
@@ -126,16 +125,19 @@ class Scheduler:
         self._steps += 1
         decoding = [seq for seq in self.running if not seq.is_prefilling]
         if len(decoding) > config.max_batch_size:
-            decoding = heapq.nsmallest(config.max_batch_size, decoding, key=lambda seq: seq.last_step)
+            # Least recently stepped first; all of them, not only max_batch_size: one that makes
+            # room by preempting itself (the newest, while older ones not stepped this time hold
+            # the blocks) gives its place to the next, so a step never stalls with work left.
+            decoding.sort(key=lambda seq: seq.last_step)
         preemptions = self.num_preemptions
+        chunks: list[Chunk] = []
         for seq in decoding:
+            if len(chunks) == config.max_batch_size:
+                break
             if seq.status is SequenceStatus.RUNNING:  # else preempted for an older one this step
                 self._make_room(seq, seq.num_computed + 1)
-        chunks = [
-            Chunk(seq, seq.num_computed, seq.num_tokens, False)
-            for seq in decoding
-            if seq.status is SequenceStatus.RUNNING
-        ]
+            if seq.status is SequenceStatus.RUNNING:
+                chunks.append(Chunk(seq, seq.num_computed, seq.num_tokens, False))
         budget = config.max_prefill_tokens
         for seq in self.running:
             if budget and seq.is_prefilling:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from govwire.vocab import FinishReason
@@ -159,6 +159,12 @@ def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
     st.booleans(),
     st.integers(0, 2**16),
 )
+# Found by the property: one decode a step (max_batch 1) among six running, the chosen one the
+# newest, the older ones holding every block: it preempted itself and the step was empty.
+@example(
+    [([0], 1), ([0] * 11, 2), ([0], 4), ([0] * 5, 6), ([0], 3), ([0], 2), ([0], 2), ([0] * 4, 5), ([0] * 29, 3)],
+    1, 1, 10, 6, 2, "paged", False, 0,
+)  # fmt: skip
 def test_every_request_finishes_within_every_budget(
     requests: list[tuple[list[int], int]],
     max_batch: int,
