@@ -130,14 +130,19 @@ class Scheduler:
             # the blocks) gives its place to the next, so a step never stalls with work left.
             decoding.sort(key=lambda seq: seq.last_step)
         preemptions = self.num_preemptions
-        chunks: list[Chunk] = []
+        chosen: list[Sequence] = []
         for seq in decoding:
-            if len(chunks) == config.max_batch_size:
+            if len(chosen) >= config.max_batch_size and _running(chosen) >= config.max_batch_size:
                 break
             if seq.status is SequenceStatus.RUNNING:  # else preempted for an older one this step
-                self._make_room(seq, seq.num_computed + 1)
-            if seq.status is SequenceStatus.RUNNING:
-                chunks.append(Chunk(seq, seq.num_computed, seq.num_tokens, False))
+                self._make_room(seq, seq.num_computed + 1)  # which may preempt one chosen before it
+                if seq.status is SequenceStatus.RUNNING:
+                    chosen.append(seq)
+        chunks = [
+            Chunk(seq, seq.num_computed, seq.num_tokens, False)
+            for seq in chosen
+            if seq.status is SequenceStatus.RUNNING
+        ]
         budget = config.max_prefill_tokens
         for seq in self.running:
             if budget and seq.is_prefilling:
@@ -205,3 +210,7 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.t_finished = now
+
+
+def _running(seqs: list[Sequence]) -> int:
+    return sum(seq.status is SequenceStatus.RUNNING for seq in seqs)

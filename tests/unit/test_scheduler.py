@@ -165,6 +165,11 @@ def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
     [([0], 1), ([0] * 11, 2), ([0], 4), ([0] * 5, 6), ([0], 3), ([0], 2), ([0], 2), ([0] * 4, 5), ([0] * 29, 3)],
     1, 1, 10, 6, 2, "paged", False, 0,
 )  # fmt: skip
+# And, against a first fix: a decode chosen early, preempted by a later one's room-making, must
+# not keep its chunk.
+@example(
+    [([0], 5), ([0], 5), ([0] * 10, 4), ([0] * 6, 3), ([0] * 12, 2)], 4, 2, 14, 5, 3, "paged", False, 0
+)  # fmt: skip
 def test_every_request_finishes_within_every_budget(
     requests: list[tuple[list[int], int]],
     max_batch: int,
