@@ -724,3 +724,28 @@ def test_fleet_overlay_gives_every_governor_a_valid_fleet_on_its_own_valkey(secr
     inference_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert allowed["from"][0]["podSelector"]["matchLabels"].items() <= inference_labels.items()
     assert allowed["ports"][0]["port"] == service["spec"]["ports"][0]["port"]
+
+
+def _lower_bound(requirements: Sequence[str], name: str) -> str:
+    """The `>=` bound of `name` among requirement strings (markers ignored)."""
+    for requirement in requirements:
+        match = re.fullmatch(rf"{name}>=([0-9.]+)(\s*;.*)?", requirement.replace(" ", "").replace(";", " ;"))
+        if match:
+            return match.group(1)
+    raise AssertionError(f"no {name}>= among {requirements}")
+
+
+def test_the_declared_torch_bound_fits_transformers_and_the_cuda_image() -> None:
+    """The worker's lower bounds must be installable together, and the CUDA image must meet them:
+    transformers 5 switches PyTorch off below 2.6, so `GPT2LMHeadModel` would not import."""
+    from importlib.metadata import requires
+
+    from packaging.version import Version
+
+    pyproject = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())
+    ours = Version(_lower_bound(pyproject["project"]["optional-dependencies"]["worker"], "torch"))
+    theirs = Version(_lower_bound([r for r in requires("transformers") or [] if 'extra == "torch"' in r], "torch"))
+    assert ours >= theirs, f"torch>={ours} but the transformers installed needs torch>={theirs}"
+    base = re.search(r"^FROM pytorch/pytorch:([0-9.]+)-", (DEPLOY / "Dockerfile.cuda").read_text(), re.M)
+    assert base is not None, "Dockerfile.cuda no longer starts from a pytorch/pytorch:<version>-… image"
+    assert Version(base.group(1)) >= ours, f"the CUDA image's torch {base.group(1)} is below torch>={ours}"
