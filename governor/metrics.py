@@ -44,9 +44,9 @@ def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricF
             continue
         family: GaugeMetricFamily | CounterMetricFamily
         if key.endswith("_total"):
-            family = CounterMetricFamily(f"governor_worker_{key[:-6]}", help_text, labels=["endpoint"])
+            family = CounterMetricFamily(f"governor_worker_{key[:-6]}", help_text, labels=["worker"])
         else:
-            family = GaugeMetricFamily(f"governor_worker_{key}", help_text, labels=["endpoint"])
+            family = GaugeMetricFamily(f"governor_worker_{key}", help_text, labels=["worker"])
         for address, value in samples:
             family.add_metric([address], value)
         yield family
@@ -55,48 +55,48 @@ def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricF
 def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
     """The pool's soft layer, one sample per endpoint (its worker address)."""
     families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
-        "up": GaugeMetricFamily("governor_endpoint_up", "1 while the endpoint answers pings.", labels=["endpoint"]),
+        "up": GaugeMetricFamily("governor_endpoint_up", "1 while the endpoint answers pings.", labels=["worker"]),
         "inflight": GaugeMetricFamily(
-            "governor_endpoint_inflight", "Admitted requests without a final reply.", labels=["endpoint"]
+            "governor_endpoint_inflight", "Admitted requests without a final reply.", labels=["worker"]
         ),
         "executed": CounterMetricFamily(
-            "governor_endpoint_executed", "Requests the endpoint completed with done.", labels=["endpoint"]
+            "governor_endpoint_executed", "Requests the endpoint completed with done.", labels=["worker"]
         ),
         "failed": CounterMetricFamily(
-            "governor_endpoint_failed", "Admitted requests that did not end in done.", labels=["endpoint"]
+            "governor_endpoint_failed", "Admitted requests that did not end in done.", labels=["worker"]
         ),
         "concurrency": GaugeMetricFamily(
-            "governor_endpoint_concurrency_limit", "The endpoint's concurrency cap; 0 = none.", labels=["endpoint"]
+            "governor_endpoint_concurrency_limit", "The endpoint's concurrency cap; 0 = none.", labels=["worker"]
         ),
         "qps": GaugeMetricFamily(
-            "governor_endpoint_qps_limit", "The endpoint's admissions-per-second cap; 0 = none.", labels=["endpoint"]
+            "governor_endpoint_qps_limit", "The endpoint's admissions-per-second cap; 0 = none.", labels=["worker"]
         ),
         "tokens": GaugeMetricFamily(
-            "governor_endpoint_qps_tokens", "Admissions the endpoint's qps bucket holds now.", labels=["endpoint"]
+            "governor_endpoint_qps_tokens", "Admissions the endpoint's qps bucket holds now.", labels=["worker"]
         ),
         "inflight_tokens": GaugeMetricFamily(
             "governor_endpoint_inflight_tokens",
             "Token cost held by the endpoint's admitted, unfinished requests.",
-            labels=["endpoint"],
+            labels=["worker"],
         ),
         "tokens_limit": GaugeMetricFamily(
-            "governor_endpoint_tokens_limit", "The endpoint's token budget (tokens=N); 0 = none.", labels=["endpoint"]
+            "governor_endpoint_tokens_limit", "The endpoint's token budget (tokens=N); 0 = none.", labels=["worker"]
         ),
         "info": GaugeMetricFamily(
             "governor_endpoint_info",
             "1 per endpoint, labelled with its kind (worker: NDJSON worker process; openai: an "
             "OpenAI-compatible HTTP server) and the model it is asked for.",
-            labels=["endpoint", "kind", "model"],
+            labels=["worker", "kind", "model"],
         ),
         "busy": CounterMetricFamily(
             "governor_endpoint_busy",
             "429/503 answers of an OpenAI-compatible endpoint (it was paused for its Retry-After).",
-            labels=["endpoint"],
+            labels=["worker"],
         ),
         "waiting": GaugeMetricFamily(
             "governor_endpoint_waiting",
             "The endpoint's admitted requests without a first token yet (what the TTFT prediction waits behind).",
-            labels=["endpoint"],
+            labels=["worker"],
         ),
     }
     for link in upstream.links:

@@ -56,8 +56,8 @@ def test_load_follows_the_caps_the_global_cap_holds_and_a_dead_endpoint_is_route
     assert stats["workers"][2]["executed"] == 2 and stats["executed_total"] == 8
     assert stats["received_total"] == stats["executed_total"] + stats["yielded_total"] + stats["failed_total"]
     metrics = gov.metrics()
-    assert metrics[("governor_endpoint_executed_total", (("endpoint", workers[2].address),))] == 2
-    assert metrics[("governor_endpoint_up", (("endpoint", workers[2].address),))] == 0
+    assert metrics[("governor_endpoint_executed_total", (("worker", workers[2].address),))] == 2
+    assert metrics[("governor_endpoint_up", (("worker", workers[2].address),))] == 0
     assert metrics[("governor_yielded_total", (("reason", "endpoint_inflight"),))] == 1
 
 

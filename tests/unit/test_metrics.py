@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.endpoint import Endpoint, EndpointLimits
 from governor.metrics import Histogram, build_registry
+from governor.openai_link import OpenAITarget
 from governor.state import ServerState
 from governor.upstream import Upstream
 from govwire.address import Address
@@ -50,7 +53,7 @@ def test_exposition_parses_and_matches_the_counters() -> None:
     assert ("process_resident_memory_bytes", ()) in samples
 
 
-def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
+def test_each_endpoint_is_exported_under_a_worker_label() -> None:
     state = make_state()
     upstream = Upstream(
         [
@@ -63,7 +66,7 @@ def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
     links[1].endpoint.failed = 1
     links[0].engine_stats = EngineStats(steps_total=5, running=2)
     samples = scrape(state, upstream)
-    a, b = (("endpoint", "unix:/tmp/a.sock"),), (("endpoint", "unix:/tmp/b.sock"),)
+    a, b = (("worker", "unix:/tmp/a.sock"),), (("worker", "unix:/tmp/b.sock"),)
     assert (samples[("governor_endpoint_up", a)], samples[("governor_endpoint_up", b)]) == (1, 0)
     assert samples[("governor_endpoint_inflight", a)] == 2
     assert samples[("governor_endpoint_executed_total", a)] == 7
@@ -75,3 +78,35 @@ def test_each_endpoint_is_exported_under_an_endpoint_label() -> None:
     assert samples[("governor_worker_steps_total", a)] == 5 and samples[("governor_worker_running", a)] == 2
     assert ("governor_worker_steps_total", b) not in samples  # nothing pushed yet
     assert ("governor_worker_waiting", a) not in samples  # a field the worker did not report
+
+
+# The labels the Prometheus Operator sets on every target of a ServiceMonitor (prometheus-operator
+# pkg/prometheus/promcfg.go), plus Prometheus' own: a metric label of one of these names would be
+# overwritten by the target's and renamed `exported_<name>`, so alerts and dashboards would read the
+# wrong value (`endpoint="metrics"` for every worker of a pod).
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+TARGET_LABELS = {"job", "instance", "namespace", "service", "pod", "container", "endpoint"}
+
+
+def test_no_exported_label_clashes_with_the_operators_target_labels() -> None:
+    state = make_state()
+    target = OpenAITarget("http://127.0.0.1:8000/v1", "m")
+    upstream = Upstream(
+        [
+            (Address(path="/tmp/a.sock"), Endpoint("a", EndpointLimits(concurrency=3, qps=5.0), state.clock())),
+            (target, Endpoint("b", EndpointLimits(), state.clock())),
+        ]
+    )
+    upstream.worker_links[0].engine_stats = EngineStats(steps_total=5, running=2)
+    text = generate_latest(build_registry(state, upstream)).decode()
+    labelled = {
+        (family.name, label)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        for label in sample.labels
+    }
+    assert labelled and not {pair for pair in labelled if pair[1] in TARGET_LABELS}
+    shipped = (DEPLOY / "prometheus" / "alerts.yml").read_text() + (
+        DEPLOY / "grafana" / "governor-dashboard.json"
+    ).read_text()
+    assert "labels.endpoint" not in shipped and "{{endpoint}}" not in shipped and ", endpoint)" not in shipped
