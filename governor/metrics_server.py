@@ -18,9 +18,9 @@ READ_TIMEOUT_S = 5.0
 
 
 class MetricsEndpoint:
-    def __init__(self, registry: CollectorRegistry, is_ready: Callable[[], bool]) -> None:
+    def __init__(self, registry: CollectorRegistry, not_ready: Callable[[], str | None]) -> None:
         self._registry = registry
-        self._is_ready = is_ready
+        self._not_ready = not_ready  # None when ready, else why not (the 503's body)
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> None:
@@ -41,9 +41,10 @@ class MetricsEndpoint:
         if path == "/healthz":
             return 200, "text/plain", b"ok\n"
         if path == "/readyz":
-            if self._is_ready():
+            why = self._not_ready()
+            if why is None:
                 return 200, "text/plain", b"ready\n"
-            return 503, "text/plain", b"not ready\n"
+            return 503, "text/plain", why.encode()
         return 404, "text/plain", b"not found\n"
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -327,7 +327,7 @@ class Server:
         sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
         stack.callback(sweeper.cancel)
         if config.metrics_port:
-            metrics = MetricsEndpoint(build_registry(state, upstream), is_ready=lambda: upstream.num_up > 0)
+            metrics = MetricsEndpoint(build_registry(state, upstream), upstream.not_ready)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
         limits = connection_limits(config)

@@ -40,6 +40,7 @@ log = logging.getLogger("governor.upstream")
 
 RECONNECT_MIN_S = 0.02
 RECONNECT_MAX_S = 1.0
+UNREACHABLE_LOG_EVERY = 60  # failed connects between two `worker_unreachable` lines (~1 a minute at the max backoff)
 _RESERVED_IDS = frozenset(ReservedId)  # link traffic, no request
 _PING = encode_ping(ReservedId.PING.value)
 
@@ -64,6 +65,7 @@ class WorkerLink(asyncio.Protocol):
         self._closed: asyncio.Future[None] | None = None
         self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
         self.last_progress_at = 0.0  # when a request on this link last heard from the worker
+        self.last_error = ""  # why it is not up (unreachable, refused, unresponsive), for /readyz and stats
 
     @property
     def is_connected(self) -> bool:
@@ -75,6 +77,7 @@ class WorkerLink(asyncio.Protocol):
             "address": self.address,
             "kind": self.kind,
             **self.endpoint.describe(),
+            "last_error": self.last_error,
             "pid": self.pid,
             "engine": self.engine_stats.to_dict(),
         }
@@ -135,12 +138,19 @@ class WorkerLink(asyncio.Protocol):
         """Keep the link connected. Backoff applies to connects that fail and to connections that
         end before answering a ping (a worker refusing our secret), so neither spins."""
         delay = RECONNECT_MIN_S
+        failures = 0  # connects failed in a row: the first is logged, then one a minute or so
         while True:
             try:
                 await self.connect()
-            except OSError:
-                pass
+            except OSError as exc:
+                self.last_error = f"unreachable: {exc.strerror or exc}"
+                if failures % UNREACHABLE_LOG_EVERY == 0:
+                    log.warning(
+                        "event=worker_unreachable worker=%s error=%r attempts=%d", self.address, str(exc), failures + 1
+                    )
+                failures += 1
             else:
+                failures = 0
                 await self._watch(health)
                 if self.answered:
                     delay = RECONNECT_MIN_S
@@ -165,6 +175,7 @@ class WorkerLink(asyncio.Protocol):
     def _give_up(self, why: str) -> None:
         """Declare the worker lost: cut the link (its requests fail or are re-routed) and, if the
         governor spawned it, kill it so that its supervisor starts a fresh one."""
+        self.last_error = f"unresponsive: {why}"
         log.error("event=worker_unresponsive worker=%s pid=%s why=%r", self.address, self.pid, why)
         self.abort()
         if self.kill_worker is not None:
@@ -178,7 +189,9 @@ class WorkerLink(asyncio.Protocol):
         self.answered = False
         if self._secret is not None:
             self.send(encode({"id": ReservedId.AUTH.value, **self._secret.frame()}))
-        log.info("event=worker_connected worker=%s", self.address)
+        # Connected, not yet accepted: `worker_up` (INFO) follows its first answer, or
+        # `worker_refused` (ERROR) a refusal of our secret.
+        log.debug("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
         """Token frames take the fast path (re-addressed as bytes); every other line is parsed and
@@ -234,6 +247,7 @@ class WorkerLink(asyncio.Protocol):
                 self.last_progress_at = now
             self.engine_stats = stats
         elif status == Status.ERROR:  # e.g. unauthorized: the worker closes the link
+            self.last_error = f"refused: {frame.get('code')}: {frame.get('message')}"
             log.error(
                 "event=worker_refused worker=%s code=%r message=%r",
                 self.address,
@@ -245,6 +259,7 @@ class WorkerLink(asyncio.Protocol):
             self.answered = True
             if not self.endpoint.up:
                 self.endpoint.up = True
+                self.last_error = ""
                 log.info("event=worker_up worker=%s", self.address)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -290,6 +305,13 @@ class Upstream:
     @property
     def num_up(self) -> int:
         return sum(link.endpoint.up for link in self.links)
+
+    def not_ready(self) -> str | None:
+        """None while an endpoint is up; else why none is, one line per endpoint (/readyz's body)."""
+        if self.num_up:
+            return None
+        lines = [f"{link.address}: {link.last_error or 'not answered yet'}" for link in self.links]
+        return "no endpoint up\n" + "\n".join(lines) + "\n"
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
         """Hand an admitted request to the link of the endpoint admission granted it."""

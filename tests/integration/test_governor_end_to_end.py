@@ -311,3 +311,12 @@ def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
         timeout=20,
     )
     assert dead.returncode != 0
+
+
+def test_a_worker_that_cannot_be_reached_is_logged_and_named_by_readyz(start_governor: Start) -> None:
+    nothing = free_port()  # nothing listens there
+    gov = start_governor("--worker", f"127.0.0.1:{nothing}", wait_ready=False)
+    status, body = gov.http("/readyz")
+    assert status == 503 and f"127.0.0.1:{nothing}: unreachable" in body, body
+    gov.wait_until(lambda: "event=worker_unreachable" in gov.log.read_text(), what="the unreachable worker logged")
+    assert "event=worker_connected" not in gov.log.read_text()

@@ -87,7 +87,11 @@ def test_an_external_worker_serves_only_a_governor_holding_its_secret(
     s = stranger.conn()
     s.send("b", "hi")
     assert s.until_final("b")[-1]["code"] == "worker_unavailable"
-    assert "event=worker_refused" in stranger.log.read_text() and "unauthorized" in stranger.log.read_text()
+    log = stranger.log.read_text()
+    assert "event=worker_refused" in log and "unauthorized" in log
+    assert "event=worker_connected" not in log  # at INFO it would claim a link the worker refused
+    status, body = stranger.http("/readyz")
+    assert status == 503 and "refused: unauthorized" in body, body
 
 
 def test_connections_past_the_limit_are_refused_and_idle_ones_are_closed(start_governor: Start) -> None:
