@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import os
 import sys
 import time
@@ -164,7 +165,25 @@ def _serve(config: GovernorConfig) -> int:
     except ImportError:  # platforms without uvloop still work, slower
         runner = asyncio.Runner()
     with runner:
-        return runner.run(Server(config).serve())
+        try:
+            return runner.run(Server(config).serve())
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            # One line naming the flag, not a traceback (a second `make run`, say).
+            ports = {"--port": config.port, "--metrics-port": config.metrics_port, "--http-port": config.http_port}
+            taken = " / ".join(f"{flag} {port}" for flag, port in ports.items() if port and f", {port})" in str(exc))
+            print(f"governor serve: error: {taken or 'a port'} is already in use", file=sys.stderr)
+            return 2
+
+
+# C0 and C1 control characters other than tab and newline, written as escapes: a random-weights
+# model's output would otherwise ring the bell or move the cursor of the terminal it is sent to.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0)) if c not in (0x09, 0x0A)}
+
+
+def printable(text: str) -> str:
+    return text.translate(_CONTROL)
 
 
 def _send(args: argparse.Namespace) -> int:
@@ -182,14 +201,14 @@ def _send(args: argparse.Namespace) -> int:
             stream = client.stream(args.prompt, **fields)
             for token_ in stream:
                 text = orjson.dumps({"status": "token", **dataclasses.asdict(token_)}).decode() + "\n"
-                out.write(text if args.json else token_.text)
+                out.write(text if args.json else printable(token_.text))
                 out.flush()
             assert stream.result is not None
             reply = stream.result.reply
             if args.json:
                 out.write(orjson.dumps(reply).decode() + "\n")
             else:
-                out.write(reply.get("text", "") + "\n" if args.no_stream else "\n")
+                out.write(printable(reply.get("text", "")) + "\n" if args.no_stream else "\n")
                 print(" ".join(f"{k}={reply[k]}" for k in reply if k not in ("id", "status", "text")), file=sys.stderr)
     except Yielded as exc:
         print(f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}", file=sys.stderr)

@@ -263,9 +263,10 @@ class Server:
             state, listeners = await self.start_up(stack)
             await self._stop.wait()
             log.info(
-                "event=draining inflight=%d timeout_s=%.1f",
+                "event=draining inflight=%d timeout_s=%.1f hint=%r",
                 state.admission.inflight.inflight,
                 self.config.drain_timeout_s,
+                "a second Ctrl-C (SIGINT or SIGTERM) cancels what is still running and stops at once",
             )
             for listener in listeners:
                 listener.close()

@@ -320,3 +320,16 @@ def test_a_worker_that_cannot_be_reached_is_logged_and_named_by_readyz(start_gov
     assert status == 503 and f"127.0.0.1:{nothing}: unreachable" in body, body
     gov.wait_until(lambda: "event=worker_unreachable" in gov.log.read_text(), what="the unreachable worker logged")
     assert "event=worker_connected" not in gov.log.read_text()
+
+
+def test_a_taken_port_is_one_line_naming_the_flag() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = ["serve", "--port", str(port), "--metrics-port", "0", "--worker", f"127.0.0.1:{free_port()}"]
+        run = subprocess.run([sys.executable, "-m", "governor", *argv], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    errors = [line for line in run.stderr.splitlines() if "level=" not in line]  # log lines aside
+    assert errors == [errors[0]] and f"--port {port} is already in use" in errors[0], run.stderr
+    assert "Traceback" not in run.stderr
