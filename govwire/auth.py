@@ -21,6 +21,8 @@ from govwire.request import MAX_ID_CHARS, MAX_TENANT_CHARS, is_tenant_name
 from govwire.vocab import DEFAULT_TENANT, Op
 
 MAX_TOKEN_BYTES = 4096
+PLACEHOLDER_PREFIX = "replace-me"
+"""deploy/k8s/secret.yaml's example values start so: a secret that does is refused, never served."""
 AUTH_FRAME_BYTES = 6 * MAX_TOKEN_BYTES + 1024  # the longest line read before authentication (\uXXXX escapes)
 
 
@@ -53,6 +55,8 @@ class SharedSecret:
             raise ValueError(f"{source}: the token is empty")
         if len(token.encode()) > MAX_TOKEN_BYTES or not token.isprintable():
             raise ValueError(f"{source}: the token must be printable and at most {MAX_TOKEN_BYTES} bytes")
+        if token.startswith(PLACEHOLDER_PREFIX):
+            raise ValueError(f"{source}: the token is the shipped placeholder ({token[:40]}…); create a random one")
         return cls(token.encode())
 
     @classmethod

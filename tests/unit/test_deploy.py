@@ -340,11 +340,13 @@ def test_k8s_deployment_wires_app_governor_and_gpu_worker_together(secret: Path)
     assert worker_c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "nvidia.com/gpu" not in governor_c.get("resources", {}).get("limits", {})
 
-    # The app reaches the governor on localhost with the client secret the governor demands.
-    env = {e["name"]: e.get("value") for e in app_c.get("env", [])}
-    assert env["GOVERNOR_ADDRESS"] == f"127.0.0.1:{g.port}"
+    # The app reaches the governor on localhost (as its comment says) with the client secret the
+    # governor demands, mounted where the comment says. No environment variable claims a setting
+    # nothing reads.
+    assert f"127.0.0.1:{g.port}" in (DEPLOY / "k8s" / "deployment.yaml").read_text()
+    assert not [e for e in app_c.get("env", []) if e["name"].startswith("GOVERNOR_")]
     client_secret = _secret_key_at(pod, governor_c, gov.token_files["auth_token_file"])
-    assert client_secret == _secret_key_at(pod, app_c, env["GOVERNOR_TOKEN_FILE"])
+    assert client_secret == _secret_key_at(pod, app_c, "/etc/governor/client/client-token")
     assert (g.metrics_host or g.host) == "0.0.0.0", "probes and scrapes come from outside the pod's loopback"
     assert g.host == "127.0.0.1", "only the app in the pod talks NDJSON"
     secret_obj = the(objects, "Secret")

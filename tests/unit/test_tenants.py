@@ -3,10 +3,12 @@ tenant's own caps, fair shares near saturation, class ceilings; refusals leave n
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -22,7 +24,7 @@ from governor.lifecycle import InflightRequest
 from governor.limits import Grant
 from governor.priority import CeilingPolicy
 from governor.tenant import TenantLimits, parse_tenant
-from govwire.auth import TenantSecrets
+from govwire.auth import SharedSecret, TenantSecrets
 from govwire.codec import encode, generate_frame
 from govwire.options import ConfigError
 from govwire.vocab import DEFAULT_TENANT, Priority, YieldReason
@@ -443,3 +445,12 @@ def test_a_tenant_refused_at_the_cap_is_booked_on_its_own_timeline_at_its_share_
     assert [(r["reason"], r["retry_hint_ms"]) for r in replies(b_writes)] == [("inflight", 200), ("inflight", 400)]
     a.receive_data(frame("a9", tenant="a"))
     assert replies(a_writes)[-1]["retry_hint_ms"] == 600  # after a's own appointments, at half the rate
+
+
+def test_the_shipped_placeholder_secret_is_refused() -> None:
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy/k8s/secret.yaml").read_text())
+    for value in shipped["stringData"].values():
+        with pytest.raises(ValueError, match="placeholder"):
+            SharedSecret.from_text(value, "worker-token")
+        with pytest.raises(ValueError, match="placeholder"):
+            TenantSecrets.from_text(f"alpha {value}\n", "client-token")
