@@ -39,7 +39,9 @@ def _worker_stats_families(links: Sequence[WorkerLink]) -> Iterator[GaugeMetricF
     """The workers' pushed statistics (govwire.messages.EngineStats), one sample per endpoint: a
     field ending in `_total` is a counter (restarting at 0 with its worker), the rest are gauges."""
     for key, help_text in STATS_HELP.items():
-        samples = [(link.address, value) for link in links if (value := getattr(link.engine_stats, key)) is not None]
+        samples = [
+            (link.endpoint.name, value) for link in links if (value := getattr(link.engine_stats, key)) is not None
+        ]
         if not samples:
             continue
         family: GaugeMetricFamily | CounterMetricFamily
@@ -101,10 +103,10 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
     }
     for link in upstream.links:
         e = link.endpoint
-        label = [link.address]
+        label = [link.endpoint.name]  # its address, or `spawned-N`: stable across restarts
         families["up"].add_metric(label, int(e.up))
         model = link.target.model if isinstance(link, OpenAILink) else ""
-        families["info"].add_metric([link.address, link.kind, model], 1)
+        families["info"].add_metric([link.endpoint.name, link.kind, model], 1)
         if isinstance(link, OpenAILink):
             families["busy"].add_metric(label, link.busy_total)
         families["inflight"].add_metric(label, e.inflight)

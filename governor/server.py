@@ -296,10 +296,13 @@ class Server:
         health = HealthPolicy(
             config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
         )
+        # An endpoint's name is its metrics label: a --worker's address, or for a spawned worker
+        # `spawned-N`, stable across restarts (its socket is in a fresh temporary directory).
+        names = [str(address) for address, _ in specs] if config.worker else [f"spawned-{i}" for i in range(len(specs))]
         upstream = Upstream(
             [
-                (address, Endpoint(str(address), limits, now, TtftModel(config.deadline_margin)))
-                for address, limits in specs
+                (address, Endpoint(name, limits, now, TtftModel(config.deadline_margin)))
+                for (address, limits), name in zip(specs, names, strict=True)
             ],
             health,
             worker_secret,

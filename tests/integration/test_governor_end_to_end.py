@@ -333,3 +333,10 @@ def test_a_taken_port_is_one_line_naming_the_flag() -> None:
     errors = [line for line in run.stderr.splitlines() if "level=" not in line]  # log lines aside
     assert errors == [errors[0]] and f"--port {port} is already in use" in errors[0], run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_spawned_worker_is_labelled_by_its_place_not_its_socket(start_governor: Start) -> None:
+    gov = start_governor()
+    metrics = gov.metrics()
+    assert metrics[("governor_endpoint_up", (("worker", "spawned-0"),))] == 1
+    assert not [key for key in metrics if any("governor-" in value for _, value in key[1])]  # no temp path
