@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 
@@ -20,6 +20,7 @@ from governor.client import NO_RETRY, Client, GovernorError
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
 from govwire.auth import SharedSecret
+from govwire.errors import WorkerUnavailable
 from govwire.logs import configure_logging
 from govwire.options import ConfigError, add_options, from_namespace, given
 from govwire.vocab import Priority
@@ -92,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the frame's class: sheddable frames yield first as the governor saturates (default: standard)",
     )
     send.add_argument("--json", action="store_true", help="print every reply frame as JSON")
+    send.add_argument(
+        "--wait-s",
+        type=float,
+        default=30.0,
+        help="while the governor has no worker up yet (it is starting), retry for this long (default: 30; 0: no wait)",
+    )
 
     status = sub.add_parser("status", help="one screen of caps, load, rates, yields and worker health")
     _add_client_options(status)
@@ -187,15 +194,30 @@ def printable(text: str) -> str:
 
 
 def _send(args: argparse.Namespace) -> int:
-    from governor.client import Yielded
-
     fields: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
     for name in ("temperature", "top_p", "top_k", "seed", "tenant", "priority"):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     if args.no_stop_on_eos:
         fields["stop_on_eos"] = False
-    out = sys.stdout
+    deadline = time.monotonic() + args.wait_s
+    waiting = False
+    while True:
+        try:
+            return _send_once(args, fields, sys.stdout)
+        except WorkerUnavailable as exc:  # right after `make run`, the worker may still be loading
+            if time.monotonic() >= deadline:
+                return _failed("error: ", exc)
+            if not waiting:
+                print("waiting for the governor's worker to come up (up to --wait-s)...", file=sys.stderr)
+                waiting = True
+            time.sleep(0.5)
+
+
+def _send_once(args: argparse.Namespace, fields: dict[str, Any], out: TextIO) -> int:
+    """One attempt; `WorkerUnavailable` goes to the caller, which waits for a worker and retries."""
+    from governor.client import Yielded
+
     try:
         with _client(args) as client:
             stream = client.stream(args.prompt, **fields)
@@ -213,6 +235,8 @@ def _send(args: argparse.Namespace) -> int:
     except Yielded as exc:
         print(f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}", file=sys.stderr)
         return EXIT_YIELDED
+    except WorkerUnavailable:
+        raise
     except (GovernorError, OSError) as exc:
         return _failed("error: ", exc)
     return 0

@@ -340,3 +340,23 @@ def test_a_spawned_worker_is_labelled_by_its_place_not_its_socket(start_governor
     metrics = gov.metrics()
     assert metrics[("governor_endpoint_up", (("worker", "spawned-0"),))] == 1
     assert not [key for key in metrics if any("governor-" in value for _, value in key[1])]  # no temp path
+
+
+def test_send_waits_for_a_worker_that_comes_up_late(start_governor: Start) -> None:
+    worker_port = free_port()
+    gov = start_governor("--worker", f"127.0.0.1:{worker_port}", wait_ready=False)
+    cli = [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "--max-new-tokens", "4"]
+    gave_up = subprocess.run([*cli, "--wait-s", "1", "late"], capture_output=True, text=True, timeout=30)
+    assert gave_up.returncode == 1 and "worker_unavailable" in gave_up.stderr
+    assert "waiting for the governor's worker" in gave_up.stderr
+    sender = subprocess.Popen([*cli, "--wait-s", "30", "late"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.0)
+    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"127.0.0.1:{worker_port}", "--engine", "echo"]
+    worker = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out, err = sender.communicate(timeout=60)
+        assert sender.returncode == 0, err
+        assert out.decode().strip() == "late"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
