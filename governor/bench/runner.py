@@ -28,6 +28,7 @@ from governor.bench.tenants import TenantGroup
 from governor.client import NO_RETRY, AsyncClient, ConnectionLost, GovernorError, Result, Token, Yielded
 from governor.client.aio import Reply
 from governor.client.session import Accepted
+from govwire.vocab import FinishReason
 
 
 @dataclass
@@ -219,7 +220,10 @@ class BenchRun:
             sample.prompt_tokens = event.prompt_tokens
             sample.completion_tokens = event.completion_tokens
             sample.server = {k: v for k, v in event.reply.items() if k.endswith("_ms")}
-            self._settle(request, "done", now)
+            if event.finish_reason == FinishReason.CANCELLED:  # cut off (a drain): not a completion
+                self._settle(request, "error", now, "cancelled")
+            else:
+                self._settle(request, "done", now)
         elif isinstance(event, Yielded):
             sample.yield_latencies.append(now - sent)
             if self.config.retry and sample.attempts <= self.config.max_retries:

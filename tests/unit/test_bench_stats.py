@@ -94,3 +94,25 @@ def test_deadline_outcomes_count_met_missed_and_refused_requests() -> None:
     assert summary.deadlines.met_share == pytest.approx(1 / 3)
     assert summary.yielded_by_reason == {"deadline": 1, "tokens": 1}
     assert summarize(samples, wall_s=1.0).deadlines is None
+
+
+def test_a_request_cut_off_by_a_drain_is_an_error_not_a_completion() -> None:
+    import asyncio
+    import random
+
+    from governor.bench.config import BenchConfig
+    from governor.bench.runner import BenchRun, _Request
+    from governor.bench.tenants import TenantGroup
+    from governor.client.session import Result
+
+    run = BenchRun(BenchConfig(), [], [], random.Random(0))
+
+    async def settle(finish_reason: str) -> RequestSample:
+        request = _Request(0, "p", TenantGroup("", None, 1.0), None, RequestSample(0.0))  # type: ignore[arg-type]
+        done = {"status": "done", "finish_reason": finish_reason, "prompt_tokens": 1, "completion_tokens": 2}
+        run._on_event(request, 0.0, Result.from_reply(done), 1.0)
+        return request.sample
+
+    cut = asyncio.run(settle("cancelled"))
+    assert (cut.status, cut.code) == ("error", "cancelled")
+    assert asyncio.run(settle("length")).status == "done"
