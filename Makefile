@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration redis-server lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda clean
+	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -120,6 +120,9 @@ image:  ## the CPU container image (BuildKit; the context is the repository root
 
 image-cuda:  ## the CUDA container image
 	docker build -f deploy/Dockerfile.cuda -t governor:cuda .
+
+image-governor:  ## the governor alone, no torch: the sidecar in front of workers elsewhere
+	docker build -f deploy/Dockerfile.governor -t governor:slim .
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
