@@ -14,6 +14,7 @@ import configparser
 import copy
 import dataclasses
 import json
+import math
 import re
 import shlex
 import shutil
@@ -290,7 +291,6 @@ def test_k8s_objects_have_the_expected_kinds_and_api_versions() -> None:
         ("v1", "Service"),
         ("monitoring.coreos.com/v1", "ServiceMonitor"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
-        ("v1", "ConfigMap"),
         ("autoscaling/v2", "HorizontalPodAutoscaler"),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
     }
@@ -400,25 +400,77 @@ def test_k8s_metrics_service_monitor_and_network_policy_reach_the_metrics_port(s
 
 
 def adapter_rules() -> list[dict[str, Any]]:
-    config_map = the(k8s_objects(), "ConfigMap")
-    rules: list[dict[str, Any]] = yaml.safe_load(config_map["data"]["config.yaml"])["rules"]
+    """The rules of deploy/prometheus/adapter-values.yaml: Helm values (`rules.custom`), which merge
+    with the adapter release's own instead of replacing its config."""
+    values = yaml.safe_load((DEPLOY / "prometheus" / "adapter-values.yaml").read_text())
+    assert set(values) == {"rules"} and set(values["rules"]) == {"custom"}
+    rules: list[dict[str, Any]] = values["rules"]["custom"]
     return rules
 
 
-def test_hpa_scales_the_deployment_on_the_adapter_yield_ratio() -> None:
+def test_hpa_scales_the_deployment_on_the_adapter_metrics() -> None:
     objects = k8s_objects()
     hpa = the(objects, "HorizontalPodAutoscaler")
     deployment = the(objects, "Deployment")
     target = hpa["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", deployment["metadata"]["name"])
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods"
-    (rule,) = adapter_rules()
-    assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
-    assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
-    assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
-    assert re.fullmatch(r"\d+m|0?\.\d+", str(metric["pods"]["target"]["averageValue"]))
+    assert "replicas" not in deployment["spec"], "the HPA owns the count: apply -k would reset it"
+    rules = {rule["name"]["as"]: rule for rule in adapter_rules()}
+    for metric in hpa["spec"]["metrics"]:
+        assert metric["type"] == "Pods"
+        rule = rules[metric["pods"]["metric"]["name"]]
+        assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
+        assert "<<.LabelMatchers>>" in rule["metricsQuery"] and "<<.GroupBy>>" in rule["metricsQuery"]
+        assert re.fullmatch(r"\d+m|0?\.\d+", str(metric["pods"]["target"]["averageValue"]))
+
+
+def _quantity(text: str) -> float:
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def simulate_hpa(metrics: dict[str, float], load: float, capacity: int, replicas: int, minutes: int) -> list[int]:
+    """The HPA's algorithm (kubernetes.io, Horizontal Pod Autoscaling): each Pods metric proposes
+    ceil(replicas x value / target) unless within the 10% tolerance, the largest proposal wins,
+    scale-down takes the highest recommendation of the 10-minute window. `load`: requests the
+    clients keep in flight over all pods; each pod admits up to `capacity`, yields the rest."""
+    history: list[int] = []
+    window: list[int] = []
+    for _ in range(minutes):
+        admitted = min(load, replicas * capacity)
+        values = {
+            "governor_utilisation": admitted / (replicas * capacity),
+            "governor_yield_ratio": (load - admitted) / load if load else 0.0,
+        }
+        proposals = []
+        for name, target in metrics.items():
+            ratio = values[name] / target
+            proposals.append(replicas if abs(ratio - 1) <= 0.1 else math.ceil(replicas * ratio))
+        desired = min(max(max(proposals), 1), 8)
+        window = (window + [desired])[-10:]
+        replicas = desired if desired > replicas else max(window)
+        history.append(replicas)
+    return history
+
+
+@pytest.mark.parametrize("load", [10, 45, 100, 250])
+def test_the_hpa_settles_on_the_shipped_metrics_and_the_yield_ratio_alone_saws(load: float) -> None:
+    hpa = the(k8s_objects(), "HorizontalPodAutoscaler")
+    metrics = {
+        m["pods"]["metric"]["name"]: _quantity(str(m["pods"]["target"]["averageValue"])) for m in hpa["spec"]["metrics"]
+    }
+    capacity = 32  # --max-inflight
+    shipped = simulate_hpa(metrics, load, capacity, replicas=1, minutes=120)
+    settled = shipped[-60:]
+    assert len(set(settled)) == 1, f"load {load}: still moving in the last hour: {settled}"
+    assert settled[0] * capacity >= load or settled[0] == 8  # enough pods, unless at maxReplicas
+    assert (
+        settled[0] == min(8, max(1, math.ceil(load / (capacity * 0.7 * 1.1))))
+        or settled[0] * capacity * 0.7 >= load * 0.9
+    )
+    yields_only = simulate_hpa({"governor_yield_ratio": metrics["governor_yield_ratio"]}, load, capacity, 4, 120)
+    if capacity < load < 8 * capacity:  # more than one pod's worth: it drops a pod until yields return
+        assert len(set(yields_only[-60:])) > 1, "the old configuration oscillates (its sawtooth)"
 
 
 # --- systemd -------------------------------------------------------------------------------------
@@ -634,8 +686,8 @@ def promql_expressions() -> dict[str, str]:
     for i, expr in enumerate(dashboard_expressions()):
         out[f"governor-dashboard.json:{i}"] = expr
     for i, rule in enumerate(adapter_rules()):
-        out[f"prometheus-adapter-rules.yaml:{i}:seriesQuery"] = rule["seriesQuery"]
-        out[f"prometheus-adapter-rules.yaml:{i}:metricsQuery"] = rule["metricsQuery"]
+        out[f"prometheus-adapter:{i}:seriesQuery"] = rule["seriesQuery"]
+        out[f"prometheus-adapter:{i}:metricsQuery"] = rule["metricsQuery"]
     return out
 
 
