@@ -43,6 +43,7 @@ from governor.openai_api import (
     chat_response,
     chunk_event,
     completion_response,
+    cost_view,
     error_body,
     error_event,
     error_object,
@@ -107,20 +108,6 @@ _YIELD_BODY = (
     b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
     b'"code":"%s","reason":"%s","retry_hint_ms":%d}}'
 )
-
-
-def cost_view(body: dict[str, Any]) -> dict[str, Any]:
-    """What `CostModel.ask` reads of a frame, from a completions body, without checking the rest."""
-    prompt = body.get("prompt")
-    if type(prompt) is list and len(prompt) == 1:
-        prompt = prompt[0]
-    return {
-        "prompt": prompt,
-        "max_new_tokens": body.get("max_tokens"),
-        "prompt_tokens": body.get("prompt_tokens"),
-        "deadline_ms": body.get("deadline_ms"),
-        "priority": body.get("priority"),
-    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +200,6 @@ class HttpIngress:
         self._parser = httptools.HttpRequestParser(self)
         self._message: _Message | None = None  # being parsed
         self._header_bytes = 0
-        self._header_name = b""
         self._queue: deque[_Message] = deque()  # parsed, waiting for the response before them
         self._exchange: _Exchange | None = None  # admitted, its response not complete
         self._pending: list[bytes] = []
@@ -226,7 +212,6 @@ class HttpIngress:
         self._next_id = 0
         self.active: dict[str, InflightRequest] = {}
         self.tenant = DEFAULT_TENANT  # of the request being answered, for logs when shed
-        self.authenticated = True  # per request, by its Authorization header
         self.closing: ShedReason | None = None  # the adapter sheds the connection with this reason
         self.finished = False  # the client asked to close: close once the replies are out
         self.backlogged = False
@@ -274,14 +259,16 @@ class HttpIngress:
         self.started_at = self._state.clock()
 
     def on_url(self, url: bytes) -> None:
-        self._count_header(len(url))
+        self._header_bytes += len(url)
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._headers_too_large()
         if self._message is not None:
             self._message.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
         if self._header_bytes > self._limits.max_header_bytes:
-            self._count_header(0)
+            self._headers_too_large()
         message = self._message
         if message is None or len(name) not in _HEADER_LENGTHS:  # most headers, without a lower()
             return
@@ -294,11 +281,9 @@ class HttpIngress:
         else:
             message.headers[key] = value
 
-    def _count_header(self, n: int) -> None:
-        self._header_bytes += n
-        if self._header_bytes > self._limits.max_header_bytes:
-            self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
-            raise httptools.HttpParserError("headers too large")
+    def _headers_too_large(self) -> None:
+        self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
+        raise httptools.HttpParserError("headers too large")
 
     def on_headers_complete(self) -> None:
         message = self._message

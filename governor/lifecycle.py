@@ -91,7 +91,8 @@ class Timers(Protocol):
 
 
 class Link(Protocol):
-    """A link as a request sees it (upstream.Link): the requests it holds, by uid."""
+    """A link as a request sees it (upstream.WorkerLink, openai_link.OpenAILink): the requests it
+    holds, by uid."""
 
     inflight: dict[str, InflightRequest]
 

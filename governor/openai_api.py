@@ -184,13 +184,29 @@ def _check_fields(body: Any, known: set[str], neutral: dict[str, tuple[object, .
             raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
 
 
+def _prompt_of(body: dict[str, Any]) -> Any:
+    """The body's prompt; one prompt in a list is the same request."""
+    prompt = body.get("prompt")
+    return prompt[0] if type(prompt) is list and len(prompt) == 1 else prompt
+
+
+def cost_view(body: dict[str, Any]) -> dict[str, Any]:
+    """What `CostModel.ask` reads of a frame, from a completions body, without checking the rest
+    (admission runs on this; `generate_frame_of` checks everything once a slot is granted)."""
+    return {
+        "prompt": _prompt_of(body),
+        "max_new_tokens": body.get("max_tokens"),
+        "prompt_tokens": body.get("prompt_tokens"),
+        "deadline_ms": body.get("deadline_ms"),
+        "priority": body.get("priority"),
+    }
+
+
 def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     """A completions request body as a generate frame (validated later, like any frame). Raises
     `BadFrame` for what cannot be expressed as one."""
     _check_fields(body, _KNOWN, _NEUTRAL, request_id)
-    prompt = body.get("prompt")
-    if type(prompt) is list and len(prompt) == 1:
-        prompt = prompt[0]  # one prompt in a list: the same request
+    prompt = _prompt_of(body)
     if type(prompt) is not str:
         raise BadFrame("prompt must be a string (one prompt; token arrays are not supported)", request_id)
     frame: dict[str, Any] = {"id": request_id, "op": Op.GENERATE.value, "prompt": prompt}

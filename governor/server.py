@@ -30,7 +30,7 @@ from governor.http_ingress import HttpIngress, HttpLimits
 from governor.lifecycle import Phase
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
-from governor.openai_link import OpenAITarget
+from governor.openai_link import OpenAILink
 from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ClientCore, ServerState
 from governor.supervisor import WorkerSupervisor
@@ -92,13 +92,12 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
     )
 
 
-def served_models(config: GovernorConfig) -> list[str]:
+def served_models(upstream: Upstream, served_model: str) -> list[str]:
     """The model names the front door serves: each OpenAI-compatible endpoint's, and
-    `--served-model` for the worker endpoints."""
-    targets = [parse_endpoint(text)[0] for text in config.worker]
-    names = [t.model for t in targets if isinstance(t, OpenAITarget)]
-    if not targets or len(names) < len(targets):
-        names.append(config.served_model)
+    `--served-model` when there are worker endpoints."""
+    names = [link.target.model for link in upstream.links if isinstance(link, OpenAILink)]
+    if upstream.worker_links:
+        names.append(served_model)
     return list(dict.fromkeys(names))
 
 
@@ -341,7 +340,7 @@ class Server:
         stack.callback(listener.close)
         listeners = [listener]
         if config.http_port:
-            listeners.append(await self._open_front_door(state, limits))
+            listeners.append(await self._open_front_door(state, served_models(upstream, config.served_model), limits))
             stack.callback(listeners[-1].close)
         log.info(
             "event=listening host=%s port=%d http_port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
@@ -355,7 +354,7 @@ class Server:
         )
         return state, listeners
 
-    async def _open_front_door(self, state: ServerState, limits: ConnectionLimits) -> asyncio.Server:
+    async def _open_front_door(self, state: ServerState, models: list[str], limits: ConnectionLimits) -> asyncio.Server:
         """The OpenAI-compatible HTTP listener: the same state, admission and connection limits as
         the NDJSON port, an HTTP core per connection."""
         config = self.config
@@ -364,7 +363,6 @@ class Server:
             max_pipelined=config.http_max_pipelined,
             request_timeout_s=config.http_request_timeout_s,
         )
-        models = served_models(config)
 
         def http_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
             return HttpIngress(state, write, http_limits, models, protocol.pause_reading, protocol.finish)
