@@ -135,7 +135,7 @@ def _token_families(
     )
     bucket = admission.token_rate.bucket
     yield GaugeMetricFamily(
-        "governor_max_tokens_per_s",
+        "governor_max_tokens_per_second",
         "Token cost admitted per second (--max-tokens-per-s); 0 = none.",
         0.0 if bucket is None else bucket.rate,
     )
