@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration redis-server lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
+.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
 	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
@@ -25,13 +25,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## start the governor with its GPT-2 worker (random weights); extra flags via ARGS="..."
 	$(PY) -m governor serve $(ARGS)
 
-test: $(STAMP) redis-server  ## the whole suite (unit + integration), as CI runs it
+test: $(STAMP) redis-server deploy-tools  ## the whole suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) deploy-tools
 	$(PY) -m pytest -q tests/unit
 
-test-integration: $(STAMP) redis-server
+test-integration: $(STAMP) redis-server deploy-tools
 	$(PY) -m pytest -q tests/integration
 
 # The fleet tests start a real redis-server (or valkey-server) on loopback. Where neither is on the
@@ -43,6 +43,25 @@ redis-server:
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
 		$$sudo apt-get update -qq && \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+
+# promtool and prometheus for the deploy/ checks (tests/deploy_tools.py): Debian's `prometheus`
+# package, unpacked into .tools/ rather than installed, so no service starts and nothing outside the
+# checkout changes. Where it cannot be had (no apt, no network) this says so and those tests skip,
+# naming the reason; hadolint and kubernetes-validate come from PyPI with the dev extra.
+TOOLS := .tools
+deploy-tools:
+	@test -x $(TOOLS)/bin/promtool || { \
+		if ! command -v apt-get >/dev/null; then \
+			echo "deploy-tools: no apt-get here, so the promtool/prometheus checks of deploy/ will skip" >&2; exit 0; fi; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+		d=$$(mktemp -d) && cd $$d && \
+		{ apt-get download -qq prometheus 2>/dev/null || \
+			{ $$sudo apt-get update -qq && apt-get download -qq prometheus 2>/dev/null; }; } && \
+		dpkg-deb -x prometheus_*.deb root && cd - >/dev/null && \
+		mkdir -p $(TOOLS)/bin && rm -rf $(TOOLS)/prometheus && mv $$d/root $(TOOLS)/prometheus && rm -rf $$d && \
+		ln -sf ../prometheus/usr/bin/promtool ../prometheus/usr/bin/prometheus $(TOOLS)/bin/ && \
+		$(TOOLS)/bin/promtool --version | head -n 1 || \
+		{ rm -rf "$$d"; echo "deploy-tools: could not fetch Debian's prometheus package, so the promtool/prometheus checks of deploy/ will skip" >&2; }; }
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff mypy
@@ -125,4 +144,4 @@ image-governor:  ## the governor alone, no torch: the sidecar in front of worker
 	docker build -f deploy/Dockerfile.governor -t governor:slim .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .hypothesis build *.egg-info
