@@ -16,9 +16,10 @@ import orjson
 
 from governor import __version__
 from governor.bench.config import BenchConfig
-from governor.client import NO_RETRY, Client, GovernorError
+from governor.client import DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
+from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.errors import WorkerUnavailable
 from govwire.logs import configure_logging
@@ -31,8 +32,11 @@ EXIT_YIELDED = 3
 
 
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="governor address (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=7070, help="governor port (default: 7070)")
+    # The clients' one convention (send, status, bench): where to connect is one --address, as
+    # --worker names an endpoint; --host/--port are what `serve` listens on.
+    parser.add_argument(
+        "--address", default=DEFAULT_ADDRESS, help=f"the governor: HOST:PORT or unix:PATH (default: {DEFAULT_ADDRESS})"
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default: 60)")
     parser.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
 
@@ -41,11 +45,20 @@ def _client(args: argparse.Namespace) -> Client:
     """A client from the common options; SystemExit naming the problem if it cannot connect."""
     try:
         token = SharedSecret.read(args.auth_token_file).token.decode() if args.auth_token_file else None
-        return Client(args.host, args.port, token=token, timeout=args.timeout, retry=NO_RETRY)
     except ValueError as exc:
         raise SystemExit(f"governor {args.command}: error: --auth-token-file: {exc}") from None
+    try:
+        parse_address(args.address)
+    except ValueError as exc:
+        raise SystemExit(f"governor {args.command}: error: --address: {exc}") from None
+    try:
+        return Client(address=args.address, token=token, timeout=args.timeout, retry=NO_RETRY)
+    except (ConnectionRefusedError, FileNotFoundError) as exc:
+        raise SystemExit(
+            f"governor {args.command}: error: {args.address}: {exc} (is the governor running? `make run` starts one)"
+        ) from None
     except OSError as exc:
-        raise SystemExit(f"governor {args.command}: error: {args.host}:{args.port}: {exc}") from None
+        raise SystemExit(f"governor {args.command}: error: {args.address}: {exc}") from None
 
 
 def _failed(prefix: str, exc: GovernorError | OSError) -> int:

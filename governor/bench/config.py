@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.bench.tenants import TenantGroup, parse_tenant_mix, read_tenant_tokens
+from governor.client import DEFAULT_ADDRESS
 from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.options import ConfigError, option
@@ -13,7 +14,7 @@ from govwire.options import ConfigError, option
 
 @dataclass(frozen=True)
 class BenchConfig:
-    address: str = option("127.0.0.1:7070", "the governor to drive: HOST:PORT or unix:PATH")
+    address: str = option(DEFAULT_ADDRESS, "the governor: HOST:PORT or unix:PATH")
     direct: str = option(
         "",
         "connect straight to this worker address instead (same protocol), to measure the governor's cost",

@@ -16,7 +16,10 @@ from governor.client.sync import Client, Stream
 from govwire.errors import GovernorError
 from govwire.vocab import MAX_REPLY_BYTES
 
+DEFAULT_ADDRESS = "127.0.0.1:7070"  # where `governor serve` listens by default (--host, --port)
+
 __all__ = [
+    "DEFAULT_ADDRESS",
     "MAX_REPLY_BYTES",
     "NO_RETRY",
     "AsyncClient",

@@ -23,6 +23,7 @@ from governor.client.session import (
     refusal,
     request_ids,
 )
+from govwire.address import Address, parse_address
 from govwire.auth import SharedSecret
 from govwire.errors import GovernorError
 from govwire.vocab import Op, ReservedId, Status
@@ -69,11 +70,15 @@ class Client:
         timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
         retry: RetryPolicy | None = None,
+        address: str | None = None,
     ) -> None:
         """`timeout` bounds each wait for a reply (None: wait forever). Without `retry` every yield
         is raised as `Yielded`; with a `RetryPolicy` yields are retried after their hint. The
-        connection opens here and is reopened by the next call after a loss."""
+        connection opens here and is reopened by the next call after a loss. `address`
+        (`HOST:PORT` or `unix:PATH`) replaces host and port, as for AsyncClient."""
+        self._address = parse_address(address) if address else Address(host=host, port=port)
         self.host, self.port = host, port
+        self._where = str(self._address)
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout
         self._connect_timeout = connect_timeout
@@ -129,7 +134,7 @@ class Client:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        lost = ConnectionLost(f"connection to {self.host}:{self.port} closed")
+        lost = ConnectionLost(f"connection to {self._where} closed")
         for queue in self._queues.values():
             queue.append(lost)
         self._session = Session(self._ids)
@@ -213,13 +218,13 @@ class Client:
         try:
             data = sock.recv(1 << 16)
         except TimeoutError:
-            raise TimeoutError(f"no reply from {self.host}:{self.port} within {self._timeout} s") from None
+            raise TimeoutError(f"no reply from {self._where} within {self._timeout} s") from None
         except OSError as exc:
             self._lost()
-            raise ConnectionLost(f"connection to {self.host}:{self.port} failed: {exc}") from exc
+            raise ConnectionLost(f"connection to {self._where} failed: {exc}") from exc
         if not data:
             self._lost()
-            raise ConnectionLost(f"{self.host}:{self.port} closed the connection")
+            raise ConnectionLost(f"{self._where} closed the connection")
         session = self._session
         for rid, event in session.feed(data):
             queue = self._queues.get(rid)
@@ -235,7 +240,7 @@ class Client:
             self._sock.sendall(frame)
         except OSError as exc:
             self._lost()
-            raise ConnectionLost(f"connection to {self.host}:{self.port} failed: {exc}") from exc
+            raise ConnectionLost(f"connection to {self._where} failed: {exc}") from exc
 
     def _lost(self) -> None:
         self.close()
@@ -245,7 +250,16 @@ class Client:
             self._connect()
 
     def _connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+        if self._address.is_unix:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(self._connect_timeout)
+            try:
+                sock.connect(self._address.path)
+            except OSError:
+                sock.close()
+                raise
+        else:
+            sock = socket.create_connection((self._address.host, self._address.port), timeout=self._connect_timeout)
         sock.settimeout(self._timeout)
         self._sock = sock
         if self._secret is not None:
@@ -254,9 +268,9 @@ class Client:
                 self._send(self._session.auth_frame(self._secret))
                 reply = cast(dict[str, Any], self._next(ReservedId.AUTH))
             except ConnectionLost as exc:
-                raise PermissionError(f"{self.host}:{self.port} refused the token") from exc
+                raise PermissionError(f"{self._where} refused the token") from exc
             finally:
                 self._queues.pop(ReservedId.AUTH, None)
             if reply.get("status") != Status.AUTHENTICATED:
                 self.close()
-                raise refusal(reply, f"{self.host}:{self.port}")
+                raise refusal(reply, self._where)

@@ -50,7 +50,7 @@ def test_tenant_and_priority_go_in_the_frame_only_when_given() -> None:
     def blocking(port: int) -> None:
         with Client(port=port) as client:
             client.generate("x", tenant="B")
-        argv = ["governor", "send", "x", "--port", str(port), "--tenant", "C", "--priority", "standard"]
+        argv = ["governor", "send", "x", "--address", f"127.0.0.1:{port}", "--tenant", "C", "--priority", "standard"]
         sent = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True, timeout=30)
         assert sent.returncode == 0, sent.stderr
 
@@ -197,13 +197,16 @@ def test_status_and_print_config_commands(start_governor: Start, tmp_path: Path)
     with Client(port=gov.port, token="status-token") as client:
         client.generate("hi", max_new_tokens=2)
     base = [sys.executable, "-m", "governor"]
+    address = f"127.0.0.1:{gov.port}"
     status = subprocess.run(
-        [*base, "status", "--port", str(gov.port), "--auth-token-file", str(token_file), "--interval", "0.2"],
+        [*base, "status", "--address", address, "--auth-token-file", str(token_file), "--interval", "0.2"],
         capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     assert "governor: serving, 0/5 in flight" in status.stdout
     assert "workers: 1/1 up" in status.stdout and "executed 1" in status.stdout
-    refused = subprocess.run([*base, "status", "--port", str(gov.port)], capture_output=True, text=True, timeout=30)
+    refused = subprocess.run(
+        [*base, "status", "--address", f"127.0.0.1:{gov.port}"], capture_output=True, text=True, timeout=30
+    )
     assert refused.returncode == 1 and "unauthorized" in refused.stderr
     printed = subprocess.run(
         [*base, "serve", "--max-inflight", "7", "--print-config"],
@@ -238,3 +241,30 @@ def test_bench_authenticates_with_a_token_file(start_governor: Start, tmp_path: 
     assert done.returncode == 0 and "Requests (accepted, done) 5" in done.stdout, done.stderr
     refused = subprocess.run(bench, capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "a connection must open with" in refused.stderr  # no traceback
+
+
+def test_clients_and_send_take_one_address_tcp_or_unix(tmp_path: Path) -> None:
+    """`--address` (and Client(address=)) reach anything that speaks the protocol, here a worker
+    on a unix socket, as `bench --address` and `--worker` do; a bad one is named, not a traceback."""
+    path = tmp_path / "worker.sock"
+    argv = [sys.executable, "-m", "worker", "serve", "--listen", f"unix:{path}", "--engine", "echo"]
+    worker = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not path.exists():
+            assert worker.poll() is None and time.monotonic() < deadline, "worker did not start"
+            time.sleep(0.05)
+        with Client(address=f"unix:{path}") as client:
+            assert client.generate("over unix", max_new_tokens=16).text == "over unix"
+        base = [sys.executable, "-m", "governor", "send"]
+        sent = subprocess.run([*base, "--address", f"unix:{path}", "hello"], capture_output=True, text=True, timeout=30)
+        assert sent.returncode == 0 and sent.stdout == "hello\n", sent.stderr
+        bad = subprocess.run([*base, "--address", "no-port", "x"], capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 1 and "--address" in bad.stderr and "Traceback" not in bad.stderr
+        gone = subprocess.run(
+            [*base, "--address", f"unix:{tmp_path / 'nothing.sock'}", "x"], capture_output=True, text=True, timeout=30
+        )
+        assert gone.returncode == 1 and "is the governor running?" in gone.stderr
+    finally:
+        worker.terminate()
+        worker.wait(15)

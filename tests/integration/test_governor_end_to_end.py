@@ -296,7 +296,7 @@ def test_what_the_drain_leaves_is_cancelled(start_governor: Start, cut_short: bo
 def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
     gov = start_governor()
     out = subprocess.run(
-        [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "hello governor"],
+        [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{gov.port}", "hello governor"],
         capture_output=True,
         text=True,
         timeout=20,
@@ -305,12 +305,12 @@ def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
     assert out.stdout == "hello governor\n"
     assert "finish_reason=eos" in out.stderr
     dead = subprocess.run(
-        [sys.executable, "-m", "governor", "send", "--port", str(free_port()), "x"],
+        [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{free_port()}", "x"],
         capture_output=True,
         text=True,
         timeout=20,
     )
-    assert dead.returncode != 0
+    assert dead.returncode == 1 and "is the governor running?" in dead.stderr
 
 
 def test_a_worker_that_cannot_be_reached_is_logged_and_named_by_readyz(start_governor: Start) -> None:
@@ -345,7 +345,7 @@ def test_a_spawned_worker_is_labelled_by_its_place_not_its_socket(start_governor
 def test_send_waits_for_a_worker_that_comes_up_late(start_governor: Start) -> None:
     worker_port = free_port()
     gov = start_governor("--worker", f"127.0.0.1:{worker_port}", wait_ready=False)
-    cli = [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "--max-new-tokens", "4"]
+    cli = [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{gov.port}", "--max-new-tokens", "4"]
     gave_up = subprocess.run([*cli, "--wait-s", "1", "late"], capture_output=True, text=True, timeout=30)
     assert gave_up.returncode == 1 and "worker_unavailable" in gave_up.stderr
     assert "waiting for the governor's worker" in gave_up.stderr

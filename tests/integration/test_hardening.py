@@ -45,7 +45,16 @@ def test_clients_must_authenticate_first_and_the_token_is_never_logged(start_gov
     c = gov.conn()
     c.send("c", "hi", max_new_tokens=2)
     assert c.until_final("c")[-1]["status"] == "done"
-    send = [sys.executable, "-m", "governor", "send", "--port", str(gov.port), "--auth-token-file", str(token_file)]
+    send = [
+        sys.executable,
+        "-m",
+        "governor",
+        "send",
+        "--address",
+        f"127.0.0.1:{gov.port}",
+        "--auth-token-file",
+        str(token_file),
+    ]
     out = subprocess.run([*send, "hello"], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout == "hello\n"
     stats = gov.stats()
