@@ -77,7 +77,7 @@ def main() -> None:
                 [
                     name,
                     str(summary.requests),
-                    str(summary.rejected),
+                    str(summary.yielded),
                     ms(summary.ttft_ms.p50),
                     ms(summary.ttft_ms.p99),
                     ms(server_p99(result, "queue_wait_ms")),

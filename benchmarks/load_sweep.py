@@ -92,7 +92,7 @@ def main() -> None:
                         "offered_rps": rate,
                         "requests": count,
                         "goodput_rps": summary.goodput_rps,
-                        "yield_ratio": summary.rejected / count,
+                        "yield_ratio": summary.yielded / count,
                         "ttft_p99_ms": summary.ttft_ms.p99,
                         "completed_rps": summary.requests / summary.wall_s,
                     }

@@ -42,7 +42,7 @@ class BenchConfig:
         "blocking work on the submit path before each first submission (a stand-in for client-side tokenization)",
     )
     concurrency: int = option(0, "closed loop: N clients, each sends its next request when one ends; 0 = open loop")
-    retry: bool = option(False, "retry yielded requests after retry_hint_ms (default: a yield is final)")
+    retry: bool = option(False, "retry yielded requests after retry_hint_ms; off: a yield is final")
     max_retries: int = option(5, "with --retry: attempts after the first")
     connections: int = option(1, "TCP connections the requests are spread over")
     warmup_runs: int = option(0, "runs whose results are discarded")

@@ -26,7 +26,7 @@ async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
         result = await BenchRun(config, prompts, groups, rng).run()
         summary = run_summary(config, result.samples, result.wall_s)
         if n < config.warmup_runs:
-            print(f"warm-up run {n + 1}/{config.warmup_runs}: {summary.requests} done, {summary.rejected} yielded")
+            print(f"warm-up run {n + 1}/{config.warmup_runs}: {summary.requests} done, {summary.yielded} yielded")
             continue
         measured.append((summary, result))
         print(format_run(f"run {len(measured)}/{config.repeat_runs}", config, summary, result), flush=True)

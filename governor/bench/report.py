@@ -74,7 +74,7 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
     lines = [
         f"== {title}",
         f"  Requests (accepted, done) {summary.requests}",
-        f"  Rejected (yielded)       {summary.rejected}" + (f" ({reasons})" if reasons else ""),
+        f"  Yielded                  {summary.yielded}" + (f" ({reasons})" if reasons else ""),
         f"  Errors                   {errors}",
         f"  Retries                  {summary.retries} (amplification {summary.retry_amplification:.2f} attempts"
         " per completed request)",
@@ -100,7 +100,7 @@ def format_run(title: str, config: BenchConfig, summary: Summary, result: RunRes
         lines.append(_dist("Submit lag", Distribution.of([x * 1000 for x in result.submit_lags_s])))
     lines += [
         _dist("Submit->ack", summary.ack_ms),
-        _dist("Reject latency", summary.reject_latency_ms),
+        _dist("Yield latency", summary.yield_latency_ms),
         _dist("TTFT", summary.ttft_ms),
         _dist("TPOT", summary.tpot_ms),
         _dist("ITL", summary.itl_ms),
@@ -126,7 +126,7 @@ def _group_lines(config: BenchConfig, summary: Summary, groups: list[tuple[Tenan
     ]
     for group, s in groups:
         row = (
-            f"  {group.label:<{width}} {s.offered:>7} {s.requests:>6} {s.rejected:>7} {sum(s.errors.values()):>6}"
+            f"  {group.label:<{width}} {s.offered:>7} {s.requests:>6} {s.yielded:>7} {sum(s.errors.values()):>6}"
             f" {s.retries:>7} {s.executed_rps:>8.2f}"
         )
         row += (f" {s.goodput_rps:>9.2f}" if slo else "") + f" {_num(s.ttft_ms.p50)} {_num(s.ttft_ms.p99)}"

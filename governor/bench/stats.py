@@ -6,7 +6,7 @@ Definitions (docs/BENCHMARKS.md repeats them):
   latency = final reply − submit (the first submission, when retried); reject latency = submit →
   `yield` reply, for every yielded attempt; submit→ack = the admitted attempt's submission → its
   `accepted` reply.
-- Rejected (yielded) and failed requests are excluded from token and latency figures.
+- Yielded and failed requests are excluded from token and latency figures.
 - Timestamps are the client's monotonic clock, in seconds; figures are reported in ms.
 """
 
@@ -115,7 +115,7 @@ class DeadlineOutcomes:
 class Summary:
     offered: int  # requests of the workload (each counted once, however often retried)
     requests: int  # completed with done
-    rejected: int  # yielded (finally, after any retries)
+    yielded: int  # yielded finally, after any retries
     retries: int
     errors: dict[str, int]
     prompt_tokens: int
@@ -125,7 +125,7 @@ class Summary:
     tpot_ms: Distribution
     itl_ms: Distribution
     latency_ms: Distribution
-    reject_latency_ms: Distribution  # every yield reply, retried or final
+    yield_latency_ms: Distribution  # every yield reply, retried or final
     ack_ms: Distribution  # admitted attempts: submit -> accepted
     goodput_rps: float  # done requests meeting both SLOs, per second of wall time
     yielded_by_reason: dict[str, int] = field(default_factory=dict)  # final yields
@@ -188,7 +188,7 @@ def summarize(
     return Summary(
         offered=len(samples),
         requests=len(done),
-        rejected=sum(s.status == "yield" for s in samples),
+        yielded=sum(s.status == "yield" for s in samples),
         retries=sum(max(0, s.attempts - 1) for s in samples),
         errors=errors,
         prompt_tokens=sum(s.prompt_tokens for s in done),
@@ -198,7 +198,7 @@ def summarize(
         tpot_ms=Distribution.of(_ms([t for s in done if (t := s.tpot) is not None])),
         itl_ms=Distribution.of(_ms([gap for s in done for gap in s.itls])),
         latency_ms=Distribution.of(_ms([t for s in done if (t := s.latency) is not None])),
-        reject_latency_ms=Distribution.of(_ms([t for s in samples for t in s.yield_latencies])),
+        yield_latency_ms=Distribution.of(_ms([t for s in samples for t in s.yield_latencies])),
         ack_ms=Distribution.of(_ms([t for s in samples if (t := s.ack_latency) is not None])),
         goodput_rps=good / wall_s if wall_s > 0 else 0.0,
         yielded_by_reason=yielded,

@@ -51,9 +51,9 @@ def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Gov
     assert run["timeline"] and all(0 <= inflight <= 4 for _, inflight, _ in run["timeline"])
     summary = run["summary"]
     stats = gov.stats()
-    assert summary["requests"] + summary["rejected"] == 40 and summary["errors"] == {}
-    assert (stats["executed_total"], stats["yielded_total"]) == (summary["requests"], summary["rejected"])
-    assert summary["rejected"] > 0  # a burst of 40 against a cap of 4
+    assert summary["requests"] + summary["yielded"] == 40 and summary["errors"] == {}
+    assert (stats["executed_total"], stats["yielded_total"]) == (summary["requests"], summary["yielded"])
+    assert summary["yielded"] > 0  # a burst of 40 against a cap of 4
     assert summary["completion_tokens"] == 8 * summary["requests"]
     assert summary["ttft_ms"]["count"] == summary["requests"] and summary["itl_ms"]["count"] == 7 * summary["requests"]
     assert summary["ack_ms"]["count"] == summary["requests"]  # every admitted request was acknowledged
@@ -61,7 +61,7 @@ def test_bench_counts_match_the_governor_stats(start_governor: Callable[..., Gov
     retried = bench(gov, tmp_path / "retry.json", "--num-requests", "20", "--retry", "--max-retries", "50")
     summary = retried["runs"][0]["summary"]
     after = gov.stats()
-    assert summary["requests"] == 20 and summary["rejected"] == 0
+    assert summary["requests"] == 20 and summary["yielded"] == 0
     assert after["executed_total"] - stats["executed_total"] == 20
     assert after["yielded_total"] - stats["yielded_total"] == summary["retries"]
     assert after["received_total"] == after["executed_total"] + after["yielded_total"]

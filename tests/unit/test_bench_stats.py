@@ -40,7 +40,7 @@ def test_ttft_tpot_itl_and_latency_from_timestamps() -> None:
     assert one.ttft == 0.5 and one.tpot is None and one.itls == []
 
 
-def test_rejected_and_failed_requests_are_excluded_from_token_and_latency_figures() -> None:
+def test_yielded_and_failed_requests_are_excluded_from_token_and_latency_figures() -> None:
     samples = [
         done(0.0, [0.1, 0.2], 0.3, n_prompt=5),
         done(0.0, [0.4, 0.5, 0.6], 0.7, n_prompt=7),
@@ -50,11 +50,11 @@ def test_rejected_and_failed_requests_are_excluded_from_token_and_latency_figure
     samples[0].ack_latency = 0.002
     summary = summarize(samples, wall_s=2.0)
     assert summary.ack_ms == Distribution.of([2.0])
-    assert (summary.requests, summary.rejected, summary.errors) == (2, 1, {"worker_lost": 1})
+    assert (summary.requests, summary.yielded, summary.errors) == (2, 1, {"worker_lost": 1})
     assert (summary.prompt_tokens, summary.completion_tokens) == (12, 5)
     assert summary.ttft_ms.count == 2 and summary.ttft_ms.p50 == pytest.approx(250)
     assert summary.itl_ms.count == 3  # 1 gap + 2 gaps, pooled
-    assert summary.reject_latency_ms == Distribution.of([1.0])
+    assert summary.yield_latency_ms == Distribution.of([1.0])
     assert summary.output_tok_s == 2.5 and summary.total_tok_s == 8.5
 
 
@@ -65,7 +65,7 @@ def test_retries_count_every_attempt_after_the_first() -> None:
     first_time.attempts = 1
     summary = summarize([retried, first_time], 1.0)
     assert summary.retries == 2 and summary.retry_amplification == 2.0
-    assert summary.reject_latency_ms.count == 2 and summary.rejected == 0
+    assert summary.yield_latency_ms.count == 2 and summary.yielded == 0
 
 
 def test_goodput_counts_done_requests_meeting_both_slos_per_second() -> None:

@@ -131,7 +131,7 @@ def test_each_group_is_summarised_by_the_same_function_over_its_own_samples() ->
     (a_group, a), (b_group, b) = group_summaries(config, result)
     assert (a_group.label, b_group.label) == ("A", "B/critical")
     assert a == summarize(samples[:4], 2.0, slo_ttft_ms=50)
-    assert (a.offered, a.requests, a.rejected, sum(a.errors.values()), a.retries) == (4, 2, 1, 1, 2)
+    assert (a.offered, a.requests, a.yielded, sum(a.errors.values()), a.retries) == (4, 2, 1, 1, 2)
     assert (a.executed_rps, a.goodput_rps, b.executed_rps) == (1.0, 0.5, 0.5)
     assert a.offered + b.offered == overall.offered == 5
     assert token_share(a, overall) == pytest.approx(12 / 24) and token_share(b, overall) == pytest.approx(12 / 24)
