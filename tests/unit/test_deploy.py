@@ -289,8 +289,18 @@ def test_k8s_objects_have_the_expected_kinds_and_api_versions() -> None:
         ("monitoring.coreos.com/v1", "ServiceMonitor"),
         ("networking.k8s.io/v1", "NetworkPolicy"),
         ("autoscaling/v2", "HorizontalPodAutoscaler"),
+        ("policy/v1", "PodDisruptionBudget"),
         ("kustomize.config.k8s.io/v1beta1", "Kustomization"),
     }
+
+
+def test_the_disruption_budget_covers_the_pods_and_never_blocks_a_drain() -> None:
+    objects = k8s_objects()
+    budget, deployment = the(objects, "PodDisruptionBudget"), the(objects, "Deployment")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    # minAvailable 1 with the HPA's minimum of one replica would make every node drain wait for ever.
+    assert "minAvailable" not in budget["spec"] and budget["spec"]["maxUnavailable"] == 1
 
 
 def test_kustomization_lists_existing_files() -> None:
