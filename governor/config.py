@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -14,7 +15,7 @@ from governor.openai_link import OpenAITarget
 from governor.priority import CeilingPolicy
 from governor.tenant import TenantLimits, parse_tenant
 from govwire.address import Address, parse_address
-from govwire.auth import SharedSecret, TenantSecrets
+from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option
 from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB
 
@@ -272,6 +273,8 @@ class GovernorConfig:
             raise ConfigError("the --fleet-max-* caps are shared through Redis: give its --fleet URL")
         if self.fleet and not self.fleet.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError("--fleet must be a redis://, rediss:// or unix:// URL")
+        if self.fleet and unquote(urlsplit(self.fleet).password or "").startswith(PLACEHOLDER_PREFIX):
+            raise ConfigError("--fleet: the password is the shipped placeholder (replace-me…); create a random one")
 
     def fleet_policy(self) -> FleetPolicy:
         try:

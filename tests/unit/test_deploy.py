@@ -723,13 +723,13 @@ def json_patch_add(document: Any, ops: list[dict[str, Any]]) -> Any:
     return document
 
 
-FLEET = K8S / "fleet"
+FLEET = DEPLOY / "k8s-fleet"
 
 
 def fleet_deployment() -> dict[str, Any]:
     """The Deployment as the fleet overlay leaves it (its one patch applied)."""
     kustomization = yaml.safe_load((FLEET / "kustomization.yaml").read_text())
-    assert kustomization["resources"] == ["../", "redis.yaml"]
+    assert kustomization["resources"] == ["../k8s", "redis.yaml"]
     (patch,) = kustomization["patches"]
     assert patch["target"]["kind"] == "Deployment" and patch["target"]["name"] == "inference"
     deployment = copy.deepcopy(the(k8s_objects(), "Deployment"))
@@ -739,7 +739,12 @@ def fleet_deployment() -> dict[str, Any]:
 
 
 def fleet_objects() -> dict[tuple[str, str], dict[str, Any]]:
-    return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all((FLEET / "redis.yaml").read_text())}
+    """The overlay's own objects, and its example Secret (which the kustomization leaves out)."""
+    docs = [
+        *yaml.safe_load_all((FLEET / "redis.yaml").read_text()),
+        yaml.safe_load((FLEET / "secret.yaml").read_text()),
+    ]
+    return {(o["kind"], o["metadata"]["name"]): o for o in docs}
 
 
 def test_fleet_overlay_gives_every_governor_a_valid_fleet_on_its_own_valkey(secret: Path) -> None:

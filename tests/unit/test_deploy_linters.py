@@ -6,7 +6,8 @@ systemd's parser). A missing tool skips with the way to get it (tests/deploy_too
 The ServiceMonitor and the Kustomizations have no schema in kubernetes-validate (a CRD, and
 kustomize's own config); the prometheus-operator's CRD is not on a package registry, so the
 ServiceMonitor is checked by structure in test_deploy.py and live, the way the operator scrapes it,
-in tests/integration/test_deploy_live.py.
+in tests/integration/test_deploy_live.py. The kustomizations are built by `kubectl kustomize` where
+kubectl is installed (it is on no package registry this project can install from).
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy_tools import tool
-from tests.unit.test_deploy import DEPLOY, SYSTEMD, fleet_deployment, fleet_objects, k8s_objects
+from tests.unit.test_deploy import DEPLOY, FLEET, K8S, SYSTEMD, fleet_deployment, fleet_objects, k8s_objects
 
 # The oldest Kubernetes still in wide use, one in the middle, and the newest the tool knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")
@@ -45,10 +47,10 @@ def test_promtool_accepts_the_alert_rules_and_the_shipped_config() -> None:
 
 
 def manifests() -> list[tuple[str, dict[str, Any]]]:
-    """Every object `kubectl apply -k deploy/k8s` or `-k deploy/k8s/fleet` would send."""
+    """Every object `kubectl apply -k deploy/k8s` or `-k deploy/k8s-fleet` would send."""
     base = [(f"k8s/{kind}/{name}", obj) for (kind, name), obj in k8s_objects().items()]
-    fleet = [(f"k8s/fleet/{kind}/{name}", obj) for (kind, name), obj in fleet_objects().items()]
-    return [*base, *fleet, ("k8s/fleet/Deployment/inference (patched)", fleet_deployment())]
+    fleet = [(f"k8s-fleet/{kind}/{name}", obj) for (kind, name), obj in fleet_objects().items()]
+    return [*base, *fleet, ("k8s-fleet/Deployment/inference (patched)", fleet_deployment())]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -73,6 +75,28 @@ def test_kubernetes_validate_rejects_a_misplaced_field() -> None:
     deployment["spec"]["template"]["spec"]["containers"][0]["replicas"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def kustomize(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """What `kubectl apply -k directory` would send, built by kustomize itself."""
+    built = run([tool("kubectl"), "kustomize", str(directory)])
+    assert built.returncode == 0, built.stderr
+    return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(built.stdout) if o}
+
+
+def test_kustomize_builds_both_kustomizations_into_the_objects_the_tests_model() -> None:
+    """The tests above read the manifests themselves (and apply the fleet patch themselves);
+    kustomize's own build must agree, and pass kubernetes-validate too."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the dev extra installs it: `make test`")
+    base = kustomize(K8S)
+    expected = {key for key in k8s_objects() if key[0] not in ("Kustomization", "Secret")}  # the example Secret
+    assert set(base) == expected
+    fleet = kustomize(FLEET)
+    assert set(fleet) == expected | {key for key in fleet_objects() if key[0] != "Secret"}
+    assert fleet[("Deployment", "inference")] == fleet_deployment()
+    for (kind, _), obj in [*base.items(), *fleet.items()]:
+        if kind not in NO_SCHEMA:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)

@@ -340,6 +340,8 @@ def test_token_shares_settle_with_the_real_cost() -> None:
         ({"fleet": "http://x", "fleet_max_inflight": 8}, "redis://"),
         ({"fleet": "redis://h/0", "fleet_max_qps": 5.0, "fleet_lease_ms": 400.0}, "two renewal periods"),
         ({"fleet": "redis://h/0", "fleet_max_inflight": -1}, ">= 0"),
+        ({"fleet": "redis://:replace-me-with-a-random-one@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
+        ({"fleet": "redis://app:replace%2Dme-x@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
     ],
 )
 def test_fleet_configuration_errors(flags: dict[str, Any], message: str) -> None:
