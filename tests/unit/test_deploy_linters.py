@@ -46,6 +46,14 @@ def test_promtool_accepts_the_alert_rules_and_the_shipped_config() -> None:
     assert "1 rule files found" in config.stdout  # the relative rule_files path resolves
 
 
+def test_promtool_runs_the_shipped_alert_unit_tests() -> None:
+    """deploy/prometheus/alerts_test.yml: when each alert fires, with which labels and text."""
+    tests = DEPLOY / "prometheus" / "alerts_test.yml"
+    result = run([tool("promtool"), "test", "rules", tests.name], cwd=tests.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
 def manifests() -> list[tuple[str, dict[str, Any]]]:
     """Every object `kubectl apply -k deploy/k8s` or `-k deploy/k8s-fleet` would send."""
     base = [(f"k8s/{kind}/{name}", obj) for (kind, name), obj in k8s_objects().items()]
