@@ -3,7 +3,7 @@
 Definitions (docs/BENCHMARKS.md repeats them):
 - TTFT = first token − submit; TPOT = (last token − first token) / (tokens − 1), requests with one
   token excluded; ITL = every gap between consecutive tokens, pooled over requests;
-  latency = final reply − submit (the first submission, when retried); reject latency = submit →
+  latency = final reply − submit (the first submission, when retried); yield latency = submit →
   `yield` reply, for every yielded attempt; submit→ack = the admitted attempt's submission → its
   `accepted` reply.
 - Yielded and failed requests are excluded from token and latency figures.
