@@ -45,23 +45,31 @@ redis-server:
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
 
 # promtool and prometheus for the deploy/ checks (tests/deploy_tools.py): Debian's `prometheus`
-# package, unpacked into .tools/ rather than installed, so no service starts and nothing outside the
-# checkout changes. Where it cannot be had (no apt, no network) this says so and those tests skip,
-# naming the reason; hadolint and kubernetes-validate come from PyPI with the dev extra.
+# package, unpacked into .tools/ rather than installed, so no service starts and no package is
+# added (as root, apt's package lists may be refreshed to find it). Where it cannot be had (no
+# apt, no network) this says so and those tests skip, naming the reason; hadolint and
+# kubernetes-validate come from PyPI with the dev extra.
 TOOLS := .tools
+APT_FLAGS := -qq -o Acquire::Retries=1 -o Acquire::http::Timeout=30
 deploy-tools:
-	@test -x $(TOOLS)/bin/promtool || { \
-		if ! command -v apt-get >/dev/null; then \
+	@$(TOOLS)/bin/promtool --version >/dev/null 2>&1 || { \
+		if ! command -v apt-get >/dev/null || ! command -v dpkg-deb >/dev/null; then \
 			echo "deploy-tools: no apt-get here, so the promtool/prometheus checks of deploy/ will skip" >&2; exit 0; fi; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
-		d=$$(mktemp -d) && cd $$d && \
-		{ apt-get download -qq prometheus 2>/dev/null || \
-			{ $$sudo apt-get update -qq && apt-get download -qq prometheus 2>/dev/null; }; } && \
-		dpkg-deb -x prometheus_*.deb root && cd - >/dev/null && \
-		mkdir -p $(TOOLS)/bin && rm -rf $(TOOLS)/prometheus && mv $$d/root $(TOOLS)/prometheus && rm -rf $$d && \
-		ln -sf ../prometheus/usr/bin/promtool ../prometheus/usr/bin/prometheus $(TOOLS)/bin/ && \
-		$(TOOLS)/bin/promtool --version | head -n 1 || \
-		{ rm -rf "$$d"; echo "deploy-tools: could not fetch Debian's prometheus package, so the promtool/prometheus checks of deploy/ will skip" >&2; }; }
+		d="$$(mktemp -d)"; \
+		if (cd "$$d" && { apt-get download $(APT_FLAGS) prometheus 2>/dev/null || \
+				{ $$sudo apt-get update $(APT_FLAGS) && apt-get download $(APT_FLAGS) prometheus 2>/dev/null; }; } && \
+				dpkg-deb -x prometheus_*.deb root) && "$$d/root/usr/bin/promtool" --version >/dev/null 2>&1; then \
+			rm -rf $(TOOLS)/prometheus && mkdir -p $(TOOLS)/bin && mv "$$d/root" $(TOOLS)/prometheus && \
+			ln -sf ../prometheus/usr/bin/promtool ../prometheus/usr/bin/prometheus $(TOOLS)/bin/ && \
+			$(TOOLS)/bin/promtool --version | head -n 1; \
+		else \
+			echo "deploy-tools: could not fetch Debian's prometheus package, so the promtool/prometheus checks of deploy/ will skip" >&2; \
+		fi; \
+		rm -rf "$$d"; }
+
+# Both may run apt-get; under `make -j` they would contend for its lock.
+.NOTPARALLEL: redis-server deploy-tools
 
 lint: $(STAMP)
 	$(PY) -m pip install --quiet ruff mypy

@@ -16,7 +16,7 @@ import orjson
 
 from governor import __version__
 from governor.bench.config import BenchConfig
-from governor.client import DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError
+from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
 from govwire.address import parse_address
@@ -34,9 +34,7 @@ EXIT_YIELDED = 3
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     # The clients' one convention (send, status, bench): where to connect is one --address, as
     # --worker names an endpoint; --host/--port are what `serve` listens on.
-    parser.add_argument(
-        "--address", default=DEFAULT_ADDRESS, help=f"the governor: HOST:PORT or unix:PATH (default: {DEFAULT_ADDRESS})"
-    )
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"{ADDRESS_HELP} (default: {DEFAULT_ADDRESS})")
     parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default: 60)")
     parser.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
 
@@ -53,12 +51,15 @@ def _client(args: argparse.Namespace) -> Client:
         raise SystemExit(f"governor {args.command}: error: --address: {exc}") from None
     try:
         return Client(address=args.address, token=token, timeout=args.timeout, retry=NO_RETRY)
-    except (ConnectionRefusedError, FileNotFoundError) as exc:
-        raise SystemExit(
-            f"governor {args.command}: error: {args.address}: {exc} (is the governor running? `make run` starts one)"
-        ) from None
     except OSError as exc:
-        raise SystemExit(f"governor {args.command}: error: {args.address}: {exc}") from None
+        raise SystemExit(connect_failure(args.command, args.address, exc)) from None
+
+
+def connect_failure(command: str, address: str, exc: OSError) -> str:
+    """One line for a client subcommand that could not connect; a refused TCP connect most often
+    means no governor was started, so it says how to start one."""
+    hint = " (is the governor running? `make run` starts one)" if isinstance(exc, ConnectionRefusedError) else ""
+    return f"governor {command}: error: {address}: {exc}{hint}"
 
 
 def _failed(prefix: str, exc: GovernorError | OSError) -> int:

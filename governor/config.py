@@ -273,8 +273,13 @@ class GovernorConfig:
             raise ConfigError("the --fleet-max-* caps are shared through Redis: give its --fleet URL")
         if self.fleet and not self.fleet.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError("--fleet must be a redis://, rediss:// or unix:// URL")
-        if self.fleet and unquote(urlsplit(self.fleet).password or "").startswith(PLACEHOLDER_PREFIX):
-            raise ConfigError("--fleet: the password is the shipped placeholder (replace-me…); create a random one")
+        if self.fleet:
+            try:
+                password = unquote(urlsplit(self.fleet).password or "")
+            except ValueError as exc:  # e.g. an unclosed [IPv6] host
+                raise ConfigError(f"--fleet: {exc}") from None
+            if password.startswith(PLACEHOLDER_PREFIX):
+                raise ConfigError("--fleet: the password is the shipped placeholder (replace-me…); create a random one")
 
     def fleet_policy(self) -> FleetPolicy:
         try:

@@ -22,7 +22,8 @@ from govwire.vocab import DEFAULT_TENANT, Op
 
 MAX_TOKEN_BYTES = 4096
 PLACEHOLDER_PREFIX = "replace-me"
-"""deploy/k8s/secret.yaml's example values start so: a secret that does is refused, never served."""
+"""The example Secrets' values (deploy/k8s/secret.yaml, deploy/k8s-fleet/secret.yaml) start so: a
+token or a --fleet password that does is refused, never served."""
 AUTH_FRAME_BYTES = 6 * MAX_TOKEN_BYTES + 1024  # the longest line read before authentication (\uXXXX escapes)
 
 

@@ -17,8 +17,10 @@ from govwire.errors import GovernorError
 from govwire.vocab import MAX_REPLY_BYTES
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"  # where `governor serve` listens by default (--host, --port)
+ADDRESS_HELP = "the governor's HOST:PORT, or unix:PATH of a worker's socket"
 
 __all__ = [
+    "ADDRESS_HELP",
     "DEFAULT_ADDRESS",
     "MAX_REPLY_BYTES",
     "NO_RETRY",

@@ -76,8 +76,8 @@ class Client:
         is raised as `Yielded`; with a `RetryPolicy` yields are retried after their hint. The
         connection opens here and is reopened by the next call after a loss. `address`
         (`HOST:PORT` or `unix:PATH`) replaces host and port, as for AsyncClient."""
-        self._address = parse_address(address) if address else Address(host=host, port=port)
-        self.host, self.port = host, port
+        self._address = Address(host=host, port=port) if address is None else parse_address(address)
+        self.host, self.port = self._address.host, self._address.port  # "" and 0 for a unix socket
         self._where = str(self._address)
         self._secret = None if token is None else SharedSecret.from_text(token, "token")
         self._timeout = timeout

@@ -28,7 +28,7 @@ import yaml
 from governor.cli import build_parser as governor_parser
 from governor.config import GovernorConfig
 from governor.config_file import load_config
-from govwire.options import given
+from govwire.options import ConfigError, given
 from worker.cli import build_parser as worker_parser
 from worker.config import WorkerConfig
 
@@ -763,6 +763,9 @@ def test_fleet_overlay_gives_every_governor_a_valid_fleet_on_its_own_valkey(secr
     assert ref["key"] in redis[("Secret", ref["name"])]["stringData"]
     command = [arg.replace(f"$({env['name']})", "pw") for arg in governor["command"]]
     config = parse_command(command, secret)[1].config
+    placeholder = redis[("Secret", ref["name"])]["stringData"][ref["key"]]
+    with pytest.raises(ConfigError, match="placeholder"):  # the example Secret's password, applied unedited
+        parse_command([arg.replace(f"$({env['name']})", placeholder) for arg in governor["command"]], secret)
     service = redis[("Service", "governor-fleet-redis")]
     assert config.fleet == f"redis://:pw@{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/0"
     assert config.fleet_max_inflight > config.max_inflight and config.fleet_max_qps > 0

@@ -342,6 +342,7 @@ def test_token_shares_settle_with_the_real_cost() -> None:
         ({"fleet": "redis://h/0", "fleet_max_inflight": -1}, ">= 0"),
         ({"fleet": "redis://:replace-me-with-a-random-one@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
         ({"fleet": "redis://app:replace%2Dme-x@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
+        ({"fleet": "redis://:pw@[::1/0", "fleet_max_inflight": 8}, "--fleet: Invalid IPv6 URL"),
     ],
 )
 def test_fleet_configuration_errors(flags: dict[str, Any], message: str) -> None:
