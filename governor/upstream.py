@@ -145,8 +145,14 @@ class WorkerLink(asyncio.Protocol):
             except OSError as exc:
                 self.last_error = f"unreachable: {exc.strerror or exc}"
                 if failures % UNREACHABLE_LOG_EVERY == 0:
-                    log.warning(
-                        "event=worker_unreachable worker=%s error=%r attempts=%d", self.address, str(exc), failures + 1
+                    # A worker the governor spawned is unreachable until it has bound its socket,
+                    # and its supervisor logs what goes wrong with it (worker_exited, stalls).
+                    log.log(
+                        logging.DEBUG if self.kill_worker is not None else logging.WARNING,
+                        "event=worker_unreachable worker=%s error=%r attempts=%d",
+                        self.address,
+                        str(exc),
+                        failures + 1,
                     )
                 failures += 1
             else:

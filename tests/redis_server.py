@@ -3,6 +3,7 @@ tests and benchmarks; and a loopback TCP relay that delays what the server sends
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -27,9 +28,17 @@ def server_binary() -> str:
 
 def free_port() -> int:
     """A loopback port nobody listens on now (the integration tests' too)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free loopback ports: held open together while chosen, since the kernel
+    may hand a port just released straight back to the next bind(0)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 class RedisServer:

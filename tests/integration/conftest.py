@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from govwire.codec import encode, generate_frame
 from govwire.framing import LineSplitter
 from govwire.vocab import FINAL_STATUSES
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, free_port, free_ports
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 20.0
@@ -144,7 +144,7 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
     def start(*flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True) -> Governor:
         """A governor; unless flags name an external --worker (or a --config file, which names its
         endpoints), it spawns one running `worker_args` (the echo engine unless they choose another)."""
-        port, metrics_port = free_port(), free_port()
+        port, metrics_port = free_ports(2)
         log = tmp_path / f"governor-{len(started)}.log"
         argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
         if "--worker" in flags or "--config" in flags:
