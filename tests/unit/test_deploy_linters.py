@@ -32,6 +32,10 @@ DOCKERFILES = sorted(p for p in DEPLOY.glob("Dockerfile*") if not p.name.endswit
 MAX_EXPOSURE = 2.5
 
 
+def kubernetes_validate_module() -> Any:
+    return pytest.importorskip("kubernetes_validate", reason="the dev extra installs it: `make test`")
+
+
 def run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, **kwargs)
 
@@ -63,7 +67,7 @@ def manifests() -> list[tuple[str, dict[str, Any]]]:
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_kubernetes_validate_accepts_every_manifest_strictly(version: str) -> None:
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the dev extra installs it: `make test`")
+    kubernetes_validate = kubernetes_validate_module()
     checked = 0
     for where, obj in manifests():
         if obj["kind"] in NO_SCHEMA:
@@ -78,7 +82,7 @@ def test_kubernetes_validate_accepts_every_manifest_strictly(version: str) -> No
 
 def test_kubernetes_validate_rejects_a_misplaced_field() -> None:
     """The check above can fail: strict validation catches a field at the wrong level."""
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the dev extra installs it: `make test`")
+    kubernetes_validate = kubernetes_validate_module()
     deployment = fleet_deployment()
     deployment["spec"]["template"]["spec"]["containers"][0]["replicas"] = 2
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -95,7 +99,7 @@ def kustomize(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
 def test_kustomize_builds_both_kustomizations_into_the_objects_the_tests_model() -> None:
     """The tests above read the manifests themselves (and apply the fleet patch themselves);
     kustomize's own build must agree, and pass kubernetes-validate too."""
-    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="the dev extra installs it: `make test`")
+    kubernetes_validate = kubernetes_validate_module()
     base = kustomize(K8S)
     expected = {key for key in k8s_objects() if key[0] not in ("Kustomization", "Secret")}  # the example Secret
     assert set(base) == expected
