@@ -153,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(str(exc))
         from governor.bench.main import run_bench
 
-        return run_bench(bench_config)
+        try:
+            return run_bench(bench_config)
+        except OSError as exc:  # unreachable, connection lost
+            raise SystemExit(connect_failure("bench", bench_config.direct or bench_config.address, exc)) from None
     if args.command == "status":
         return _status(args)
     return _send(args)

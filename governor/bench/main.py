@@ -36,11 +36,6 @@ async def measure(config: BenchConfig) -> list[tuple[Summary, RunResult]]:
 def run_bench(config: BenchConfig) -> int:
     try:
         runs = asyncio.run(measure(config))
-    except OSError as exc:  # unreachable, connection lost
-        from governor.cli import connect_failure
-
-        print(connect_failure("bench", config.direct or config.address, exc), file=sys.stderr)
-        return 1
     except GovernorError as exc:  # refused (e.g. unauthorized)
         print(f"governor bench: error: {config.direct or config.address}: {exc}", file=sys.stderr)
         return 1
