@@ -19,7 +19,6 @@ from governor.bench.config import BenchConfig
 from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
-from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.errors import WorkerUnavailable
 from govwire.logs import configure_logging
@@ -46,11 +45,9 @@ def _client(args: argparse.Namespace) -> Client:
     except ValueError as exc:
         raise SystemExit(f"governor {args.command}: error: --auth-token-file: {exc}") from None
     try:
-        parse_address(args.address)
-    except ValueError as exc:
-        raise SystemExit(f"governor {args.command}: error: --address: {exc}") from None
-    try:
         return Client(address=args.address, token=token, timeout=args.timeout, retry=NO_RETRY)
+    except ValueError as exc:  # the address does not parse (the token was checked above)
+        raise SystemExit(f"governor {args.command}: error: --address: {exc}") from None
     except OSError as exc:
         raise SystemExit(connect_failure(args.command, args.address, exc)) from None
 

@@ -4,7 +4,6 @@ alert rules, dashboard and adapter queries against a live governor (tests/integr
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import httpx
 import yaml
 
 from tests.deploy_tools import tool
+from tests.polling import wait_until
 from tests.redis_server import free_port
 
 
@@ -78,8 +78,4 @@ class PrometheusServer:
         return result
 
     def wait_until(self, check: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not check():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {what}; prometheus log:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_until(check, timeout, what, self.log, interval=0.2)  # each check is an HTTP query

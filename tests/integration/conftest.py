@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from govwire.codec import encode, generate_frame
 from govwire.framing import LineSplitter
 from govwire.vocab import FINAL_STATUSES
+from tests.polling import wait_until
 from tests.redis_server import RedisServer, free_port, free_ports
 
 pytestmark = pytest.mark.integration
@@ -117,12 +118,7 @@ class Governor:
         }
 
     def wait_until(self, predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"timed out waiting for {what}; governor log:\n{self.log.read_text()[-4000:]}")
+        wait_until(predicate, timeout, what, self.log)
 
     def stop(self, timeout: float = 15.0) -> int:
         for conn in self._conns:
