@@ -31,9 +31,9 @@ import http_sfv
 import httptools
 import orjson
 
-from governor.accounting import CLIENT_DISCONNECTED, Outcome, ShedReason, outcome_of
-from governor.ingress import flush_pending
-from governor.lifecycle import InflightRequest, Phase
+from governor.accounting import CLIENT_DISCONNECTED, ShedReason
+from governor.door import admit, flush_pending
+from governor.lifecycle import InflightRequest
 from governor.limits import Grant, Refusal
 from governor.openai_api import (
     DONE_EVENT,
@@ -56,7 +56,6 @@ from governor.state import ServerState
 from govwire.errors import (
     BadFrame,
     BadJson,
-    DeadlineExceeded,
     FrameTooLarge,
     GovernorError,
     IdleTimeout,
@@ -64,19 +63,13 @@ from govwire.errors import (
     InternalError,
     RequestRejected,
     Unauthorized,
-    WorkerLost,
-    WorkerUnavailable,
-    error_from_code,
 )
 from govwire.messages import Completion
-from govwire.request import IntegrityMode, Limits, checked_request, is_tenant_name
-from govwire.vocab import DEFAULT_TENANT, Status, YieldReason
+from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request, is_tenant_name
+from govwire.vocab import DEFAULT_TENANT, YieldReason
 
 log = logging.getLogger("governor.http")
 
-_STARTED = Phase.STARTED
-_TOKEN, _DONE, _ERROR = Status.TOKEN, Status.DONE, Status.ERROR
-_ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
 _DRAINING = YieldReason.DRAINING.value
 _REASONS = {
     200: b"OK",
@@ -442,20 +435,20 @@ class HttpIngress:
         rid = f"cmpl-{id(self):x}-{self._next_id}"
         if frame is not None:
             frame["id"] = rid
-        lifecycle = state.lifecycle
-        request = lifecycle.admit(self, rid, grant, now)
-        try:
-            if frame is None:
-                frame = generate_frame_of(body, rid)
+
+        def check() -> GenerateRequest:
+            checked = generate_frame_of(body, rid) if frame is None else frame
             self._verify_digest(message, raw, rid)
-            generate = checked_request(frame, self._frame_limits)
+            generate = checked_request(checked, self._frame_limits)
             generate.messages = messages
-            lifecycle.dispatch(request, generate)
-        except (RequestRejected, WorkerUnavailable) as exc:
-            lifecycle.refuse(request, outcome_of(exc), exc.code)
-            status = STATUS_OF_CODE.get(exc.code, 500)
-            return response(status, error_body(status, exc), keep)
-        stream = bool(frame["stream"])
+            return generate
+
+        admitted = admit(state.lifecycle, self, rid, grant, now, check)
+        if isinstance(admitted, GovernorError):
+            status = STATUS_OF_CODE.get(admitted.code, 500)
+            return response(status, error_body(status, admitted), keep)
+        request, generate = admitted
+        stream = generate.stream
         chunked = message.http11
         keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
         created = int(time.time())
@@ -512,7 +505,7 @@ class HttpIngress:
             self._message = None
             self.started_at = None
 
-    # -- the admitted request's response: called by its link (upstream.py, openai_link.py) ----------
+    # -- the admitted request's response, rendering what the lifecycle decided (RequestOwner) --------
 
     def _head(self, exchange: _Exchange) -> None:
         if not exchange.headers_sent:
@@ -526,37 +519,17 @@ class HttpIngress:
                 role = chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)
                 self._pending.append(exchange.piece(role))
 
-    def _token(self, request: InflightRequest, text: str) -> None:
-        if request.phase is not _STARTED:
-            self._state.lifecycle.start(request)
-        request.tokens_seen += 1
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        self.send_text(request, orjson.loads(b'{"id":0' + rest)["text"])
+
+    def send_text(self, request: InflightRequest, text: str) -> None:
         exchange = self._exchange
         if exchange is not None and exchange.request is request and exchange.stream:
             self._head(exchange)
             event = chat_chunk_event if exchange.chat else chunk_event
             self._pending.append(exchange.piece(event(request.client_id, exchange.model, exchange.created, text)))
 
-    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        self._token(request, orjson.loads(b'{"id":0' + rest)["text"])
-
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
-        status = frame.get("status")
-        if status == _TOKEN:
-            self._token(request, str(frame.get("text", "")))
-        elif status == _DONE:
-            try:
-                self.worker_done(request, Completion.from_frame(frame))
-            except ValueError as exc:
-                self.worker_error(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
-        elif status == _ERROR:
-            self.worker_error(
-                request, error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
-            )
-        else:
-            self.worker_error(request, InternalError(f"worker sent an unknown status {status!r}", request.client_id))
-
-    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
-        self._state.lifecycle.settle(request, Outcome.EXECUTED, completion=completion)
+    def send_done(self, request: InflightRequest, completion: Completion) -> None:
         exchange = self._end(request)
         if exchange is None:
             return
@@ -572,8 +545,7 @@ class HttpIngress:
             self._pending.append(response(200, render(rid, model, created, completion), exchange.keep_alive))
         self._next(exchange)
 
-    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
-        self._state.lifecycle.settle(request, outcome_of(error), error.code)
+    def send_error(self, request: InflightRequest, error: GovernorError) -> None:
         exchange = self._end(request)
         if exchange is None:
             return
@@ -584,23 +556,11 @@ class HttpIngress:
             self._pending.append(response(status, error_body(status, error), exchange.keep_alive))
         self._next(exchange)
 
-    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
-        lifecycle = self._state.lifecycle
-        if lifecycle.reroute(request):
-            return
-        lifecycle.settle(request, Outcome.YIELDED, _ENDPOINT_BUSY)
+    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
         exchange = self._end(request)
         if exchange is not None:
-            self._pending.append(self._yield(retry_hint_ms, _ENDPOINT_BUSY, exchange.keep_alive))
+            self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive))
             self._next(exchange)
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None:
-        if not self._state.lifecycle.reroute(request):
-            self.worker_error(request, WorkerLost(message, request.client_id))
-
-    def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
-        self.worker_error(request, error)
-        self.flush()
 
     def _end(self, request: InflightRequest) -> _Exchange | None:
         exchange = self._exchange
@@ -624,10 +584,7 @@ class HttpIngress:
     # -- the connection -----------------------------------------------------------------------------
 
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
-        lifecycle = self._state.lifecycle
-        for request in list(self.active.values()):
-            lifecycle.cancel(request)
-            lifecycle.settle(request, Outcome.FAILED, reason)
+        self._state.lifecycle.abandon(self, reason)
         self._exchange = None
         self._queue.clear()
         self._pending.clear()

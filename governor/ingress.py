@@ -2,40 +2,41 @@
 
 A generate frame takes one path: parse (envelope only) → `Admission.decide` → encode. Refused, it
 is answered with a `yield` right here, synchronously: no task, no queue. Admitted, its fields and
-integrity are checked and it moves through the lifecycle (lifecycle.py: dispatch, start, settle),
-whose transitions the worker link triggers with the worker's frames. Every complete line is
-answered inside the same `receive_data` call, and all replies produced by one read leave in one
-write.
+integrity are checked and it moves through the lifecycle (lifecycle.py), which its link drives
+with the endpoint's answers and which ends it; this door renders what the lifecycle decided
+(`worker_token`, `send_*`). Every complete line is answered inside the same `receive_data` call,
+and all replies produced by one read leave in one write.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter
 from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
-from governor.accounting import CLIENT_DISCONNECTED, Outcome, ShedReason, outcome_of
-from governor.lifecycle import InflightRequest, Phase
+from governor.accounting import CLIENT_DISCONNECTED, ShedReason
+from governor.door import admit, flush_pending
+from governor.lifecycle import InflightRequest
 from governor.limits import Grant, Refusal
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
 from govwire.codec import (
     bad_json,
-    encode,
     encode_accepted,
     encode_authenticated,
     encode_done,
     encode_error,
     encode_pong,
     encode_stats,
+    encode_token,
     encode_yield,
     readdress_token,
 )
 from govwire.errors import (
-    DeadlineExceeded,
     DuplicateId,
     FrameTooLarge,
     GovernorError,
@@ -44,33 +45,18 @@ from govwire.errors import (
     RequestRejected,
     TenantMismatch,
     Unauthorized,
-    WorkerLost,
-    WorkerUnavailable,
-    error_from_code,
 )
 from govwire.framing import TOO_LARGE, LineSplitter
 from govwire.messages import Completion
 from govwire.request import checked_request, frame_op
-from govwire.vocab import DEFAULT_TENANT, Op, Status, YieldReason
+from govwire.vocab import DEFAULT_TENANT, Op
 
 log = logging.getLogger("governor.ingress")
 
 AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
 
-# Read for every frame or token: a module global is cheaper than the enum's attribute.
+# Read for every frame: a module global is cheaper than the enum's attribute.
 _GENERATE = Op.GENERATE
-_STARTED = Phase.STARTED
-_TOKEN, _DONE, _ERROR = Status.TOKEN, Status.DONE, Status.ERROR
-_ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
-
-
-def flush_pending(pending: list[bytes], write: Callable[[bytes], None]) -> None:
-    """Write what a read (or a worker's callback) produced, in one write, and forget it."""
-    if pending:
-        data = b"".join(pending)
-        pending.clear()
-        if data:
-            write(data)
 
 
 class Ingress:
@@ -201,15 +187,10 @@ class Ingress:
         return self._admit(obj, rid, now, cast(Grant, decision))
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
-        lifecycle = self._lifecycle
-        request = lifecycle.admit(self, rid, grant, now)
-        try:
-            generate = checked_request(obj, self._state.limits)
-            lifecycle.dispatch(request, generate)
-        except (RequestRejected, WorkerUnavailable) as exc:
-            lifecycle.refuse(request, outcome_of(exc), exc.code)
-            return encode_error(exc, rid)
-        return encode_accepted(rid) if generate.ack else b""
+        admitted = admit(self._lifecycle, self, rid, grant, now, partial(checked_request, obj, self._state.limits))
+        if isinstance(admitted, GovernorError):
+            return encode_error(admitted, rid)
+        return encode_accepted(rid) if admitted[1].ack else b""
 
     def _reject(self, exc: RequestRejected) -> bytes:
         self._accounting.frame_rejected(exc.code)
@@ -287,52 +268,24 @@ class Ingress:
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
         """The connection is gone (or being shed): free its slots now and tell the worker to stop
         its requests."""
-        lifecycle = self._lifecycle
-        for request in list(self.active.values()):
-            lifecycle.cancel(request)
-            lifecycle.settle(request, Outcome.FAILED, reason)
+        self._lifecycle.abandon(self, reason)
         self._pending.clear()
 
-    # -- worker side: called by the request's link (upstream.py) ----------------------------------
+    # -- rendering what the lifecycle decided (lifecycle.RequestOwner) -----------------------------
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        """A token frame, recognised by the link without parsing it (codec.TOKEN_FRAME_HEAD):
-        re-addressed as bytes, which is most of what streaming costs the governor."""
-        if request.phase is not _STARTED:  # the first token starts it; the rest only stream
-            self._lifecycle.start(request)
-        request.tokens_seen += 1
+        """A worker's token frame, re-addressed as bytes without parsing it (codec.TOKEN_FRAME_HEAD):
+        most of what streaming costs the governor."""
         if request.stream:
             self._pending.append(readdress_token(rest, request.client_id))
 
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
-        """A parsed token, done or error frame from the worker, answered under the client's id."""
-        status = frame.get("status")
-        if status == _TOKEN:
-            self._lifecycle.start(request)
-            request.tokens_seen += 1
-            if request.stream:
-                frame["id"] = request.client_id
-                self._pending.append(encode(frame))
-            return
-        if status == _DONE:
-            try:
-                completion = Completion.from_frame(frame)
-            except ValueError as exc:
-                log.warning("event=worker_protocol_error error=%r", str(exc))
-                self.worker_error(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
-                return
-            self.worker_done(request, completion)
-            return
-        if status == _ERROR:
-            error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
-        else:
-            log.warning("event=worker_protocol_error status=%r", status)
-            error = InternalError(f"worker sent an unknown status {status!r}", request.client_id)
-        self.worker_error(request, error)
+    def send_text(self, request: InflightRequest, text: str) -> None:
+        """Text from an endpoint that streams text: a token frame with no token id."""
+        if request.stream:
+            self._pending.append(encode_token(request.client_id, request.tokens_seen - 1, None, text))
 
-    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
+    def send_done(self, request: InflightRequest, completion: Completion) -> None:
         t_received, t_first = request.t_received, request.t_first_token
-        self._lifecycle.settle(request, Outcome.EXECUTED, completion=completion)
         reply = encode_done(
             request.client_id,
             completion,
@@ -341,24 +294,11 @@ class Ingress:
         )
         self._pending.append(reply)
 
-    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
-        """Its endpoint said it is full before starting it: re-routed once, else a late yield."""
-        if not self._lifecycle.reroute(request):
-            self._lifecycle.settle(request, Outcome.YIELDED, _ENDPOINT_BUSY)
-            self._pending.append(encode_yield(request.client_id, retry_hint_ms, _ENDPOINT_BUSY))
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None:
-        """Its link dropped: re-routed once if it had not started, else `worker_lost`."""
-        if not self._lifecycle.reroute(request):
-            self.worker_error(request, WorkerLost(message, request.client_id))
-
-    def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
-        self.worker_error(request, error)
-        self.flush()
-
-    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
-        self._lifecycle.settle(request, outcome_of(error), error.code)
+    def send_error(self, request: InflightRequest, error: GovernorError) -> None:
         self._pending.append(encode_error(error))
+
+    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
+        self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason))
 
     def flush(self) -> None:
         flush_pending(self._pending, self.write)

@@ -1,4 +1,4 @@
-"""One admitted request's life, in one file: its phases, every transition, and what each moves.
+"""One admitted request's life, in one file: its phases, every transition, and how it ends.
 
     ADMITTED ──dispatch──▶ DISPATCHED ──start──▶ STARTED
         │                   │   ▲                   │
@@ -13,7 +13,16 @@ is told to cancel it and it settles at once with `deadline_exceeded`. Every rele
 every settlement of a token cost, every count of an admitted request's fate and every latency
 observation happens in these transitions, so "exactly one final reply, its slots released exactly once" is
 read here (h11 keeps its state machine in one file for the same reason). A transition from the
-wrong phase is a bug and raises `LifecycleError`: it never frees a slot twice.
+wrong phase is a bug and raises `LifecycleError`: it never frees a slot twice. Each transition that
+moves capacity calls the `Admission` method of the same name (`started`, `reroute`, `refund`,
+`release`, `expired`).
+
+**Endings.** Which final reply a request gets is decided here, once for every door: the links
+call `finish` (the endpoint's `done`), `fail` (an error), `busy` (the endpoint was full before it
+started: re-routed once, else a late `endpoint_busy` yield) and `lose` (the endpoint was lost:
+re-routed once before the first token, else `worker_lost`); a closed connection is `abandon`ed and
+a missed deadline `expire`s. Each settles first, then asks the request's owner (a door) to render
+the reply (`send_done`, `send_error`, `send_yield`): the doors render and never choose.
 """
 
 from __future__ import annotations
@@ -23,14 +32,15 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, Protocol
 
-from governor.accounting import Accounting, DeadlineOutcome, Outcome
+from governor.accounting import Accounting, DeadlineOutcome, Outcome, outcome_of
 from governor.admission import Admission
 from governor.cost import CostModel
 from governor.latency import LatencyMetrics
 from governor.limits import Grant
-from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerUnavailable
+from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerLost, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
+from govwire.vocab import YieldReason
 
 log = logging.getLogger("governor.lifecycle")
 
@@ -45,7 +55,8 @@ class Phase(Enum):
 # The transitions run for every request and token: module globals are read in a few ns, an
 # enum's members through its class in ~75 (CPython 3.11).
 _ADMITTED, _DISPATCHED, _STARTED, _SETTLED = Phase.ADMITTED, Phase.DISPATCHED, Phase.STARTED, Phase.SETTLED
-_EXECUTED = Outcome.EXECUTED
+_EXECUTED, _FAILED, _YIELDED = Outcome.EXECUTED, Outcome.FAILED, Outcome.YIELDED
+_ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
 
 
 class LifecycleError(RuntimeError):
@@ -53,29 +64,27 @@ class LifecycleError(RuntimeError):
 
 
 class RequestOwner(Protocol):
-    """The client connection an admitted request answers to (ingress.Ingress); its link calls it
-    with the worker's frames for the request, and `flush`es once per read."""
+    """The client connection an admitted request answers to (a door: the NDJSON `Ingress` or the
+    HTTP `HttpIngress`). It only renders: the lifecycle has settled a request before it asks for
+    its final reply, and a link calls `flush` once per read for the owners it touched."""
 
     active: dict[str, InflightRequest]
 
-    def worker_token(self, request: InflightRequest, rest: bytes) -> None: ...
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        """A worker's token frame, `rest` being its bytes after the id (codec.TOKEN_FRAME_HEAD):
+        the hot path, re-addressed as bytes by the NDJSON door."""
 
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None: ...
+    def send_text(self, request: InflightRequest, text: str) -> None:
+        """Generated text from an endpoint that streams text (an OpenAI-compatible server)."""
 
-    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
+    def send_done(self, request: InflightRequest, completion: Completion) -> None:
         """Its final reply: executed."""
 
-    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
-        """Its final reply: failed (or rejected by the endpoint)."""
+    def send_error(self, request: InflightRequest, error: GovernorError) -> None:
+        """Its final reply: failed, or rejected by its endpoint."""
 
-    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
-        """Its endpoint refused it as full before it started (an OpenAI-compatible server's
-        429/503): re-routed once, or answered with a yield."""
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None: ...
-
-    def deadline_expired(self, request: InflightRequest, error: DeadlineExceeded) -> None:
-        """Answer a request the lifecycle gave up on: its final reply is `error`."""
+    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
+        """Its final reply: a yield after admission (its endpoint was full before it started)."""
 
     def flush(self) -> None: ...
 
@@ -187,10 +196,15 @@ class Lifecycle:
         request.generate = generate
         request.phase = _DISPATCHED
 
+    def token(self, request: InflightRequest) -> None:
+        """A token (or a piece of streamed text) for it arrived: counted; the first starts it.
+        (The worker link's byte path does the same two steps inline.)"""
+        request.tokens_seen += 1
+        if request.phase is not _STARTED:
+            self.start(request)
+
     def start(self, request: InflightRequest) -> None:
-        """DISPATCHED → STARTED at its first token (later tokens find it STARTED: nothing to do)."""
-        if request.phase is _STARTED:
-            return
+        """DISPATCHED → STARTED at its first token."""
         _expect(request, _DISPATCHED, "start")
         request.phase = _STARTED
         request.generate = None
@@ -248,8 +262,8 @@ class Lifecycle:
 
     def expire(self, request: InflightRequest) -> None:
         """Its deadline passed before its first token (the timer `admit` set): the worker is told
-        to stop it, and its owner answers `deadline_exceeded` and settles it, so its slot and
-        tokens return now. The worker's own final reply for it, arriving later, is dropped."""
+        to stop it and it fails with `deadline_exceeded` now, so its slot and tokens return now.
+        The worker's own final reply for it, arriving later, is dropped."""
         request.deadline_timer = None
         if request.phase is not _ADMITTED and request.phase is not _DISPATCHED:
             return  # started or settled since the timer was set
@@ -257,9 +271,41 @@ class Lifecycle:
         self._admission.expired(request.grant, self._clock() - request.t_received)
         self.cancel(request)
         deadline_ms = round(request.grant.ask.deadline_s * 1000) if request.grant.ask.deadline_s else 0
-        request.owner.deadline_expired(
-            request, DeadlineExceeded(f"no first token within deadline_ms {deadline_ms}", request.client_id)
-        )
+        self.fail(request, DeadlineExceeded(f"no first token within deadline_ms {deadline_ms}", request.client_id))
+        request.owner.flush()  # a timer fired: no read will flush it
+
+    # -- endings: each settles, then the owner renders ---------------------------------------------
+
+    def finish(self, request: InflightRequest, completion: Completion) -> None:
+        """Its endpoint's final answer: executed."""
+        self.settle(request, _EXECUTED, completion=completion)
+        request.owner.send_done(request, completion)
+
+    def fail(self, request: InflightRequest, error: GovernorError) -> None:
+        """It ends in `error`: rejected when the frame was at fault, failed otherwise."""
+        self.settle(request, outcome_of(error), error.code)
+        request.owner.send_error(request, error)
+
+    def busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
+        """Its endpoint refused it as full before starting it (an OpenAI-compatible server's
+        429/503): re-routed once, else answered with a late yield."""
+        if self.reroute(request):
+            return
+        self.settle(request, _YIELDED, _ENDPOINT_BUSY)
+        request.owner.send_yield(request, retry_hint_ms, _ENDPOINT_BUSY)
+
+    def lose(self, request: InflightRequest, message: str) -> None:
+        """Its endpoint was lost (the link dropped, or would not confirm a cancel): re-routed once
+        if it had not started, else `worker_lost`."""
+        if not self.reroute(request):
+            self.fail(request, WorkerLost(message, request.client_id))
+
+    def abandon(self, owner: RequestOwner, reason: str) -> None:
+        """Its connection is gone (or being shed): every request it holds is cancelled in its
+        worker and settled now, its slots freed. Nothing is rendered: nobody is there to read it."""
+        for request in list(owner.active.values()):
+            self.cancel(request)
+            self.settle(request, _FAILED, reason)
 
     def settle(
         self, request: InflightRequest, outcome: Outcome, reason: str = "", completion: Completion | None = None

@@ -1,9 +1,9 @@
 """A link to an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, TGI, `transformers serve`).
 
 Each admitted request becomes one streaming `POST {base}/completions` on a pooled httpx client
-(openai_api.py maps the fields); each chunk with text is relayed to the request's owner as a token,
-the end as its completion with the server's usage counts. What the server answers maps onto what
-the governor already knows how to handle:
+(openai_api.py maps the fields); each chunk with text is counted by the lifecycle and relayed to
+the request's owner as text, the end finishes it with the server's usage counts. What the server
+answers maps onto the lifecycle's endings (lifecycle.py), as a worker link's replies do:
 
 - 429 or 503: the endpoint is full. It is paused for its Retry-After (admission routes around it,
   pool.py) and the request is re-routed once or answered with a yield (`endpoint_busy`).
@@ -25,28 +25,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from httpx_sse import EventSource, SSEError
 
 from governor.endpoint import Endpoint
 from governor.health import HealthPolicy
-from governor.lifecycle import InflightRequest
+from governor.lifecycle import InflightRequest, Lifecycle
 from governor.limits import hint_of
 from governor.openai_api import UpstreamProtocolError, completion_body, read_chunk, retry_after_s
 from govwire.auth import SharedSecret
-from govwire.errors import BadFrame, InternalError
+from govwire.errors import BadFrame, GovernorError, InternalError
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
-from govwire.vocab import FinishReason, Status
+from govwire.vocab import FinishReason
 
 log = logging.getLogger("governor.openai_link")
 
 DEFAULT_BUSY_S = 1.0  # the pause after a 429/503 that names no Retry-After
 ERROR_PREVIEW_BYTES = 512  # of an error response's body, quoted in the client's error
-_TOKEN = Status.TOKEN.value
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class OpenAITarget:
 
 class OpenAILink:
     kind = "openai"
+    lifecycle: Lifecycle  # where its requests' answers go (Upstream.bind)
 
     def __init__(
         self, target: OpenAITarget, endpoint: Endpoint, transport: httpx.AsyncBaseTransport | None = None
@@ -156,7 +158,7 @@ class OpenAILink:
                     self.last_error = f"HTTP {status}"
                     cls = BadFrame if 400 <= status < 500 else InternalError
                     message = f"endpoint {self.address} answered {status}: {preview}"
-                    self._answer(uid, request, lambda: owner.worker_error(request, cls(message, request.client_id)))
+                    self._fail(uid, request, cls(message, request.client_id))
                     return
                 ended = False  # by [DONE] or a finish_reason: a stream cut before either was lost
                 async for event in EventSource(response).aiter_sse():
@@ -173,8 +175,8 @@ class OpenAILink:
                         if not self._current(uid, request):
                             return
                         parts.append(chunk.text)
-                        frame = {"status": _TOKEN, "index": len(parts) - 1, "token_id": None, "text": chunk.text}
-                        owner.worker_frame(request, frame)
+                        self.lifecycle.token(request)
+                        owner.send_text(request, chunk.text)
                         owner.flush()
                 if not ended:
                     raise httpx.RemoteProtocolError("the stream ended without [DONE] or a finish_reason")
@@ -192,9 +194,7 @@ class OpenAILink:
             return
         except Exception:  # a bug of ours: this request fails, never silently and never the others
             log.exception("event=internal_error where=openai_link endpoint=%s", self.address)
-            if self._current(uid, request):
-                error = InternalError("internal error relaying the endpoint's answer", request.client_id)
-                self._answer(uid, request, lambda: owner.worker_error(request, error))
+            self._fail(uid, request, InternalError("internal error relaying the endpoint's answer", request.client_id))
             return
         self._finish(uid, request, parts, finish or FinishReason.EOS, usage)
 
@@ -211,14 +211,17 @@ class OpenAILink:
     def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
         self.last_error = why
         log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, why)
-        error = InternalError(f"endpoint {self.address}: {why}", request.client_id)
-        self._answer(uid, request, lambda: request.owner.worker_error(request, error))
+        self._fail(uid, request, InternalError(f"endpoint {self.address}: {why}", request.client_id))
 
-    def _answer(self, uid: str, request: InflightRequest, reply: Any) -> None:
-        """Give a request its final reply (if still ours), then flush its owner."""
+    def _fail(self, uid: str, request: InflightRequest, error: GovernorError) -> None:
+        self._end(uid, request, self.lifecycle.fail, error)
+
+    def _end(self, uid: str, request: InflightRequest, ending: Callable[[InflightRequest, T], None], arg: T) -> None:
+        """End a request through the lifecycle's `ending` (finish, fail, busy, lose), if it is
+        still ours: not settled by a deadline, a disconnect or a re-route since. Then flush its
+        owner (this runs in the request's own task, outside any read)."""
         if self._current(uid, request):
-            self.inflight.pop(uid, None)
-            reply()
+            ending(request, arg)
             request.owner.flush()
 
     def _finish(self, uid: str, request: InflightRequest, parts: list[str], finish: FinishReason, usage: Any) -> None:
@@ -230,7 +233,7 @@ class OpenAILink:
         completion = Completion(
             "".join(parts), prompt_tokens, completion_tokens, finish, 0.0, cached_prompt_tokens=cached
         )
-        self._answer(uid, request, lambda: request.owner.worker_done(request, completion))
+        self._end(uid, request, self.lifecycle.finish, completion)
 
     def _busy(self, uid: str, request: InflightRequest, headers: httpx.Headers) -> None:
         wait_s = retry_after_s(dict(headers.items()))
@@ -239,7 +242,7 @@ class OpenAILink:
         self.endpoint.paused_until = max(self.endpoint.paused_until, now + wait_s)
         self.busy_total += 1
         log.info("event=endpoint_busy endpoint=%s retry_after_s=%.3f", self.address, wait_s)
-        self._answer(uid, request, lambda: request.owner.worker_busy(request, hint_of(wait_s)))
+        self._end(uid, request, self.lifecycle.busy, hint_of(wait_s))
 
     def _lost(self, uid: str, request: InflightRequest, exc: httpx.TransportError) -> None:
         """The connection failed: the endpoint goes down until a health check passes, and the request
@@ -253,8 +256,7 @@ class OpenAILink:
             # passes. One stream's silence is that request's loss, not the endpoint's.
             self.endpoint.up = False
             log.warning("event=worker_lost worker=%s why=%r", self.address, why)
-        message = f"connection to endpoint {self.address} lost ({why})"
-        self._answer(uid, request, lambda: request.owner.worker_lost(request, message))
+        self._end(uid, request, self.lifecycle.lose, f"connection to endpoint {self.address} lost ({why})")
 
     # -- health -----------------------------------------------------------------------------------
 

@@ -427,7 +427,7 @@ class Server:
         while admission.inflight.inflight and loop.time() < deadline:
             await asyncio.sleep(0.01)
         for request in [r for r in leftovers if r.phase is not Phase.SETTLED]:
-            request.owner.worker_lost(request, "shutdown: the worker did not confirm cancellation")
+            state.lifecycle.lose(request, "shutdown: the worker did not confirm cancellation")
             request.owner.flush()
 
 

@@ -69,7 +69,10 @@ class ClientConnection(Protocol):
 
 
 class UpstreamView(Dispatcher, Protocol):
-    """The worker links as the state needs them: dispatch, and their description for `stats`."""
+    """The links as the state needs them: dispatch, where their answers go, and their
+    description for `stats`."""
+
+    def bind(self, lifecycle: Lifecycle) -> None: ...
 
     def describe(self) -> list[dict[str, Any]]: ...
 
@@ -124,6 +127,7 @@ class ServerState:
         self.lifecycle = Lifecycle(
             admission, self.accounting, self.latency, upstream, clock, self.costs, timers or LoopTimers()
         )
+        upstream.bind(self.lifecycle)  # the links end requests through it
         self.connections: set[ClientConnection] = set()
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
         self.fleet: FleetMember | None = None  # with --fleet: the lease and its renewals

@@ -25,14 +25,14 @@ import orjson
 
 from governor.endpoint import Endpoint
 from governor.health import HealthPolicy
-from governor.lifecycle import InflightRequest, RequestOwner
+from governor.lifecycle import InflightRequest, Lifecycle, Phase, RequestOwner
 from governor.openai_link import OpenAILink, OpenAITarget
 from govwire.address import Address, open_connection
 from govwire.auth import SharedSecret
 from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping
-from govwire.errors import BadFrame, WorkerUnavailable
+from govwire.errors import BadFrame, InternalError, WorkerUnavailable, error_from_code
 from govwire.framing import TOO_LARGE, LineSplitter
-from govwire.messages import EngineStats
+from govwire.messages import Completion, EngineStats
 from govwire.request import GenerateRequest
 from govwire.vocab import MAX_REPLY_BYTES, ReservedId, Status
 
@@ -43,12 +43,44 @@ RECONNECT_MAX_S = 1.0
 UNREACHABLE_LOG_EVERY = 60  # failed connects between two `worker_unreachable` lines (~1 a minute at the max backoff)
 _RESERVED_IDS = frozenset(ReservedId)  # link traffic, no request
 _PING = encode_ping(ReservedId.PING.value)
+# Read for every token: module globals are cheaper than the enums' attributes.
+_STARTED = Phase.STARTED
+_TOKEN, _DONE, _ERROR = Status.TOKEN.value, Status.DONE.value, Status.ERROR.value
+_HEAD_LEN = len(TOKEN_FRAME_HEAD)
+
+
+def on_reply(lifecycle: Lifecycle, request: InflightRequest, frame: dict[str, Any]) -> None:
+    """A worker's parsed reply for `request` (the one place its status is read): a token that
+    missed the byte path (re-encoded into the form that path reads), or its final `done` or
+    `error`, which ends it in the lifecycle. Anything else is the worker's fault: `internal`."""
+    status = frame.get("status")
+    if status == _TOKEN:
+        lifecycle.token(request)
+        rest = encode({"id": "", **{key: value for key, value in frame.items() if key != "id"}})
+        request.owner.worker_token(request, rest[_HEAD_LEN + 1 : -1])  # after the id's closing quote
+        return
+    if status == _DONE:
+        try:
+            completion = Completion.from_frame(frame)
+        except ValueError as exc:
+            log.warning("event=worker_protocol_error error=%r", str(exc))
+            lifecycle.fail(request, InternalError(f"worker sent a malformed done: {exc}", request.client_id))
+            return
+        lifecycle.finish(request, completion)
+        return
+    if status == _ERROR:
+        error = error_from_code(str(frame.get("code")), str(frame.get("message", "")), request.client_id)
+    else:
+        log.warning("event=worker_protocol_error status=%r", status)
+        error = InternalError(f"worker sent an unknown status {status!r}", request.client_id)
+    lifecycle.fail(request, error)
 
 
 class WorkerLink(asyncio.Protocol):
     """One NDJSON connection to a worker process."""
 
     kind = "worker"
+    lifecycle: Lifecycle  # where its requests' answers go (Upstream.bind)
 
     def __init__(self, address: Address, endpoint: Endpoint, secret: SharedSecret | None = None) -> None:
         self.address = str(address)
@@ -200,18 +232,23 @@ class WorkerLink(asyncio.Protocol):
         log.debug("event=worker_connected worker=%s", self.address)
 
     def data_received(self, data: bytes) -> None:
-        """Token frames take the fast path (re-addressed as bytes); every other line is parsed and
-        goes to `_on_link_frame` (reserved ids) or `_on_reply` (a request's)."""
+        """Token frames take the byte path (re-addressed without parsing); every other line is
+        parsed and goes to `_on_link_frame` (reserved ids) or `on_reply` (a request's)."""
         touched: set[RequestOwner] = set()
         inflight = self.inflight
+        lifecycle = self.lifecycle
         now = time.monotonic()
         for line in self._splitter.feed(data):
             if type(line) is bytes and line.startswith(TOKEN_FRAME_HEAD):
-                close = line.find(b'"', len(TOKEN_FRAME_HEAD))
+                close = line.find(b'"', _HEAD_LEN)
                 if close > 0 and line.startswith(TOKEN_FRAME_STATUS, close):
-                    request = inflight.get(line[len(TOKEN_FRAME_HEAD) : close].decode("ascii", "replace"))
+                    request = inflight.get(line[_HEAD_LEN:close].decode("ascii", "replace"))
                     if request is not None:
                         self.last_progress_at = now
+                        # Lifecycle.token, inlined: this runs for every generated token.
+                        request.tokens_seen += 1
+                        if request.phase is not _STARTED:
+                            lifecycle.start(request)
                         request.owner.worker_token(request, line[close + 1 :])
                         touched.add(request.owner)
                     continue
@@ -237,7 +274,7 @@ class WorkerLink(asyncio.Protocol):
             if request is None:
                 continue  # already settled (cancelled by its client, or the link was reset)
             self.last_progress_at = now
-            request.owner.worker_frame(request, frame)
+            on_reply(lifecycle, request, frame)
             touched.add(request.owner)
         for owner in touched:
             owner.flush()
@@ -277,7 +314,7 @@ class WorkerLink(asyncio.Protocol):
             log.warning("event=worker_lost worker=%s inflight=%d", self.address, len(lost))
         owners: set[RequestOwner] = set()
         for request in lost:
-            request.owner.worker_lost(request, f"connection to worker {self.address} lost")
+            self.lifecycle.lose(request, f"connection to worker {self.address} lost")
             owners.add(request.owner)
         for owner in owners:
             owner.flush()
@@ -318,6 +355,11 @@ class Upstream:
             return None
         lines = [f"{link.address}: {link.last_error or 'not answered yet'}" for link in self.links]
         return "no endpoint up\n" + "\n".join(lines) + "\n"
+
+    def bind(self, lifecycle: Lifecycle) -> None:
+        """Where every link's answers go: the lifecycle that dispatches to them (ServerState)."""
+        for link in self.links:
+            link.lifecycle = lifecycle
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
         """Hand an admitted request to the link of the endpoint admission granted it."""

@@ -57,7 +57,8 @@ def encode_error(error: GovernorError, request_id: str | None = None) -> bytes:
     return _dumps({"id": rid, "status": _ERROR, "code": error.code, "message": error.message}, option=_NL)
 
 
-def encode_token(request_id: str, index: int, token_id: int, text: str) -> bytes:
+def encode_token(request_id: str, index: int, token_id: int | None, text: str) -> bytes:
+    """A token frame; `token_id` is None for text relayed from an OpenAI-compatible endpoint."""
     return _dumps({"id": request_id, "status": _TOKEN, "index": index, "token_id": token_id, "text": text}, option=_NL)
 
 

@@ -13,12 +13,14 @@ from governor.endpoint import Endpoint, EndpointLimits
 from governor.fair_share import DEFAULT_SHARE_THRESHOLD
 from governor.hints import RetryHintEstimator, RetryHintPolicy
 from governor.ingress import Ingress
-from governor.lifecycle import InflightRequest
+from governor.lifecycle import InflightRequest, Lifecycle
 from governor.priority import CeilingPolicy
 from governor.state import ServerState
 from governor.tenant import TenantLimits
+from governor.upstream import WorkerLink
+from govwire.address import Address
 from govwire.auth import TenantSecrets
-from govwire.codec import encode_done
+from govwire.codec import encode, encode_done
 from govwire.errors import WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest, IntegrityMode, Limits
@@ -120,6 +122,18 @@ class FakeUpstream:
     def cancel(self, request: InflightRequest) -> None:
         self.sent_frames.append({"id": request.uid, "op": Op.CANCEL})
 
+    def bind(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+
+    def worker_sends(self, *frames: dict[str, Any] | bytes) -> None:
+        """Frames from the worker for the requests dispatched here, read by a real worker link
+        (upstream.WorkerLink.data_received: a token by its bytes, any other frame parsed), which
+        ends them through the lifecycle and flushes their owners."""
+        reader = WorkerLink(Address(path="fake"), Endpoint("fake", EndpointLimits(), 0.0))
+        reader.inflight = self.link.inflight
+        reader.lifecycle = self.lifecycle
+        reader.data_received(b"".join(f if isinstance(f, bytes) else encode(f) for f in frames))
+
     def describe(self) -> list[dict[str, Any]]:
         return []
 
@@ -133,6 +147,13 @@ class FakeTransportWrites:
 
     def lines(self) -> list[bytes]:
         return b"".join(self.chunks).splitlines()
+
+
+def worker_sends(state: ServerState, *frames: dict[str, Any] | bytes) -> None:
+    """FakeUpstream.worker_sends on the state's upstream."""
+    upstream = state.upstream
+    assert isinstance(upstream, FakeUpstream)
+    upstream.worker_sends(*frames)
 
 
 def make_state(

@@ -72,7 +72,7 @@ def test_an_expired_deadline_cancels_in_the_worker_and_returns_slot_and_tokens()
     ingress.receive_data(frame("late", "x" * 40, deadline_ms=200) + frame("fast", "x" * 40, deadline_ms=200))
     (late_uid, _), (fast_uid, (fast, _)) = upstream.dispatched.items()
     clock.advance(0.1)
-    fast.owner.worker_token(fast, encode_token(fast_uid, 0, 97, "a")[len(fast_uid) + 8 : -1])
+    upstream.worker_sends(encode_token(fast_uid, 0, 97, "a"))
     clock.advance(0.1)
     assert timers.fire_due() == 1  # fast's timer was cancelled at its first token
     assert replies(writes)[-1] == {
@@ -99,8 +99,7 @@ def test_a_request_that_ends_before_its_deadline_leaves_no_timer_behind() -> Non
     state = make_state(max_inflight=4, clock=clock, upstream=upstream, timers=timers)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a", deadline_ms=50))
-    ((uid, (request, _)),) = upstream.dispatched.items()
-    request.owner.worker_frame(request, done_frame(uid, "", "eos"))  # a done with no token first
-    request.owner.flush()
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "", "eos"))  # a done with no token first
     clock.advance(1.0)
     assert timers.fire_due() == 0 and [r["status"] for r in replies(writes)] == ["done"]

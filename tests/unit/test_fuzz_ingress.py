@@ -271,8 +271,7 @@ def test_duplicate_ids_are_refused_while_in_flight_and_reusable_after() -> None:
     ingress.receive_data(valid_line("d") * 3)
     assert [(r["code"], r["id"]) for r in parsed(writes)] == [("duplicate_id", "d")] * 2
     assert state.admission.inflight.inflight == 1
-    request, _ = upstream.dispatched["1"]
-    ingress.worker_frame(request, done_frame("1", "", "eos"))
+    upstream.worker_sends(done_frame("1", "", "eos"))
     ingress.receive_data(valid_line("d"))
     assert list(ingress.active) == ["d"] and len(upstream.dispatched) == 2
     ingress.connection_lost()
@@ -345,9 +344,9 @@ def test_any_stream_in_any_chunking_gets_one_answer_per_line_and_leaks_nothing(
             frame = {"id": request.uid, "status": "error", "code": "bad_frame", "message": "too long"}
         if how == "lost":
             state.admission.pool.endpoints[0].up = False  # no endpoint to re-route to: the loss is final
-            ingress.worker_lost(request, "gone")
+            state.lifecycle.lose(request, "gone")
         elif how != "open":
-            ingress.worker_frame(request, frame)
+            upstream.worker_sends(frame)
         settled += how != "open"
     ingress.flush()
     finals = [r for r in parsed(writes)[before:] if r["status"] in ("done", "error")]

@@ -108,16 +108,13 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     client = Client(state)
     assert client.send(post(completion("a")) + post(completion("b"))) == []  # b waits for a's response
     (uid_a,) = upstream.dispatched
-    request, _ = upstream.dispatched[uid_a]
-    request.owner.worker_frame(request, done_frame(uid_a, "A", completion_tokens=1))
-    request.owner.flush()
+    upstream.worker_sends(done_frame(uid_a, "A", completion_tokens=1))
     first = client.responses()
     assert [r.status for r in first] == [200] and orjson.loads(first[0].body)["choices"][0]["text"] == "A"
     uid_b = [u for u in upstream.dispatched if u != uid_a][0]  # b was dispatched once a was answered
-    request_b, generate_b = upstream.dispatched[uid_b]
+    _, generate_b = upstream.dispatched[uid_b]
     assert generate_b.prompt == "b"
-    request_b.owner.worker_frame(request_b, done_frame(uid_b, "B", completion_tokens=1))
-    request_b.owner.flush()
+    upstream.worker_sends(done_frame(uid_b, "B", completion_tokens=1))
     assert [orjson.loads(r.body)["choices"][0]["text"] for r in client.responses()] == ["A", "B"]
     assert state.accounting.executed == 2 and balanced(state)
 
@@ -128,11 +125,8 @@ def test_a_stream_sends_its_head_with_the_first_token_then_events_and_done() -> 
     client = Client(state)
     client.send(post(completion(stream=True, stream_options={"include_usage": True})))
     assert client.writes.chunks == []  # no status before the first token
-    ((uid, (request, _)),) = upstream.dispatched.items()
-    line = encode_token(uid, 0, 7, "Hi")
-    request.owner.worker_token(request, line[line.index(b'"', 7) + 1 : -1])
-    request.owner.worker_frame(request, done_frame(uid, "Hi", "length", completion_tokens=1))
-    request.owner.flush()
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(encode_token(uid, 0, 7, "Hi"), done_frame(uid, "Hi", "length", completion_tokens=1))
     (streamed,) = client.responses()
     assert streamed.status == 200 and streamed.headers["content-type"] == "text/event-stream"
     events = [e for e in streamed.body.split(b"\n\n") if e]
@@ -150,7 +144,7 @@ def test_a_busy_endpoint_before_the_first_token_is_a_late_429_and_balances() -> 
     client.send(post(completion(stream=True)))
     ((uid, (request, _)),) = upstream.dispatched.items()
     state.admission.pool.endpoints[0].paused_until = state.clock() + 0.25  # nowhere to re-route
-    request.owner.worker_busy(request, 250)
+    state.lifecycle.busy(request, 250)
     request.owner.flush()
     (late,) = client.responses()
     assert late.status == 429 and late.headers["retry-after-ms"] == "250"
@@ -230,7 +224,7 @@ def test_a_request_rerouted_to_an_endpoint_that_cannot_take_it_still_gets_its_an
     client.send(post(completion()))
     ((_, (request, _)),) = upstream.dispatched.items()
     request.grant.endpoint.up = False  # its endpoint is lost: the re-route goes to the other one
-    request.owner.worker_lost(request, "connection lost")
+    state.lifecycle.lose(request, "connection lost")
     request.owner.flush()
     (answer,) = client.responses()
     assert answer.status == 502 and orjson.loads(answer.body)["error"]["code"] == "worker_lost"
@@ -287,9 +281,8 @@ def test_an_http_1_0_stream_is_not_chunked_and_ends_with_the_connection() -> Non
     client = Client(state)
     data = orjson.dumps(completion(stream=True))
     client.send(b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
-    ((uid, (request, _)),) = upstream.dispatched.items()
-    request.owner.worker_frame(request, done_frame(uid, "", "eos", completion_tokens=0))
-    request.owner.flush()
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "", "eos", completion_tokens=0))
     written = b"".join(client.writes.chunks)
     assert b"transfer-encoding" not in written and written.rstrip().endswith(b"data: [DONE]")
     assert client.closed == [None]

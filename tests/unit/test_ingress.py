@@ -79,10 +79,9 @@ def test_worker_frames_are_readdressed_and_done_settles_the_slot() -> None:
     request, generate = upstream.dispatched[uid]
     assert generate.prompt == "ab" and request.client_id == "client-id"
     clock.advance(0.01)
-    ingress.worker_frame(request, {"id": uid, "status": "token", "index": 0, "token_id": 97, "text": "a"})
+    upstream.worker_sends({"id": uid, "status": "token", "index": 0, "token_id": 97, "text": "a"})
     clock.advance(0.02)
-    ingress.worker_frame(
-        request,
+    upstream.worker_sends(
         {
             "id": uid,
             "status": "done",
@@ -93,7 +92,6 @@ def test_worker_frames_are_readdressed_and_done_settles_the_slot() -> None:
             "queue_wait_ms": 0.0,
         },
     )
-    ingress.flush()
     token, done = replies(writes)
     assert token == {"id": "client-id", "status": "token", "index": 0, "token_id": 97, "text": "a"}
     assert done["id"] == "client-id" and done["finish_reason"] == "length"
@@ -109,9 +107,7 @@ def test_a_client_cancel_reaches_the_worker_and_is_answered_by_the_final_reply()
     ingress.receive_data(frame("a") + b'{"id":"a","op":"cancel"}\n{"id":"gone","op":"cancel"}\n')
     assert upstream.sent_frames == [{"id": "1", "op": "cancel"}]  # "gone" is not in flight: ignored
     assert writes.chunks == [] and state.admission.inflight.inflight == 1
-    request, _ = upstream.dispatched["1"]
-    ingress.worker_frame(request, done_frame("1", "", "cancelled"))
-    ingress.flush()
+    upstream.worker_sends(done_frame("1", "", "cancelled"))
     assert replies(writes)[-1]["finish_reason"] == "cancelled" and state.admission.inflight.inflight == 0
     assert state.accounting.received == 1 and state.accounting.unbalanced_by(0) == 0
 
@@ -122,11 +118,20 @@ def test_a_token_frame_is_readdressed_as_bytes_exactly_as_if_parsed() -> None:
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame('client "7"'))
     request, _ = upstream.dispatched["1"]
-    worker_token = encode_token("1", 0, 104, "é\n")
-    ingress.worker_token(request, worker_token[len(b'{"id":"1"') : -1])
-    ingress.flush()
+    upstream.worker_sends(encode_token("1", 0, 104, "é\n"))
     assert writes.chunks[-1] == encode_token('client "7"', 0, 104, "é\n")
     assert request.t_first_token is not None and request.generate is None
+
+
+def test_a_token_frame_in_another_key_order_is_parsed_and_readdressed_the_same() -> None:
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("c"))
+    request, _ = upstream.dispatched["1"]
+    upstream.worker_sends({"status": "token", "text": "é", "index": 0, "token_id": 104, "id": "1"})
+    assert orjson.loads(writes.chunks[-1]) == {"id": "c", "status": "token", "index": 0, "token_id": 104, "text": "é"}
+    assert request.phase is Phase.STARTED and request.tokens_seen == 1
 
 
 def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
@@ -134,10 +139,8 @@ def test_stream_false_drops_tokens_but_keeps_the_done() -> None:
     state = make_state(upstream=upstream)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("q", stream=False))
-    request, _ = upstream.dispatched["1"]
-    ingress.worker_frame(request, {"id": "1", "status": "token", "index": 0, "token_id": 1, "text": "h"})
-    ingress.worker_frame(request, done_frame("1", "h", "eos"))
-    ingress.flush()
+    upstream.worker_sends({"id": "1", "status": "token", "index": 0, "token_id": 1, "text": "h"})
+    upstream.worker_sends(done_frame("1", "h", "eos"))
     assert [r["status"] for r in replies(writes)] == ["done"]
 
 
@@ -157,11 +160,9 @@ def test_worker_error_codes_are_counted_as_failed_or_rejected() -> None:
     state = make_state(max_inflight=3, upstream=upstream)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
-    ingress.worker_frame(
-        upstream.dispatched["1"][0], {"id": "1", "status": "error", "code": "bad_frame", "message": "m"}
-    )
+    upstream.worker_sends({"id": "1", "status": "error", "code": "bad_frame", "message": "m"})
     state.admission.pool.endpoints[0].up = False  # as a lost link marks it: no endpoint to re-route to
-    ingress.worker_lost(upstream.dispatched["2"][0], "gone")
+    state.lifecycle.lose(upstream.dispatched["2"][0], "gone")
     ingress.flush()
     assert [(r["id"], r["code"]) for r in replies(writes)] == [("a", "bad_frame"), ("b", "worker_lost")]
     assert state.accounting.rejected["bad_frame"] == 1 and state.accounting.failed["worker_lost"] == 1
@@ -274,7 +275,7 @@ class IngressMachine(RuleBasedStateMachine):
     def worker_streams_a_token(self, data: st.DataObject) -> None:
         live = [r for c in self.conns for r in c.active.values()]
         request = data.draw(st.sampled_from(live))
-        request.owner.worker_token(request, encode_token(request.uid, 0, 97, "a")[len(request.uid) + 8 : -1])
+        self.upstream.worker_sends(encode_token(request.uid, 0, 97, "a"))
         assert request.phase is Phase.STARTED and request.t_first_token is not None
 
     @precondition(lambda self: self.upstream.dispatched)
@@ -295,9 +296,9 @@ class IngressMachine(RuleBasedStateMachine):
         live = [r for c in self.conns for r in c.active.values()]
         request = data.draw(st.sampled_from(live))
         if ok:
-            request.owner.worker_frame(request, done_frame(request.uid, "", "eos"))
+            self.upstream.worker_sends(done_frame(request.uid, "", "eos"))
         else:
-            request.owner.worker_lost(request, "gone")
+            self.state.lifecycle.lose(request, "gone")
 
     @rule(conn=st.integers(0, 2))
     def disconnect(self, conn: int) -> None:

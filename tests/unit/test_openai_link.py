@@ -25,38 +25,38 @@ Handler = Callable[[httpx.Request], Any]
 SSE = {"content-type": "text/event-stream"}
 
 
-class Owner:
-    """Records what the link tells a request's owner."""
+class Recorder:
+    """Stands for the lifecycle and for the request's owner: records what the link tells them.
+    An ending forgets the request on the link, as the lifecycle's settle does."""
 
-    def __init__(self) -> None:
+    def __init__(self, link: OpenAILink, uid: str) -> None:
         self.active: dict[str, InflightRequest] = {}
         self.events: list[tuple[str, Any]] = []
         self.ended = asyncio.Event()
+        self._link, self._uid = link, uid
 
-    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        raise AssertionError("an HTTP link relays parsed tokens")
+    def token(self, request: InflightRequest) -> None:
+        request.tokens_seen += 1
 
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
-        self.events.append(("token", frame["text"]))
+    def send_text(self, request: InflightRequest, text: str) -> None:
+        self.events.append(("token", text))
 
-    def worker_done(self, request: InflightRequest, completion: Completion) -> None:
-        self.events.append(("done", completion))
+    def finish(self, request: InflightRequest, completion: Completion) -> None:
+        self._end("done", completion)
+
+    def fail(self, request: InflightRequest, error: GovernorError) -> None:
+        self._end("error", error)
+
+    def busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
+        self._end("busy", retry_hint_ms)
+
+    def lose(self, request: InflightRequest, message: str) -> None:
+        self._end("lost", message)
+
+    def _end(self, kind: str, value: Any) -> None:
+        self.events.append((kind, value))
+        self._link.inflight.pop(self._uid, None)
         self.ended.set()
-
-    def worker_error(self, request: InflightRequest, error: GovernorError) -> None:
-        self.events.append(("error", error))
-        self.ended.set()
-
-    def worker_busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
-        self.events.append(("busy", retry_hint_ms))
-        self.ended.set()
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None:
-        self.events.append(("lost", message))
-        self.ended.set()
-
-    def deadline_expired(self, request: InflightRequest, error: Any) -> None:
-        raise AssertionError("not used")
 
     def flush(self) -> None:
         pass
@@ -68,7 +68,7 @@ def sse(*events: str) -> bytes:
 
 async def run(
     handler: Handler, generate: GenerateRequest, cancel_after_s: float | None = None
-) -> tuple[Owner, OpenAILink]:
+) -> tuple[Recorder, OpenAILink]:
     """Start a link on a mock transport, submit one request, wait for its final answer."""
     endpoint = Endpoint("e", EndpointLimits(), time.monotonic())
 
@@ -84,7 +84,8 @@ async def run(
         if endpoint.up:
             break
         await asyncio.sleep(0.01)
-    owner = Owner()
+    owner = Recorder(link, "u1")
+    link.lifecycle = owner  # type: ignore[assignment]
     request = InflightRequest("c1", owner, Grant(), 0.0)
     link.submit("u1", request, generate)
     if cancel_after_s is not None:
@@ -92,7 +93,6 @@ async def run(
             await asyncio.sleep(cancel_after_s)
         link.cancel("u1")
     await asyncio.wait_for(owner.ended.wait(), 5)
-    assert "u1" not in link.inflight  # answered: the link holds it no more
     health.cancel()
     link.close()
     return owner, link

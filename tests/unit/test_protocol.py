@@ -120,16 +120,13 @@ def test_a_client_that_stops_reading_is_cut_past_the_write_buffer_cap() -> None:
         state = make_state(upstream=upstream)
         protocol, transport = attach(state, ConnectionLimits(max_frame_bytes=4096, max_write_buffer_bytes=1000))
         protocol.data_received(encode(generate_frame("a", "x", max_new_tokens=50)))
-        request, _ = upstream.dispatched["1"]
         protocol.pause_writing()
         transport.unsent = 999
-        request.owner.worker_frame(request, {"id": "1", "status": "token", "index": 0, "text": "x"})
-        request.owner.flush()
+        upstream.worker_sends({"id": "1", "status": "token", "index": 0, "text": "x"})
         await asyncio.sleep(0)
         assert not transport.closed  # at the cap, not past it
         transport.unsent = 1001
-        request.owner.worker_frame(request, {"id": "1", "status": "token", "index": 1, "text": "x"})
-        request.owner.flush()
+        upstream.worker_sends({"id": "1", "status": "token", "index": 1, "text": "x"})
         await asyncio.sleep(0)
         assert transport.aborted  # a graceful close would wait on a peer that does not read
         assert state.admission.inflight.inflight == 0 and upstream.sent_frames == [{"id": "1", "op": "cancel"}]

@@ -23,12 +23,13 @@ from governor.ingress import Ingress
 from governor.lifecycle import InflightRequest
 from governor.limits import Grant
 from governor.priority import CeilingPolicy
+from governor.state import ServerState
 from governor.tenant import TenantLimits, parse_tenant
 from govwire.auth import SharedSecret, TenantSecrets
 from govwire.codec import encode, generate_frame
 from govwire.options import ConfigError
 from govwire.vocab import DEFAULT_TENANT, Priority, YieldReason
-from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state
+from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state, worker_sends
 
 
 def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
@@ -39,10 +40,9 @@ def replies(writes: Any) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in writes.lines()]
 
 
-def finish(request: InflightRequest, prompt_tokens: int = 1, completion_tokens: int = 1) -> None:
-    request.owner.worker_frame(
-        request,
-        done_frame(request.uid, "", "eos", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens),
+def finish(state: ServerState, request: InflightRequest, prompt_tokens: int = 1, completion_tokens: int = 1) -> None:
+    worker_sends(
+        state, done_frame(request.uid, "", "eos", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
     )
 
 
@@ -183,7 +183,7 @@ def test_past_the_threshold_the_tenant_ahead_yields_and_the_one_behind_gets_in()
     assert replies(b_writes)[-1]["reason"] == "inflight"
     assert state.admission.tenants.resolve("b").service == state.admission.tenants.resolve("a").service
     for request in list(a.active.values())[:4]:
-        finish(request, 1, 16)  # settled at what they reserved ("hi": 1 token, + 16): 6 in flight
+        finish(state, request, 1, 16)  # settled at what they reserved ("hi": 1 token, + 16): 6 in flight
     a.receive_data(frame("a-more", tenant="a") + frame("a-again", tenant="a"))  # even, then a is ahead
     assert replies(a_writes)[-1]["reason"] == YieldReason.TENANT_SHARE and len(a.active) == 7
     b.receive_data(b"".join(frame(f"b{i}", tenant="b") for i in range(1, 4)))  # b catches up, and passes a
@@ -192,7 +192,7 @@ def test_past_the_threshold_the_tenant_ahead_yields_and_the_one_behind_gets_in()
     assert len(a.active) == 8 and state.admission.inflight.inflight == 10
     # Once nobody else contends (b stops asking), a gets everything again.
     for request in list(b.active.values()):
-        finish(request, 1, 16)
+        finish(state, request, 1, 16)
     clock.advance(CONTENDING_S + 0.1)
     a.receive_data(b"".join(frame(f"a-later{i}", tenant="a") for i in range(4)))
     assert state.admission.inflight.inflight == 10 and replies(a_writes)[-1]["reason"] == "inflight"
@@ -322,7 +322,7 @@ class TenantMachine(RuleBasedStateMachine):
     @rule(data=st.data(), prompt_tokens=st.integers(0, 60), completion=st.integers(0, 40))
     def worker_finishes_one(self, data: st.DataObject, prompt_tokens: int, completion: int) -> None:
         request = data.draw(st.sampled_from(self.live()))
-        finish(request, prompt_tokens, min(completion, request.grant.ask.max_new_tokens))
+        finish(self.state, request, prompt_tokens, min(completion, request.grant.ask.max_new_tokens))
 
     @rule(conn=st.integers(0, 1))
     def disconnect(self, conn: int) -> None:

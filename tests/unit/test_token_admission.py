@@ -17,9 +17,10 @@ from governor.endpoint import Endpoint, EndpointLimits
 from governor.hints import RetryHintPolicy
 from governor.ingress import Ingress
 from governor.lifecycle import InflightRequest
+from governor.state import ServerState
 from govwire.codec import encode, encode_token, generate_frame
 from govwire.vocab import YieldReason
-from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state
+from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state, worker_sends
 
 
 def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
@@ -30,9 +31,9 @@ def replies(writes: Any) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in writes.lines()]
 
 
-def token(request: InflightRequest) -> None:
-    """The worker's next token frame for `request`, as the link hands it over."""
-    request.owner.worker_token(request, encode_token(request.uid, 0, 97, "a")[len(request.uid) + 8 : -1])
+def token(state: ServerState, request: InflightRequest) -> None:
+    """The worker's next token frame for `request`, read by its link."""
+    worker_sends(state, encode_token(request.uid, 0, 97, "a"))
 
 
 def test_the_cost_is_the_declared_or_estimated_prompt_plus_the_weighted_output() -> None:
@@ -81,7 +82,7 @@ def test_an_early_eos_returns_its_unused_tokens_at_once() -> None:
     assert state.admission.tokens.held == 60
     assert state.admission.token_rate.bucket is not None
     assert state.admission.token_rate.bucket.level(state.clock()) == pytest.approx(40)
-    request.owner.worker_frame(request, done_frame(uid, "ab", "eos", prompt_tokens=12, completion_tokens=2))
+    upstream.worker_sends(done_frame(uid, "ab", "eos", prompt_tokens=12, completion_tokens=2))
     # Settled at 12 + 2: the in-flight budget is free and the rate bucket gets back 60 - 14.
     assert state.admission.tokens.held == 0
     assert state.admission.token_rate.bucket.level(state.clock()) == pytest.approx(86)
@@ -208,7 +209,7 @@ class TokenMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.live())
     @rule(data=st.data())
     def worker_streams_a_token(self, data: st.DataObject) -> None:
-        token(data.draw(st.sampled_from(self.live())))
+        token(self.state, data.draw(st.sampled_from(self.live())))
 
     @precondition(lambda self: self.live())
     @rule(data=st.data(), prompt_tokens=st.integers(0, 300), completion=st.integers(0, 64))
@@ -216,8 +217,8 @@ class TokenMachine(RuleBasedStateMachine):
         request = data.draw(st.sampled_from(self.live()))
         completion = min(completion, request.grant.ask.max_new_tokens)
         self.true_cost += prompt_tokens + completion
-        request.owner.worker_frame(
-            request, done_frame(request.uid, "", "eos", prompt_tokens=prompt_tokens, completion_tokens=completion)
+        worker_sends(
+            self.state, done_frame(request.uid, "", "eos", prompt_tokens=prompt_tokens, completion_tokens=completion)
         )
 
     @precondition(lambda self: self.live())
@@ -225,7 +226,7 @@ class TokenMachine(RuleBasedStateMachine):
     def worker_lost(self, data: st.DataObject) -> None:
         request = data.draw(st.sampled_from(self.live()))
         rerouted = self.state.accounting.rerouted
-        request.owner.worker_lost(request, "gone")
+        self.state.lifecycle.lose(request, "gone")
         if self.state.accounting.rerouted == rerouted:  # it failed: no counts, so its estimate and what it streamed
             self.true_cost += request.grant.ask.prompt_tokens + request.tokens_seen
 
@@ -283,8 +284,8 @@ def test_the_bucket_is_debited_the_truth_when_a_declared_count_was_too_low() -> 
     state = make_state(max_inflight=4, upstream=upstream, tokens_per_s=1.0, tokens_burst=100.0)
     ingress, _ = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 400, max_new_tokens=10, prompt_tokens=5))  # a claim of 5
-    ((uid, (request, _)),) = upstream.dispatched.items()
-    request.owner.worker_frame(request, done_frame(uid, "", "eos", prompt_tokens=100, completion_tokens=10))
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "", "eos", prompt_tokens=100, completion_tokens=10))
     bucket = state.admission.token_rate.bucket
     assert bucket is not None and bucket.level(state.clock()) == pytest.approx(-10.0)  # 100 - 110: a debt
     assert math.isclose(state.costs.accuracy["declared"].total, 0.05)

@@ -1,4 +1,4 @@
-"""WorkerLink's handling of what the worker sends, with a fake transport and owner."""
+"""WorkerLink's handling of what the worker sends, with a fake transport, lifecycle and owner."""
 
 from __future__ import annotations
 
@@ -10,79 +10,132 @@ import pytest
 
 from governor.endpoint import Endpoint, EndpointLimits
 from governor.health import HealthPolicy
-from governor.lifecycle import InflightRequest
+from governor.lifecycle import InflightRequest, Phase
 from governor.limits import Grant
 from governor.upstream import Upstream, WorkerLink
 from govwire.address import Address
-from govwire.codec import encode_token
+from govwire.codec import encode, encode_token
+from govwire.errors import GovernorError
+from govwire.messages import Completion
 from govwire.request import GenerateRequest
 from govwire.vocab import ReservedId
-from tests.fakes import FakeTransport
+from tests.fakes import FakeTransport, done_frame
+
+
+class Lifecycle:
+    """What the link asks of the lifecycle, recorded: a request's start and how it ends."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def start(self, request: InflightRequest) -> None:
+        request.phase = Phase.STARTED
+        self.calls.append(("start", request.client_id))
+
+    def token(self, request: InflightRequest) -> None:
+        request.tokens_seen += 1
+        if request.phase is not Phase.STARTED:
+            self.start(request)
+
+    def finish(self, request: InflightRequest, completion: Completion) -> None:
+        self.calls.append(("finish", completion.text))
+
+    def fail(self, request: InflightRequest, error: GovernorError) -> None:
+        self.calls.append(("fail", error.code))
+
+    def lose(self, request: InflightRequest, message: str) -> None:
+        self.calls.append(("lose", request.client_id))
 
 
 class Owner:
     def __init__(self) -> None:
         self.active: dict[str, InflightRequest] = {}
-        self.frames: list[dict[str, Any]] = []
         self.tokens: list[bytes] = []
-        self.lost: list[str] = []
         self.flushes = 0
-
-    def worker_frame(self, request: InflightRequest, frame: dict[str, Any]) -> None:
-        self.frames.append(frame)
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
         self.tokens.append(rest)
-
-    def worker_lost(self, request: InflightRequest, message: str) -> None:
-        self.lost.append(request.client_id)
 
     def flush(self) -> None:
         self.flushes += 1
 
 
-def linked() -> tuple[WorkerLink, FakeTransport, Owner]:
+def new_link() -> WorkerLink:
+    """A link as Upstream makes it: bound to a lifecycle (this one records)."""
     link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    link.lifecycle = Lifecycle()  # type: ignore[assignment]
+    return link
+
+
+def linked() -> tuple[WorkerLink, FakeTransport, Owner, Lifecycle]:
+    link = new_link()
+    lifecycle: Lifecycle = link.lifecycle  # type: ignore[assignment]
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
     link.data_received(b'{"id":"~ping","status":"pong"}\n')
     assert link.endpoint.up
     owner = Owner()
     request = InflightRequest("client-1", owner, Grant(), 0.0)
-    request.uid, request.link = "u1", link
+    request.uid, request.link, request.phase = "u1", link, Phase.DISPATCHED
     link.inflight["u1"] = request
-    return link, transport, owner
+    return link, transport, owner, lifecycle
+
+
+DONE = encode(done_frame("u1", "hi", completion_tokens=1))
 
 
 def test_frames_are_routed_by_uid_and_unknown_uids_skipped() -> None:
-    link, transport, owner = linked()
-    link.data_received(b'{"id":"u1","status":"done","text":""}\n{"id":"gone","status":"done"}\n')
-    assert owner.frames == [{"id": "u1", "status": "done", "text": ""}]
+    link, transport, owner, lifecycle = linked()
+    link.data_received(DONE + encode(done_frame("gone")))
+    assert lifecycle.calls == [("finish", "hi")]
     assert owner.flushes == 1 and not transport.closed
 
 
 def test_token_frames_are_routed_as_bytes_without_parsing() -> None:
-    link, transport, owner = linked()
+    link, transport, owner, lifecycle = linked()
     token = encode_token("u1", 0, 104, 'h"\n')
-    link.data_received(token + encode_token("gone", 1, 105, "i") + b'{"id":"u1","status":"done"}\n')
-    assert owner.tokens == [token[len(b'{"id":"u1"') : -1]]  # everything after the id, no newline
-    assert owner.frames == [{"id": "u1", "status": "done"}] and owner.flushes == 1
+    link.data_received(token + encode_token("gone", 1, 105, "i") + token + DONE)
+    assert owner.tokens == [token[len(b'{"id":"u1"') : -1]] * 2  # everything after the id, no newline
+    assert lifecycle.calls == [("start", "client-1"), ("finish", "hi")] and owner.flushes == 1
+    assert link.inflight["u1"].tokens_seen == 2
+
+
+@pytest.mark.parametrize(
+    ("reply", "ending"),
+    [
+        (b'{"id":"u1","status":"error","code":"bad_frame","message":"too long"}', ("fail", "bad_frame")),
+        (b'{"id":"u1","status":"error","code":"no such code"}', ("fail", "internal")),
+        (b'{"id":"u1","status":"done","text":""}', ("fail", "internal")),  # a malformed done
+        (b'{"id":"u1","status":"sleeping"}', ("fail", "internal")),
+    ],
+)
+def test_a_reply_is_read_once_into_one_ending(reply: bytes, ending: tuple[str, str]) -> None:
+    link, transport, owner, lifecycle = linked()
+    link.data_received(reply + b"\n")
+    assert lifecycle.calls == [ending] and owner.flushes == 1 and not transport.closed
+
+
+def test_a_token_frame_in_another_order_takes_the_parsed_path_to_the_same_bytes() -> None:
+    link, _, owner, lifecycle = linked()
+    link.data_received(b'{"status":"token","id":"u1","index":0,"token_id":104,"text":"h"}\n')
+    assert owner.tokens == [encode_token("u1", 0, 104, "h")[len(b'{"id":"u1"') : -1]]
+    assert lifecycle.calls == [("start", "client-1")]
 
 
 @pytest.mark.parametrize(
     "garbage", [b"not json\n", b'{"status":"done"}\n', b'{"id":null,"status":"error"}\n', b"[1]\n"]
 )
 def test_an_unattributable_reply_breaks_the_link_so_nothing_hangs(garbage: bytes) -> None:
-    link, transport, owner = linked()
-    link.data_received(garbage + b'{"id":"u1","status":"done"}\n')
-    assert transport.closed and owner.frames == []  # nothing after the garbage is trusted
+    link, transport, owner, lifecycle = linked()
+    link.data_received(garbage + DONE)
+    assert transport.closed and lifecycle.calls == []  # nothing after the garbage is trusted
     link.connection_lost(None)
-    assert owner.lost == ["client-1"]
+    assert lifecycle.calls == [("lose", "client-1")]
     assert not link.is_connected and not link.endpoint.up
 
 
 def test_an_endpoint_is_up_only_once_its_worker_answers_a_ping() -> None:
-    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    link = new_link()
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
     assert link.is_connected and not link.endpoint.up  # connected is not enough: it must answer
@@ -94,14 +147,14 @@ def test_an_endpoint_is_up_only_once_its_worker_answers_a_ping() -> None:
 
 
 def test_a_ping_unanswered_past_the_timeout_fails_the_probe() -> None:
-    link, transport, _ = linked()
+    link, transport, _, _ = linked()
     assert link.probe(100.0, timeout_s=5.0)
     assert link.probe(105.0, timeout_s=5.0)
     assert not link.probe(105.1, timeout_s=5.0)
 
 
 def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
-    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    link = new_link()
     link.connection_made(FakeTransport())  # type: ignore[arg-type]
     link.data_received(b'{"id":"~ping","status":"error","code":"unauthorized","message":"no"}\n')
     assert not link.endpoint.up and link.is_connected  # the worker closes it; nothing is attributed
@@ -110,7 +163,7 @@ def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
 def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
     monkeypatch.setattr("governor.upstream.time.monotonic", lambda: clock[0])
-    link, _, owner = linked()  # holds u1, added by hand: the stall clock starts at submit()
+    link, _, owner, _ = linked()  # holds u1, added by hand: the stall clock starts at submit()
     link.inflight.clear()
     link.submit("u1", InflightRequest("client-1", owner, Grant(), 0.0), GenerateRequest("client-1", "x"))
     clock[0] = 160.0
