@@ -20,7 +20,6 @@ The ingress only parses, calls `decide` and encodes the answer; new limits are a
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 from governor.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
@@ -28,7 +27,6 @@ from governor.cost import NO_ASK, Ask
 from governor.deadline import DeadlineLimit
 from governor.endpoint import Endpoint
 from governor.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
-from governor.fleet_lease import FleetLease, FleetPolicy
 from governor.hints import RetryHintEstimator
 from governor.limits import (
     Draining,
@@ -37,6 +35,7 @@ from governor.limits import (
     Limit,
     RateLimit,
     Refusal,
+    SharedLimit,
     TokenBudget,
     TokenRate,
 )
@@ -98,7 +97,7 @@ class Admission:
         self.tenant_caps = TenantCaps()
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
-        self.fleet: FleetLease | None = None  # this replica's share of the fleet caps, with --fleet
+        self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
         self._every: tuple[Limit, ...] = (
             self.drain,
@@ -146,7 +145,7 @@ class Admission:
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
         if tenant_caps:
             self._fits += (self.tenant_caps.fits,)
-        if fleet is not None and (fleet.policy.max_inflight_tokens or fleet.policy.max_tokens_per_s):
+        if fleet is not None and fleet.caps_tokens:
             self._fits += (fleet.fits,)
         if self.adaptive.enforced:
             self.inflight.set_max(self.adaptive.limit)
@@ -181,22 +180,16 @@ class Admission:
         self.adaptive.set_ceiling(max_inflight)
         self._activate()
 
-    def join_fleet(self, fleet: FleetLease) -> None:
-        """Enforce this replica's share of the fleet caps from now on (at start, before any frame)."""
+    def join_fleet(self, fleet: SharedLimit) -> None:
+        """Enforce this replica's share of the fleet caps (fleet/lease.py) from now on (at start,
+        before any frame)."""
         self.fleet = fleet
         self._every = (*self._every, fleet)
         self._activate()
 
-    def set_fleet_caps(self, policy: FleetPolicy, now: float) -> None:
-        """Live change of the fleet caps (SIGHUP), reported with the next renewal; the lease's
-        timing and fallback stay as they started."""
-        fleet = self.fleet
-        if fleet is None:
-            return
-        kept = fleet.policy
-        fleet.set_policy(
-            dataclasses.replace(policy, renew_s=kept.renew_s, lease_s=kept.lease_s, unavailable=kept.unavailable), now
-        )
+    def fleet_caps_changed(self) -> None:
+        """The fleet lease's caps were changed live (SIGHUP): whether its token budget bounds a
+        request may have changed with them."""
         self._activate()
 
     def set_tenancy(

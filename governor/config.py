@@ -9,9 +9,8 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from governor.endpoint import EndpointLimits
+from governor.endpoint import EndpointLimits, OpenAITarget
 from governor.fleet_lease import FleetPolicy
-from governor.openai_link import OpenAITarget
 from governor.priority import CeilingPolicy
 from governor.tenant import TenantLimits, parse_tenant
 from govwire.address import Address, parse_address

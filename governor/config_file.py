@@ -23,7 +23,7 @@ from typing import Any, Literal
 import orjson
 
 from governor.config import TARGET_KEYS, GovernorConfig, parse_endpoint
-from governor.openai_link import OpenAITarget
+from governor.endpoint import OpenAITarget
 from governor.tenant import TENANT_KEYS, parse_tenant
 from govwire.options import ConfigError
 

@@ -1,4 +1,5 @@
-"""One endpoint of the pool (a worker link's place in admission): its soft caps and its load."""
+"""One endpoint of the pool (a link's place in admission): its soft caps and its load, and where an
+OpenAI-compatible endpoint is (the other kind is a worker process at an `Address`)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,25 @@ class EndpointLimits:
 
     def bucket(self, now: float) -> TokenBucket | None:
         return make_bucket(self.qps, self.burst, now)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAITarget:
+    """An OpenAI-compatible endpoint: `base_url` up to and including `/v1`, the `model` name its
+    requests carry, and the file holding the API key it wants, if any (read when the link starts,
+    never logged)."""
+
+    base_url: str
+    model: str
+    api_key_file: str = ""
+
+    def __str__(self) -> str:
+        return self.base_url
+
+    @property
+    def root(self) -> str:
+        """The server's root, where `/health` lives."""
+        return self.base_url.removesuffix("/").removesuffix("/v1")
 
 
 class Endpoint:

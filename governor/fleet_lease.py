@@ -39,6 +39,7 @@ wait is also how each replica measures its waiting demand (Share).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from enum import StrEnum
@@ -341,6 +342,19 @@ class FleetLease:
         self._others = tuple((share, by_cost) for share, by_cost in others if share.limit)
         if self.state is FleetState.LOCAL or self.state is FleetState.CLOSED:
             self._fall_back(now)
+
+    def set_caps(self, policy: FleetPolicy, now: float) -> None:
+        """Live change of the fleet caps (SIGHUP), reported with the next renewal; the lease's
+        timing and fallback stay as they started."""
+        kept = self.policy
+        self.set_policy(
+            dataclasses.replace(policy, renew_s=kept.renew_s, lease_s=kept.lease_s, unavailable=kept.unavailable), now
+        )
+
+    @property
+    def caps_tokens(self) -> bool:
+        """Whether a fleet token budget bounds what one request may cost (`fits`)."""
+        return bool(self.policy.max_inflight_tokens or self.policy.max_tokens_per_s)
 
     # --- the Limit -----------------------------------------------------------------------------
 

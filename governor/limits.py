@@ -106,6 +106,19 @@ class Limit(Protocol):
         """The request ended (`executed`: with `done`): give back what it held while it ran."""
 
 
+class SharedLimit(Limit, Protocol):
+    """A limit on capacity this governor shares with others: its lease on the fleet's caps
+    (fleet/lease.py, renewed through Redis). With a fleet token budget it also refuses at once a
+    request larger than that budget, as the local token budgets do."""
+
+    @property
+    def caps_tokens(self) -> bool:
+        """Whether a token budget bounds what one request may cost (then `fits` applies)."""
+
+    def fits(self, ask: Ask) -> None:
+        """OverBudget for a request larger than a whole budget: no wait would let it in."""
+
+
 class Draining:
     """While the governor drains for shutdown, every new request yields."""
 

@@ -26,13 +26,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import httpx
 from httpx_sse import EventSource, SSEError
 
-from governor.endpoint import Endpoint
+from governor.endpoint import Endpoint, OpenAITarget
 from governor.health import HealthPolicy
 from governor.lifecycle import InflightRequest, Lifecycle
 from governor.limits import hint_of
@@ -48,25 +47,6 @@ log = logging.getLogger("governor.openai_link")
 DEFAULT_BUSY_S = 1.0  # the pause after a 429/503 that names no Retry-After
 ERROR_PREVIEW_BYTES = 512  # of an error response's body, quoted in the client's error
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class OpenAITarget:
-    """An OpenAI-compatible endpoint: `base_url` up to and including `/v1`, the `model` name its
-    requests carry, and the file holding the API key it wants, if any (read when the link starts,
-    never logged)."""
-
-    base_url: str
-    model: str
-    api_key_file: str = ""
-
-    def __str__(self) -> str:
-        return self.base_url
-
-    @property
-    def root(self) -> str:
-        """The server's root, where `/health` lives."""
-        return self.base_url.removesuffix("/").removesuffix("/v1")
 
 
 class OpenAILink:

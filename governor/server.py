@@ -177,7 +177,9 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
         tokens_per_s=config.max_tokens_per_s,
         tokens_burst=config.tokens_burst,
     )
-    state.admission.set_fleet_caps(config.fleet_policy(), now)
+    if state.fleet is not None:
+        state.fleet.lease.set_caps(config.fleet_policy(), now)
+        state.admission.fleet_caps_changed()
     endpoints = {e.name: e for e in state.admission.pool.endpoints}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)

@@ -12,17 +12,19 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.accounting import Accounting, ShedReason
 from governor.admission import Admission
 from governor.cost import CostModel
-from governor.fleet_member import FleetMember
 from governor.latency import LatencyMetrics
 from governor.lifecycle import Cancellable, Dispatcher, InflightRequest, Lifecycle, Timers
 from govwire.auth import TenantSecrets
 from govwire.errors import GovernorError
 from govwire.request import Limits
+
+if TYPE_CHECKING:  # a type only: importing the state must not import the Redis client
+    from governor.fleet_member import FleetMember
 
 
 class ClientCore(Protocol):

@@ -23,10 +23,10 @@ from typing import Any, cast
 
 import orjson
 
-from governor.endpoint import Endpoint
+from governor.endpoint import Endpoint, OpenAITarget
 from governor.health import HealthPolicy
 from governor.lifecycle import InflightRequest, Lifecycle, Phase, RequestOwner
-from governor.openai_link import OpenAILink, OpenAITarget
+from governor.openai_link import OpenAILink
 from govwire.address import Address, open_connection
 from govwire.auth import SharedSecret
 from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping

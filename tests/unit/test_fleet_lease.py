@@ -360,7 +360,8 @@ def test_a_reload_changes_the_fleet_caps_but_not_the_lease_timing() -> None:
     state = make_state(max_inflight=64)
     lease = FleetLease(FleetPolicy(max_inflight=8, renew_s=0.1, lease_s=0.5, unavailable="closed"), hints(), 0.0)
     state.admission.join_fleet(lease)
-    state.admission.set_fleet_caps(FleetPolicy(max_inflight=16, max_inflight_tokens=100), 0.0)
+    lease.set_caps(FleetPolicy(max_inflight=16, max_inflight_tokens=100), 0.0)
+    state.admission.fleet_caps_changed()
     assert lease.policy == FleetPolicy(
         max_inflight=16, max_inflight_tokens=100, renew_s=0.1, lease_s=0.5, unavailable="closed"
     )

@@ -5,9 +5,8 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.endpoint import Endpoint, EndpointLimits
+from governor.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.metrics import Histogram, build_registry
-from governor.openai_link import OpenAITarget
 from governor.state import ServerState
 from governor.upstream import Upstream
 from govwire.address import Address

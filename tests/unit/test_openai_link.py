@@ -11,11 +11,11 @@ from typing import Any
 import httpx
 import pytest
 
-from governor.endpoint import Endpoint, EndpointLimits
+from governor.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.health import HealthPolicy
 from governor.lifecycle import InflightRequest
 from governor.limits import Grant
-from governor.openai_link import OpenAILink, OpenAITarget
+from governor.openai_link import OpenAILink
 from govwire.errors import GovernorError
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
