@@ -1,6 +1,19 @@
 """governor: a TCP ingress governor for inference workers (the server, its clients and its bench).
 
-The wire contract it shares with the worker lives in the `govwire` package.
+The path of a frame through the folders:
+
+    doors/         a client's bytes → frames (NDJSON port, OpenAI-compatible HTTP) → replies
+    admission/     one decision over every limit: admitted (a Grant) or refused (a yield)
+    lifecycle.py   an admitted request's phases, and every way it ends
+    links/         the endpoints that run it: worker processes, OpenAI-compatible servers
+    fleet/         caps shared with other replicas: a lease (one more limit) renewed in Redis
+
+Beside them: `accounting.py` (every count), `latency.py` (the histograms), `state.py` (what every
+connection shares), `metrics.py` and `metrics_server.py` (Prometheus), and the server shell that
+builds and runs it all: `cli.py`, `config.py`, `config_file.py`, `server.py`, `supervisor.py`,
+`status.py`. Nothing imports the shell. `client/` and `bench/` talk to a governor through its
+socket. The wire contract it shares with the worker lives in the `govwire` package;
+tests/unit/test_layers.py checks who imports whom.
 """
 
 __version__ = "0.1.0"

@@ -17,15 +17,15 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from governor.tally import Tally
+from governor.admission.tally import Tally
 from govwire.errors import ERRORS_BY_CODE, GovernorError, RequestFailed, RequestRejected
 from govwire.vocab import Priority, YieldReason
 
 if TYPE_CHECKING:
-    from governor.cost import Ask
+    from governor.admission.cost import Ask
 
 CLIENT_DISCONNECTED = "client_disconnected"
-CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see protocol.py)
+CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see doors/connection.py)
 REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
 FAILURE_REASONS = (
     *(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestFailed)),
@@ -91,7 +91,7 @@ class Accounting:
     def __init__(self) -> None:
         self.received = 0
         # Of `received`, those that came through the HTTP front door (the rest are NDJSON frames):
-        # counted once per request by http_ingress.py, so the NDJSON hot path pays nothing.
+        # counted once per request by doors/http.py, so the NDJSON hot path pays nothing.
         self.http_received = 0
         self.executed = 0
         # reason -> count. Known reasons start at 0 so every series exists from the first scrape

@@ -9,10 +9,10 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from governor.endpoint import EndpointLimits, OpenAITarget
-from governor.fleet_lease import FleetPolicy
-from governor.priority import CeilingPolicy
-from governor.tenant import TenantLimits, parse_tenant
+from governor.admission.endpoint import EndpointLimits, OpenAITarget
+from governor.admission.priority import CeilingPolicy
+from governor.admission.tenant import TenantLimits, parse_tenant
+from governor.fleet.lease import FleetPolicy
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option

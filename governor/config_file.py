@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 import orjson
 
+from governor.admission.endpoint import OpenAITarget
+from governor.admission.tenant import TENANT_KEYS, parse_tenant
 from governor.config import TARGET_KEYS, GovernorConfig, parse_endpoint
-from governor.endpoint import OpenAITarget
-from governor.tenant import TENANT_KEYS, parse_tenant
 from govwire.options import ConfigError
 
 _ENDPOINT_KEYS = ("concurrency", "tokens", "qps", "burst", "weight")

@@ -33,10 +33,10 @@ from enum import Enum
 from typing import Any, Protocol
 
 from governor.accounting import Accounting, DeadlineOutcome, Outcome, outcome_of
-from governor.admission import Admission
-from governor.cost import CostModel
+from governor.admission.cost import CostModel
+from governor.admission.decision import Admission
+from governor.admission.limits import Grant
 from governor.latency import LatencyMetrics
-from governor.limits import Grant
 from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerLost, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
@@ -100,7 +100,7 @@ class Timers(Protocol):
 
 
 class Link(Protocol):
-    """A link as a request sees it (upstream.WorkerLink, openai_link.OpenAILink): the requests it
+    """A link as a request sees it (links/worker_link.py, links/openai_link.py): the requests it
     holds, by uid."""
 
     inflight: dict[str, InflightRequest]
@@ -109,7 +109,7 @@ class Link(Protocol):
 
 
 class Dispatcher(Protocol):
-    """Where admitted requests go (upstream.py): it picks the link of the request's endpoint."""
+    """Where admitted requests go (links/upstream.py): it picks the link of the request's endpoint."""
 
     def dispatch(self, request: InflightRequest, generate: GenerateRequest) -> None:
         """Send it; sets `request.link` and `request.uid`, or raises `WorkerUnavailable`."""

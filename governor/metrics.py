@@ -14,14 +14,15 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from governor.adaptive_limit import AdaptiveMode
-from governor.fleet_lease import RESOURCES
-from governor.fleet_member import FleetMember
+from governor.admission.adaptive_limit import AdaptiveMode
+from governor.admission.tally import Tally
+from governor.fleet.lease import RESOURCES
+from governor.fleet.member import FleetMember
 from governor.latency import Histogram
-from governor.openai_link import OpenAILink
+from governor.links.openai_link import OpenAILink
+from governor.links.upstream import Upstream
+from governor.links.worker_link import WorkerLink
 from governor.state import ServerState
-from governor.tally import Tally
-from governor.upstream import Upstream, WorkerLink
 from govwire.messages import STATS_HELP
 
 _HISTOGRAM_HELP = {

@@ -16,26 +16,27 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
-from governor.admission import Admission
+from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
+from governor.admission.cost import CostModel
+from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.ttft import TtftModel
 from governor.config import GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
-from governor.cost import CostModel
-from governor.endpoint import Endpoint, EndpointLimits
-from governor.fleet_lease import FleetLease
-from governor.fleet_member import FleetMember
-from governor.health import HealthPolicy
-from governor.hints import RetryHintEstimator, RetryHintPolicy
-from governor.http_ingress import HttpIngress, HttpLimits
+from governor.doors.connection import ConnectionLimits, GovernorProtocol
+from governor.doors.http import HttpIngress, HttpLimits
+from governor.fleet.lease import FleetLease
+from governor.fleet.member import FleetMember
 from governor.lifecycle import Phase
+from governor.links.health import HealthPolicy
+from governor.links.openai_link import OpenAILink
+from governor.links.upstream import Upstream
+from governor.links.worker_link import WorkerLink
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
-from governor.openai_link import OpenAILink
-from governor.protocol import ConnectionLimits, GovernorProtocol
 from governor.state import ClientCore, ServerState
 from governor.supervisor import WorkerSupervisor
-from governor.ttft import TtftModel
-from governor.upstream import Upstream, WorkerLink
 from govwire.address import Address
 from govwire.auth import SharedSecret, TenantSecrets
 from govwire.options import ConfigError
@@ -121,7 +122,7 @@ def is_loopback(host: str) -> bool:
 
 
 async def sweep_timeouts(state: ServerState, idle_timeout_s: float) -> None:
-    """Close connections past their auth deadline or idle timeout (protocol.py decides)."""
+    """Close connections past their auth deadline or idle timeout (doors/connection.py decides)."""
     interval = min(TIMEOUT_SWEEP_MAX_S, idle_timeout_s / 4) if idle_timeout_s else TIMEOUT_SWEEP_MAX_S
     while True:
         await asyncio.sleep(interval)

@@ -1,6 +1,6 @@
 """What every client connection shares: the wiring of one governor (uvicorn's ServerState idea).
 
-No logic and no counters of its own: admission decides (admission.py), the lifecycle moves
+No logic and no counters of its own: admission decides (admission/decision.py), the lifecycle moves
 admitted requests (lifecycle.py), accounting counts (accounting.py). `snapshot` reads them all for
 the `stats` reply.
 """
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.accounting import Accounting, ShedReason
-from governor.admission import Admission
-from governor.cost import CostModel
+from governor.admission.cost import CostModel
+from governor.admission.decision import Admission
 from governor.latency import LatencyMetrics
 from governor.lifecycle import Cancellable, Dispatcher, InflightRequest, Lifecycle, Timers
 from govwire.auth import TenantSecrets
@@ -24,7 +24,7 @@ from govwire.errors import GovernorError
 from govwire.request import Limits
 
 if TYPE_CHECKING:  # a type only: importing the state must not import the Redis client
-    from governor.fleet_member import FleetMember
+    from governor.fleet.member import FleetMember
 
 
 class ClientCore(Protocol):

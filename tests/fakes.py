@@ -7,17 +7,17 @@ from typing import Any
 
 import orjson
 
-from governor.admission import Admission
-from governor.cost import CostModel
-from governor.endpoint import Endpoint, EndpointLimits
-from governor.fair_share import DEFAULT_SHARE_THRESHOLD
-from governor.hints import RetryHintEstimator, RetryHintPolicy
-from governor.ingress import Ingress
+from governor.admission.cost import CostModel
+from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.fair_share import DEFAULT_SHARE_THRESHOLD
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.priority import CeilingPolicy
+from governor.admission.tenant import TenantLimits
+from governor.doors.ndjson import Ingress
 from governor.lifecycle import InflightRequest, Lifecycle
-from governor.priority import CeilingPolicy
+from governor.links.worker_link import WorkerLink
 from governor.state import ServerState
-from governor.tenant import TenantLimits
-from governor.upstream import WorkerLink
 from govwire.address import Address
 from govwire.auth import TenantSecrets
 from govwire.codec import encode, encode_done
@@ -127,7 +127,7 @@ class FakeUpstream:
 
     def worker_sends(self, *frames: dict[str, Any] | bytes) -> None:
         """Frames from the worker for the requests dispatched here, read by a real worker link
-        (upstream.WorkerLink.data_received: a token by its bytes, any other frame parsed), which
+        (links/worker_link.py, WorkerLink.data_received: a token by its bytes, any other frame parsed), which
         ends them through the lifecycle and flushes their owners."""
         reader = WorkerLink(Address(path="fake"), Endpoint("fake", EndpointLimits(), 0.0))
         reader.inflight = self.link.inflight

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from governor import cli
+from governor.admission.endpoint import EndpointLimits
 from governor.config import GovernorConfig, parse_endpoint
-from governor.endpoint import EndpointLimits
 from governor.server import is_loopback
 from govwire.address import Address, parse_address
 from govwire.options import ConfigError

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from governor.admission import Admission
+from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.limits import Grant, Refusal
 from governor.config import parse_endpoint
 from governor.config_file import config_sources, load_config, reload_config, render_config
-from governor.endpoint import Endpoint, EndpointLimits
-from governor.hints import RetryHintEstimator, RetryHintPolicy
-from governor.limits import Grant, Refusal
 from govwire.options import ConfigError
 
 

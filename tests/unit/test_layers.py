@@ -4,6 +4,8 @@ and under TYPE_CHECKING): who may import whom.
     govwire (the wire contract)   <- imported by all; imports only the stdlib and orjson
     governor.client               <- imports govwire; never the governor's server
     governor (the server)         <- imports govwire; never worker
+      inside it, the path of a frame: doors/ -> admission/ -> lifecycle.py -> links/, each layer
+      importing only the ones below it (LAYERS), and nothing importing the server shell (SHELL)
     worker                        <- imports govwire; never governor
       the engine core (engine, scheduler, runner, ...) never imports its adapters (worker.backends)
       the scheduler and its bookkeeping never import torch
@@ -15,7 +17,7 @@ import ast
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +125,130 @@ def test_the_engine_core_does_not_import_its_adapters(core: str) -> None:
 def test_the_scheduler_and_its_bookkeeping_need_no_torch(bookkeeping: str) -> None:
     imported = {i.top for i in imports_of(ROOT / "worker" / f"{bookkeeping}.py")}
     assert "torch" not in imported
+
+
+# The governor's layers, bottom up: each imports govwire, itself and the layers it names, nothing
+# else of the governor. A module is in the layer whose name is its longest prefix.
+LAYERS: dict[str, frozenset[str]] = {
+    "governor.latency": frozenset(),  # the histograms: everything records into them
+    "governor.admission": frozenset({"governor.latency"}),  # the decision and its limits: pure
+    "governor.fleet": frozenset({"governor.admission", "governor.latency"}),  # a lease is one more limit
+    "governor.accounting": frozenset({"governor.admission"}),
+    "governor.lifecycle": frozenset({"governor.accounting", "governor.admission", "governor.latency"}),
+    "governor.links": frozenset({"governor.lifecycle", "governor.admission"}),
+    "governor.state": frozenset(
+        {"governor.lifecycle", "governor.accounting", "governor.admission", "governor.latency", "governor.fleet"}
+    ),
+    "governor.doors": frozenset({"governor.state", "governor.lifecycle", "governor.accounting", "governor.admission"}),
+    "governor.metrics_server": frozenset(),
+    "governor.metrics": frozenset(
+        {
+            "governor.state",
+            "governor.links",
+            "governor.fleet",
+            "governor.lifecycle",
+            "governor.accounting",
+            "governor.admission",
+            "governor.latency",
+        }
+    ),
+}
+# What builds and runs the layers: it may import any of them, and nothing imports it.
+SHELL = frozenset(
+    f"governor.{name}" for name in ("__main__", "cli", "config", "config_file", "server", "supervisor", "status")
+)
+# Said once more as the rules a reader looks for: a table edit that allowed one of these fails too.
+NEVER = [
+    ("governor.admission", "governor.doors"),
+    ("governor.admission", "governor.links"),
+    ("governor.admission", "governor.lifecycle"),
+    ("governor.admission", "governor.metrics"),
+    ("governor.admission", "governor.fleet"),
+    ("governor.links", "governor.doors"),
+    ("governor.links", "governor.state"),
+    ("governor.doors", "governor.links"),
+    ("governor.lifecycle", "governor.doors"),
+    ("governor.lifecycle", "governor.links"),
+]
+
+
+def layer_of(module: str) -> str | None:
+    matches = [name for name in LAYERS if module == name or module.startswith(name + ".")]
+    return max(matches, key=len, default=None)
+
+
+def server_modules() -> list[Path]:
+    """The governor's own modules (its clients and bench are checked above)."""
+    governor = ROOT / "governor"
+    return [
+        p for p in sorted(governor.rglob("*.py")) if p.relative_to(governor).parts[0] not in ("client", "bench")
+    ]
+
+
+def test_every_module_of_the_server_is_in_a_layer_or_the_shell() -> None:
+    stray = [
+        m for m in map(module_name, server_modules()) if m != "governor" and layer_of(m) is None and m not in SHELL
+    ]
+    assert not stray, f"place these in LAYERS or SHELL: {stray}"
+
+
+def layer_violations(imports: Iterable[Import]) -> list[str]:
+    bad = []
+    for i in imports:
+        own = layer_of(i.module)
+        if own is None or i.top != "governor" or i.target.startswith(("governor.client", "governor.bench")):
+            continue  # the shell imports anything; the clients are checked above
+        target = layer_of(i.target)
+        if target != own and target not in LAYERS[own]:
+            bad.append(f"{i.where}: {i.module} ({own}) imports {i.target} ({target or 'the shell'})")
+    return bad
+
+
+def shell_violations(imports: Iterable[Import]) -> list[str]:
+    return [f"{i.where}: {i.module} imports {i.target}" for i in imports if i.target in SHELL and i.module not in SHELL]
+
+
+def test_each_layer_imports_only_the_layers_below_it() -> None:
+    bad = layer_violations(i for path in server_modules() for i in imports_of(path))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layers_are_an_order_and_the_never_rules_hold() -> None:
+    graph = {name: set(allowed) for name, allowed in LAYERS.items()}
+    assert _find_cycle(graph) is None
+    allowed_transitively = {name: _reachable(graph, name) for name in LAYERS}
+    assert [(a, b) for a, b in NEVER if b in allowed_transitively[a]] == []
+    imported = {(layer_of(i.module), layer_of(i.target)) for p in server_modules() for i in imports_of(p)}
+    assert [pair for pair in NEVER if pair in imported] == []
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = list(graph[start])
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(graph.get(node, ()))
+    return seen
+
+
+def test_nothing_imports_the_server_shell() -> None:
+    bad = shell_violations(imports_under("governor", "govwire", "worker"))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_layer_rules_can_fail() -> None:
+    # A rule that could not fail would prove nothing: each check must see a wrong import.
+    assert layer_violations([Import("governor.doors.http", "governor.links.upstream", "x.py:1")]) == [
+        "x.py:1: governor.doors.http (governor.doors) imports governor.links.upstream (governor.links)"
+    ]
+    assert layer_violations([Import("governor.admission.pool", "governor.config", "x.py:2")]) == [
+        "x.py:2: governor.admission.pool (governor.admission) imports governor.config (the shell)"
+    ]
+    assert layer_violations([Import("governor.doors.http", "governor.admission.limits", "x.py:3")]) == []
+    assert shell_violations([Import("governor.links.upstream", "governor.server", "x.py:4")]) != []
+    assert shell_violations([Import("governor.server", "governor.config", "x.py:5")]) == []
 
 
 def test_no_import_cycles_among_the_governors_modules() -> None:

@@ -5,10 +5,10 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.endpoint import Endpoint, EndpointLimits, OpenAITarget
+from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
+from governor.links.upstream import Upstream
 from governor.metrics import Histogram, build_registry
 from governor.state import ServerState
-from governor.upstream import Upstream
 from govwire.address import Address
 from govwire.codec import encode, generate_frame
 from govwire.messages import EngineStats

@@ -5,11 +5,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from governor.adaptive_limit import AdaptiveMode, AdaptivePolicy
-from governor.fleet_lease import FleetLease, FleetPolicy, LeaseReply
-from governor.fleet_member import FleetMember
+from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
+from governor.admission.tenant import TenantLimits
+from governor.fleet.lease import FleetLease, FleetPolicy, LeaseReply
+from governor.fleet.member import FleetMember
 from governor.status import render_status
-from governor.tenant import TenantLimits
 from govwire.vocab import Priority
 from tests.fakes import make_state
 

@@ -1,0 +1,52 @@
+"""Deadline-aware admission: refuse at once a request that would not get its first token in time.
+
+A frame may carry `deadline_ms`, the time to first token its client will wait. After the pool
+has chosen the endpoint, this limit asks that endpoint's TTFT model (ttft.py) what this request
+would see behind the requests already waiting there, and refuses with reason `deadline` when the
+prediction exceeds the deadline; the hint is the excess, the time for the load ahead to drain
+that much. Starting work that the client will have abandoned only delays everyone behind it
+(Mooncake's early rejection on predicted TTFT). A request admitted anyway and still without a
+first token at its deadline is cancelled by the lifecycle.
+
+It runs after the pool in `Admission`, reading the pool's choice; a frame without a deadline,
+or an endpoint whose model has too few samples yet, passes.
+"""
+
+from __future__ import annotations
+
+from governor.admission.cost import Ask
+from governor.admission.limits import Grant, Refusal, hint_of
+from governor.admission.pool import Pool
+from govwire.vocab import YieldReason
+
+
+class DeadlineLimit:
+    __slots__ = ("_pool", "_predicted", "_refusal")
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._predicted: float | None = None  # from `check`, for the `charge` that follows
+        self._refusal = Refusal(YieldReason.DEADLINE)
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        self._predicted = None
+        deadline = ask.deadline_s
+        endpoint = self._pool.choice
+        if deadline is None or endpoint is None:
+            return None
+        predicted = endpoint.ttft.predict(endpoint.waiting_tokens + ask.prompt_tokens, endpoint.waiting)
+        if predicted is None:
+            return None
+        if predicted > deadline:
+            return self._refusal.at(hint_of(predicted - deadline))
+        self._predicted = predicted
+        return None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        grant.predicted_ttft_s, self._predicted = self._predicted, None
+
+    def refund(self, grant: Grant) -> None:
+        return None
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        return None

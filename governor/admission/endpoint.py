@@ -1,0 +1,110 @@
+"""One endpoint of the pool (a link's place in admission): its soft caps and its load, and where an
+OpenAI-compatible endpoint is (the other kind is a worker process at an `Address`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
+from governor.admission.ttft import TtftModel
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointLimits:
+    """Soft caps of one endpoint; 0 means none."""
+
+    concurrency: int = 0
+    qps: float = 0.0
+    burst: float = 0.0  # 0 = max(1, qps): one second's worth
+    weight: float = 1.0
+    tokens: int = 0  # the token cost its admitted, unfinished requests may hold
+
+    def __post_init__(self) -> None:
+        numbers = (self.qps, self.burst, self.weight)
+        if (
+            self.concurrency < 0
+            or self.tokens < 0
+            or not all(math.isfinite(x) and x >= 0 for x in numbers)
+            or self.weight == 0
+        ):
+            raise ValueError("endpoint limits: concurrency, tokens, qps and burst must be finite and >= 0, weight > 0")
+        if 0 < self.burst < 1:
+            raise ValueError("endpoint limits: burst must be >= 1 (or 0 for the default)")
+
+    def bucket(self, now: float) -> TokenBucket | None:
+        return make_bucket(self.qps, self.burst, now)
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAITarget:
+    """An OpenAI-compatible endpoint: `base_url` up to and including `/v1`, the `model` name its
+    requests carry, and the file holding the API key it wants, if any (read when the link starts,
+    never logged)."""
+
+    base_url: str
+    model: str
+    api_key_file: str = ""
+
+    def __str__(self) -> str:
+        return self.base_url
+
+    @property
+    def root(self) -> str:
+        """The server's root, where `/health` lives."""
+        return self.base_url.removesuffix("/").removesuffix("/v1")
+
+
+class Endpoint:
+    __slots__ = (
+        "name",
+        "limits",
+        "bucket",
+        "inflight",
+        "tokens",
+        "waiting",
+        "waiting_tokens",
+        "ttft",
+        "up",
+        "paused_until",
+        "executed",
+        "failed",
+    )
+
+    def __init__(self, name: str, limits: EndpointLimits, now: float, ttft: TtftModel | None = None) -> None:
+        self.name = name
+        self.limits = limits
+        self.bucket = limits.bucket(now)
+        self.inflight = 0
+        self.tokens = 0  # token cost held by its admitted, unfinished requests
+        # Its requests that have no first token yet, and their prompt tokens: the TTFT model's load.
+        self.waiting = 0
+        self.waiting_tokens = 0
+        self.ttft = ttft or TtftModel()
+        self.up = False  # set by its link: a down endpoint's capacity does not count
+        # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
+        # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
+        self.paused_until = 0.0
+        self.executed = 0
+        self.failed = 0  # every admitted request that did not end in `done`
+
+    def describe(self) -> dict[str, Any]:
+        """Its caps and load in `stats` (its link adds what it knows of the other side)."""
+        limits = self.limits
+        return {
+            "up": self.up,
+            "inflight": self.inflight,
+            "concurrency": limits.concurrency,
+            "tokens": limits.tokens,
+            "inflight_tokens": self.tokens,
+            "qps": limits.qps,
+            "weight": limits.weight,
+            "executed": self.executed,
+            "failed": self.failed,
+        }
+
+    def set_limits(self, limits: EndpointLimits, now: float) -> None:
+        """Live change: a lower cap stops new admissions until in-flight falls under it."""
+        self.limits = limits
+        self.bucket = updated_bucket(self.bucket, limits.qps, limits.burst, now)

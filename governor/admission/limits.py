@@ -1,0 +1,293 @@
+"""What a limit on admission is, and the limits that apply to a request as a whole.
+
+A `Limit` answers four questions about one request (its `Ask`: token cost and deadline), each
+without I/O and with the clock passed in: may it go now (`check`, which charges nothing: a refusal
+leaves no trace on any capacity), take what it costs (`charge`), give back a charge that was never
+used (`refund`: the frame turned out invalid after its admission), and give back what a running
+request holds once it has ended (`release`, where a token cost is also settled with the real
+counts). A refusal names its reason and its hint: how long the refused client should wait.
+
+`admission.Admission` checks every limit before it charges any, so admission is all-or-nothing;
+in a single-threaded event loop nothing can happen between the checks and the charges. Each new
+kind of limit (token budgets, tenant caps, fair shares, fleet leases) is one more `Limit`. A
+capacity limit counts its cap as `Ask.ceiling` of itself: the fraction the request's priority
+class may fill (priority.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+from governor.admission.buckets import make_bucket, updated_bucket
+from governor.admission.cost import NO_ASK, Ask
+from governor.admission.endpoint import Endpoint
+from governor.admission.hints import DrainHint, RetryHintEstimator
+from govwire.errors import OverBudget
+from govwire.vocab import YieldReason
+
+
+class Refusal:
+    """A `yield`: which limit refused (a `YieldReason`'s value) and the retry hint it computed
+    (ms, >= 1).
+
+    Each limit owns one and refills it on every refusal (the yield path runs for every refused
+    frame, and allocating an object there costs more than the rest of the decision): read it
+    before asking the same limit again.
+    """
+
+    __slots__ = ("reason", "hint_ms")
+
+    def __init__(self, reason: YieldReason, hint_ms: int = 1) -> None:
+        self.reason: str = reason.value  # a plain str: it is a dict key and a JSON value per frame
+        self.hint_ms = hint_ms
+
+    def at(self, hint_ms: int) -> Refusal:
+        self.hint_ms = hint_ms
+        return self
+
+    def __repr__(self) -> str:
+        return f"Refusal({self.reason!r}, {self.hint_ms})"
+
+
+def hint_of(wait_s: float) -> int:
+    """An exact wait in seconds as a retry hint: whole milliseconds, rounded up (past float noise:
+    0.18 s is 180 ms, not 181), at least 1."""
+    return max(1, math.ceil(wait_s * 1000 - 1e-6))
+
+
+class Grant:
+    """What one admission charged: filled in by the limits' `charge`, read back by their
+    `refund` and `release`. `endpoint` is where the pool routed it (None when no endpoint was up).
+    `used` is the request's real token cost, set when it ends, before `release` settles it."""
+
+    __slots__ = (
+        "ask",
+        "endpoint",
+        "concurrency",
+        "started",
+        "tokens_ahead",
+        "requests_ahead",
+        "predicted_ttft_s",
+        "used",
+    )
+
+    def __init__(self, ask: Ask = NO_ASK) -> None:
+        self.ask = ask
+        self.endpoint: Endpoint | None = None
+        self.concurrency = 0  # requests in flight once it was admitted, itself included
+        self.started = False  # its first token came (it no longer waits for one on its endpoint)
+        # Its endpoint's load when it was routed there: the TTFT model's features (ttft.py).
+        self.tokens_ahead = 0
+        self.requests_ahead = 0
+        self.predicted_ttft_s: float | None = None
+        self.used = 0
+
+
+def over_budget(ask: Ask, budget: int, what: str) -> OverBudget:
+    return OverBudget(
+        f"the request costs {ask.cost} tokens ({ask.prompt_tokens} prompt + weighted max_new_tokens"
+        f" {ask.max_new_tokens}), more than {what} of {budget}; it can never be admitted"
+    )
+
+
+class Limit(Protocol):
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        """None when the request may go as far as this limit is concerned. Charges nothing: a
+        refusal only books the refused client's retry appointment."""
+
+    def charge(self, grant: Grant, now: float) -> None:
+        """Take the request's cost; called only after every limit's `check` passed, at the same `now`."""
+
+    def refund(self, grant: Grant) -> None:
+        """Undo `charge` for a request that will not run (invalid once admitted)."""
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        """The request ended (`executed`: with `done`): give back what it held while it ran."""
+
+
+class SharedLimit(Limit, Protocol):
+    """A limit on capacity this governor shares with others: its lease on the fleet's caps
+    (fleet/lease.py, renewed through Redis). With a fleet token budget it also refuses at once a
+    request larger than that budget, as the local token budgets do."""
+
+    @property
+    def caps_tokens(self) -> bool:
+        """Whether a token budget bounds what one request may cost (then `fits` applies)."""
+
+    def fits(self, ask: Ask) -> None:
+        """OverBudget for a request larger than a whole budget: no wait would let it in."""
+
+
+class Draining:
+    """While the governor drains for shutdown, every new request yields."""
+
+    __slots__ = ("draining", "_hints", "_refusal")
+
+    def __init__(self, hints: RetryHintEstimator) -> None:
+        self.draining = False
+        self._hints = hints
+        self._refusal = Refusal(YieldReason.DRAINING)
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        return self._refusal.at(self._hints.hint_ms(now)) if self.draining else None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        return None
+
+    def refund(self, grant: Grant) -> None:
+        return None
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        return None
+
+
+class InflightLimiter:
+    """The hard cap on admitted, unfinished requests (`--max-inflight`): a non-blocking counting
+    semaphore that never over-frees."""
+
+    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal")
+
+    def __init__(self, max_inflight: int, hints: RetryHintEstimator) -> None:
+        if max_inflight < 1:
+            raise ValueError("max_inflight must be >= 1")
+        self.max_inflight = max_inflight
+        self.inflight = 0
+        self._hints = hints
+        self._refusal = Refusal(YieldReason.INFLIGHT)
+
+    def set_max(self, max_inflight: int) -> None:
+        """Live change: a lower cap stops new admissions until in-flight falls under it."""
+        self.max_inflight = max_inflight
+        self._hints.set_capacity(max_inflight)
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        cap = self.max_inflight * ask.ceiling
+        if self.inflight + 1 <= cap:
+            return None
+        refusal = self._refusal  # `at` inlined: this check refuses every frame under overload
+        refusal.hint_ms = self._hints.hint_ms(now, self.inflight + 1 - int(cap))  # int: floor of a cap > 0
+        return refusal
+
+    def charge(self, grant: Grant, now: float) -> None:
+        self.inflight += 1
+        grant.concurrency = self.inflight
+
+    def refund(self, grant: Grant) -> None:
+        return None  # the slot is freed by `release`, as for any request that ends
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        if self.inflight <= 0:
+            # A double release would silently raise the effective cap; fail loudly instead.
+            raise RuntimeError("release() without a matching charge")
+        self.inflight -= 1
+
+
+class RateLimit:
+    """The cap on admissions per second over all endpoints (`--max-qps`, `--qps-burst`); a
+    token bucket, so its hint is exact: the next token nobody was promised yet."""
+
+    __slots__ = ("bucket", "_refusal")
+
+    def __init__(self, qps: float, burst: float, now: float) -> None:
+        self.bucket = make_bucket(qps, burst, now)
+        self._refusal = Refusal(YieldReason.QPS)
+
+    def set_rate(self, qps: float, burst: float, now: float) -> None:
+        self.bucket = updated_bucket(self.bucket, qps, burst, now)
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        bucket = self.bucket
+        if bucket is not None:
+            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+            if bucket.level(now) - 1.0 < floor:
+                return self._refusal.at(hint_of(bucket.appointment_s(now, 1.0 + floor)))
+        return None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        if self.bucket is not None:
+            self.bucket.take()
+
+    def refund(self, grant: Grant) -> None:
+        if self.bucket is not None:
+            self.bucket.refund()
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        return None  # an admission per second is spent once admitted
+
+
+class TokenBudget:
+    """The cap on the token cost held by admitted, unfinished requests (`--max-inflight-tokens`):
+    what `max_inflight` is to requests, for their cost. A request holds its reserved cost until it
+    ends; its hint is the time the held tokens take to drain enough for it."""
+
+    __slots__ = ("max_tokens", "held", "_drain", "_refusal")
+
+    def __init__(self, max_tokens: int, hints: RetryHintEstimator) -> None:
+        self.max_tokens = max_tokens  # 0 = no budget
+        self.held = 0
+        self._drain = DrainHint(hints)
+        self._refusal = Refusal(YieldReason.TOKENS)
+
+    def fits(self, ask: Ask) -> None:
+        """OverBudget when the request alone exceeds the budget: a yield would never end."""
+        if self.max_tokens and ask.cost > self.max_tokens:
+            raise over_budget(ask, self.max_tokens, "--max-inflight-tokens")
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
+        if deficit <= 0:
+            return None
+        return self._refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
+
+    def charge(self, grant: Grant, now: float) -> None:
+        self.held += grant.ask.cost
+
+    def refund(self, grant: Grant) -> None:
+        return None  # the tokens are freed by `release`, as for any request that ends
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        if self.held < grant.ask.cost:
+            raise RuntimeError("release() without a matching charge")
+        self.held -= grant.ask.cost
+
+
+class TokenRate:
+    """The cap on token cost admitted per second (`--max-tokens-per-s`, `--tokens-burst`): the
+    tokens-per-minute limit providers bill by, as a bucket of tokens. A request takes its reserved
+    cost at admission; at its end the difference with its real cost goes back (an early
+    end-of-sequence) or is taken too (a prompt longer than declared), so over time the bucket
+    admits exactly its rate of real tokens. The hint is exact: when the bucket holds the cost."""
+
+    __slots__ = ("bucket", "_refusal")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.bucket = make_bucket(rate, burst, now)
+        self._refusal = Refusal(YieldReason.TOKEN_RATE)
+
+    def set_rate(self, rate: float, burst: float, now: float) -> None:
+        self.bucket = updated_bucket(self.bucket, rate, burst, now)
+
+    def fits(self, ask: Ask) -> None:
+        bucket = self.bucket
+        if bucket is not None and ask.cost > bucket.burst:
+            raise over_budget(ask, int(bucket.burst), "the --tokens-burst")
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        bucket = self.bucket
+        if bucket is not None:
+            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+            if bucket.level(now) - ask.cost < floor:
+                return self._refusal.at(hint_of(bucket.appointment_s(now, ask.cost + floor)))
+        return None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        if self.bucket is not None:
+            self.bucket.take(grant.ask.cost)
+
+    def refund(self, grant: Grant) -> None:
+        return None  # settled by `release` (a request that never ran used 0)
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        if self.bucket is not None:
+            self.bucket.refund(grant.ask.cost - grant.used)

@@ -1,0 +1,157 @@
+"""The endpoint pool: per-endpoint soft caps under the global hard ones, and the routing.
+
+A `Limit` (limits.py) that also chooses: `check` finds the least loaded endpoint that is up and
+under its concurrency cap, its token budget (`tokens=N`) and its qps bucket (relative to
+capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens and bucket token.
+Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
+that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
+estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
+service-time estimate over the endpoints' summed caps. An endpoint paused by its own 429/503
+is skipped; when every endpoint the request fits is paused the refusal is `endpoint_busy` with
+the time left of the earliest pause (its Retry-After). A request costing more than every
+endpoint's token budget is an `OverBudget` error. With no endpoint up at all it does not
+refuse: the request is admitted without an endpoint and fails with `worker_unavailable` (a
+yield would promise a retry that cannot succeed before a worker is back).
+
+The pool also keeps each endpoint's waiting load (requests without a first token and their
+prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from governor.admission.buckets import TokenBucket
+from governor.admission.cost import Ask
+from governor.admission.endpoint import Endpoint
+from governor.admission.hints import DrainHint, RetryHintEstimator
+from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from govwire.vocab import YieldReason
+
+
+class Pool:
+    def __init__(self, endpoints: list[Endpoint], default_capacity: int, hints: RetryHintEstimator) -> None:
+        self.endpoints = endpoints
+        self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
+        self._hints = hints
+        self._next = 0  # round-robin start among equally loaded endpoints
+        self._choice: tuple[Endpoint, int] | None = None  # from `check`, for the `charge` that follows
+        self._qps_refusal = Refusal(YieldReason.ENDPOINT_QPS)
+        self._inflight_refusal = Refusal(YieldReason.ENDPOINT_INFLIGHT)
+        self._tokens_refusal = Refusal(YieldReason.ENDPOINT_TOKENS)
+        self._busy_refusal = Refusal(YieldReason.ENDPOINT_BUSY)
+        self._drains = {e: DrainHint(hints) for e in endpoints}
+
+    @property
+    def choice(self) -> Endpoint | None:
+        """The endpoint the last passing `check` chose (read by the deadline check that follows)."""
+        return None if self._choice is None else self._choice[0]
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        self._choice = None
+        endpoints = self.endpoints
+        best: Endpoint | None = None
+        best_index = 0
+        best_load = math.inf
+        qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
+        token_deficit: tuple[int, Endpoint] | None = None  # the token budget closest to fitting
+        paused_until = math.inf  # the earliest end of a 429/503 pause among the endpoints skipped
+        any_up = fits_one = unpaused = False
+        cost = ask.cost
+        n = len(endpoints)
+        for k in range(n):
+            index = (self._next + k) % n
+            e = endpoints[index]
+            if not e.up:
+                continue
+            any_up = True
+            budget = e.limits.tokens
+            if budget and cost > budget:
+                continue  # it never fits here
+            fits_one = True
+            if e.paused_until > now:
+                paused_until = min(paused_until, e.paused_until)
+                continue
+            unpaused = True
+            cap = e.limits.concurrency
+            if cap and e.inflight >= cap:
+                continue
+            if budget and e.tokens + cost > budget:
+                deficit = e.tokens + cost - budget
+                if token_deficit is None or deficit < token_deficit[0]:
+                    token_deficit = (deficit, e)
+                continue
+            if e.bucket is not None and e.bucket.level(now) < 1.0:
+                if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):
+                    qps_bucket = e.bucket
+                continue
+            load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
+            if load < best_load:
+                best, best_index, best_load = e, index, load
+        if best is not None:
+            self._choice = (best, best_index)
+            return None
+        if not any_up:
+            return None  # admitted without an endpoint: dispatch answers worker_unavailable
+        if not fits_one:
+            budget = max(e.limits.tokens for e in endpoints if e.up)
+            raise over_budget(ask, budget, "every endpoint's tokens=N")
+        if paused_until < math.inf and not unpaused:
+            return self._busy_refusal.at(hint_of(paused_until - now))
+        if qps_bucket is not None:
+            return self._qps_refusal.at(hint_of(qps_bucket.appointment_s(now)))
+        if token_deficit is not None:
+            deficit, e = token_deficit
+            return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
+        # At their caps, the endpoints release a slot every service time / their summed caps (not
+        # the global cap the estimator's gap is computed for): scaled, one release is this many.
+        capacity = sum(e.limits.concurrency or self.default_capacity for e in endpoints if e.up)
+        slots = self._hints.capacity / capacity if capacity else 1.0
+        return self._inflight_refusal.at(self._hints.hint_ms(now, slots))
+
+    def charge(self, grant: Grant, now: float) -> None:
+        choice, self._choice = self._choice, None
+        if choice is None:
+            return
+        endpoint, index = choice
+        if endpoint.bucket is not None:
+            endpoint.bucket.take()
+        ask = grant.ask
+        endpoint.inflight += 1
+        endpoint.tokens += ask.cost
+        # The TTFT model's features: what waits there for a first token, this request included.
+        grant.requests_ahead = endpoint.waiting
+        endpoint.waiting += 1
+        endpoint.waiting_tokens += ask.prompt_tokens
+        grant.tokens_ahead = endpoint.waiting_tokens
+        self._next = (index + 1) % len(self.endpoints)
+        grant.endpoint = endpoint
+
+    def started(self, grant: Grant) -> None:
+        """Its first token came: it waits no more on its endpoint."""
+        endpoint = grant.endpoint
+        if endpoint is not None and not grant.started:
+            endpoint.waiting -= 1
+            endpoint.waiting_tokens -= grant.ask.prompt_tokens
+        grant.started = True
+
+    def refund(self, grant: Grant) -> None:
+        endpoint = grant.endpoint
+        if endpoint is not None and endpoint.bucket is not None:
+            endpoint.bucket.refund()
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        endpoint = grant.endpoint
+        if endpoint is None:
+            return
+        if endpoint.inflight <= 0:
+            raise RuntimeError("release() without a matching charge")
+        endpoint.inflight -= 1
+        endpoint.tokens -= grant.ask.cost
+        if not grant.started:
+            endpoint.waiting -= 1
+            endpoint.waiting_tokens -= grant.ask.prompt_tokens
+        if executed:
+            endpoint.executed += 1
+        else:
+            endpoint.failed += 1

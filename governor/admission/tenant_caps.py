@@ -1,0 +1,91 @@
+"""Each tenant's own caps, as one `Limit` (limits.py): `max_inflight`, `max_qps`,
+`max_inflight_tokens` and `max_tokens_per_s`, each refusing with its own `tenant_*` reason."""
+
+from __future__ import annotations
+
+import math
+
+from governor.admission.buckets import TokenBucket
+from governor.admission.cost import Ask
+from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from govwire.vocab import YieldReason
+
+
+class TenantCaps:
+    """Each tenant's own caps, as one `Limit`: the request's tenant is its `Ask`'s. What a tenant
+    holds (requests, token cost) is counted whether it has caps or not: the per-tenant gauges read it.
+
+    Under a priority class ceiling (`Ask.ceiling`) a cap counts as that fraction of itself, as the
+    global caps do. Hints: the bucket caps' exact refill times; for the held caps, the time what
+    the tenant holds takes to drain enough (hints.DrainHint), booked per tenant."""
+
+    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate")
+
+    def __init__(self) -> None:
+        self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
+        self._qps = Refusal(YieldReason.TENANT_QPS)
+        self._tokens = Refusal(YieldReason.TENANT_TOKENS)
+        self._token_rate = Refusal(YieldReason.TENANT_TOKEN_RATE)
+
+    @staticmethod
+    def fits(ask: Ask) -> None:
+        """OverBudget when the request alone exceeds one of its tenant's token caps: a yield would never end."""
+        tenant = ask.tenant
+        if tenant is None:
+            return
+        budget = tenant.limits.max_inflight_tokens
+        if budget and ask.cost > budget:
+            raise over_budget(ask, budget, f"tenant {tenant.name}'s max_inflight_tokens")
+        bucket = tenant.token_bucket
+        if bucket is not None and ask.cost > bucket.burst:
+            raise over_budget(ask, int(bucket.burst), f"tenant {tenant.name}'s tokens_burst")
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        tenant = ask.tenant
+        if tenant is None:
+            return None
+        limits = tenant.limits
+        ceiling = ask.ceiling
+        cap = limits.max_inflight
+        if cap and tenant.inflight + 1 > cap * ceiling:
+            deficit = tenant.inflight + 1 - math.floor(cap * ceiling)
+            return self._inflight.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
+        bucket = tenant.qps_bucket
+        if bucket is not None and bucket.level(now) - 1.0 < (1.0 - ceiling) * bucket.burst:
+            return self._qps.at(hint_of(bucket.appointment_s(now, 1.0 + (1.0 - ceiling) * bucket.burst)))
+        budget = limits.max_inflight_tokens
+        if budget and tenant.tokens + ask.cost > budget * ceiling:
+            excess = tenant.tokens + ask.cost - budget * ceiling
+            return self._tokens.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
+        bucket = tenant.token_bucket
+        if bucket is not None and bucket.level(now) - ask.cost < (1.0 - ceiling) * bucket.burst:
+            return self._token_rate.at(hint_of(bucket.appointment_s(now, ask.cost + (1.0 - ceiling) * bucket.burst)))
+        return None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        tenant = grant.ask.tenant
+        if tenant is None:
+            return
+        tenant.inflight += 1
+        tenant.tokens += grant.ask.cost
+        if tenant.qps_bucket is not None:
+            tenant.qps_bucket.take()
+        if tenant.token_bucket is not None:
+            tenant.token_bucket.take(grant.ask.cost)
+
+    def refund(self, grant: Grant) -> None:
+        tenant = grant.ask.tenant
+        if tenant is not None and tenant.qps_bucket is not None:
+            tenant.qps_bucket.refund()  # the rest is freed by `release`, as for any request that ends
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        tenant = grant.ask.tenant
+        if tenant is None:
+            return
+        if tenant.inflight <= 0 or tenant.tokens < grant.ask.cost:
+            raise RuntimeError("release() without a matching charge")
+        tenant.inflight -= 1
+        tenant.tokens -= grant.ask.cost
+        bucket: TokenBucket | None = tenant.token_bucket
+        if bucket is not None:
+            bucket.refund(grant.ask.cost - grant.used)

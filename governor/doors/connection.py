@@ -1,0 +1,246 @@
+"""asyncio transport adapter: moves bytes between a client socket and its protocol core (the
+NDJSON `Ingress`, or the HTTP front door's `HttpIngress`), and keeps one connection from hurting
+the others.
+
+Flow control: a client that does not read its replies stops being read (its socket buffer
+fills, the transport calls `pause_writing`). Replies to requests already in flight still queue
+up; past `max_write_buffer_bytes` the connection is cut. Memory: an unfinished frame holds at
+most `max_frame_bytes` per connection, and `max_buffer_bytes` over all of them; past that, the
+connection holding the most is shed. Idle connections, connections past `max_connections` and,
+with auth on, connections that do not authenticate in time are closed with a typed error reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+from governor.accounting import CONNECTION_SHED, ShedReason
+from governor.doors.ndjson import Ingress
+from governor.state import ClientCore, ServerState
+from govwire.errors import BufferFull, GovernorError, TooManyConnections
+
+log = logging.getLogger("governor.protocol")
+
+
+CoreFactory = Callable[[ServerState, Callable[[bytes], None], "GovernorProtocol"], ClientCore]
+
+
+def ndjson_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
+    return Ingress(state, write, protocol.limits.max_frame_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    max_frame_bytes: int = 1024 * 1024
+    max_connections: int = 10_000
+    max_buffer_bytes: int = 256 * 1024 * 1024
+    max_write_buffer_bytes: int = 8 * 1024 * 1024
+    idle_timeout_s: float = 300.0  # 0 = never
+
+
+class GovernorProtocol(asyncio.Protocol):
+    __slots__ = (
+        "_state",
+        "limits",
+        "_transport",
+        "_ingress",
+        "_buffered",
+        "_peer",
+        "_make_core",
+        "protocol",
+        "_writing_paused",
+        "_backlogged",
+        "_closing_since",
+    )
+
+    def __init__(
+        self,
+        state: ServerState,
+        limits: ConnectionLimits,
+        make_core: CoreFactory = ndjson_core,
+        protocol: str = "ndjson",
+    ) -> None:
+        self._state = state
+        self.limits = limits
+        self._make_core = make_core
+        self.protocol = protocol  # the front door: "ndjson" or "http"
+        self._transport: asyncio.Transport | None = None
+        self._ingress: ClientCore | None = None
+        self._buffered = 0  # this connection's share of state.buffered_bytes
+        self._peer = ""
+        # Reading stops while the client does not read (writing paused) or, on HTTP, while as many
+        # requests as may be pipelined wait: it resumes only when neither holds.
+        self._writing_paused = False
+        self._backlogged = False
+        self._closing_since: float | None = None  # closed gracefully, its last bytes not yet out
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        self._peer = str(transport.get_extra_info("peername"))
+        state = self._state
+        self._ingress = self._make_core(state, self._transport.write, self)  # it words the refusal below
+        if len(state.connections) >= self.limits.max_connections:
+            n = self.limits.max_connections
+            self.shed(
+                ShedReason.MAX_CONNECTIONS, TooManyConnections(f"the governor holds its limit of {n} connections")
+            )
+            self._ingress = None
+            return
+        state.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        ingress, transport = self._ingress, self._transport
+        if ingress is None or transport is None:
+            return  # refused or shed; the transport is closing
+        try:
+            ingress.receive_data(data)
+        except Exception:
+            # A bug of ours must cost this one connection, never the server.
+            log.exception("event=internal_error where=data_received")
+            ingress.fail_internal()
+            transport.close()
+            return
+        if ingress.closing is not None:
+            self.shed(ingress.closing)  # the refusal is written; close after it
+            return
+        buffered = ingress.buffered_bytes
+        if buffered != self._buffered:
+            state = self._state
+            state.buffered_bytes += buffered - self._buffered
+            self._buffered = buffered
+            if state.buffered_bytes > self.limits.max_buffer_bytes:
+                victim = max(state.connections, key=lambda c: c.buffered_bytes)
+                limit = self.limits.max_buffer_bytes
+                victim.shed(
+                    ShedReason.BUFFER, BufferFull(f"unfinished frames over all connections exceed {limit} bytes")
+                )
+
+    def eof_received(self) -> bool | None:
+        # The client closed (or half-closed) its side: it is treated as gone. Its slots are freed and
+        # its requests cancelled now, not when our side has flushed (a full write buffer can take
+        # long); returning None then closes our side once the replies already written are out.
+        if self._ingress is not None:
+            self._ingress.connection_lost()
+        return None
+
+    def pause_writing(self) -> None:
+        if self._transport is not None and self._ingress is not None:
+            self._writing_paused = True
+            self._set_reading()
+            self._ingress.write = self._write_paused
+
+    def resume_writing(self) -> None:
+        if self._transport is not None and self._ingress is not None and not self._transport.is_closing():
+            self._writing_paused = False
+            self._ingress.write = self._transport.write
+            self._set_reading()
+
+    def _set_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if self._writing_paused or self._backlogged:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def _write_paused(self, data: bytes) -> None:
+        """Replies to in-flight requests of a client that is not reading: bounded, then cut."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(data)
+        if transport.get_write_buffer_size() > self.limits.max_write_buffer_bytes:
+            # Deferred: this runs inside the ingress's own flush, which shedding would re-enter.
+            asyncio.get_running_loop().call_soon(self.shed, ShedReason.WRITE_BUFFER)
+
+    def check_timeouts(self, now: float) -> None:
+        """Called about once a second: the core says whether the connection overstayed (an auth
+        deadline, an idle connection, a request arriving too slowly); a graceful close whose last
+        bytes the client does not take within the idle timeout (or a minute) is cut."""
+        if self._closing_since is not None:
+            if self._transport is not None and now - self._closing_since > (self.limits.idle_timeout_s or 60.0):
+                self._transport.abort()
+            return
+        if self._ingress is not None:
+            expired = self._ingress.timeout(now, self.limits.idle_timeout_s)
+            if expired is not None:
+                self.shed(*expired)
+
+    def pause_reading(self, paused: bool) -> None:
+        """The core holds as many requests as it may (HTTP pipelining): stop reading until it drains."""
+        self._backlogged = paused
+        self._set_reading()
+
+    def finish(self, reason: ShedReason | None) -> None:
+        """The core is done with the connection: shed it for `reason`, or (None: the client asked to
+        close after its response) close once the written bytes are out. It stays among the
+        connections, under their limits, until it is gone."""
+        if reason is not None:
+            self.shed(reason, graceful=True)
+        elif self._transport is not None and self._closing_since is None:
+            self._closing_since = self._state.clock()
+            self._transport.close()
+
+    def shed(self, reason: ShedReason, error: GovernorError | None = None, graceful: bool = False) -> None:
+        """Close this connection to protect the others: its requests are settled now (cancelled in
+        the worker), and `error`, if given, is its last reply. `graceful` (a refusal the core has
+        written, e.g. an HTTP 400): its bytes are flushed first, the close cut only if the client
+        does not take them (check_timeouts)."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        state = self._state
+        state.accounting.connection_shed(reason)
+        ingress = self._ingress
+        inflight = 0 if ingress is None else len(ingress.active)
+        tenant = None if ingress is None else ingress.tenant
+        log.warning(
+            "event=connection_shed reason=%s protocol=%s peer=%s tenant=%s inflight=%d",
+            reason,
+            self.protocol,
+            self._peer,
+            tenant,
+            inflight,
+        )
+        if ingress is not None:
+            ingress.connection_lost(CONNECTION_SHED)
+        self._release_buffer()
+        if error is not None and ingress is not None:
+            transport.write(ingress.last_words(error))
+        if graceful:
+            self._closing_since = state.clock()  # still swept until gone: check_timeouts cuts it
+            transport.close()
+            return
+        state.connections.discard(self)
+        if transport.get_write_buffer_size():
+            transport.abort()  # a peer that is not reading would hold a graceful close open
+        else:
+            transport.close()
+
+    def _release_buffer(self) -> None:
+        self._state.buffered_bytes -= self._buffered
+        self._buffered = 0
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._state.connections.discard(self)
+        self._release_buffer()
+        if self._ingress is not None:
+            self._ingress.connection_lost()
+        self._transport = None
+
+    @property
+    def ingress(self) -> ClientCore | None:
+        return self._ingress
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._buffered
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()

@@ -1,0 +1,617 @@
+"""The OpenAI-compatible front door, per connection: HTTP/1.1 bytes in, response bytes out. No sockets.
+
+httptools (llhttp, uvicorn's parser) splits the byte stream into requests; everything after that is
+the NDJSON port's path in HTTP clothes. A `POST /v1/completions` body becomes a generate frame
+(openai_api.py) and goes through the same `Admission.decide`:
+
+- refused: **429** at once, with `retry-after-ms` (the hint), `Retry-After` (whole seconds, rounded
+  up) and an OpenAI-style error whose `code` is the yield reason; `draining` is a **503** with the
+  same headers;
+- admitted: its fields and `Content-Digest` are checked (a failure refunds the slot, **400**), then
+  it is dispatched; no endpoint up is **503**.
+
+Responses leave in request order (HTTP/1.1 has no ids), so a pipelined request waits until the one
+before it has its whole response; at most `max_pipelined` may wait, then the connection stops being
+read (`backlogged`). A streamed response's `200` is sent with its first token, so anything that
+ends it before that (an upstream's 429, a deadline, a lost worker) still gets its own status.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import http_sfv
+import httptools
+import orjson
+
+from governor.accounting import CLIENT_DISCONNECTED, ShedReason
+from governor.admission.limits import Grant, Refusal
+from governor.doors.openai_api import (
+    DONE_EVENT,
+    STATUS_OF_CODE,
+    chat_chunk_event,
+    chat_frame_of,
+    chat_response,
+    chunk_event,
+    completion_response,
+    cost_view,
+    error_body,
+    error_event,
+    error_object,
+    generate_frame_of,
+    models_body,
+    usage_event,
+    wants_usage,
+)
+from governor.doors.shared import admit, flush_pending
+from governor.lifecycle import InflightRequest
+from governor.state import ServerState
+from govwire.errors import (
+    BadFrame,
+    BadJson,
+    FrameTooLarge,
+    GovernorError,
+    IdleTimeout,
+    IntegrityMismatch,
+    InternalError,
+    RequestRejected,
+    Unauthorized,
+)
+from govwire.messages import Completion
+from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request, is_tenant_name
+from govwire.vocab import DEFAULT_TENANT, YieldReason
+
+log = logging.getLogger("governor.http")
+
+_DRAINING = YieldReason.DRAINING.value
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    404: b"Not Found",
+    405: b"Method Not Allowed",
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    431: b"Request Header Fields Too Large",
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+    504: b"Gateway Timeout",
+}
+_JSON = b"application/json"
+_HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest"})
+_HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
+_SSE = b"text/event-stream"
+
+
+_429 = (429, b"Too Many Requests", b"rate_limit_error")
+_YIELD_HEAD = (
+    b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+    b"retry-after-ms: %d\r\nretry-after: %d\r\n%s\r\n"
+)
+_YIELD_BODY = (
+    b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
+    b'"code":"%s","reason":"%s","retry_hint_ms":%d}}'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    max_body_bytes: int = 1024 * 1024  # Content-Length (or chunked total) of one request
+    max_header_bytes: int = 64 * 1024  # request line and headers of one request
+    max_pipelined: int = 16  # requests parsed and waiting behind the one being answered
+    request_timeout_s: float = 10.0  # a request's headers and body must arrive within this
+
+
+def status_line(status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
+    """A response head. (Writing one is formatting, not parsing: uvicorn builds its own the same way.)"""
+    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
+    lines.extend(name + b": " + value for name, value in headers)
+    if not keep_alive:
+        lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def response(status: int, body: bytes, keep_alive: bool, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+    headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode()), *(extra or ())]
+    return status_line(status, headers, keep_alive) + body
+
+
+def chunk(data: bytes) -> bytes:
+    """One piece of a `Transfer-Encoding: chunked` body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+@dataclass(slots=True)
+class _Message:
+    """One request as parsed: method, path, the headers it needs (lower-case names), its body."""
+
+    method: bytes = b""
+    url: bytes = b""
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    body: list[bytes] = field(default_factory=list)
+    body_bytes: int = 0
+    keep_alive: bool = True
+    http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
+    upgrade: bool = False
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """The admitted request being answered: how its response is written."""
+
+    request: InflightRequest
+    model: str
+    stream: bool
+    usage: bool
+    keep_alive: bool
+    created: int
+    chat: bool = False  # rendered as chat.completion(.chunk)s
+    chunked: bool = True  # HTTP/1.1; an HTTP/1.0 stream is sent as it comes and ends with the connection
+    headers_sent: bool = False
+
+    def piece(self, data: bytes, last: bool = False) -> bytes:
+        """Stream bytes in the response's framing."""
+        if not self.chunked:
+            return data
+        return chunk(data) + LAST_CHUNK if last else chunk(data)
+
+
+class HttpIngress:
+    """One HTTP client connection's state machine. `write` receives response bytes (the transport
+    adapter may swap it, as for NDJSON); `closing` set means the adapter closes the connection
+    after what was written; `backlogged` tells it to stop reading until the queue drains."""
+
+    def __init__(
+        self,
+        state: ServerState,
+        write: Callable[[bytes], None],
+        limits: HttpLimits,
+        models: list[str],
+        on_backlog: Callable[[bool], None] = lambda paused: None,
+        on_close: Callable[[ShedReason | None], None] = lambda reason: None,
+    ) -> None:
+        self._state = state
+        self._limits = limits
+        self._models = models
+        self._on_backlog = on_backlog
+        # The adapter's close, once the last response is written: graceful when the client asked
+        # for it (None), a shed when the connection is refused (`closing`).
+        self._on_close = on_close
+        self.write = write
+        self._parser = httptools.HttpRequestParser(self)
+        self._message: _Message | None = None  # being parsed
+        self._header_bytes = 0
+        self._queue: deque[_Message] = deque()  # parsed, waiting for the response before them
+        self._exchange: _Exchange | None = None  # admitted, its response not complete
+        self._pending: list[bytes] = []
+        self._broken: tuple[int, GovernorError] | None = None  # a request the parser gave up on
+        self._last_read = False  # a request said `connection: close`: it is the last one read
+        self._headers_done = False  # of the request being read
+        self._header_read = 0  # bytes of later reads spent on that request's unfinished headers
+        self._began = False  # a request began during the current read
+        self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
+        self._next_id = 0
+        self.active: dict[str, InflightRequest] = {}
+        self.tenant = DEFAULT_TENANT  # of the request being answered, for logs when shed
+        self.closing: ShedReason | None = None  # the adapter sheds the connection with this reason
+        self.finished = False  # the client asked to close: close once the replies are out
+        self.backlogged = False
+        self.last_line_at = state.clock()  # the idle timeout counts from here
+        self.started_at: float | None = None  # when the request being read began arriving
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Request bytes held: the one being read and those waiting."""
+        held = sum(m.body_bytes for m in self._queue)
+        return held + (self._message.body_bytes + self._header_bytes if self._message is not None else 0)
+
+    # -- bytes in ---------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if self.closing is not None or self.finished or self._broken is not None or self._last_read:
+            return  # nothing after a request the parser gave up on, or after `connection: close`
+        now = self._state.clock()
+        self.last_line_at = now
+        self._began = False
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # (the upgrade request itself was dropped, see below)
+            self._fail(400, BadFrame("protocol upgrades (Upgrade: h2c, websocket) are not supported"))
+        except httptools.HttpParserError as exc:
+            if not self._last_read:  # bytes after a `connection: close` request: ignored, not an error
+                self._fail(400, BadFrame(f"malformed HTTP request: {exc}"))  # unless a limit failed it first
+        if self._message is not None and not self._headers_done and not self._began:
+            # httptools hands a header to on_header only once it is whole: a header that never ends
+            # is bounded here, by the reads wholly spent on it (its first read, where the request
+            # began after others, counts nothing: one read is bounded anyway).
+            self._header_read += len(data)
+            if self._header_read > 2 * self._limits.max_header_bytes:
+                self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
+        self._advance(now)
+        self.flush()
+
+    # httptools callbacks (its parser calls these while feed_data runs)
+
+    def on_message_begin(self) -> None:
+        self._message = _Message()
+        self._began = True
+        self._header_bytes = self._header_read = 0
+        self._headers_done = False
+        self.started_at = self._state.clock()
+
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._headers_too_large()
+        if self._message is not None:
+            self._message.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value)
+        if self._header_bytes > self._limits.max_header_bytes:
+            self._headers_too_large()
+        message = self._message
+        if message is None or len(name) not in _HEADER_LENGTHS:  # most headers, without a lower()
+            return
+        key = name.lower()
+        if key not in _HEADERS_READ:
+            return
+        # A repeated one is joined, as RFC 9110 allows for lists.
+        if key in message.headers:
+            message.headers[key] += b", " + value
+        else:
+            message.headers[key] = value
+
+    def _headers_too_large(self) -> None:
+        self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
+        raise httptools.HttpParserError("headers too large")
+
+    def on_headers_complete(self) -> None:
+        message = self._message
+        if message is None:
+            return
+        self._headers_done = True
+        message.method = self._parser.get_method()
+        message.keep_alive = self._parser.should_keep_alive()
+        message.http11 = self._parser.get_http_version() == "1.1"
+        message.upgrade = self._parser.should_upgrade()
+        length = message.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
+            self._too_large()
+
+    def on_body(self, body: bytes) -> None:
+        message = self._message
+        if message is None:
+            return
+        message.body_bytes += len(body)
+        if message.body_bytes > self._limits.max_body_bytes:
+            self._too_large()
+        message.body.append(body)
+
+    def _too_large(self) -> None:
+        n = self._limits.max_body_bytes
+        self._fail(413, FrameTooLarge(f"request body exceeds {n} bytes"))
+        raise httptools.HttpParserError("body too large")
+
+    def on_message_complete(self) -> None:
+        message, self._message = self._message, None
+        self.started_at = None
+        if message is None or message.upgrade:
+            return  # an upgrade is answered 400 once the parser stops on it (receive_data)
+        self._last_read = not message.keep_alive  # nothing after it is read
+        self._queue.append(message)
+        if len(self._queue) > self._limits.max_pipelined and not self.backlogged:
+            self.backlogged = True
+            self._on_backlog(True)
+
+    # -- answering, in order ----------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Answer queued requests until one is admitted (its response comes later) or none is left."""
+        while self._exchange is None and self._queue and self.closing is None and not self.finished:
+            message = self._queue.popleft()
+            accounting = self._state.accounting
+            received = accounting.received
+            try:
+                self._pending.append(self._route(message, now))
+            except Exception:
+                log.exception("event=internal_error where=http_route")
+                accounting.frame_failed(InternalError.code)
+                self._pending.append(response(500, error_body(500, InternalError("internal error")), False))
+                self.closing = ShedReason.BAD_REQUEST
+            # What this request was counted as (a yield, an admission, a rejection, and a failure
+            # if a bug surfaced after one of those), all through this front door.
+            accounting.http_received += accounting.received - received
+            if not message.keep_alive and self._exchange is None:
+                self.finished = True
+        if self._broken is not None and self._exchange is None and not self._queue and self.closing is None:
+            status, error = self._broken
+            self._pending.append(response(status, error_body(status, error), False))
+            self.closing = ShedReason.BAD_REQUEST
+        if self.backlogged and len(self._queue) <= self._limits.max_pipelined // 2:
+            self.backlogged = False
+            self._on_backlog(False)
+
+    def _route(self, message: _Message, now: float) -> bytes:
+        path = message.url.split(b"?", 1)[0]
+        keep = message.keep_alive
+        if path == b"/v1/completions":
+            if message.method != b"POST":
+                return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
+            return self._completions(message, now)
+        if path == b"/v1/models":
+            if message.method != b"GET":
+                return self._plain(405, "use GET", keep, [(b"allow", b"GET")])
+            unauthorized = self._authorize(message)
+            if unauthorized is not None:
+                return response(401, error_body(401, unauthorized), keep)
+            return response(200, models_body(self._models, int(time.time())), keep)
+        if path == b"/v1/chat/completions":
+            if message.method != b"POST":
+                return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
+            return self._completions(message, now, chat=True)
+        if path == b"/health":
+            up = any(e.up for e in self._state.admission.pool.endpoints)
+            return response(200 if up else 503, b'{"status":"%s"}' % (b"ok" if up else b"no endpoint up"), keep)
+        return self._plain(404, f"no route {path.decode('latin-1')[:100]!r}", keep)
+
+    @staticmethod
+    def _plain(status: int, message: str, keep: bool, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+        code = "not_found" if status == 404 else "method_not_allowed"
+        return response(status, orjson.dumps(error_object(status, code, message)), keep, extra)
+
+    def _authorize(self, message: _Message) -> Unauthorized | None:
+        """With client secrets configured, `Authorization: Bearer <secret>` names the tenant."""
+        auth = self._state.auth
+        if auth is None:
+            self.tenant = DEFAULT_TENANT
+            return None
+        scheme, _, token = message.headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        tenant = auth.tenant_of(token.strip()) if scheme.lower() == "bearer" else None
+        if tenant is None:
+            return Unauthorized("a valid `Authorization: Bearer <token>` header is required")
+        self.tenant = tenant
+        return None
+
+    def _completions(self, message: _Message, now: float, chat: bool = False) -> bytes:
+        """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (which only an
+        OpenAI-compatible endpoint can take: a worker endpoint refuses it `bad_frame`)."""
+        state = self._state
+        accounting = state.accounting
+        keep = message.keep_alive
+        self._next_id += 1
+        rid = ""  # named once admitted: a refusal needs no id
+        if state.auth is not None:
+            unauthorized = self._authorize(message)
+            if unauthorized is not None:
+                accounting.frame_rejected(unauthorized.code)
+                return response(401, error_body(401, unauthorized), keep)
+        parts = message.body
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        # Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
+        # the cost. Every other field is checked once a slot was granted (a failure refunds it),
+        # so refusing stays cheap whatever the body holds.
+        frame: dict[str, Any] | None = None
+        messages = None
+        try:
+            body = orjson.loads(raw)
+            if type(body) is not dict:
+                raise BadFrame("the request body must be a JSON object", rid)
+            model = body.get("model")
+            if type(model) is not str or model not in self._models:
+                raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
+            if chat:  # the messages' text is what the cost is estimated from: checked first
+                frame, messages = chat_frame_of(body, rid)
+        except orjson.JSONDecodeError as exc:
+            return self._rejected(BadJson(f"invalid JSON: {exc}"), keep)
+        except RequestRejected as exc:
+            return self._rejected(exc, keep)
+        ask = state.costs.ask(frame if frame is not None else cost_view(body))
+        user = body.get("user")
+        if state.tenant_from_frame and type(user) is str and is_tenant_name(user):
+            ask.tenant = state.admission.tenants.resolve(user)
+        else:
+            ask.tenant = state.admission.tenants.resolve(self.tenant)
+        try:
+            decision = state.admission.decide(now, ask)
+        except RequestRejected as exc:  # OverBudget
+            return self._rejected(exc, keep)
+        if type(decision) is Refusal:
+            accounting.frame_yielded(decision.reason, ask)
+            return self._yield(decision.hint_ms, decision.reason, keep)
+        grant: Grant = decision  # type: ignore[assignment]
+        rid = f"cmpl-{id(self):x}-{self._next_id}"
+        if frame is not None:
+            frame["id"] = rid
+
+        def check() -> GenerateRequest:
+            checked = generate_frame_of(body, rid) if frame is None else frame
+            self._verify_digest(message, raw, rid)
+            generate = checked_request(checked, self._frame_limits)
+            generate.messages = messages
+            return generate
+
+        admitted = admit(state.lifecycle, self, rid, grant, now, check)
+        if isinstance(admitted, GovernorError):
+            status = STATUS_OF_CODE.get(admitted.code, 500)
+            return response(status, error_body(status, admitted), keep)
+        request, generate = admitted
+        stream = generate.stream
+        chunked = message.http11
+        keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
+        created = int(time.time())
+        self._exchange = _Exchange(request, str(model), stream, wants_usage(body), keep, created, chat, chunked)
+        return b""
+
+    def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
+        """RFC 9530 `Content-Digest` over the body: verified when present (sha-256; other
+        algorithms are ignored), required under `--integrity required`."""
+        mode = self._state.limits.integrity
+        if mode is IntegrityMode.OFF:
+            return
+        header = message.headers.get(b"content-digest")
+        if header is None:
+            if mode is IntegrityMode.REQUIRED:
+                raise BadFrame("Content-Digest: sha-256=:<base64>: is required (--integrity required)", rid)
+            return
+        digests = http_sfv.Dictionary()  # type: ignore[attr-defined]
+        try:
+            digests.parse(header)
+        except ValueError as exc:
+            raise BadFrame(f"Content-Digest is not a structured-field dictionary: {exc}", rid) from None
+        item = digests.get("sha-256")
+        if item is None:
+            raise BadFrame("Content-Digest has no sha-256 digest", rid)
+        if not isinstance(item.value, bytes):
+            raise BadFrame("Content-Digest sha-256 must be a byte sequence (:base64:)", rid)
+        if item.value != hashlib.sha256(body).digest():
+            got = base64.b64encode(item.value).decode()[:64]
+            raise IntegrityMismatch(f"Content-Digest mismatch: sha-256 of the body differs from {got}", rid)
+
+    def _rejected(self, error: RequestRejected, keep: bool) -> bytes:
+        self._state.accounting.frame_rejected(error.code)
+        status = STATUS_OF_CODE.get(error.code, 400)
+        return response(status, error_body(status, error), keep)
+
+    @staticmethod
+    def _yield(hint_ms: int, reason: str, keep: bool) -> bytes:
+        """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
+        body is `error_object(status, reason, ..., reason=reason, retry_hint_ms=hint_ms)`."""
+        status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
+        word = reason.encode()
+        body = _YIELD_BODY % (word, hint_ms, kind, word, word, hint_ms)
+        close = b"" if keep else b"connection: close\r\n"
+        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), close) + body
+
+    def _fail(self, status: int, error: GovernorError) -> None:
+        """A request the parser cannot go on with: counted now, answered after the requests before
+        it (`_advance`), and then the connection is closed."""
+        if self._broken is None:
+            self._state.accounting.http_received += 1
+            self._state.accounting.frame_rejected(error.code)
+            self._broken = (status, error)
+            self._message = None
+            self.started_at = None
+
+    # -- the admitted request's response, rendering what the lifecycle decided (RequestOwner) --------
+
+    def _head(self, exchange: _Exchange) -> None:
+        if not exchange.headers_sent:
+            exchange.headers_sent = True
+            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+            if exchange.chunked:
+                headers.append((b"transfer-encoding", b"chunked"))
+            self._pending.append(status_line(200, headers, exchange.keep_alive))
+            if exchange.chat:
+                rid = exchange.request.client_id
+                role = chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)
+                self._pending.append(exchange.piece(role))
+
+    def worker_token(self, request: InflightRequest, rest: bytes) -> None:
+        self.send_text(request, orjson.loads(b'{"id":0' + rest)["text"])
+
+    def send_text(self, request: InflightRequest, text: str) -> None:
+        exchange = self._exchange
+        if exchange is not None and exchange.request is request and exchange.stream:
+            self._head(exchange)
+            event = chat_chunk_event if exchange.chat else chunk_event
+            self._pending.append(exchange.piece(event(request.client_id, exchange.model, exchange.created, text)))
+
+    def send_done(self, request: InflightRequest, completion: Completion) -> None:
+        exchange = self._end(request)
+        if exchange is None:
+            return
+        rid, model, created = request.client_id, exchange.model, exchange.created
+        if exchange.stream:
+            self._head(exchange)
+            event = chat_chunk_event if exchange.chat else chunk_event
+            final = event(rid, model, created, "", completion.finish_reason)
+            usage = usage_event(rid, model, created, completion, exchange.chat) if exchange.usage else b""
+            self._pending.append(exchange.piece(final + usage + DONE_EVENT, last=True))
+        else:
+            render = chat_response if exchange.chat else completion_response
+            self._pending.append(response(200, render(rid, model, created, completion), exchange.keep_alive))
+        self._next(exchange)
+
+    def send_error(self, request: InflightRequest, error: GovernorError) -> None:
+        exchange = self._end(request)
+        if exchange is None:
+            return
+        if exchange.headers_sent:
+            self._pending.append(exchange.piece(error_event(error) + DONE_EVENT, last=True))
+        else:
+            status = STATUS_OF_CODE.get(error.code, 500)
+            self._pending.append(response(status, error_body(status, error), exchange.keep_alive))
+        self._next(exchange)
+
+    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
+        exchange = self._end(request)
+        if exchange is not None:
+            self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive))
+            self._next(exchange)
+
+    def _end(self, request: InflightRequest) -> _Exchange | None:
+        exchange = self._exchange
+        if exchange is None or exchange.request is not request:
+            return None
+        self._exchange = None
+        return exchange
+
+    def _next(self, exchange: _Exchange) -> None:
+        """The response is complete: close if the client asked to, else answer what waits."""
+        if not exchange.keep_alive:
+            self.finished = True
+            return
+        self._advance(self._state.clock())
+
+    def flush(self) -> None:
+        flush_pending(self._pending, self.write)
+        if self.closing is not None or self.finished:
+            self._on_close(self.closing)
+
+    # -- the connection -----------------------------------------------------------------------------
+
+    def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
+        self._state.lifecycle.abandon(self, reason)
+        self._exchange = None
+        self._queue.clear()
+        self._pending.clear()
+
+    def fail_internal(self) -> None:
+        self._state.accounting.http_received += 1
+        self._state.accounting.frame_failed(InternalError.code)
+        if self._exchange is None or not self._exchange.headers_sent:
+            self._pending.append(response(500, error_body(500, InternalError("internal error")), False))
+        self.flush()
+
+    def timeout(self, now: float, idle_timeout_s: float) -> tuple[ShedReason, GovernorError | None] | None:
+        """A request that is taking too long to arrive (slow headers or body): 408. A connection
+        idle between requests: closed without a word."""
+        started = self.started_at
+        waiting_on_us = self._exchange is not None or bool(self._queue)  # not read while we answer
+        if started is not None and not waiting_on_us and now - started > self._limits.request_timeout_s:
+            return ShedReason.SLOW_REQUEST, IdleTimeout(
+                f"the request did not arrive within {self._limits.request_timeout_s:g} s"
+            )
+        if idle_timeout_s and not self.active and not self._queue and now - self.last_line_at > idle_timeout_s:
+            return ShedReason.IDLE, None
+        return None
+
+    def last_words(self, error: GovernorError) -> bytes:
+        """The reply written when the connection is shed: a response, unless one is under way."""
+        if self._exchange is not None and self._exchange.headers_sent:
+            return b""
+        status = STATUS_OF_CODE.get(error.code, 503)
+        return response(status, error_body(status, error), False)

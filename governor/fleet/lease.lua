@@ -1,0 +1,99 @@
+-- One replica's lease renewal, run atomically inside Redis (EVALSHA): the whole fleet-wide
+-- allocation, so no two replicas ever decide on the same free capacity. The rules are in
+-- governor/fleet/lease.py's docstring and docs/operations.md ("Fleet").
+--
+-- KEYS[1]  the fleet's hash: one field per live replica, "EXPIRY_MS" then, per resource,
+--          "LIMIT WANT HELD USAGE" (space-separated numbers).
+-- ARGV     member id, lease TTL (ms), resource count k, then per resource six numbers:
+--          limit (0 = not limited), usage (what it holds now: requests or tokens; 0 for rates),
+--          want (its demand), applied (the share it enforces until this reply reaches it),
+--          held (1 for a held resource whose grants are whole numbers, 0 for a rate), least (the
+--          smallest useful share: one request; a replica that wants any gets at least this much
+--          while it is free, or a proportional part under 1 would starve it).
+-- Returns  the replica count, then per resource five strings (Lua numbers would be truncated to
+--          integers on the way out): its new share, the fleet limit in force, the fleet's usage,
+--          the sum of the fleet's wants, and its target (more than its share while the others
+--          still hold what it is owed).
+local HEADROOM = 0.05
+local key, me = KEYS[1], ARGV[1]
+local ttl, k = tonumber(ARGV[2]), tonumber(ARGV[3])
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
+local wants, others_held, usages = {}, {}, {}
+for r = 1, k do
+  local at = 3 + (r - 1) * 6
+  limit[r] = tonumber(ARGV[at + 1])
+  usage[r] = tonumber(ARGV[at + 2])
+  want[r] = tonumber(ARGV[at + 3])
+  applied[r] = tonumber(ARGV[at + 4])
+  whole[r] = ARGV[at + 5] == '1'
+  least[r] = tonumber(ARGV[at + 6])
+  wants[r], others_held[r], usages[r] = want[r], 0, usage[r]
+end
+
+-- The other live replicas: drop the expired, sum what the rest want, hold and use. The tightest
+-- limit any of them reports is the one in force (a rolling change of the limits stays safe).
+local replicas = 1
+local entries = redis.call('HGETALL', key)
+for i = 1, #entries, 2 do
+  local field = entries[i]
+  if field ~= me then
+    local v = {}
+    for x in string.gmatch(entries[i + 1], '%S+') do v[#v + 1] = tonumber(x) end
+    if v[1] <= now then
+      redis.call('HDEL', key, field)
+    else
+      replicas = replicas + 1
+      for r = 1, k do
+        local at = 1 + (r - 1) * 4
+        local l = v[at + 1] or 0
+        if limit[r] > 0 and l > 0 and l < limit[r] then limit[r] = l end
+        wants[r] = wants[r] + (v[at + 2] or 0)
+        others_held[r] = others_held[r] + (v[at + 3] or 0)
+        usages[r] = usages[r] + (v[at + 4] or 0)
+      end
+    end
+  end
+end
+
+local stored = { tostring(now + ttl) }
+local reply = { replicas }
+for r = 1, k do
+  local share, held, target = 0, 0, 0
+  local l = limit[r]
+  if l > 0 then
+    -- Demand-following target: in proportion to the wants when they exceed the limit, else each
+    -- replica's want plus headroom for a burst: an equal part of what is left, at most 5% of the
+    -- limit (at least one request); the rest stays free for whichever replica asks for it.
+    if wants[r] >= l then
+      target = l * want[r] / wants[r]
+    else
+      target = want[r] + math.min((l - wants[r]) / replicas, math.max(least[r], l * HEADROOM))
+    end
+    if whole[r] then target = math.floor(target + 0.5) end  -- to the nearest: floors would leave slots unused
+    if want[r] > 0 and target < least[r] then target = least[r] end
+    -- Never more than what the others do not hold: the grants never sum over the limit.
+    local free = l - others_held[r]
+    if whole[r] then free = math.floor(free) end
+    share = math.min(target, free)
+    if share < 0 then share = 0 end
+    -- Still reserved for this replica: what it enforces until the reply reaches it, and, for a
+    -- held resource, what it holds now (requests admitted under an earlier, larger share).
+    held = math.max(share, applied[r])
+    if whole[r] then held = math.max(held, usage[r]) end
+  end
+  stored[#stored + 1] = tostring(l)
+  stored[#stored + 1] = tostring(want[r])
+  stored[#stored + 1] = tostring(held)
+  stored[#stored + 1] = tostring(usage[r])
+  reply[#reply + 1] = tostring(share)
+  reply[#reply + 1] = tostring(l)
+  reply[#reply + 1] = tostring(usages[r])
+  reply[#reply + 1] = tostring(wants[r])
+  reply[#reply + 1] = tostring(target)
+end
+redis.call('HSET', key, me, table.concat(stored, ' '))
+redis.call('PEXPIRE', key, ttl * 2)
+return reply

@@ -1,0 +1,492 @@
+"""Fleet-wide caps shared by governor replicas: this replica's lease, enforced locally as one `Limit`.
+
+Each replica of a fleet holds a *lease*: a share of every fleet limit (`--fleet-max-inflight`
+slots, `--fleet-max-qps` admissions per second, `--fleet-max-inflight-tokens` tokens held,
+`--fleet-max-tokens-per-s` tokens per second). Admission checks the local share in the read
+callback like any other limit, with no network round trip; member.py renews the lease every
+`renew_s` by running lease.lua atomically in Redis. That script is the whole allocation:
+
+- **Wants.** Each renewal reports, per limit, what the replica holds now (`usage`), what it
+  wants (for a held limit what it holds plus what waited for it on average over the period; for
+  a rate, what it admitted per second plus what waited, to be served within a period) and the
+  share it applies until the reply reaches it (`applied`).
+- **Targets follow demand.** When the fleet's wants exceed the limit, each replica's target is
+  its proportional part (every request has the same chance whichever replica it reached, as
+  behind one governor); otherwise its want plus a little headroom for a burst (an equal part of
+  what is left, at most 5% of the limit, at least one request), the rest staying free for
+  whichever replica's demand grows: it takes it at its next renewal.
+- **Grants never sum over the limit.** A replica's new share is its target capped by what the
+  others hold. What Redis keeps reserved for it (`held`) is the largest of its new share, the
+  share it applies until the reply arrives and (for held limits) its usage: a shrinking share is
+  freed only once the replica has applied it, which it reports at once in a confirming renewal.
+  So the shares in force at any instant sum to at most the limit, and so does the fleet's usage.
+- **Leases expire.** Each entry carries an expiry `lease_s` after the renewal; the script drops
+  expired entries, so the capacity of a replica that died returns to the others within the TTL.
+  Locally, the lease counts from the moment the renewal was *sent* (before Redis stamped it), so
+  it lapses here no later than Redis forgets it. A lapsed lease follows `--fleet-unavailable`:
+  `closed` yields every frame (`fleet_unavailable`), `local` enforces the limit divided by the
+  last known replica count. The next successful renewal rejoins.
+- **Rates.** A replica's rate share runs its own token bucket whose burst is the same fraction of
+  the fleet burst; a new bucket starts empty, an existing one keeps what it holds (never above the
+  new burst), so the fleet admits at most burst + limit x T over any window of T seconds. A share
+  whose burst is under one request admits nothing until it grows.
+
+Hints: the in-flight share, the replica's release timeline scaled to the share; the token share,
+the time what this replica holds takes to drain enough (hints.DrainHint); a rate, the bucket's
+exact refill; with nothing held or no lease, the next renewal. What the hints told clients to
+wait is also how each replica measures its waiting demand (Share).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from importlib import resources
+from typing import Any, Literal
+
+from governor.admission.buckets import TokenBucket
+from governor.admission.cost import Ask
+from governor.admission.hints import DrainHint, RetryHintEstimator
+from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from govwire.vocab import YieldReason
+
+LEASE_SCRIPT = resources.files("governor.fleet").joinpath("lease.lua").read_text(encoding="utf-8")
+"""The allocation, run atomically in Redis for each renewal."""
+
+RESOURCES = ("inflight", "qps", "tokens", "token_rate")
+"""The fleet limits, in the order a renewal reports them (the script's resource index)."""
+
+
+@dataclass(frozen=True)
+class FleetPolicy:
+    """The fleet limits (0 = that one is not shared) and the lease timing."""
+
+    max_inflight: int = 0
+    max_qps: float = 0.0
+    qps_burst: float = 0.0  # 0 = one second's worth
+    max_inflight_tokens: int = 0
+    max_tokens_per_s: float = 0.0
+    tokens_burst: float = 0.0  # 0 = one second's worth
+    renew_s: float = 0.25
+    lease_s: float = 1.0
+    unavailable: Literal["local", "closed"] = "local"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.renew_s * 2 <= self.lease_s < math.inf:
+            raise ValueError("the lease must last at least two renewal periods (and renewals be > 0)")
+        numbers = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
+        if min(self.max_inflight, self.max_inflight_tokens, *numbers) < 0 or not all(map(math.isfinite, numbers)):
+            raise ValueError("fleet limits must be finite and >= 0")
+
+    @property
+    def any(self) -> bool:
+        return bool(self.max_inflight or self.max_qps or self.max_inflight_tokens or self.max_tokens_per_s)
+
+
+class FleetState(StrEnum):
+    """Where this replica's lease stands (`stats` and the logs)."""
+
+    JOINING = "joining"  # no renewal has succeeded yet
+    LEASED = "leased"
+    LOCAL = "local"  # lapsed; --fleet-unavailable local: the limit / the last known replica count
+    CLOSED = "closed"  # lapsed; --fleet-unavailable closed: every frame yields
+
+
+WAITING_MEMORY_S = 1.0
+"""How long a measure of the clients waiting on a share is remembered (it decays by e over this
+time, and a higher measure replaces it at once): a client told to wait longer than a renewal
+period refuses nothing while it waits, and must not vanish from its replica's demand meanwhile."""
+
+
+class Share:
+    """This replica's share of one fleet limit, and what it measures for the next renewal: what
+    its refusals told clients to wait. Summed over a period, the waits handed out divided by the
+    period are how many wait here on average (each waiting client's successive hints cover the
+    time it waits), whatever the hints were computed from; rising at once, decaying over
+    WAITING_MEMORY_S."""
+
+    __slots__ = (
+        "limit",
+        "share",
+        "refusals",
+        "waited",
+        "backlog",
+        "largest",
+        "fleet_usage",
+        "fleet_want",
+        "refusal",
+    )
+
+    def __init__(self, reason: YieldReason) -> None:
+        self.limit: float = 0  # the fleet limit; 0 = not shared
+        self.share = 0.0  # the lease: what this replica enforces now
+        self.refusals = 0  # frames the share refused since the last report
+        self.waited = 0.0  # and the waits they were told, x their amount (unit-milliseconds)
+        self.backlog = 0.0  # how much waits here, as of the last measured period
+        self.largest = 1.0  # the largest request it refused since the last report (at least 1)
+        self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
+        self.fleet_want = 0.0
+        self.refusal = Refusal(reason)
+
+    def refuse(self, amount: float, hint_ms: int) -> Refusal:
+        """Count a refusal of `amount` told to come back in `hint_ms`, and return it."""
+        self.refusals += 1
+        self.waited += amount * hint_ms
+        if amount > self.largest:
+            self.largest = amount
+        refusal = self.refusal
+        refusal.hint_ms = hint_ms
+        return refusal
+
+    def waiting(self, elapsed_s: float) -> float:
+        """How much waits here: what waited on average over the period that ends, or what waited
+        before, decayed, if that is more; a new period starts."""
+        self.backlog = max(self.waited / (elapsed_s * 1000.0), self.backlog * math.exp(-elapsed_s / WAITING_MEMORY_S))
+        self.refusals, self.waited, self.largest = 0, 0.0, 1.0
+        return self.backlog
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
+        measurement period starts when `elapsed_s` (the one that ends) is not 0."""
+        raise NotImplementedError
+
+    def set_share(self, share: float, now: float) -> None:
+        self.share = share
+
+    @property
+    def used(self) -> float:
+        """What this replica uses of it now (held) or did over the last period (per second)."""
+        raise NotImplementedError
+
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when `amount` more would pass the share (under the class ceiling)."""
+        raise NotImplementedError
+
+
+class HeldShare(Share):
+    """A fleet limit on what running requests hold (requests or token cost): the share is a
+    whole number of them."""
+
+    __slots__ = ("holding", "want", "drain")
+
+    def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
+        super().__init__(reason)
+        self.holding = 0
+        self.want = 0.0  # as of the last measured period
+        self.drain = DrainHint(hints)
+
+    def take(self, amount: int) -> None:
+        self.holding += amount
+
+    def give(self, amount: int) -> None:
+        if self.holding < amount:
+            raise RuntimeError("release() without a matching charge")
+        self.holding -= amount
+
+    @property
+    def used(self) -> float:
+        return self.holding
+
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when `amount` more would not fit the share (under the class ceiling); its
+        hint, the time what this replica holds takes to drain enough, or the next renewal when it
+        holds nothing."""
+        if self.holding + amount <= self.share * ceiling:
+            return None
+        if not self.holding:
+            return self.refuse(amount, lease.renewal_hint(now))
+        excess = self.holding + amount - self.share * ceiling
+        return self.refuse(amount, self.drain.hint_ms(now, excess, amount, self.holding))
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """It wants what it holds plus what waited for it; its least share holds the largest
+        request it refused."""
+        least = self.largest
+        if elapsed_s > 0:
+            self.want = self.holding + self.waiting(elapsed_s)
+        return self.limit, self.holding, self.want, self.share, 1, least
+
+
+class RateShare(Share):
+    """A fleet limit per second (admissions or token cost): the share runs a local token bucket."""
+
+    __slots__ = ("burst", "bucket", "admitted", "rate", "want")
+
+    def __init__(self, reason: YieldReason) -> None:
+        super().__init__(reason)
+        self.burst = 0.0  # the fleet's burst
+        self.bucket: TokenBucket | None = None  # None: no share big enough for one request
+        self.admitted = 0.0  # since the last report
+        self.rate = 0.0  # admitted per second over the last measured period
+        self.want = 0.0  # and what it wanted per second
+
+    @property
+    def used(self) -> float:
+        return self.rate
+
+    def over(self, now: float, amount: int, ceiling: float, lease: FleetLease) -> Refusal | None:
+        """A refusal when the bucket cannot give `amount` now (keeping what the class ceiling
+        keeps); its hint, the bucket's refill, or the next renewal when its share is too small."""
+        bucket = self.bucket
+        if bucket is None:
+            return self.refuse(amount, lease.renewal_hint(now))
+        floor = (1.0 - ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
+        if bucket.level(now) - amount < floor:
+            return self.refuse(amount, hint_of(bucket.appointment_s(now, amount + floor)))
+        return None
+
+    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+        """It wants, per second, what it admitted plus what waited for it, to be served within a
+        period; its least share has a burst that holds the largest request it refused."""
+        least = self.limit * self.largest / self.burst if self.burst else 0.0
+        if elapsed_s > 0:
+            self.rate = max(0.0, self.admitted) / elapsed_s
+            self.want = self.rate + self.waiting(elapsed_s) / elapsed_s
+            self.admitted = 0.0
+        return self.limit, 0.0, self.want, self.share, 0, least
+
+    def set_share(self, share: float, now: float) -> None:
+        """Its bucket refills at `share` per second and banks the same fraction of the fleet burst;
+        a new bucket starts empty (its tokens must be earned at the share's rate)."""
+        self.share = share
+        burst = self.burst * share / self.limit if self.limit else 0.0
+        if share <= 0 or burst < 1.0:
+            self.bucket = None
+            return
+        old = self.bucket
+        bucket = TokenBucket(share, burst, now)
+        bucket.tokens = min(burst, old.level(now)) if old is not None else 0.0
+        self.bucket = bucket
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseReply:
+    """What one renewal returned: the live replica count, and per resource (RESOURCES order) this
+    replica's share, the limit in force, the fleet's usage, the fleet's wants and this replica's
+    target (above its share while others still hold what it is owed)."""
+
+    replicas: int
+    shares: tuple[float, ...]
+    limits: tuple[float, ...]
+    usage: tuple[float, ...]
+    wants: tuple[float, ...]
+    targets: tuple[float, ...]
+
+    @classmethod
+    def parse(cls, raw: list[Any]) -> LeaseReply:
+        numbers = [float(x) for x in raw[1:]]
+        if len(numbers) != 5 * len(RESOURCES):
+            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 5 numbers, got {raw!r}")
+        return cls(int(raw[0]), *(tuple(numbers[i::5]) for i in range(5)))
+
+
+class FleetLease:
+    """The fleet limits as one `Limit` (limits.py), checked after the replica's own caps. Fed by
+    member.FleetMember: `report` when a renewal is sent, `granted` with its reply, `lapse`
+    when none came. Pure logic: the clock is passed in."""
+
+    __slots__ = (
+        "policy",
+        "state",
+        "replicas",
+        "valid_until",
+        "shares",
+        "next_renewal",
+        "rtt_s",
+        "inflight",
+        "tokens",
+        "qps",
+        "token_rate",
+        "closed",
+        "could_grow",
+        "_hints",
+        "_others",
+        "_reported_at",
+        "_unavailable",
+    )
+
+    def __init__(self, policy: FleetPolicy, hints: RetryHintEstimator, now: float) -> None:
+        self.state = FleetState.JOINING
+        self.closed = False  # no lease and --fleet-unavailable closed: every frame yields
+        # As of the last reply, a renewal may bring a share more: one is under its target, or the
+        # fleet wants less than a limit (what this replica refuses now would raise its target).
+        self.could_grow = True
+        self.replicas = 1  # as of the last reply: the local fallback divides the limits by it
+        self.valid_until = -math.inf  # the lease in force lapses here (monotonic seconds)
+        self.next_renewal = now  # when the member sends its next renewal
+        self.rtt_s = 0.0  # the last renewal's round trip
+        self.inflight = HeldShare(YieldReason.FLEET_INFLIGHT, hints)
+        self.tokens = HeldShare(YieldReason.FLEET_TOKENS, hints)
+        self.qps = RateShare(YieldReason.FLEET_QPS)
+        self.token_rate = RateShare(YieldReason.FLEET_TOKEN_RATE)
+        self.shares: tuple[Share, ...] = (self.inflight, self.qps, self.tokens, self.token_rate)  # RESOURCES order
+        self._hints = hints
+        self._others: tuple[tuple[Share, bool], ...] = ()  # the limited shares but in-flight: (share, by cost)
+        self._reported_at = now
+        self._unavailable = Refusal(YieldReason.FLEET_UNAVAILABLE)
+        self.policy = policy
+        self.set_policy(policy, now)
+
+    def set_policy(self, policy: FleetPolicy, now: float) -> None:
+        """The limits (at start, and live on SIGHUP): reported with the next renewal, and at once
+        in force where the fallback applies. Before its first renewal a replica holds nothing."""
+        self.policy = policy
+        self.inflight.limit = policy.max_inflight
+        self.tokens.limit = policy.max_inflight_tokens
+        self.qps.limit, self.qps.burst = policy.max_qps, policy.qps_burst or max(1.0, policy.max_qps)
+        rate = policy.max_tokens_per_s
+        self.token_rate.limit, self.token_rate.burst = rate, policy.tokens_burst or max(1.0, rate)
+        others = ((self.qps, False), (self.tokens, True), (self.token_rate, True))
+        self._others = tuple((share, by_cost) for share, by_cost in others if share.limit)
+        if self.state is FleetState.LOCAL or self.state is FleetState.CLOSED:
+            self._fall_back(now)
+
+    def set_caps(self, policy: FleetPolicy, now: float) -> None:
+        """Live change of the fleet caps (SIGHUP), reported with the next renewal; the lease's
+        timing and fallback stay as they started."""
+        kept = self.policy
+        self.set_policy(
+            dataclasses.replace(policy, renew_s=kept.renew_s, lease_s=kept.lease_s, unavailable=kept.unavailable), now
+        )
+
+    @property
+    def caps_tokens(self) -> bool:
+        """Whether a fleet token budget bounds what one request may cost (`fits`)."""
+        return bool(self.policy.max_inflight_tokens or self.policy.max_tokens_per_s)
+
+    # --- the Limit -----------------------------------------------------------------------------
+
+    def fits(self, ask: Ask) -> None:
+        """OverBudget for a request larger than a whole fleet token budget: it could never run."""
+        tokens = self.tokens.limit
+        if tokens and ask.cost > tokens:
+            raise over_budget(ask, int(tokens), "--fleet-max-inflight-tokens")
+        burst = self.token_rate.burst
+        if self.token_rate.limit and ask.cost > burst:
+            raise over_budget(ask, int(burst), "the --fleet-tokens-burst")
+
+    def check(self, now: float, ask: Ask) -> Refusal | None:
+        if now >= self.valid_until and self.state is FleetState.LEASED:
+            self.lapse(now)
+        if self.closed:
+            return self._unavailable.at(self.renewal_hint(now))
+        held = self.inflight
+        if held.limit:
+            cap = held.share * ask.ceiling
+            if held.holding + 1 > cap:
+                # Its slots free as this replica's requests end: the replica's release timeline
+                # (hints.RetryHintEstimator, shared with --max-inflight, which books refused
+                # clients one after another), scaled from its capacity to the share. With
+                # nothing held here to drain, the next renewal. (Inline: this refuses every frame
+                # while the share is full.)
+                hints = self._hints
+                if not held.holding or cap < 1 or not hints.service_time_s:
+                    return held.refuse(1, self.renewal_hint(now))
+                deficit = held.holding + 1 - math.floor(cap)
+                return held.refuse(1, hints.hint_ms(now, deficit * hints.capacity / held.share))
+        for share, by_cost in self._others:
+            refusal = share.over(now, ask.cost if by_cost else 1, ask.ceiling, self)
+            if refusal is not None:
+                return refusal
+        return None
+
+    def renewal_hint(self, now: float) -> int:
+        """Until the next renewal's reply may change the share."""
+        return hint_of(max(0.0, self.next_renewal - now) + self.rtt_s)
+
+    def charge(self, grant: Grant, now: float) -> None:
+        cost = grant.ask.cost
+        self.inflight.take(1)
+        self.tokens.take(cost)
+        for rate, amount in ((self.qps, 1.0), (self.token_rate, float(cost))):
+            rate.admitted += amount
+            if rate.bucket is not None:
+                rate.bucket.take(amount)
+
+    def refund(self, grant: Grant) -> None:
+        if self.qps.bucket is not None:
+            self.qps.bucket.refund()  # the rest is freed by `release`, as for any request that ends
+        self.qps.admitted -= 1
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        self.inflight.give(1)
+        self.tokens.give(grant.ask.cost)
+        rate = self.token_rate
+        rate.admitted += grant.used - grant.ask.cost
+        if rate.bucket is not None:
+            rate.bucket.refund(grant.ask.cost - grant.used)
+
+    # --- the lease -----------------------------------------------------------------------------
+
+    def report(self, now: float) -> list[float]:
+        """The renewal's per-resource numbers (the script's ARGV after its header). A new
+        measurement period starts unless the last one began under half a renewal period ago (a
+        confirmation right after a reply): rates measured over a few milliseconds are noise."""
+        elapsed = now - self._reported_at
+        if elapsed < self.policy.renew_s / 2:
+            elapsed = 0.0
+        else:
+            self._reported_at = now
+        return [x for share in self.shares for x in share.report(now, elapsed)]
+
+    def granted(self, reply: LeaseReply, sent_at: float, now: float) -> bool:
+        """Apply a renewal's reply; True when a share shrank (the member confirms at once so
+        that Redis frees the difference)."""
+        self.replicas = max(1, reply.replicas)
+        self.rtt_s = now - sent_at
+        self.valid_until = sent_at + self.policy.lease_s
+        if now >= self.valid_until:
+            self._fall_back(now)
+            return False
+        self.state = FleetState.LEASED
+        self.closed = False
+        shrank = grow = False
+        for share, granted, usage, want, target in zip(
+            self.shares, reply.shares, reply.usage, reply.wants, reply.targets, strict=True
+        ):
+            shrank = shrank or granted < share.share
+            grow = grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
+            share.set_share(granted, now)
+            share.fleet_usage, share.fleet_want = usage, want
+        self.could_grow = grow
+        return shrank
+
+    @property
+    def refusing(self) -> bool:
+        """Whether a fleet share refused a frame since the last report (the member renews early)."""
+        return any(share.refusals for share in self.shares)
+
+    def lapse(self, now: float) -> None:
+        """Apply the fallback if no lease is in force: the one in force ran out with no renewal
+        (checked by every frame, and by the member after a failed renewal, so it shows even
+        without traffic), or the first renewal failed."""
+        if self.state is not FleetState.LEASED or now >= self.valid_until:
+            self._fall_back(now)
+
+    def _fall_back(self, now: float) -> None:
+        """No lease in force: the limits divided by the last known replica count, or nothing."""
+        closed = self.closed = self.policy.unavailable == "closed"
+        if self.state is not FleetState.JOINING:
+            self.state = FleetState.CLOSED if closed else FleetState.LOCAL
+        n = self.replicas
+        for share in (self.inflight, self.tokens):
+            share.set_share(0 if closed else share.limit // n, now)
+        for rate in (self.qps, self.token_rate):
+            rate.set_share(0.0 if closed else rate.limit / n, now)
+
+    def describe(self) -> dict[str, Any]:
+        """The `stats` view: per resource the fleet limit, this replica's share and usage, and the
+        fleet's usage as of the last reply."""
+        resources_: dict[str, dict[str, float]] = {}
+        for name, share in zip(RESOURCES, self.shares, strict=True):
+            if share.limit:
+                resources_[name] = {
+                    "limit": share.limit,
+                    "share": round(share.share, 3),
+                    "used": round(share.used, 3),
+                    "fleet_used": round(share.fleet_usage, 3),
+                    "fleet_wants": round(share.fleet_want, 3),
+                }
+        return {"state": self.state.value, "replicas": self.replicas, "resources": resources_}

@@ -1,0 +1,195 @@
+"""This replica's membership of a fleet: the lease renewals, the only I/O of the fleet caps.
+
+A task renews the lease (lease.FleetLease) by running lease.lua in Redis through
+redis-py's asyncio client, one renewal at a time:
+
+- every `renew_s`;
+- at once after a reply that shrank a share, to confirm it (Redis frees the difference only
+  once this replica reports that it applies the smaller share); a confirmation is not confirmed
+  again, so shares that keep moving cost at most two renewals a period;
+- early, at most every `renew_s / 4`, while the fleet limits are refusing frames here and the
+  last reply said a renewal could bring more (the replica is under its target while others give
+  back, or the fleet wants less than a limit), so a replica whose load grows takes free capacity
+  without waiting a whole period, and a fleet whose shares have settled under contention renews
+  once a period.
+
+Admission never waits for Redis: a slow or unreachable Redis only delays the next share, and the
+lease lapses on its own (FleetLease.check) when no renewal succeeded for `lease_s`. A failed
+renewal is retried every `renew_s`; the first success rejoins. On shutdown the replica deletes
+its entry so its share returns to the others at once instead of at its expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from governor.fleet.lease import LEASE_SCRIPT, RESOURCES, FleetLease, FleetState, LeaseReply
+from governor.latency import Histogram
+
+log = logging.getLogger("governor.fleet")
+
+RENEWAL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+EARLY_FRACTION = 4  # an early renewal comes at most every renew_s / EARLY_FRACTION
+ERROR_LOG_INTERVAL_S = 10.0  # a Redis that stays unreachable is logged this often, not per renewal
+
+
+def default_member_id() -> str:
+    """hostname:pid:random, unique over restarts (a new process never inherits an old entry)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def redacted(url: str) -> str:
+    """The Redis URL without its password, for logs and `stats`."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.partition(":")[0]
+    return f"{scheme}{sep}{user + ':' if user else ':'}***@{host}"
+
+
+class FleetMember:
+    """Renews `lease` in the Redis at `url` under the key prefix `name`."""
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        lease: FleetLease,
+        member_id: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.url = redacted(url)
+        self.key = f"{name}:leases"
+        self.member_id = member_id or default_member_id()
+        self.lease = lease
+        self._clock = clock
+        policy = lease.policy
+        # Errors must surface at once (the lease, not the client, decides how long to keep
+        # trying): no retries, and no wait longer than the lease itself.
+        self._redis = redis.from_url(
+            url,
+            socket_timeout=policy.lease_s,
+            socket_connect_timeout=policy.lease_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self._script = self._redis.register_script(LEASE_SCRIPT)
+        self.up = False  # the last renewal came back in time: a lease is in force
+        self.renewals = {"ok": 0, "error": 0}
+        self.renewal_seconds = Histogram(RENEWAL_BUCKETS)
+        self._task: asyncio.Task[None] | None = None
+        self._last_error_log = -float("inf")
+
+    async def renew(self) -> bool:
+        """One renewal: report, run the script, apply its reply. True when a share shrank."""
+        lease = self.lease
+        sent = self._clock()
+        lease.next_renewal = sent + lease.policy.renew_s
+        args: list[str | float] = [self.member_id, round(lease.policy.lease_s * 1000), len(RESOURCES)]
+        args += lease.report(sent)
+        try:
+            raw = await self._script(keys=[self.key], args=args)
+            reply = LeaseReply.parse(raw)
+        except (RedisError, OSError, ValueError) as exc:
+            self._failed(exc)
+            return False
+        now = self._clock()
+        self.renewal_seconds.observe(now - sent)
+        was = lease.state
+        shrank = lease.granted(reply, sent, now)
+        if lease.state is not FleetState.LEASED:  # the reply came after the lease it renewed ran out
+            self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
+            return False
+        self.renewals["ok"] += 1
+        if not self.up or was is not FleetState.LEASED:
+            log.info("event=fleet_joined key=%s member=%s replicas=%d", self.key, self.member_id, reply.replicas)
+        self.up = True
+        return shrank
+
+    def _failed(self, exc: Exception) -> None:
+        self.renewals["error"] += 1
+        now = self._clock()
+        self.lease.lapse(now)
+        if self.up or now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+            self._last_error_log = now
+            log.warning(
+                "event=fleet_renewal_failed url=%s error=%r lease_left_s=%.3f then=%s",
+                self.url,
+                str(exc) or type(exc).__name__,
+                max(0.0, self.lease.valid_until - now),
+                self.lease.policy.unavailable,
+            )
+        self.up = False
+
+    def describe(self) -> dict[str, Any]:
+        """The `stats` view: where the lease stands, its shares and the renewals."""
+        return {
+            "url": self.url,
+            "key": self.key,
+            "member": self.member_id,
+            "up": self.up,
+            **self.lease.describe(),
+            "renew_ms": self.lease.policy.renew_s * 1000,
+            "lease_ms": self.lease.policy.lease_s * 1000,
+            "unavailable": self.lease.policy.unavailable,
+            "renewal_ms": round(self.lease.rtt_s * 1000, 3),
+            "renewals": dict(self.renewals),
+        }
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="fleet-lease")
+
+    async def _run(self) -> None:
+        lease = self.lease
+        renew_s = lease.policy.renew_s
+        early_s = renew_s / EARLY_FRACTION
+        confirm = False
+        while True:
+            if confirm:
+                confirm = False
+                await self.renew()
+                continue
+            # Sleep until the period ends, waking every early_s to renew early while the fleet
+            # caps refuse frames here.
+            while True:
+                now = self._clock()
+                wait = lease.next_renewal - now
+                early = lease.refusing and lease.could_grow and now - (lease.next_renewal - renew_s) >= early_s
+                if wait <= 0 or early:
+                    break
+                await asyncio.sleep(min(wait, early_s))
+            confirm = await self.renew()
+
+    async def join(self, timeout_s: float) -> bool:
+        """The first renewal, before the listener opens, so the first frames find a lease."""
+        try:
+            await asyncio.wait_for(self.renew(), timeout_s)
+        except TimeoutError:
+            self._failed(TimeoutError(f"no reply within {timeout_s:.1f} s"))
+        return self.up
+
+    async def close(self) -> None:
+        """Leave the fleet: stop renewing and give the share back at once."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        try:
+            await asyncio.wait_for(self._redis.hdel(self.key, self.member_id), self.lease.policy.renew_s)
+        except (RedisError, OSError, TimeoutError):
+            pass  # its entry expires with its lease
+        await self._redis.aclose()

@@ -1,0 +1,105 @@
+"""Deadlines: the TTFT model, refusal on a predicted miss, and cancellation of an admitted request
+whose deadline passes before its first token (simulated clock and timers)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from governor.admission.ttft import MIN_SAMPLES, TtftModel
+from govwire.codec import encode, encode_token, generate_frame
+from govwire.vocab import Op, YieldReason
+from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state
+
+
+def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
+    return encode(generate_frame(rid, prompt, **fields))
+
+
+def replies(writes: Any) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in writes.lines()]
+
+
+def test_the_model_learns_a_linear_ttft_and_adds_its_error_margin() -> None:
+    model = TtftModel(margin=0.0)
+    rng = random.Random(1)
+    assert model.predict(100, 1) is None
+    for _ in range(MIN_SAMPLES - 1):
+        model.observe(100, 1, 0.1)
+    assert model.predict(100, 1) is None  # too few samples: no prediction, no refusal
+    for _ in range(200):
+        tokens, requests = rng.randint(0, 4000), rng.randint(0, 20)
+        model.observe(tokens, requests, 0.02 + tokens / 10_000 + 0.005 * requests)
+    assert model.predict(2000, 4) == pytest.approx(0.02 + 0.2 + 0.02, rel=1e-2)
+    noisy = TtftModel(margin=2.0)
+    for _ in range(300):
+        tokens = rng.randint(0, 4000)
+        noisy.observe(tokens, 0, tokens / 10_000 + rng.gauss(0, 0.01))
+    fit, upper = noisy.fit(1000, 0), noisy.predict(1000, 0)
+    assert fit is not None and upper is not None
+    assert fit == pytest.approx(0.1, abs=0.01)
+    assert upper - fit == pytest.approx(0.02, rel=0.3)  # two standard deviations of the residuals
+
+
+def test_a_request_predicted_to_miss_its_deadline_yields_with_the_excess_as_hint() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=16, clock=clock, upstream=upstream)
+    endpoint = state.admission.pool.endpoints[0]
+    endpoint.ttft = TtftModel(margin=0.0)
+    for tokens in range(0, 2000, 100):  # 1 ms per waiting prompt token
+        endpoint.ttft.observe(tokens, 0, tokens / 1000)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a", "x" * 1200, deadline_ms=500))  # 300 tokens: 0.3 s
+    assert replies(writes) == [] and endpoint.waiting_tokens == 300
+    ingress.receive_data(frame("b", "x" * 1200, deadline_ms=500))  # behind a: 0.6 s > 0.5 s
+    reply = replies(writes)[-1]
+    assert (reply["id"], reply["status"], reply["reason"]) == ("b", "yield", YieldReason.DEADLINE)
+    assert 100 <= reply["retry_hint_ms"] <= 102  # the predicted excess: 0.1 s
+    ingress.receive_data(frame("c", "x" * 1200))  # no deadline: admitted
+    assert endpoint.waiting == 2 and state.accounting.yielded["deadline"] == 1
+
+
+def test_an_expired_deadline_cancels_in_the_worker_and_returns_slot_and_tokens() -> None:
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, clock=clock, upstream=upstream, timers=timers, max_inflight_tokens=1000)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("late", "x" * 40, deadline_ms=200) + frame("fast", "x" * 40, deadline_ms=200))
+    (late_uid, _), (fast_uid, (fast, _)) = upstream.dispatched.items()
+    clock.advance(0.1)
+    upstream.worker_sends(encode_token(fast_uid, 0, 97, "a"))
+    clock.advance(0.1)
+    assert timers.fire_due() == 1  # fast's timer was cancelled at its first token
+    assert replies(writes)[-1] == {
+        "id": "late",
+        "status": "error",
+        "code": "deadline_exceeded",
+        "message": "no first token within deadline_ms 200",
+    }
+    assert upstream.sent_frames == [{"id": late_uid, "op": Op.CANCEL}]  # the worker stops it
+    assert state.admission.inflight.inflight == 1 and state.admission.tokens.held == fast.grant.ask.cost
+    assert state.accounting.deadlines == {"met": 1, "expired": 1}
+    assert state.accounting.failed["deadline_exceeded"] == 1
+    # Both taught the endpoint's TTFT model: the expired one as a TTFT of at least its deadline.
+    assert state.admission.pool.endpoints[0].ttft.samples == 2
+    # The link no longer routes the worker's own final reply for it (it drops it when it comes).
+    assert late_uid not in upstream.link.inflight and fast_uid in upstream.link.inflight
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+def test_a_request_that_ends_before_its_deadline_leaves_no_timer_behind() -> None:
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, clock=clock, upstream=upstream, timers=timers)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a", deadline_ms=50))
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "", "eos"))  # a done with no token first
+    clock.advance(1.0)
+    assert timers.fire_due() == 0 and [r["status"] for r in replies(writes)] == ["done"]

@@ -1,0 +1,223 @@
+"""One admission decision over every limit: the pool's hard caps over each endpoint's soft ones,
+all-or-nothing, on a simulated clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from governor.admission.buckets import TokenBucket
+from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.limits import Grant, Refusal
+from govwire.vocab import YieldReason
+from tests.fakes import make_state
+
+
+def admission(
+    *limits: EndpointLimits, qps: float = 0.0, burst: float = 0.0, capacity: int = 100, max_inflight: int = 1000
+) -> Admission:
+    endpoints = [Endpoint(f"e{i}", lim, now=0.0) for i, lim in enumerate(limits)]
+    for e in endpoints:
+        e.up = True
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, base_ms=40), max_inflight)
+    a = Admission(endpoints, max_inflight, qps, burst, hints, now=0.0)
+    a.pool.default_capacity = capacity
+    return a
+
+
+def routed(decision: Grant | Refusal) -> Endpoint:
+    assert isinstance(decision, Grant) and decision.endpoint is not None, decision
+    return decision.endpoint
+
+
+def refused(decision: Grant | Refusal) -> tuple[str, int]:
+    assert isinstance(decision, Refusal), decision
+    return decision.reason, decision.hint_ms
+
+
+def test_the_bucket_refills_at_its_rate_and_says_exactly_when_the_next_token_comes() -> None:
+    b = TokenBucket(rate=10.0, burst=2.0, now=0.0)
+    b.take()
+    b.take()
+    assert b.wait_s(0.0) == pytest.approx(0.1)
+    assert b.wait_s(0.05) == pytest.approx(0.05)
+    assert b.level(1.0) == 2.0  # never above the burst
+
+
+def test_load_follows_the_endpoint_caps_and_weights() -> None:
+    a = admission(EndpointLimits(concurrency=1), EndpointLimits(concurrency=3), EndpointLimits(weight=2.0), capacity=2)
+    # relative load = inflight / (cap * weight); an uncapped endpoint counts the default capacity (2)
+    picks = [routed(a.decide(0.0)) for _ in range(8)]
+    assert [e.name for e in picks] == ["e0", "e1", "e2", "e2", "e1", "e2", "e1", "e2"]
+    assert [e.inflight for e in a.pool.endpoints] == [1, 3, 4]  # each at its share: 1/1, 3/3, 4/(2*2)
+    assert routed(a.decide(0.0)) is a.pool.endpoints[2]  # the capped ones are full; the uncapped one takes the rest
+
+
+def test_equal_endpoints_take_turns() -> None:
+    a = admission(EndpointLimits(), EndpointLimits(), EndpointLimits())
+    names = []
+    for _ in range(6):
+        grant = a.decide(0.0)
+        names.append(routed(grant).name)
+        a.release(grant, executed=True)  # type: ignore[arg-type]
+    assert names == ["e0", "e1", "e2", "e0", "e1", "e2"]
+
+
+def test_each_limit_names_itself_and_a_refusal_charges_nothing() -> None:
+    a = admission(EndpointLimits(concurrency=1), EndpointLimits(qps=1.0), qps=100.0, burst=3.0)
+    first, second = a.decide(0.0), a.decide(0.0)
+    routed(first), routed(second)
+    assert refused(a.decide(0.0)) == (YieldReason.ENDPOINT_QPS, 1000)  # e0 full, e1 out of tokens
+    bucket = a.rate.bucket
+    assert bucket is not None and bucket.level(0.0) == 1.0  # the refused request took no pool token
+    e1 = a.pool.endpoints[1]
+    e1.bucket, e1.limits = None, EndpointLimits(concurrency=1)
+    assert refused(a.decide(0.0)) == (YieldReason.ENDPOINT_INFLIGHT, 40)  # the service-time estimate
+    a.release(first, executed=True)  # type: ignore[arg-type]
+    third = a.decide(0.0)  # the pool's last token
+    routed(third)
+    a.release(third, executed=True)  # type: ignore[arg-type]
+    assert refused(a.decide(0.0)) == (YieldReason.QPS, 10)
+    assert a.pool.endpoints[0].inflight == 0 and a.inflight.inflight == 1
+
+
+def test_the_global_cap_and_draining_come_before_the_pool() -> None:
+    a = admission(EndpointLimits(concurrency=1), max_inflight=1)
+    routed(a.decide(0.0))
+    assert refused(a.decide(0.0))[0] == YieldReason.INFLIGHT  # the endpoint is full too: global first
+    a.start_draining()
+    assert refused(a.decide(0.0))[0] == YieldReason.DRAINING
+
+
+def test_with_no_endpoint_up_a_request_is_admitted_without_one() -> None:
+    a = admission(EndpointLimits(), EndpointLimits())
+    a.pool.endpoints[0].up = False
+    assert all(routed(a.decide(0.0)) is a.pool.endpoints[1] for _ in range(3))
+    a.pool.endpoints[1].up = False
+    grant = a.decide(0.0)  # dispatch then answers worker_unavailable
+    assert isinstance(grant, Grant) and grant.endpoint is None and a.inflight.inflight == 4
+    a.release(grant, executed=False)
+    assert a.inflight.inflight == 3
+
+
+def test_refund_returns_the_tokens_of_an_unused_grant() -> None:
+    a = admission(EndpointLimits(qps=5.0, burst=1.0), qps=5.0, burst=1.0)
+    grant = a.decide(0.0)
+    routed(grant)
+    a.refund(grant)  # type: ignore[arg-type]
+    a.release(grant, executed=False)  # type: ignore[arg-type]
+    routed(a.decide(0.0))  # both buckets had their token back
+
+
+ENDPOINTS = st.lists(
+    st.builds(
+        EndpointLimits,
+        concurrency=st.integers(0, 4),
+        qps=st.sampled_from([0.0, 2.0, 5.0, 50.0]),
+        burst=st.sampled_from([0.0, 1.0, 3.0]),
+        weight=st.sampled_from([1.0, 2.0]),
+    ),
+    min_size=1,
+    max_size=4,
+)
+EVENTS = st.lists(
+    st.tuples(st.sampled_from(["arrive", "arrive", "arrive", "finish", "tick", "flip"]), st.integers(0, 10**6)),
+    max_size=200,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ENDPOINTS, st.integers(1, 6), st.sampled_from([0.0, 3.0, 20.0]), st.sampled_from([0.0, 1.0, 4.0]), EVENTS)
+def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
+    limits: list[EndpointLimits], max_inflight: int, qps: float, burst: float, events: list[tuple[str, int]]
+) -> None:
+    a = admission(*limits, qps=qps, burst=burst, capacity=max_inflight, max_inflight=max_inflight)
+    endpoints = a.pool.endpoints
+    now = 0.0
+    running: list[Grant] = []
+    admitted: list[tuple[float, Endpoint | None]] = []
+
+    def levels() -> list[float | None]:
+        return [b.level(now) if b else None for b in [a.rate.bucket, *(e.bucket for e in endpoints)]]
+
+    for kind, n in events:
+        if kind == "tick":
+            now += (n % 1000) / 2000  # up to 0.5 s
+        elif kind == "flip":
+            e = endpoints[n % len(endpoints)]
+            e.up = not e.up
+        elif kind == "finish" and running:
+            a.release(running.pop(n % len(running)), executed=True)
+        elif kind == "arrive":
+            before = (levels(), [e.inflight for e in endpoints], a.inflight.inflight)
+            got = a.decide(now)
+            if isinstance(got, Grant):
+                running.append(got)
+                admitted.append((now, got.endpoint))
+            else:
+                assert (levels(), [e.inflight for e in endpoints], a.inflight.inflight) == before
+        assert a.inflight.inflight <= max_inflight and a.inflight.inflight == len(running)
+        assert sum(e.inflight for e in endpoints) == sum(g.endpoint is not None for g in running)
+        for e in endpoints:
+            assert not e.limits.concurrency or e.inflight <= e.limits.concurrency
+    # admissions in any window [t_i, t_j] never exceed rate * (t_j - t_i) + burst
+    windows: list[tuple[float, float, list[float]]] = [
+        (qps, burst or max(1.0, qps), [t for t, _ in admitted]) if qps else (0.0, 0.0, [])
+    ]
+    for e in endpoints:
+        if e.limits.qps:
+            times = [t for t, x in admitted if x is e]
+            windows.append((e.limits.qps, e.limits.burst or max(1.0, e.limits.qps), times))
+    for rate, allowance, times in windows:
+        for i in range(len(times)):
+            for j in range(i, len(times)):
+                assert j - i + 1 <= rate * (times[j] - times[i]) + allowance + 1e-9
+
+
+def test_clients_refused_together_are_told_successive_tokens() -> None:
+    a = admission(EndpointLimits(), qps=10.0, burst=1.0)
+    routed(a.decide(0.0))
+    hints = [refused(a.decide(0.02))[1] for _ in range(3)]
+    assert hints == [80, 180, 280]  # the next token, and the two after it
+    routed(a.decide(0.1))  # the first one, back on time, gets its token
+
+
+@pytest.mark.parametrize(
+    "bad", [{"burst": 0.5}, {"qps": math.nan}, {"weight": math.inf}, {"weight": 0.0}, {"concurrency": -1}]
+)
+def test_limits_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="endpoint limits"):
+        EndpointLimits(**bad)  # type: ignore[arg-type]
+
+
+def test_a_reroute_takes_an_endpoint_slot_but_not_a_second_global_token() -> None:
+    a = admission(EndpointLimits(), EndpointLimits(), qps=1.0, burst=1.0)
+    grant = a.decide(0.0)
+    lost = routed(grant)
+    assert refused(a.decide(0.0))[0] == YieldReason.QPS  # the global token is spent
+    lost.up = False
+    assert a.reroute(grant, 0.0)  # type: ignore[arg-type]
+    other = routed(grant)
+    assert other is not lost and (lost.inflight, lost.failed, other.inflight) == (0, 1, 1)
+    assert a.inflight.inflight == 1  # still one request, holding one global slot
+    other.up = False
+    assert not a.reroute(grant, 0.0)  # type: ignore[arg-type]
+    assert routed(grant) is other  # nowhere to go: nothing changed
+
+
+def test_an_endpoint_inflight_hint_is_the_service_time_over_the_endpoints_caps() -> None:
+    # 32 global slots, but one endpoint capped at 2: a slot frees every S / 2, not S / 32.
+    endpoint = Endpoint("e", EndpointLimits(concurrency=2), 1000.0)
+    endpoint.up = True
+    state = make_state(max_inflight=32, endpoints=[endpoint], hint_policy=RetryHintPolicy(jitter=0.0))
+    state.admission.hints.observe_service_time(0.1)
+    for _ in range(2):
+        assert not isinstance(state.admission.decide(1000.0), Refusal)
+    refusal = state.admission.decide(1000.0)
+    assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
+    assert 45 <= refusal.hint_ms <= 55, refusal.hint_ms

@@ -1,0 +1,456 @@
+"""Tenants and priority classes through the ingress on a simulated clock: who a frame is for, each
+tenant's own caps, fair shares near saturation, class ceilings; refusals leave no trace."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from governor.admission.cost import Ask
+from governor.admission.decision import Admission
+from governor.admission.fair_share import CONTENDING_S
+from governor.admission.hints import RetryHintPolicy
+from governor.admission.limits import Grant
+from governor.admission.priority import CeilingPolicy
+from governor.admission.tenant import TenantLimits, parse_tenant
+from governor.config import GovernorConfig
+from governor.config_file import read_config_file
+from governor.doors.ndjson import Ingress
+from governor.lifecycle import InflightRequest
+from governor.state import ServerState
+from govwire.auth import SharedSecret, TenantSecrets
+from govwire.codec import encode, generate_frame
+from govwire.options import ConfigError
+from govwire.vocab import DEFAULT_TENANT, Priority, YieldReason
+from tests.fakes import FakeClock, FakeTimers, FakeUpstream, done_frame, make_ingress, make_state, worker_sends
+
+
+def frame(rid: str, prompt: str = "hi", **fields: Any) -> bytes:
+    return encode(generate_frame(rid, prompt, **fields))
+
+
+def replies(writes: Any) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in writes.lines()]
+
+
+def finish(state: ServerState, request: InflightRequest, prompt_tokens: int = 1, completion_tokens: int = 1) -> None:
+    worker_sends(
+        state, done_frame(request.uid, "", "eos", prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    )
+
+
+# -- identity --------------------------------------------------------------------------------------
+
+
+def test_the_token_file_maps_secrets_to_tenants_and_a_lone_secret_to_the_default() -> None:
+    secrets = TenantSecrets.from_text("# comment\n\nalpha s3cret-a\nbeta  s3cret-b\nlone-secret\n", "f")
+    assert secrets.tenants == {"alpha", "beta", DEFAULT_TENANT}
+    assert [secrets.tenant_of(t) for t in ("s3cret-a", "s3cret-b", "lone-secret", "nope", 7)] == [
+        "alpha",
+        "beta",
+        DEFAULT_TENANT,
+        None,
+        None,
+    ]
+    assert "s3cret" not in repr(secrets)
+    for bad, why in (
+        ("a b c\n", "SECRET or TENANT SECRET"),
+        ("bad/name s\n", "a tenant is"),
+        ("a s\nb s\n", "twice"),
+        ("# nothing\n", "empty"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            TenantSecrets.from_text(bad, "f")
+
+
+def test_an_authenticated_connection_cannot_act_as_another_tenant() -> None:
+    secrets = TenantSecrets.from_text("alpha sa\nbeta sb\n", "f")
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, upstream=upstream, auth=secrets)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(b'{"op": "auth", "token": "sa"}\n')
+    assert ingress.tenant == "alpha"
+    ingress.receive_data(frame("x", tenant="beta") + frame("y", tenant="alpha") + frame("z"))
+    out = replies(writes)
+    assert [(r["status"], r.get("code"), r.get("id")) for r in out] == [
+        ("authenticated", None, None),
+        ("error", "tenant_mismatch", "x"),
+    ]
+    tenants = {t.name: t for t in state.admission.tenants}
+    assert (tenants["alpha"].inflight, tenants["beta"].tally.admitted, tenants["beta"].tally.yielded_total) == (2, 0, 0)
+    # A later auth frame with the other tenant's secret cannot switch the connection's identity.
+    ingress.receive_data(b'{"op": "auth", "token": "sb", "id": "again"}\n')
+    assert replies(writes)[-1]["code"] == "tenant_mismatch" and ingress.tenant == "alpha" and not ingress.closing
+    assert state.accounting.rejected["tenant_mismatch"] == 2
+
+
+def test_under_tenant_from_frame_the_field_names_the_tenant_and_unknown_names_are_the_default() -> None:
+    state = make_state(max_inflight=8, tenants={"alpha": TenantLimits(max_inflight=1)}, tenant_from_frame=True)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a", tenant="alpha") + frame("b", tenant="alpha") + frame("c", tenant="stranger"))
+    assert [r.get("reason") for r in replies(writes)] == [YieldReason.TENANT_INFLIGHT]
+    tenants = {t.name: t for t in state.admission.tenants}
+    assert (tenants["alpha"].inflight, tenants[DEFAULT_TENANT].inflight) == (1, 1)
+    assert tenants["alpha"].tally.yielded[YieldReason.TENANT_INFLIGHT] == 1
+    ingress.receive_data(frame("d", tenant=["not", "a", "name"]))  # admitted as the default, then refused
+    assert replies(writes)[-1]["code"] == "bad_frame" and tenants[DEFAULT_TENANT].inflight == 1
+
+
+def test_tenants_come_from_flags_and_config_tables(tmp_path: Any) -> None:
+    assert parse_tenant("batch,weight=0.5,max_inflight=4,max_tokens_per_s=100") == (
+        "batch",
+        TenantLimits(weight=0.5, max_inflight=4, max_tokens_per_s=100.0),
+    )
+    for bad in ("x y", "a,weight=0", "a,color=red", "a,max_qps=fast", "a,qps_burst=0.5"):
+        with pytest.raises(ValueError):
+            parse_tenant(bad)
+    path = tmp_path / "governor.toml"
+    path.write_text('[[tenant]]\nname = "interactive"\nweight = 3\nmax_inflight = 8\n[[tenant]]\nname = "batch"\n')
+    values = read_config_file(str(path))
+    config = GovernorConfig(**values)
+    assert config.tenant_limits() == {"interactive": TenantLimits(weight=3.0, max_inflight=8), "batch": TenantLimits()}
+    with pytest.raises(ConfigError, match="listed twice"):
+        GovernorConfig(tenant=("a", "a,weight=2"))
+    path.write_text('[[tenant]]\nname = "x"\ncolour = 1\n')
+    with pytest.raises(ConfigError, match="tenant 1 needs"):
+        read_config_file(str(path))
+    with pytest.raises(ConfigError, match="ceilings"):
+        GovernorConfig(sheddable_ceiling=0.99, standard_ceiling=0.9)
+
+
+# -- caps, shares, classes -------------------------------------------------------------------------
+
+
+def test_a_tenant_cap_and_its_hint() -> None:
+    clock = FakeClock()
+    state = make_state(
+        max_inflight=8,
+        clock=clock,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(max_qps=10.0, qps_burst=1.0)},
+        tenant_from_frame=True,
+    )
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("1", tenant="a") + frame("2", tenant="a") + frame("3", tenant="a"))
+    # The bucket's exact refill, booked one after another.
+    assert [(r["reason"], r["retry_hint_ms"]) for r in replies(writes)] == [("tenant_qps", 100), ("tenant_qps", 200)]
+    clock.advance(0.1)
+    ingress.receive_data(frame("2", tenant="a"))
+    assert state.admission.tenants.resolve("a").inflight == 2
+
+
+def test_a_request_larger_than_its_tenants_budget_is_over_budget() -> None:
+    state = make_state(max_inflight=4, tenants={"a": TenantLimits(max_inflight_tokens=20)}, tenant_from_frame=True)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("big", "x" * 40, max_new_tokens=16, tenant="a"))  # 10 + 16 > 20
+    (reply,) = replies(writes)
+    assert (reply["code"], reply["id"]) == ("over_budget", "big") and "tenant a's max_inflight_tokens" in reply[
+        "message"
+    ]
+
+
+def test_a_lone_tenant_uses_every_slot_and_never_yields_for_its_share() -> None:
+    state = make_state(max_inflight=4, tenants={"a": TenantLimits(), "b": TenantLimits()}, tenant_from_frame=True)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(b"".join(frame(str(i), tenant="a") for i in range(6)))
+    assert [r["reason"] for r in replies(writes)] == ["inflight", "inflight"]
+    assert state.admission.inflight.inflight == 4
+
+
+def test_past_the_threshold_the_tenant_ahead_yields_and_the_one_behind_gets_in() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(
+        max_inflight=10,
+        clock=clock,
+        upstream=upstream,
+        tenants={"a": TenantLimits(), "b": TenantLimits()},
+        tenant_from_frame=True,
+        share_threshold=0.5,
+    )
+    a, a_writes = make_ingress(state)
+    b, b_writes = make_ingress(state)
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(12)))  # a alone: all 10 slots
+    assert len(a.active) == 10 and not state.accounting.yielded[YieldReason.TENANT_SHARE]
+    b.receive_data(frame("b0", tenant="b"))  # full: b is refused, contends, and is lifted to a's counter
+    assert replies(b_writes)[-1]["reason"] == "inflight"
+    assert state.admission.tenants.resolve("b").service == state.admission.tenants.resolve("a").service
+    for request in list(a.active.values())[:4]:
+        finish(state, request, 1, 16)  # settled at what they reserved ("hi": 1 token, + 16): 6 in flight
+    a.receive_data(frame("a-more", tenant="a") + frame("a-again", tenant="a"))  # even, then a is ahead
+    assert replies(a_writes)[-1]["reason"] == YieldReason.TENANT_SHARE and len(a.active) == 7
+    b.receive_data(b"".join(frame(f"b{i}", tenant="b") for i in range(1, 4)))  # b catches up, and passes a
+    assert len(b.active) == 2 and replies(b_writes)[-1]["reason"] == YieldReason.TENANT_SHARE
+    a.receive_data(frame("a-again", tenant="a"))  # a's turn: the last slot
+    assert len(a.active) == 8 and state.admission.inflight.inflight == 10
+    # Once nobody else contends (b stops asking), a gets everything again.
+    for request in list(b.active.values()):
+        finish(state, request, 1, 16)
+    clock.advance(CONTENDING_S + 0.1)
+    a.receive_data(b"".join(frame(f"a-later{i}", tenant="a") for i in range(4)))
+    assert state.admission.inflight.inflight == 10 and replies(a_writes)[-1]["reason"] == "inflight"
+
+
+def test_class_ceilings_hold_headroom_only_while_a_higher_class_is_around() -> None:
+    clock = FakeClock()
+    state = make_state(max_inflight=10, clock=clock, ceilings=CeilingPolicy(0.5, 0.8, hold_s=5.0))
+    ingress, writes = make_ingress(state)
+    # Only sheddable traffic: no higher class to hold headroom for, so every slot is usable.
+    ingress.receive_data(b"".join(frame(f"s{i}", priority="sheddable") for i in range(3)))
+    ingress.receive_data(frame("c0", priority="critical"))
+    ingress.receive_data(b"".join(frame(f"x{i}", priority="sheddable") for i in range(3)))
+    assert state.admission.inflight.inflight == 5  # a critical frame came: sheddable stops at 50%
+    assert [r["reason"] for r in replies(writes)] == ["inflight"] * 2
+    ingress.receive_data(b"".join(frame(f"t{i}", priority="standard") for i in range(5)))
+    assert state.admission.inflight.inflight == 8  # standard stops at 80%
+    ingress.receive_data(b"".join(frame(f"c{i}", priority="critical") for i in range(1, 4)))
+    assert state.admission.inflight.inflight == 10  # critical goes to the hard cap
+    classes = state.accounting.classes
+    assert [classes[p].inflight for p in Priority] == [3, 3, 4]  # critical, standard, sheddable
+    assert classes[Priority.CRITICAL].yielded["inflight"] == 1
+    assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 0.5
+    clock.advance(5.1)  # no critical or standard frame for hold_s: the ceilings lift
+    assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 1.0
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+
+class TenantMachine(RuleBasedStateMachine):
+    """Frames of three tenants (one with every cap) and three classes, completions with real
+    counts, disconnects and time passing, over a global cap, a global token budget and fair shares."""
+
+    MAX_INFLIGHT = 8
+    BUDGET = 400
+    CAPS = TenantLimits(
+        weight=2.0, max_inflight=3, max_qps=4.0, qps_burst=2.0, max_inflight_tokens=150, max_tokens_per_s=80.0
+    )
+    THRESHOLD = 0.5
+    CEILINGS = CeilingPolicy(0.6, 0.85, hold_s=1.0)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.upstream = FakeUpstream()
+        self.state = make_state(
+            max_inflight=self.MAX_INFLIGHT,
+            clock=self.clock,
+            upstream=self.upstream,
+            timers=FakeTimers(self.clock),
+            max_inflight_tokens=self.BUDGET,
+            tenants={"capped": self.CAPS, "plain": TenantLimits(weight=1.0)},
+            tenant_from_frame=True,
+            share_threshold=self.THRESHOLD,
+            ceilings=self.CEILINGS,
+        )
+        self.conns: list[Ingress] = [make_ingress(self.state)[0] for _ in range(2)]
+        self.n = 0
+
+    def tenant(self, name: str) -> Any:
+        return self.state.admission.tenants.resolve(name)
+
+    def live(self) -> list[InflightRequest]:
+        return [r for c in self.conns for r in c.active.values()]
+
+    def snapshot(self) -> tuple[Any, ...]:
+        a, acc = self.state.admission, self.state.accounting
+        now = self.clock()
+        tenants = [
+            (
+                t.name,
+                t.inflight,
+                t.tokens,
+                None if t.qps_bucket is None else round(t.qps_bucket.level(now), 9),
+                None if t.token_bucket is None else round(t.token_bucket.level(now), 9),
+                t.tally.admitted,
+                t.tally.settled,
+                t.tally.tokens_settled,
+            )
+            for t in a.tenants
+        ]
+        classes = [(p, c.admitted, c.settled) for p, c in acc.classes.items()]
+        return (a.inflight.inflight, a.tokens.held, acc.tokens_reserved, acc.executed, tenants, classes)
+
+    @rule(
+        conn=st.integers(0, 1),
+        who=st.sampled_from(["capped", "plain", "stranger", None]),
+        priority=st.sampled_from([None, "critical", "standard", "sheddable"]),
+        chars=st.integers(0, 240),
+        max_new=st.integers(1, 40),
+    )
+    def send(self, conn: int, who: str | None, priority: str | None, chars: int, max_new: int) -> None:
+        self.n += 1
+        fields: dict[str, Any] = {"max_new_tokens": max_new}
+        if who is not None:
+            fields["tenant"] = who
+        if priority is not None:
+            fields["priority"] = priority
+        admission = self.state.admission
+        ask = self.state.costs.ask({"prompt": "p" * chars, "max_new_tokens": max_new})
+        usage = admission.fair.usage(1, ask.cost)
+        before = self.snapshot()
+        yielded = dict(self.state.accounting.yielded)
+        rejected = self.state.accounting.rejected_total
+        ingress = self.conns[conn]
+        ingress.receive_data(frame(f"r{self.n}", "p" * chars, **fields))
+        request = ingress.active.get(f"r{self.n}")
+        if request is None:
+            if self.state.accounting.yielded != yielded or self.state.accounting.rejected_total != rejected:
+                assert self.snapshot() == before  # a refusal leaves no trace on any count or capacity
+            if self.state.accounting.yielded[YieldReason.TENANT_SHARE] != yielded[YieldReason.TENANT_SHARE]:
+                assert usage > self.THRESHOLD  # with room left nobody yields for its share
+            return
+        # Admitted: under its class's ceiling of every cap (when the ceiling applied).
+        ceiling = request.grant.ask.ceiling
+        assert ceiling in (1.0, self.CEILINGS.sheddable, self.CEILINGS.standard)
+        assert admission.inflight.inflight <= self.MAX_INFLIGHT * ceiling + 1e-9
+        assert admission.tokens.held <= self.BUDGET * ceiling + 1e-9
+        tenant = request.grant.ask.tenant
+        assert tenant is not None and tenant.name == (who if who in ("capped", "plain") else DEFAULT_TENANT)
+        if tenant.name == "capped":
+            assert tenant.inflight <= self.CAPS.max_inflight * ceiling + 1e-9
+            assert tenant.tokens <= self.CAPS.max_inflight_tokens * ceiling + 1e-9
+
+    @precondition(lambda self: self.live())
+    @rule(data=st.data(), prompt_tokens=st.integers(0, 60), completion=st.integers(0, 40))
+    def worker_finishes_one(self, data: st.DataObject, prompt_tokens: int, completion: int) -> None:
+        request = data.draw(st.sampled_from(self.live()))
+        finish(self.state, request, prompt_tokens, min(completion, request.grant.ask.max_new_tokens))
+
+    @rule(conn=st.integers(0, 1))
+    def disconnect(self, conn: int) -> None:
+        self.conns[conn].connection_lost()
+        self.conns[conn] = make_ingress(self.state)[0]
+
+    @rule(seconds=st.floats(0, 1.5))
+    def time_passes(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @invariant()
+    def caps_hold_and_every_tenant_holds_what_its_live_requests_reserved(self) -> None:
+        live = self.live()
+        admission, acc = self.state.admission, self.state.accounting
+        assert admission.inflight.inflight == len(live) <= self.MAX_INFLIGHT
+        assert admission.tokens.held <= self.BUDGET
+        for tenant in admission.tenants:
+            mine = [r for r in live if r.grant.ask.tenant is tenant]
+            assert tenant.inflight == tenant.tally.inflight == len(mine)
+            assert tenant.tokens == sum(r.grant.ask.cost for r in mine)
+        capped = self.tenant("capped")
+        assert capped.inflight <= self.CAPS.max_inflight and capped.tokens <= self.CAPS.max_inflight_tokens
+        for priority, tally in acc.classes.items():
+            assert tally.inflight == sum(1 for r in live if r.grant.ask.priority is priority)
+        assert acc.unbalanced_by(admission.inflight.inflight) == 0
+        assert sum(t.tally.admitted for t in admission.tenants) == sum(c.admitted for c in acc.classes.values())
+        assert sum(t.tally.yielded_total for t in admission.tenants) == acc.yielded_total
+
+    def teardown(self) -> None:
+        for conn in self.conns:
+            conn.connection_lost()
+        assert all(t.inflight == 0 and t.tokens == 0 for t in self.state.admission.tenants)
+
+
+TestTenantMachine = TenantMachine.TestCase
+TestTenantMachine.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+
+
+def backlogged_run(
+    admission: Admission, weights: tuple[float, float], costs: tuple[list[int], list[int]], lives: list[int], steps: int
+) -> tuple[list[tuple[float, float]], list[float]]:
+    """Two tenants that always want more: every step each offers frames until refused; requests
+    live a random number of steps. Returns each step's cumulative admitted cost per tenant and
+    the counters' gap after each step."""
+    tenants = [admission.tenants.resolve(name) for name in ("a", "b")]
+    running: list[tuple[int, Grant]] = []
+    admitted = [0.0, 0.0]
+    cumulative: list[tuple[float, float]] = []
+    gaps: list[float] = []
+    for step in range(steps):
+        now = step * 0.01
+        for i in (step % 2, 1 - step % 2):  # who asks first alternates
+            for k in range(50):
+                cost = costs[i][(step + k) % len(costs[i])]
+                ask = Ask(cost=cost, tenant=tenants[i])
+                grant = admission.decide(now, ask)
+                if not isinstance(grant, Grant):
+                    break
+                admitted[i] += cost
+                running.append((step + lives[(step + k + i) % len(lives)], grant))
+        still = []
+        for end, grant in running:
+            if end <= step:
+                grant.used = grant.ask.cost
+                admission.release(grant, executed=True)
+            else:
+                still.append((end, grant))
+        running = still
+        cumulative.append((admitted[0], admitted[1]))
+        gaps.append(abs(tenants[0].service - tenants[1].service))
+    return cumulative, gaps
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.sampled_from([(1.0, 1.0), (3.0, 1.0), (1.0, 4.0)]),
+    costs_a=st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    costs_b=st.lists(st.integers(1, 60), min_size=1, max_size=6),
+    lives=st.lists(st.integers(1, 6), min_size=1, max_size=6),
+)
+def test_two_backlogged_tenants_share_contended_capacity_by_weight_within_the_bound(
+    weights: tuple[float, float], costs_a: list[int], costs_b: list[int], lives: list[int]
+) -> None:
+    """With every admission contended (threshold 0), the counters never differ by more than
+    2 * C_max / w_min, and the weighted admitted cost over any window differs by at most twice that."""
+    state = make_state(
+        max_inflight=6,
+        tenants={"a": TenantLimits(weight=weights[0]), "b": TenantLimits(weight=weights[1])},
+        share_threshold=0.0,
+    )
+    cumulative, gaps = backlogged_run(state.admission, weights, (costs_a, costs_b), lives, steps=300)
+    bound = 2 * max(costs_a + costs_b) / min(weights)
+    assert max(gaps[2:]) <= bound + 1e-9
+    weighted = [(a / weights[0], b / weights[1]) for a, b in cumulative]
+    for start in range(2, len(weighted), 7):
+        for end in range(start + 1, len(weighted), 13):
+            served_a = weighted[end][0] - weighted[start][0]
+            served_b = weighted[end][1] - weighted[start][1]
+            assert abs(served_a - served_b) <= 2 * bound + 1e-9
+    # From when both contend (the lift forgave b what a took alone before): the shares follow the weights.
+    served_a, served_b = (cumulative[-1][i] - cumulative[2][i] for i in (0, 1))
+    assert served_a > 0 and served_b > 0
+    assert abs(served_a / weights[0] - served_b / weights[1]) <= 2 * bound + 1e-9
+
+
+def test_a_tenant_refused_at_the_cap_is_booked_on_its_own_timeline_at_its_share_of_the_releases() -> None:
+    state = make_state(
+        max_inflight=4,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(), "b": TenantLimits()},
+        tenant_from_frame=True,
+    )
+    state.admission.hints.observe_service_time(0.4)  # a slot frees every 100 ms at saturation
+    a, a_writes = make_ingress(state)
+    b, b_writes = make_ingress(state)
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(8)))
+    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [100, 200, 300, 400]  # a alone: every release
+    # b contends now: half the releases are its own, every 200 ms, whatever a's crowd was told.
+    b.receive_data(frame("b0", tenant="b") + frame("b1", tenant="b"))
+    assert [(r["reason"], r["retry_hint_ms"]) for r in replies(b_writes)] == [("inflight", 200), ("inflight", 400)]
+    a.receive_data(frame("a9", tenant="a"))
+    assert replies(a_writes)[-1]["retry_hint_ms"] == 600  # after a's own appointments, at half the rate
+
+
+def test_the_shipped_placeholder_secret_is_refused() -> None:
+    shipped = yaml.safe_load((Path(__file__).resolve().parents[3] / "deploy/k8s/secret.yaml").read_text())
+    for value in shipped["stringData"].values():
+        with pytest.raises(ValueError, match="placeholder"):
+            SharedSecret.from_text(value, "worker-token")
+        with pytest.raises(ValueError, match="placeholder"):
+            TenantSecrets.from_text(f"alpha {value}\n", "client-token")

@@ -1,0 +1,299 @@
+"""The HTTP front door's core (doors/http.py), sans IO: request bytes in, response bytes out."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httptools
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from governor.accounting import ShedReason
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.hints import RetryHintPolicy
+from governor.doors.http import HttpIngress, HttpLimits
+from governor.state import ServerState
+from govwire.codec import encode_token
+from govwire.errors import BadFrame
+from govwire.request import IntegrityMode
+from tests.fakes import FakeClock, FakeTransportWrites, FakeUpstream, done_frame, make_state
+
+
+@dataclass
+class Parsed:
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+
+
+@dataclass
+class Responses:
+    """Responses read back with httptools' response parser."""
+
+    done: list[Parsed] = field(default_factory=list)
+    _headers: dict[str, str] = field(default_factory=dict)
+    _body: list[bytes] = field(default_factory=list)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers[name.decode().lower()] = value.decode()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done.append(Parsed(self.parser.get_status_code(), self._headers, b"".join(self._body)))
+        self._headers, self._body = {}, []
+
+    @classmethod
+    def of(cls, data: bytes) -> list[Parsed]:
+        responses = cls()
+        responses.parser = httptools.HttpResponseParser(responses)  # type: ignore[attr-defined]
+        responses.parser.feed_data(data)  # type: ignore[attr-defined]
+        return responses.done
+
+
+def post(body: dict[str, Any] | bytes, *headers: str, close: bool = False) -> bytes:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    lines = ["POST /v1/completions HTTP/1.1", "host: x", f"content-length: {len(data)}", *headers]
+    if close:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+def completion(prompt: str = "hi", **fields: Any) -> dict[str, Any]:
+    return {"model": "gpt2", "prompt": prompt, "max_tokens": 4, **fields}
+
+
+class Client:
+    def __init__(self, state: ServerState, limits: HttpLimits | None = None) -> None:
+        self.writes = FakeTransportWrites()
+        self.closed: list[ShedReason | None] = []
+        self.backlog: list[bool] = []
+        self.core = HttpIngress(
+            state, self.writes, limits or HttpLimits(), ["gpt2"], self.backlog.append, self.closed.append
+        )
+
+    def send(self, data: bytes) -> list[Parsed]:
+        self.core.receive_data(data)
+        return self.responses()
+
+    def responses(self) -> list[Parsed]:
+        return Responses.of(b"".join(self.writes.chunks))
+
+
+def balanced(state: ServerState) -> bool:
+    return state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
+    state = make_state(
+        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0, base_ms=1500)
+    )
+    assert Client(state).send(post(completion())) == []  # admitted: its response comes with its completion
+    (refused,) = Client(state).send(post(completion()))
+    assert refused.status == 429
+    assert refused.headers["retry-after-ms"] == "1500" and refused.headers["retry-after"] == "2"
+    error = orjson.loads(refused.body)["error"]
+    assert error["code"] == "inflight" and error["retry_hint_ms"] == 1500 and error["type"] == "rate_limit_error"
+    assert state.accounting.yielded["inflight"] == 1 and balanced(state)
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    assert client.send(post(completion("a")) + post(completion("b"))) == []  # b waits for a's response
+    (uid_a,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid_a, "A", completion_tokens=1))
+    first = client.responses()
+    assert [r.status for r in first] == [200] and orjson.loads(first[0].body)["choices"][0]["text"] == "A"
+    uid_b = [u for u in upstream.dispatched if u != uid_a][0]  # b was dispatched once a was answered
+    _, generate_b = upstream.dispatched[uid_b]
+    assert generate_b.prompt == "b"
+    upstream.worker_sends(done_frame(uid_b, "B", completion_tokens=1))
+    assert [orjson.loads(r.body)["choices"][0]["text"] for r in client.responses()] == ["A", "B"]
+    assert state.accounting.executed == 2 and balanced(state)
+
+
+def test_a_stream_sends_its_head_with_the_first_token_then_events_and_done() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    client.send(post(completion(stream=True, stream_options={"include_usage": True})))
+    assert client.writes.chunks == []  # no status before the first token
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(encode_token(uid, 0, 7, "Hi"), done_frame(uid, "Hi", "length", completion_tokens=1))
+    (streamed,) = client.responses()
+    assert streamed.status == 200 and streamed.headers["content-type"] == "text/event-stream"
+    events = [e for e in streamed.body.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    chunks = [orjson.loads(e[6:]) for e in events[:-1]]
+    assert chunks[0]["choices"][0]["text"] == "Hi"
+    assert chunks[1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 1
+
+
+def test_a_busy_endpoint_before_the_first_token_is_a_late_429_and_balances() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    client.send(post(completion(stream=True)))
+    ((uid, (request, _)),) = upstream.dispatched.items()
+    state.admission.pool.endpoints[0].paused_until = state.clock() + 0.25  # nowhere to re-route
+    state.lifecycle.busy(request, 250)
+    request.owner.flush()
+    (late,) = client.responses()
+    assert late.status == 429 and late.headers["retry-after-ms"] == "250"
+    assert orjson.loads(late.body)["error"]["code"] == "endpoint_busy"
+    assert state.accounting.yielded["endpoint_busy"] == 1 and balanced(state)
+    (refused,) = Client(state).send(post(completion()))  # and the pool routes around the pause
+    assert refused.status == 429 and orjson.loads(refused.body)["error"]["code"] == "endpoint_busy"
+
+
+def test_content_digest_is_verified_and_required_under_integrity_required() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.REQUIRED)
+    body = orjson.dumps(completion())
+    good = "content-digest: sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
+    assert Client(state).send(post(body, good)) == []  # admitted
+    (missing,) = Client(state).send(post(body))
+    assert missing.status == 400 and b"Content-Digest" in missing.body
+    (wrong,) = Client(state).send(post(body, "content-digest: sha-256=:" + base64.b64encode(b"x" * 32).decode() + ":"))
+    assert wrong.status == 400 and orjson.loads(wrong.body)["error"]["code"] == "integrity"
+    assert state.admission.inflight.inflight == 1 and balanced(state)  # the failures were refunded
+
+
+def test_too_many_pipelined_requests_stop_the_reading() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(max_pipelined=2))
+    client.send(b"".join(post(completion(str(i))) for i in range(4)))  # one admitted, three wait
+    assert client.backlog == [True]
+
+
+def test_a_slow_request_times_out_with_408() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(request_timeout_s=1.0))
+    client.send(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n")
+    assert client.core.timeout(state.clock() + 0.5, 0) is None
+    reason, error = client.core.timeout(state.clock() + 1.5, 0)  # type: ignore[misc]
+    assert reason is ShedReason.SLOW_REQUEST and error is not None
+    (answer,) = Responses.of(client.core.last_words(error))
+    assert answer.status == 408
+
+
+PIECES = st.sampled_from([post(completion()), b"\r\n", b"GET / HTTP/1.1\r\n\r\n"])
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(st.binary(max_size=64), st.sampled_from([post(completion()), b"\r\n", b"GET / HTTP/1.1\r\n\r\n"]))
+    )
+)
+def test_any_bytes_get_responses_or_a_close_and_every_request_is_accounted(chunks: list[bytes]) -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state, HttpLimits(max_body_bytes=512))
+    for data in chunks:
+        client.send(data)
+        assert state.admission.inflight.inflight <= 1
+        assert balanced(state)
+    for parsed in client.responses():  # whatever came back parses as HTTP responses
+        assert parsed.status in (200, 400, 404, 405, 413, 429, 431, 503)
+    client.core.connection_lost()
+    assert state.admission.inflight.inflight == 0 and balanced(state)
+
+
+def test_a_request_rerouted_to_an_endpoint_that_cannot_take_it_still_gets_its_answer() -> None:
+    class RefusingSecond(FakeUpstream):
+        def dispatch(self, request: Any, generate: Any) -> None:
+            if self.dispatched:
+                raise BadFrame("chat messages need an OpenAI-compatible endpoint", request.client_id)
+            super().dispatch(request, generate)
+
+    clock = FakeClock()
+    endpoints = [Endpoint(name, EndpointLimits(), clock()) for name in ("a", "b")]
+    for e in endpoints:
+        e.up = True
+    upstream = RefusingSecond()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream, endpoints=endpoints, clock=clock)
+    client = Client(state)
+    client.send(post(completion()))
+    ((_, (request, _)),) = upstream.dispatched.items()
+    request.grant.endpoint.up = False  # its endpoint is lost: the re-route goes to the other one
+    state.lifecycle.lose(request, "connection lost")
+    request.owner.flush()
+    (answer,) = client.responses()
+    assert answer.status == 502 and orjson.loads(answer.body)["error"]["code"] == "worker_lost"
+    assert state.admission.inflight.inflight == 0 and all(e.inflight == 0 for e in endpoints) and balanced(state)
+
+
+def test_a_header_that_never_ends_is_431_without_waiting_for_it() -> None:
+    client = Client(make_state(integrity=IntegrityMode.OFF), HttpLimits(max_header_bytes=1024))
+    client.send(b"POST /v1/completions HTTP/1.1\r\nx-pad: ")
+    for _ in range(10):
+        client.send(b"x" * 500)
+    (answer,) = client.responses()
+    assert answer.status == 431 and client.core.closing is ShedReason.BAD_REQUEST
+
+
+def test_odd_field_types_are_400_and_counted_once_through_the_front_door() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state)
+    (answer,) = client.send(post(completion(priority=[1])))
+    assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "bad_frame"
+    assert state.accounting.received == state.accounting.http_received == 1 and balanced(state)
+
+
+def test_an_upgrade_is_one_400_and_one_count() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state)
+    body = orjson.dumps(completion())
+    (answer,) = client.send(post(body, "connection: upgrade", "upgrade: h2c"))
+    assert answer.status == 400 and b"upgrade" in answer.body
+    assert state.accounting.received == state.accounting.http_received == 1
+
+
+def test_nothing_is_read_after_a_connection_close_request() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF)
+    Client(state).send(post(completion()))  # hold the slot: the next request is answered at once
+    client = Client(state)
+    (answer,) = client.send(post(completion(), close=True) + b"GARBAGE AFTER\r\n\r\n")
+    assert answer.status == 429 and answer.headers["connection"] == "close"
+    assert client.closed == [None] and client.core.closing is None  # closed gracefully, not shed
+    assert state.accounting.http_received == 2 and balanced(state)
+
+
+def test_a_blank_line_between_requests_starts_no_timer() -> None:
+    state = make_state(integrity=IntegrityMode.OFF)
+    client = Client(state, HttpLimits(request_timeout_s=1.0))
+    client.send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+    client.send(b"\r\n")
+    assert client.core.timeout(state.clock() + 5.0, 0) is None
+
+
+def test_an_http_1_0_stream_is_not_chunked_and_ends_with_the_connection() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    data = orjson.dumps(completion(stream=True))
+    client.send(b"POST /v1/completions HTTP/1.0\r\ncontent-length: %d\r\n\r\n%s" % (len(data), data))
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "", "eos", completion_tokens=0))
+    written = b"".join(client.writes.chunks)
+    assert b"transfer-encoding" not in written and written.rstrip().endswith(b"data: [DONE]")
+    assert client.closed == [None]
+
+
+def test_a_large_read_of_pipelined_requests_is_not_mistaken_for_long_headers() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF)
+    Client(state).send(post(completion()))  # hold the slot: every request below is answered at once
+    client = Client(state, HttpLimits(max_header_bytes=1024))
+    data = b"".join(post(completion()) for _ in range(3000))
+    for at in range(0, len(data), 65536):
+        client.send(data[at : at + 65536])
+    statuses = [r.status for r in client.responses()]
+    assert statuses == [429] * 3000 and client.core.closing is None
