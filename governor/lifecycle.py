@@ -14,8 +14,8 @@ every settlement of a token cost, every count of an admitted request's fate and 
 observation happens in these transitions, so "exactly one final reply, its slots released exactly once" is
 read here (h11 keeps its state machine in one file for the same reason). A transition from the
 wrong phase is a bug and raises `LifecycleError`: it never frees a slot twice. Each transition that
-moves capacity calls the `Admission` method of the same name (`started`, `reroute`, `refund`,
-`release`, `expired`).
+moves capacity calls its counterpart in `Admission`: start → `started`, reroute → `reroute`,
+refuse → `refund`, settle → `release`, expire → `expired`.
 
 **Endings.** Which final reply a request gets is decided here, once for every door: the links
 call `finish` (the endpoint's `done`), `fail` (an error), `busy` (the endpoint was full before it
