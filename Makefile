@@ -106,9 +106,10 @@ bench-prefill: $(STAMP)  ## experiment 2: --prefill-max-batch-size 8 vs 32 under
 bench-schedule: $(STAMP)  ## experiment 3: relative vs absolute submit schedule, slow submit path on/off
 	$(PY) -m benchmarks.submit_schedule
 
-bench-overhead: $(STAMP)  ## experiment 4: yield path vs a bare server, admitted path vs --direct
+bench-overhead: $(STAMP)  ## experiment 4: yield path vs a bare server, admitted path vs --direct, both in-process
 	$(PY) -m benchmarks.yield_throughput --repeats 5 --seconds 3
 	$(PY) -m benchmarks.admitted_overhead
+	$(PY) -m benchmarks.inprocess_cost
 
 bench-sweep: $(STAMP)  ## experiment 6: load sweep 10-150% of capacity, with and without the cap
 	$(PY) -m benchmarks.load_sweep

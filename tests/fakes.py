@@ -127,8 +127,8 @@ class FakeUpstream:
 
     def worker_sends(self, *frames: dict[str, Any] | bytes) -> None:
         """Frames from the worker for the requests dispatched here, read by a real worker link
-        (links/worker_link.py, WorkerLink.data_received: a token by its bytes, any other frame parsed), which
-        ends them through the lifecycle and flushes their owners."""
+        (WorkerLink.data_received: a token by its bytes, any other frame parsed), which ends them
+        through the lifecycle and flushes their owners."""
         reader = WorkerLink(Address(path="fake"), Endpoint("fake", EndpointLimits(), 0.0))
         reader.inflight = self.link.inflight
         reader.lifecycle = self.lifecycle

@@ -180,9 +180,7 @@ def layer_of(module: str) -> str | None:
 def server_modules() -> list[Path]:
     """The governor's own modules (its clients and bench are checked above)."""
     governor = ROOT / "governor"
-    return [
-        p for p in sorted(governor.rglob("*.py")) if p.relative_to(governor).parts[0] not in ("client", "bench")
-    ]
+    return [p for p in sorted(governor.rglob("*.py")) if p.relative_to(governor).parts[0] not in ("client", "bench")]
 
 
 def test_every_module_of_the_server_is_in_a_layer_or_the_shell() -> None:

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
@@ -16,10 +17,14 @@ from governor.admission.limits import Grant
 from governor.lifecycle import InflightRequest
 from governor.links.health import HealthPolicy
 from governor.links.openai_link import OpenAILink
+from governor.links.upstream import Upstream
+from governor.state import ServerState
+from govwire.codec import encode, generate_frame
 from govwire.errors import GovernorError
 from govwire.messages import Completion
-from govwire.request import GenerateRequest
+from govwire.request import GenerateRequest, IntegrityMode
 from govwire.vocab import FinishReason
+from tests.fakes import FakeClock, make_ingress, make_state
 
 Handler = Callable[[httpx.Request], Any]
 SSE = {"content-type": "text/event-stream"}
@@ -198,3 +203,44 @@ def test_a_stream_cut_before_its_end_is_a_lost_worker() -> None:
     assert owner.events[0] == ("token", "a")
     kind, message = owner.events[-1]
     assert kind == "lost" and "without [DONE]" in message
+
+
+def test_through_a_door_the_lifecycle_ends_the_request_and_the_link_forgets_it() -> None:
+    """The whole path without sockets: the NDJSON door, admission, the lifecycle and this link."""
+    body = sse(
+        '{"choices":[{"text":"Hi"}]}',
+        '{"choices":[{"text":"","finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}',
+        "[DONE]",
+    )
+
+    async def route(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"" if request.url.path == "/health" else body, headers=SSE)
+
+    async def scenario() -> tuple[list[dict[str, Any]], ServerState, OpenAILink]:
+        clock = FakeClock()
+        endpoint = Endpoint("e", EndpointLimits(), clock())
+        upstream = Upstream([(OpenAITarget("http://up/v1", "m"), endpoint)])
+        link = upstream.links[0]
+        assert isinstance(link, OpenAILink)
+        link._transport = httpx.MockTransport(route)  # what OpenAILink(transport=...) sets
+        state = make_state(upstream=upstream, endpoints=[endpoint], clock=clock, integrity=IntegrityMode.OFF)
+        health = asyncio.create_task(link.maintain(HealthPolicy(0.05, 1.0, 5.0)))
+        for _ in range(100):
+            if endpoint.up:
+                break
+            await asyncio.sleep(0.01)
+        ingress, writes = make_ingress(state)
+        ingress.receive_data(encode(generate_frame("c", "hi", integrity=False)))
+        for _ in range(500):
+            if state.accounting.executed:
+                break
+            await asyncio.sleep(0.01)
+        health.cancel()
+        link.close()
+        return [orjson.loads(line) for line in writes.lines()], state, link
+
+    replies, state, link = asyncio.run(scenario())
+    assert replies[0] == {"id": "c", "status": "token", "index": 0, "token_id": None, "text": "Hi"}
+    assert (replies[1]["status"], replies[1]["text"], replies[1]["finish_reason"]) == ("done", "Hi", "eos")
+    assert not link.inflight  # answered: the link holds it no more (settled, then forgotten)
+    assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
