@@ -20,9 +20,10 @@ refuse → `refund`, settle → `release`, expire → `expired`.
 **Endings.** Which final reply a request gets is decided here, once for every door: the links
 call `finish` (the endpoint's `done`), `fail` (an error), `busy` (the endpoint was full before it
 started: re-routed once, else a late `endpoint_busy` yield) and `lose` (the endpoint was lost:
-re-routed once before the first token, else `worker_lost`); a closed connection is `abandon`ed and
-a missed deadline `expire`s. Each settles first, then asks the request's owner (a door) to render
-the reply (`send_done`, `send_error`, `send_yield`): the doors render and never choose.
+re-routed once before the first token, else `worker_lost`); a missed deadline `expire`s (a `fail`).
+Each settles first, then asks the request's owner (a door) to render the reply (`send_done`,
+`send_error`, `send_yield`): the doors render and never choose. A closed connection is `abandon`ed:
+its requests are settled and nothing is rendered.
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class LifecycleError(RuntimeError):
 class RequestOwner(Protocol):
     """The client connection an admitted request answers to (a door: the NDJSON `Ingress` or the
     HTTP `HttpIngress`). It only renders: the lifecycle has settled a request before it asks for
-    its final reply, and a link calls `flush` once per read for the owners it touched."""
+    its final reply, and has counted a token (`token`) before it is rendered. Whoever made it
+    render calls `flush` once it is done: a worker link after each read, the OpenAI link after
+    each chunk or ending, a deadline's timer, the drain."""
 
     active: dict[str, InflightRequest]
 
@@ -75,7 +78,8 @@ class RequestOwner(Protocol):
         the hot path, re-addressed as bytes by the NDJSON door."""
 
     def send_text(self, request: InflightRequest, text: str) -> None:
-        """Generated text from an endpoint that streams text (an OpenAI-compatible server)."""
+        """Generated text from an endpoint that streams text (an OpenAI-compatible server);
+        `request.tokens_seen` already counts it."""
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:
         """Its final reply: executed."""

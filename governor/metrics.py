@@ -126,7 +126,7 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
 def _token_families(
     state: ServerState, now: float
 ) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
-    """Token-cost admission (cost.py, limits.TokenBudget, limits.TokenRate) and deadlines."""
+    """Token-cost admission (admission/cost.py, limits.TokenBudget, limits.TokenRate) and deadlines."""
     admission, acc = state.admission, state.accounting
     yield GaugeMetricFamily(
         "governor_inflight_tokens", "Token cost reserved by admitted, unfinished requests.", admission.tokens.held

@@ -63,7 +63,7 @@ def encode_token(request_id: str, index: int, token_id: int | None, text: str) -
 
 
 # A token frame as encode_token writes it: `{"id":"<id>","status":"token",...}`. The governor
-# re-addresses these without parsing them (upstream.py), the one frame every generated token costs.
+# re-addresses these without parsing them (governor/links/worker_link.py), the one frame every generated token costs.
 TOKEN_FRAME_HEAD = b'{"id":"'
 TOKEN_FRAME_STATUS = b'","status":"token"'
 

@@ -23,6 +23,7 @@ from governor.doors.ndjson import Ingress
 from governor.state import ClientCore, ServerState
 from govwire.errors import BufferFull, GovernorError, TooManyConnections
 
+# The logger keeps its name from before the file moved: it is in every log line (logger=governor.protocol).
 log = logging.getLogger("governor.protocol")
 
 

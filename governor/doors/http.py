@@ -50,7 +50,7 @@ from governor.doors.openai_api import (
     usage_event,
     wants_usage,
 )
-from governor.doors.shared import admit, flush_pending
+from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.errors import (
@@ -443,7 +443,7 @@ class HttpIngress:
             generate.messages = messages
             return generate
 
-        admitted = admit(state.lifecycle, self, rid, grant, now, check)
+        admitted = admit_and_dispatch(state.lifecycle, self, rid, grant, now, check)
         if isinstance(admitted, GovernorError):
             status = STATUS_OF_CODE.get(admitted.code, 500)
             return response(status, error_body(status, admitted), keep)
@@ -520,7 +520,8 @@ class HttpIngress:
                 self._pending.append(exchange.piece(role))
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        self.send_text(request, orjson.loads(b'{"id":0' + rest)["text"])
+        text = orjson.loads(b'{"id":0' + rest).get("text", "")
+        self.send_text(request, text if type(text) is str else str(text))
 
     def send_text(self, request: InflightRequest, text: str) -> None:
         exchange = self._exchange

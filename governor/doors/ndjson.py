@@ -20,7 +20,7 @@ from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.limits import Grant, Refusal
-from governor.doors.shared import admit, flush_pending
+from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
@@ -51,6 +51,7 @@ from govwire.messages import Completion
 from govwire.request import checked_request, frame_op
 from govwire.vocab import DEFAULT_TENANT, Op
 
+# The logger keeps its name from before the file moved: it is in every log line (logger=governor.ingress).
 log = logging.getLogger("governor.ingress")
 
 AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
@@ -187,7 +188,9 @@ class Ingress:
         return self._admit(obj, rid, now, cast(Grant, decision))
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
-        admitted = admit(self._lifecycle, self, rid, grant, now, partial(checked_request, obj, self._state.limits))
+        admitted = admit_and_dispatch(
+            self._lifecycle, self, rid, grant, now, partial(checked_request, obj, self._state.limits)
+        )
         if isinstance(admitted, GovernorError):
             return encode_error(admitted, rid)
         return encode_accepted(rid) if admitted[1].ack else b""

@@ -16,7 +16,7 @@ from govwire.errors import RequestRejected, WorkerUnavailable
 from govwire.request import GenerateRequest
 
 
-def admit(
+def admit_and_dispatch(
     lifecycle: Lifecycle,
     owner: RequestOwner,
     request_id: str,

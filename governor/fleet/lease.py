@@ -283,9 +283,9 @@ class LeaseReply:
 
 
 class FleetLease:
-    """The fleet limits as one `Limit` (limits.py), checked after the replica's own caps. Fed by
-    member.FleetMember: `report` when a renewal is sent, `granted` with its reply, `lapse`
-    when none came. Pure logic: the clock is passed in."""
+    """The fleet limits as one `Limit` (a `SharedLimit`, admission/limits.py), checked after the
+    replica's own caps. Fed by member.FleetMember: `report` when a renewal is sent, `granted` with
+    its reply, `lapse` when none came. Pure logic: the clock is passed in."""
 
     __slots__ = (
         "policy",

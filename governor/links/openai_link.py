@@ -6,7 +6,7 @@ the request's owner as text, the end finishes it with the server's usage counts.
 answers maps onto the lifecycle's endings (lifecycle.py), as a worker link's replies do:
 
 - 429 or 503: the endpoint is full. It is paused for its Retry-After (admission routes around it,
-  pool.py) and the request is re-routed once or answered with a yield (`endpoint_busy`).
+  admission/pool.py) and the request is re-routed once or answered with a yield (`endpoint_busy`).
 - A connection that cannot be made or breaks: the endpoint is lost, as when a worker link drops:
   down until a health check passes, its request re-routed once before the first token, else
   `worker_lost`.

@@ -1,8 +1,9 @@
 """A link to a worker process: one persistent NDJSON connection (TCP or a unix socket).
 
 Each `WorkerLink` is one persistent NDJSON connection multiplexing many requests under
-governor-assigned ids (client ids are only unique per client connection). A link that drops fails
-its in-flight requests with `worker_lost` at once and is reconnected with backoff.
+governor-assigned ids (client ids are only unique per client connection). A link that drops ends
+its in-flight requests at once through the lifecycle's `lose` (re-routed once before their first
+token, else `worker_lost`) and is reconnected with backoff.
 
 Health: a connected link is pinged; its endpoint counts as up only once the worker has answered.
 A link is cut and treated as lost when a ping goes unanswered for the ping timeout (a worker whose
@@ -34,6 +35,7 @@ from govwire.messages import Completion, EngineStats
 from govwire.request import GenerateRequest
 from govwire.vocab import MAX_REPLY_BYTES, ReservedId, Status
 
+# The logger keeps its name from before the file moved: it is in every log line (logger=governor.upstream).
 log = logging.getLogger("governor.upstream")
 
 RECONNECT_MIN_S = 0.02

@@ -20,11 +20,12 @@ from tests.fakes import FakeClock, FakeTimers, FakeUpstream, make_state
 
 
 class Owner:
-    """A door that records what it is asked to render."""
+    """A door that records what it is asked to render, and each request's phase when it was."""
 
     def __init__(self) -> None:
         self.active: dict[str, InflightRequest] = {}
         self.rendered: list[tuple[Any, ...]] = []
+        self.phases: list[Phase] = []
         self.flushes = 0
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
@@ -34,13 +35,19 @@ class Owner:
         self.rendered.append(("text", text))
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:
-        self.rendered.append(("done", completion.finish_reason))
+        self._final(request, ("done", completion.finish_reason))
 
     def send_error(self, request: InflightRequest, error: GovernorError) -> None:
-        self.rendered.append(("error", error.code))
+        self._final(request, ("error", error.code))
 
     def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
-        self.rendered.append(("yield", reason, retry_hint_ms))
+        self._final(request, ("yield", reason, retry_hint_ms))
+
+    def _final(self, request: InflightRequest, reply: tuple[Any, ...]) -> None:
+        # Settled before it is rendered: an HTTP door answers its next pipelined request from
+        # inside the rendering, and that request must find this one's slot free.
+        self.phases.append(request.phase)
+        self.rendered.append(reply)
 
     def flush(self) -> None:
         self.flushes += 1
@@ -80,12 +87,14 @@ ENDINGS = [
 def test_each_ending_settles_once_then_renders_once(
     ending: str, argument: Any, render: tuple[Any, ...], counted: str
 ) -> None:
-    state = make_state(upstream=FakeUpstream())
+    upstream = FakeUpstream()
+    state = make_state(upstream=upstream)
     owner = Owner()
     request = admitted(state, owner)
     request.grant.endpoint.up = False  # nowhere to re-route: busy and lose end it here
     getattr(state.lifecycle, ending)(request, argument)
-    assert owner.rendered == [render] and request.phase is Phase.SETTLED and not owner.active
+    assert owner.rendered == [render] and owner.phases == [Phase.SETTLED] and not owner.active
+    assert request.uid not in upstream.link.inflight  # its link routes nothing more to it
     assert state.admission.inflight.inflight == 0 and balanced(state)
     assert {
         "executed": state.accounting.executed,
@@ -105,12 +114,13 @@ def test_busy_and_lose_reroute_once_before_the_first_token(ending: str) -> None:
     state = make_state(upstream=upstream, clock=clock, endpoints=two_endpoints(clock))
     owner = Owner()
     request = admitted(state, owner)
-    first = request.grant.endpoint
+    first, first_uid = request.grant.endpoint, request.uid
     assert first is not None
     first.up = False
     getattr(state.lifecycle, ending)(request, 250 if ending == "busy" else "gone")
     assert owner.rendered == [] and request.phase is Phase.DISPATCHED  # the client cannot tell
     assert request.grant.endpoint is not first and state.accounting.rerouted == 1 and len(upstream.dispatched) == 2
+    assert first_uid not in upstream.link.inflight and request.uid in upstream.link.inflight
     getattr(state.lifecycle, ending)(request, 250 if ending == "busy" else "gone")  # once only
     assert [r[0] for r in owner.rendered] == ["yield" if ending == "busy" else "error"]
     assert state.admission.inflight.inflight == 0 and all(e.inflight == 0 for e in state.admission.pool.endpoints)

@@ -23,7 +23,7 @@ from govwire.vocab import ReservedId
 from tests.fakes import FakeTransport, done_frame
 
 
-class Lifecycle:
+class RecordingLifecycle:
     """What the link asks of the lifecycle, recorded: a request's start and how it ends."""
 
     def __init__(self) -> None:
@@ -64,13 +64,13 @@ class Owner:
 def new_link() -> WorkerLink:
     """A link as Upstream makes it: bound to a lifecycle (this one records)."""
     link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
-    link.lifecycle = Lifecycle()  # type: ignore[assignment]
+    link.lifecycle = RecordingLifecycle()  # type: ignore[assignment]
     return link
 
 
-def linked() -> tuple[WorkerLink, FakeTransport, Owner, Lifecycle]:
+def linked() -> tuple[WorkerLink, FakeTransport, Owner, RecordingLifecycle]:
     link = new_link()
-    lifecycle: Lifecycle = link.lifecycle  # type: ignore[assignment]
+    lifecycle: RecordingLifecycle = link.lifecycle  # type: ignore[assignment]
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
     link.data_received(b'{"id":"~ping","status":"pong"}\n')
