@@ -132,6 +132,11 @@ class GovernorConfig:
     retry_hint_ms: float = option(50.0, "base retry hint, used before any service time is observed")
     retry_hint_min_ms: float = option(1.0, "lower clamp of retry_hint_ms")
     retry_hint_max_ms: float = option(10_000.0, "upper clamp of retry_hint_ms")
+    appointment_grace_ms: float = option(
+        50.0,
+        "width of the window around a refused client's appointment in which the capacity it was"
+        " promised is kept for it (a no-show idles it at most this long)",
+    )
     max_frame_bytes: int = option(MIB, "longest accepted frame in bytes, newline excluded")
     max_new_tokens_limit: int = option(4096, "largest max_new_tokens a request may ask for")
     integrity: Literal["required", "optional", "off"] = option(
@@ -196,6 +201,7 @@ class GovernorConfig:
             (bool(self.served_model.strip()), "--served-model must not be empty"),
             (self.max_inflight >= 1, "--max-inflight must be >= 1"),
             (self.retry_hint_ms > 0, "--retry-hint-ms must be > 0"),
+            (self.appointment_grace_ms > 0, "--appointment-grace-ms must be > 0"),
             (
                 0 < self.retry_hint_min_ms <= self.retry_hint_max_ms,
                 "--retry-hint-min-ms must be > 0 and <= --retry-hint-max-ms",

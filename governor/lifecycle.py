@@ -138,6 +138,7 @@ class InflightRequest:
         "generate",
         "t_received",
         "t_first_token",
+        "t_last_token",
         "tokens_seen",
         "deadline_timer",
         "phase",
@@ -153,6 +154,7 @@ class InflightRequest:
         self.generate: GenerateRequest | None = None  # kept until it starts, to re-route it once
         self.t_received = t_received
         self.t_first_token: float | None = None
+        self.t_last_token = 0.0  # when its latest token came (the release forecast times it from it)
         self.tokens_seen = 0  # token frames from the worker (what it generated, if no done comes)
         self.deadline_timer: Cancellable | None = None
         self.phase = _ADMITTED
@@ -186,6 +188,7 @@ class Lifecycle:
         (its final reply, or its connection's loss), so its slots are never stranded."""
         self._accounting.frame_admitted(grant.ask)
         request = InflightRequest(client_id, owner, grant, now)
+        grant.progress = request  # the release forecast reads its stream (until `settle`)
         owner.active[client_id] = request
         deadline = grant.ask.deadline_s
         if deadline is not None:
@@ -204,6 +207,7 @@ class Lifecycle:
         """A token (or a piece of streamed text) for it arrived: counted; the first starts it.
         (The worker link's byte path does the same two steps inline.)"""
         request.tokens_seen += 1
+        request.t_last_token = self._clock()
         if request.phase is not _STARTED:
             self.start(request)
 
@@ -212,7 +216,7 @@ class Lifecycle:
         _expect(request, _DISPATCHED, "start")
         request.phase = _STARTED
         request.generate = None
-        now = request.t_first_token = self._clock()
+        now = request.t_first_token = request.t_last_token = self._clock()
         ttft = now - request.t_received
         self._latency.time_to_first_token.observe(ttft)
         self._admission.started(request.grant, ttft, now)
@@ -329,7 +333,9 @@ class Lifecycle:
             grant.used = self._costs.cost_of(grant.ask.prompt_tokens, request.tokens_seen)
         else:
             grant.used = 0  # it never ran
-        self._admission.release(grant, executed=outcome is _EXECUTED)
+        now = self._clock()
+        self._admission.release(grant, outcome is _EXECUTED, now)
+        grant.progress = None
         self._accounting.request_settled(grant.ask, outcome, reason, grant.used)
         request.owner.active.pop(request.client_id, None)
         if not reached_worker:
@@ -338,7 +344,7 @@ class Lifecycle:
         latency = self._latency
         if completion is not None:
             latency.queue_wait.observe(completion.queue_wait_ms / 1000)
-        elapsed = self._clock() - request.t_received
+        elapsed = now - request.t_received
         latency.request_duration.observe(elapsed)
         if outcome is _EXECUTED:
             self._admission.hints.observe_service_time(elapsed)

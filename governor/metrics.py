@@ -310,6 +310,39 @@ def _fleet_families(
     )
 
 
+def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+    """Whether the retry hints hold (admission/appointments.py) and how far off the release
+    forecast they are read from is (admission/release_forecast.py)."""
+    admission = state.admission
+    appointments = admission.appointments
+    outcomes = CounterMetricFamily(
+        "governor_retry_hint_outcome",
+        "Returns of refused clients to their appointment, by the limit that booked it and outcome:"
+        " on_time (came in its window, admitted), early, late, yielded_again (came in its window,"
+        " still no room), never (did not come back).",
+        labels=["reason", "outcome"],
+    )
+    for (reason, outcome), n in sorted(appointments.outcomes.items()):
+        outcomes.add_metric([reason, outcome], n)
+    yield outcomes
+    booked = GaugeMetricFamily(
+        "governor_appointments",
+        "Appointments booked and not yet redeemed, by the limit that booked them.",
+        labels=["reason"],
+    )
+    for book in (admission.inflight.book, admission.tokens.book):
+        if book is not None:
+            booked.add_metric([book.reason], len(book.entries))
+    yield booked
+    h = admission.forecast.error
+    yield HistogramMetricFamily(
+        "governor_release_forecast_error_seconds",
+        "Forecast minus actual end of a request, for the first forecast made of it (negative: it ended later).",
+        buckets=h.cumulative(),
+        sum_value=h.total,
+    )
+
+
 class GovernorCollector(Collector):
     def __init__(self, state: ServerState, upstream: Upstream) -> None:
         self._state = state
@@ -364,6 +397,7 @@ class GovernorCollector(Collector):
             yield family
         yield from _endpoint_families(self._upstream, now)
         yield from _token_families(s, now)
+        yield from _hint_families(s)
         yield from _tenant_families(s, now)
         if s.fleet is not None:
             yield from _fleet_families(s.fleet)

@@ -75,6 +75,7 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         tokens_per_s=config.max_tokens_per_s,
         tokens_burst=config.tokens_burst,
         adaptive=adaptive,
+        appointment_grace_s=config.appointment_grace_ms / 1000,
     )
     auth = config.client_secret()
     apply_tenancy(admission, config, auth, now)
@@ -133,6 +134,7 @@ async def sweep_timeouts(state: ServerState, idle_timeout_s: float) -> None:
 
 RELOADABLE = (
     "max_inflight",
+    "appointment_grace_ms",
     "max_qps",
     "qps_burst",
     "max_inflight_tokens",
@@ -178,6 +180,7 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
         tokens_per_s=config.max_tokens_per_s,
         tokens_burst=config.tokens_burst,
     )
+    state.admission.appointments.set_grace(config.appointment_grace_ms / 1000)
     if state.fleet is not None:
         state.fleet.lease.set_caps(config.fleet_policy(), now)
         state.admission.fleet_caps_changed()

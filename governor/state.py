@@ -182,10 +182,28 @@ class ServerState:
             "received_by_protocol": {"ndjson": acc.received - acc.http_received, "http": acc.http_received},
             "draining": admission.draining,
             "service_time_ms": None if hints.service_time_s is None else round(hints.service_time_s * 1000, 3),
+            "retry_hints": self._retry_hints(),
             "worker_restarts": acc.worker_restarts,
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),
             "workers": self.upstream.describe(),
+        }
+
+    def _retry_hints(self) -> dict[str, Any]:
+        """Whether the hints hold: each return's outcome by the limit that booked it, the
+        appointments open, and the release forecast's median error relative to a service time."""
+        admission = self.admission
+        outcomes: dict[str, dict[str, int]] = {}
+        for (reason, outcome), n in sorted(admission.appointments.outcomes.items()):
+            outcomes.setdefault(reason, {})[outcome] = n
+        errors = sorted(admission.forecast.relative_errors)
+        return {
+            "outcomes": outcomes,
+            "appointments": {
+                book.reason: len(book.entries) for book in (admission.inflight.book, admission.tokens.book) if book
+            },
+            "forecast_relative_error_p50": round(errors[len(errors) // 2], 4) if errors else None,
+            "forecast_samples": len(errors),
         }
 
     def _tenants(self, now: float) -> list[dict[str, Any]]:

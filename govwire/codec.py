@@ -48,8 +48,13 @@ def encode_accepted(request_id: str) -> bytes:
     return _dumps({"id": request_id, "status": _ACCEPTED}, option=_NL)
 
 
-def encode_yield(request_id: str, retry_hint_ms: int, reason: str) -> bytes:
-    return _dumps({"id": request_id, "status": _YIELD, "retry_hint_ms": retry_hint_ms, "reason": reason}, option=_NL)
+def encode_yield(request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None) -> bytes:
+    """A yield; with `retry_ticket` when the governor keeps an appointment for the client (a retry
+    sending it back at `retry_hint_ms` is the one let in)."""
+    reply = {"id": request_id, "status": _YIELD, "retry_hint_ms": retry_hint_ms, "reason": reason}
+    if retry_ticket is not None:
+        reply["retry_ticket"] = retry_ticket
+    return _dumps(reply, option=_NL)
 
 
 def encode_error(error: GovernorError, request_id: str | None = None) -> bytes:

@@ -22,6 +22,7 @@ from govwire.request import DEFAULT_MAX_NEW_TOKENS, MAX_DEADLINE_MS
 from govwire.vocab import Priority
 
 if TYPE_CHECKING:
+    from governor.admission.appointments import Appointment
     from governor.admission.tenant import Tenant
 
 _PRIORITY: dict[object, Priority] = {p.value: p for p in Priority}
@@ -51,6 +52,9 @@ class Ask:
         "priority",
         "tenant",
         "ceiling",
+        "ticket",
+        "identity",
+        "appointment",
     )
 
     def __init__(
@@ -74,6 +78,12 @@ class Ask:
         self.tenant = tenant  # set by the ingress (who the connection or frame acts as); None = nobody's
         # The fraction of each cap this request may fill: its class's ceiling, set by admission.
         self.ceiling = 1.0
+        # What recognises a client returning to an appointment (appointments.py): the ticket its
+        # retry sent back, and a digest of what it re-sent (set by the door while appointments
+        # are live; 0 = none); the appointment they name, found by admission.
+        self.ticket: str | None = None
+        self.identity = 0
+        self.appointment: Appointment | None = None
 
     def __repr__(self) -> str:
         tenant = None if self.tenant is None else self.tenant.name

@@ -11,18 +11,25 @@ caps, then the tenant's fair share (fair_share.py), then the endpoint pool (whic
 then the deadline (which predicts on the endpoint the pool chose). A refused tenant counts as
 contending for capacity, whichever limit refused it. `refund` undoes
 a grant whose frame turned out invalid, `release` frees what a running request held once it has
-ended and settles its token cost, `started` records its first token (the TTFT model and the
-adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
+ended and settles its token cost, `started` records its first token (the TTFT model, the release
+forecast and the adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
 one without charging the global limits again.
+
+Every admitted request is followed by the release forecast (release_forecast.py) until its end;
+the in-flight cap and the token budget hint from it and keep appointments for the clients they
+refuse (appointments.py). A frame that comes back for its appointment is recognised here, before
+any limit is checked, and the limits holding the appointment let it in.
 
 The doors only parse, call `decide` and render the answer; new limits are added here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
+from governor.admission.appointments import AppointmentBook, Appointments
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.endpoint import Endpoint
@@ -41,9 +48,11 @@ from governor.admission.limits import (
 )
 from governor.admission.pool import Pool
 from governor.admission.priority import CeilingPolicy, PriorityCeilings
+from governor.admission.release_forecast import Ascending, ReleaseForecast
 from governor.admission.tenant import TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
+from govwire.vocab import YieldReason
 
 
 class Admission:
@@ -63,6 +72,8 @@ class Admission:
         "ceilings",
         "fleet",
         "max_inflight",
+        "forecast",
+        "appointments",
         "_sharing",
         "_every",
         "_limits",
@@ -82,13 +93,32 @@ class Admission:
         tokens_per_s: float = 0.0,
         tokens_burst: float = 0.0,
         adaptive: AdaptivePolicy | None = None,
+        appointment_grace_s: float = 0.05,
     ) -> None:
         self.hints = hints
         self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
+        forecast = self.forecast = ReleaseForecast()
+        registry = self.appointments = Appointments(
+            appointment_grace_s, hints, lambda at: forecast.gap_s(at, hints.service_time_s)
+        )
         self.drain = Draining(hints)
-        self.inflight = InflightLimiter(max_inflight, hints)
+        booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
+        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry)
+
+        def slot_free_at(at: float, need: float, deficit: float) -> float | None:
+            # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments).
+            service_s = hints.service_time_s
+            promised: Ascending = registry.rereleases(slots, service_s) if service_s else ()
+            return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised)
+
+        self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None, slot_free_at)
         self.rate = RateLimit(qps, burst, now)
-        self.tokens = TokenBudget(max_inflight_tokens, hints)
+        self.tokens = TokenBudget(
+            max_inflight_tokens,
+            hints,
+            AppointmentBook(YieldReason.TOKENS.value, registry) if booking else None,
+            lambda at, need, deficit: forecast.tokens_free_at(at, need, hints.service_time_s, registry.round_delay_s),
+        )
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
         self.pool = Pool(endpoints, max_inflight, hints)
         self.deadline = DeadlineLimit(self.pool)
@@ -109,6 +139,7 @@ class Admission:
             self.fair,
             self.pool,
             self.deadline,
+            forecast,
         )
         self._limits: tuple[Limit, ...] = ()
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
@@ -140,7 +171,7 @@ class Admission:
             checked.append(self.fair)
         checked += (self.pool, self.deadline)
         charged = [limit for limit in (self.tenant_caps, self.tokens) if limit not in checked] + checked
-        self._limits = tuple(charged)
+        self._limits = (*charged, self.forecast)
         self._checks = tuple(limit.check for limit in checked)
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
         if tenant_caps:
@@ -213,6 +244,9 @@ class Admission:
         if ask is NO_ASK:
             ask = Ask()  # this decision sets its ceiling: never on the shared default
         ask.ceiling = self.ceilings.ceiling(ask.priority, now)
+        appointments = self.appointments
+        if appointments.by_ticket or appointments.lapsed:
+            ask.appointment = appointments.find(ask.ticket, ask.identity, ask.tenant, now)
         for fits in self._fits:
             fits(ask)
         for check in self._checks:
@@ -231,6 +265,7 @@ class Admission:
         endpoint, whose TTFT model learns the sample, as does the adaptive limit."""
         self._learn_ttft(grant, ttft_s)
         self.pool.started(grant)
+        self.forecast.started(grant, now)
         adaptive = self.adaptive
         if adaptive.policy.mode is AdaptiveMode.OFF:
             return
@@ -244,9 +279,13 @@ class Admission:
         for limit in self._every:
             limit.refund(grant)
 
-    def release(self, grant: Grant, executed: bool) -> None:
+    def release(self, grant: Grant, executed: bool, now: float | None = None) -> None:
+        """Free what the ended request held; with the time it ended (`now`), the release forecast
+        learns from its stream and scores the forecast it made of it."""
         for limit in self._every:
             limit.release(grant, executed)
+        if now is not None:
+            self.forecast.ended(grant, executed, now)
 
     def expired(self, grant: Grant, waited_s: float) -> None:
         """The request's deadline passed after `waited_s` without a first token: its TTFT is at

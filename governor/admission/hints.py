@@ -1,4 +1,8 @@
-"""The retry hint handed out with a yield where no exact wait is known (a concurrency limit).
+"""The retry hint of limits that keep no appointments, and of those before anything can be forecast.
+
+The in-flight cap and the token budget hint from the release forecast and book appointments
+(release_forecast.py, appointments.py); the other concurrency limits (tenant caps and shares,
+fleet shares, the endpoint pool) estimate from the observed service time here.
 
 Pure logic with the clock passed in (`now`, seconds, monotonic) so tests control time.
 """
@@ -17,7 +21,8 @@ class RetryHintPolicy:
     max_ms: float = 10_000.0
     adaptive: bool = True
     jitter: float = 0.2
-    """Each hint is multiplied by a uniform factor in [1 - jitter, 1 + jitter]."""
+    """Each hint is multiplied by a uniform factor in [1, 1 + jitter]: one-sided, so that no client
+    is told to come back before the time computed for it."""
     smoothing: float = 0.2
     """EWMA weight of the newest service-time sample."""
 
@@ -37,7 +42,7 @@ class RetryHintEstimator:
     EWMA of observed service times. Each yield books the next free "appointment" on that
     virtual timeline, so a burst of yielded clients is spread over successive expected slot
     releases instead of all being told the same value; the timeline catches up with `now` by
-    itself when nobody comes back. Jitter breaks what lockstep is left. Before the first
+    itself when nobody comes back. Jitter (one-sided: never earlier) breaks what lockstep is left. Before the first
     completion is observed, and in fixed mode, the hint is the base value with jitter.
     """
 
@@ -63,8 +68,8 @@ class RetryHintEstimator:
         self._next_ms = 0.0  # the latest appointment handed out, on the caller's clock, in ms
         self._random = (rng or random.Random()).random
         # The policy's numbers, copied where `hint_ms` (run for every refused frame) reads them.
-        self._jitter_lo = 1.0 - policy.jitter
-        self._jitter_span = 2.0 * policy.jitter
+        self._jitter_lo = 1.0
+        self._jitter_span = policy.jitter
         self._base_ms = policy.base_ms
         self._min_ms = policy.min_ms
         self._max_ms = policy.max_ms

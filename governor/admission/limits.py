@@ -17,7 +17,8 @@ class may fill (priority.py).
 from __future__ import annotations
 
 import math
-from typing import Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from governor.admission.buckets import make_bucket, updated_bucket
 from governor.admission.cost import NO_ASK, Ask
@@ -26,21 +27,26 @@ from governor.admission.hints import DrainHint, RetryHintEstimator
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
+if TYPE_CHECKING:
+    from governor.admission.appointments import Appointment, AppointmentBook
+
 
 class Refusal:
-    """A `yield`: which limit refused (a `YieldReason`'s value) and the retry hint it computed
-    (ms, >= 1).
+    """A `yield`: which limit refused (a `YieldReason`'s value), the retry hint it computed
+    (ms, >= 1) and, from a limit that keeps appointments (appointments.py), the one it booked for
+    this client (its `ticket` goes out with the yield).
 
     Each limit owns one and refills it on every refusal (the yield path runs for every refused
     frame, and allocating an object there costs more than the rest of the decision): read it
     before asking the same limit again.
     """
 
-    __slots__ = ("reason", "hint_ms")
+    __slots__ = ("reason", "hint_ms", "appointment")
 
     def __init__(self, reason: YieldReason, hint_ms: int = 1) -> None:
         self.reason: str = reason.value  # a plain str: it is a dict key and a JSON value per frame
         self.hint_ms = hint_ms
+        self.appointment: Appointment | None = None
 
     def at(self, hint_ms: int) -> Refusal:
         self.hint_ms = hint_ms
@@ -48,6 +54,15 @@ class Refusal:
 
     def __repr__(self) -> str:
         return f"Refusal({self.reason!r}, {self.hint_ms})"
+
+
+class Progress(Protocol):
+    """What the lifecycle knows of a running request's stream (lifecycle.InflightRequest), which
+    the release forecast reads."""
+
+    tokens_seen: int
+    t_first_token: float | None
+    t_last_token: float
 
 
 def hint_of(wait_s: float) -> int:
@@ -59,7 +74,8 @@ def hint_of(wait_s: float) -> int:
 class Grant:
     """What one admission charged: filled in by the limits' `charge`, read back by their
     `refund` and `release`. `endpoint` is where the pool routed it (None when no endpoint was up).
-    `used` is the request's real token cost, set when it ends, before `release` settles it."""
+    `used` is the request's real token cost, set when it ends, before `release` settles it.
+    `progress` is its stream as the lifecycle counts it, read by the release forecast."""
 
     __slots__ = (
         "ask",
@@ -70,6 +86,9 @@ class Grant:
         "requests_ahead",
         "predicted_ttft_s",
         "used",
+        "t_admitted",
+        "progress",
+        "forecast_s",
     )
 
     def __init__(self, ask: Ask = NO_ASK) -> None:
@@ -82,6 +101,9 @@ class Grant:
         self.requests_ahead = 0
         self.predicted_ttft_s: float | None = None
         self.used = 0
+        self.t_admitted = 0.0
+        self.progress: Progress | None = None
+        self.forecast_s: float | None = None  # the first forecast of its end (release_forecast.py)
 
 
 def over_budget(ask: Ask, budget: int, what: str) -> OverBudget:
@@ -142,19 +164,33 @@ class Draining:
         return None
 
 
+FreeAt = Callable[[float, float, float], "float | None"]
+"""When the requests in flight will have released an amount, for a client short of `deficit`
+(release_forecast.py)."""
+
+
 class InflightLimiter:
     """The hard cap on admitted, unfinished requests (`--max-inflight`): a non-blocking counting
-    semaphore that never over-frees."""
+    semaphore that never over-frees. Its refusals book appointments (appointments.py): the hint
+    is the forecast release of the slot this client will get, and that slot is kept for it."""
 
-    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal")
+    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal", "book", "_free_at")
 
-    def __init__(self, max_inflight: int, hints: RetryHintEstimator) -> None:
+    def __init__(
+        self,
+        max_inflight: int,
+        hints: RetryHintEstimator,
+        book: AppointmentBook | None = None,
+        free_at: FreeAt | None = None,
+    ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.max_inflight = max_inflight
         self.inflight = 0
         self._hints = hints
         self._refusal = Refusal(YieldReason.INFLIGHT)
+        self.book = book
+        self._free_at = free_at
 
     def set_max(self, max_inflight: int) -> None:
         """Live change: a lower cap stops new admissions until in-flight falls under it."""
@@ -163,15 +199,30 @@ class InflightLimiter:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         cap = self.max_inflight * ask.ceiling
-        if self.inflight + 1 <= cap:
+        book = self.book
+        if book is None or not book.entries:
+            if self.inflight + 1 <= cap:
+                return None
+        elif self.inflight + 1 + book.held(now, book.own(ask.appointment)) <= cap:
             return None
-        refusal = self._refusal  # `at` inlined: this check refuses every frame under overload
-        refusal.hint_ms = self._hints.hint_ms(now, self.inflight + 1 - int(cap))  # int: floor of a cap > 0
+        refusal = self._refusal
+        deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
+        if book is None or self._free_at is None:
+            refusal.hint_ms = self._hints.hint_ms(now, deficit)
+            return refusal
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, self._free_at
+        )
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
         self.inflight += 1
         grant.concurrency = self.inflight
+        book = self.book
+        if book is not None and book.entries:
+            own = book.own(grant.ask.appointment)
+            if own is not None:
+                book.redeem(own, now)
 
     def refund(self, grant: Grant) -> None:
         return None  # the slot is freed by `release`, as for any request that ends
@@ -221,13 +272,21 @@ class TokenBudget:
     what `max_inflight` is to requests, for their cost. A request holds its reserved cost until it
     ends; its hint is the time the held tokens take to drain enough for it."""
 
-    __slots__ = ("max_tokens", "held", "_drain", "_refusal")
+    __slots__ = ("max_tokens", "held", "_drain", "_refusal", "book", "_free_at")
 
-    def __init__(self, max_tokens: int, hints: RetryHintEstimator) -> None:
+    def __init__(
+        self,
+        max_tokens: int,
+        hints: RetryHintEstimator,
+        book: AppointmentBook | None = None,
+        free_at: FreeAt | None = None,
+    ) -> None:
         self.max_tokens = max_tokens  # 0 = no budget
         self.held = 0
         self._drain = DrainHint(hints)
         self._refusal = Refusal(YieldReason.TOKENS)
+        self.book = book
+        self._free_at = free_at
 
     def fits(self, ask: Ask) -> None:
         """OverBudget when the request alone exceeds the budget: a yield would never end."""
@@ -236,12 +295,27 @@ class TokenBudget:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
-        if deficit <= 0:
+        book = self.book
+        if book is None or not book.entries:
+            if deficit <= 0:
+                return None
+        elif deficit + book.held(now, book.own(ask.appointment)) <= 0:
             return None
-        return self._refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
+        refusal = self._refusal
+        if book is None or self._free_at is None:
+            return refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, self._free_at
+        )
+        return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
         self.held += grant.ask.cost
+        book = self.book
+        if book is not None and book.entries:
+            own = book.own(grant.ask.appointment)
+            if own is not None:
+                book.redeem(own, now)
 
     def refund(self, grant: Grant) -> None:
         return None  # the tokens are freed by `release`, as for any request that ends

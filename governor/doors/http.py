@@ -87,7 +87,7 @@ _REASONS = {
     504: b"Gateway Timeout",
 }
 _JSON = b"application/json"
-_HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest"})
+_HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest", b"retry-ticket"})
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
 
@@ -95,7 +95,7 @@ _SSE = b"text/event-stream"
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
 _YIELD_HEAD = (
     b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"retry-after-ms: %d\r\nretry-after: %d\r\n%s\r\n"
+    b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
 )
 _YIELD_BODY = (
     b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
@@ -424,13 +424,24 @@ class HttpIngress:
             ask.tenant = state.admission.tenants.resolve(user)
         else:
             ask.tenant = state.admission.tenants.resolve(self.tenant)
+        appointments = state.admission.appointments
+        if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
+            ticket = message.headers.get(b"retry-ticket")
+            ask.ticket = None if ticket is None else ticket.decode("latin-1").strip()
+            ask.identity = hash(raw) or 1
         try:
             decision = state.admission.decide(now, ask)
         except RequestRejected as exc:  # OverBudget
             return self._rejected(exc, keep)
         if type(decision) is Refusal:
             accounting.frame_yielded(decision.reason, ask)
-            return self._yield(decision.hint_ms, decision.reason, keep)
+            appointment = decision.appointment
+            if appointment is None:
+                return self._yield(decision.hint_ms, decision.reason, keep)
+            if not appointment.identity:
+                # The OpenAI SDKs re-send the same body after `retry-after-ms`: that is the client.
+                appointments.identify(appointment, hash(raw) or 1)
+            return self._yield(decision.hint_ms, decision.reason, keep, appointment.ticket)
         grant: Grant = decision  # type: ignore[assignment]
         rid = f"cmpl-{id(self):x}-{self._next_id}"
         if frame is not None:
@@ -486,14 +497,16 @@ class HttpIngress:
         return response(status, error_body(status, error), keep)
 
     @staticmethod
-    def _yield(hint_ms: int, reason: str, keep: bool) -> bytes:
+    def _yield(hint_ms: int, reason: str, keep: bool, ticket: str | None = None) -> bytes:
         """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
-        body is `error_object(status, reason, ..., reason=reason, retry_hint_ms=hint_ms)`."""
+        body is `error_object(status, reason, ..., reason=reason, retry_hint_ms=hint_ms)`; a
+        booked appointment's ticket goes in a `retry-ticket` header (the retry sends it back)."""
         status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
         word = reason.encode()
         body = _YIELD_BODY % (word, hint_ms, kind, word, word, hint_ms)
         close = b"" if keep else b"connection: close\r\n"
-        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), close) + body
+        extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
+        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), extra, close) + body
 
     def _fail(self, status: int, error: GovernorError) -> None:
         """A request the parser cannot go on with: counted now, answered after the requests before

@@ -60,6 +60,14 @@ AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated b
 _GENERATE = Op.GENERATE
 
 
+def identity_of(rid: str, obj: dict[str, Any]) -> int:
+    """What recognises a client re-sending a refused frame without its ticket: its id and prompt
+    (appointments.py). Python's string hash is keyed per process (SipHash): nobody outside can
+    make another request's identity."""
+    prompt = obj.get("prompt")
+    return hash((rid, prompt if type(prompt) is str else None)) or 1
+
+
 class Ingress:
     """One client connection's state machine.
 
@@ -71,6 +79,7 @@ class Ingress:
         "_state",
         "_decide",
         "_ask",
+        "_appointments",
         "_decisions",
         "_decided",
         "_accounting",
@@ -94,6 +103,7 @@ class Ingress:
         # Bound once: these are called for every frame.
         self._decide = state.admission.decide
         self._ask = state.costs.ask
+        self._appointments = state.admission.appointments
         self._decisions = state.latency.admission_decision
         self._decided = 0  # generate frames decided during the current read
         self._accounting = state.accounting
@@ -175,6 +185,11 @@ class Ingress:
             return self._reject(
                 TenantMismatch(f"this connection acts as tenant {self.tenant!r} (--tenant-from auth)", rid)
             )
+        appointments = self._appointments
+        if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
+            ticket = obj.get("retry_ticket")
+            ask.ticket = ticket if type(ticket) is str else None
+            ask.identity = identity_of(rid, obj)
         try:
             decision = self._decide(now, ask)
         except RequestRejected as exc:  # OverBudget: no wait would let it in
@@ -184,7 +199,12 @@ class Ingress:
         if type(decision) is Refusal:
             # The hot path under overload: decided and encoded here, written with this read's replies.
             self._accounting.frame_yielded(decision.reason, ask)
-            return encode_yield(rid, decision.hint_ms, decision.reason)
+            appointment = decision.appointment
+            if appointment is None:
+                return encode_yield(rid, decision.hint_ms, decision.reason)
+            if not appointment.identity:
+                appointments.identify(appointment, identity_of(rid, obj))
+            return encode_yield(rid, decision.hint_ms, decision.reason, appointment.ticket)
         return self._admit(obj, rid, now, cast(Grant, decision))
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:

@@ -247,6 +247,7 @@ class WorkerLink(asyncio.Protocol):
                         self.last_progress_at = now
                         # Lifecycle.token, inlined: this runs for every generated token.
                         request.tokens_seen += 1
+                        request.t_last_token = now
                         if request.phase is not _STARTED:
                             lifecycle.start(request)
                         request.owner.worker_token(request, line[close + 1 :])

@@ -1,0 +1,347 @@
+"""Appointments: a retry hint that binds. The refused client is told when a slot will be free for
+it, and that slot is kept for it when it comes.
+
+Each capacity limit that refuses with a forecast hint (the global in-flight cap, the token budget)
+has an `AppointmentBook`. A refusal books the next release nobody was promised yet (the release
+forecast, release_forecast.py) and tells the client that time, never earlier (the jitter is
+one-sided and smaller than a release gap). Around its time, in a window `grace` wide
+(`--appointment-grace-ms`), the appointment holds what it was promised: the limit counts it as
+taken, so a frame without that appointment is refused while the window lasts, and the client who
+holds it is admitted when it comes. If it does not come, the window closes, the appointment
+leaves the book and the capacity is anyone's: a no-show idles a slot at most `grace`.
+
+The holder is recognised two ways (`Appointments.find`):
+- by its ticket, the `retry_ticket` its yield carried and the retry sends back: random, unguessable,
+  single use, valid only for the tenant it was issued to;
+- by what it re-sends, for clients that know nothing of tickets: the same tenant re-sending the
+  same request (the door's `Ask.identity`: an NDJSON frame's id and prompt, an HTTP body).
+
+Anything else (unknown, forged, expired, reused or another tenant's ticket) is no ticket: never an
+error and never a slot. A holder that comes before its window is refused again with the time still
+left and keeps its appointment (unless the limit has room for it anyway). A holder that comes
+inside its window but finds the capacity still taken (the forecast was early) is booked again.
+Holds never let anyone past a cap: they only decide who gets what the cap allows.
+
+Every return is counted by outcome (`OUTCOMES`): the only way to know in production whether the
+hints hold. The book is bounded (`max_entries`): past it a refusal gets the hint of the book's
+horizon without an appointment. Sans-IO, with the clock passed in.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from bisect import insort
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from governor.admission.hints import RetryHintEstimator
+    from governor.admission.tenant import Tenant
+
+ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER = "on_time", "early", "late", "yielded_again", "never"
+OUTCOMES = (ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER)
+"""What became of a retry hint: the holder came in its window and was admitted; came before it;
+came after it (and was treated as a new client); came in it but the capacity was still taken; or
+never came back (counted when its appointment lapses out of memory)."""
+
+LATENESS_SMOOTHING = 0.1
+"""EWMA weight of the newest delay between an appointment and its holder's admission."""
+
+HINT_RESOLUTION_S = 0.001
+
+LAPSED_MEMORY_S = 30.0
+"""An appointment whose window closed is remembered this long, so that a late return is counted
+`late` rather than as a new client; after that it counts `never`."""
+
+
+class Appointment:
+    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes")
+
+    def __init__(self, at: float, amount: float, book: AppointmentBook, tenant: Tenant | None, identity: int) -> None:
+        self.at = at  # when the client was told to come back (monotonic seconds, whole ms of its hint)
+        self.amount = amount  # what it was promised: 1 slot, or its token cost
+        self.book = book
+        self.tenant = tenant
+        self.identity = identity
+        self.ticket = ""
+        self.closes = 0.0  # the end of its window
+
+    def __lt__(self, other: Appointment) -> bool:  # the book is kept sorted by time
+        return self.at < other.at
+
+
+class AppointmentBook:
+    """One limit's appointments, sorted by time."""
+
+    __slots__ = ("reason", "registry", "entries", "promised", "max_entries")
+
+    def __init__(self, reason: str, registry: Appointments, max_entries: int = 4096) -> None:
+        self.reason = reason
+        self.registry = registry
+        self.entries: list[Appointment] = []
+        self.promised = 0.0  # the sum of the live appointments' amounts
+        self.max_entries = max_entries
+
+    def held(self, now: float, own: Appointment | None) -> float:
+        """What the appointments whose window is open hold now from the asker: nothing from a
+        holder in its own window (it may take whatever the limit has free), else their sum."""
+        entries = self.entries
+        if not entries:
+            return 0.0
+        half = self.registry.half_grace_s
+        while entries and entries[0].closes <= now:
+            self.registry.lapse(entries.pop(0), now)
+        if own is not None and own.at - half <= now < own.closes:
+            return 0.0
+        held = 0.0
+        opens_before = now + half
+        for entry in entries:
+            if entry.at > opens_before:
+                break
+            held += entry.amount
+        return held
+
+    def book(self, at: float, amount: float, tenant: Tenant | None, identity: int) -> Appointment | None:
+        """Promise `amount` at `at`; None when the book is full."""
+        if len(self.entries) >= self.max_entries:
+            return None
+        appointment = Appointment(at, amount, self, tenant, identity)
+        appointment.closes = at + self.registry.half_grace_s
+        insort(self.entries, appointment)
+        self.promised += amount
+        self.registry.issue(appointment)
+        return appointment
+
+    def remove(self, appointment: Appointment) -> None:
+        self.entries.remove(appointment)
+        self.promised -= appointment.amount
+        self.registry.forget(appointment)
+
+    def own(self, appointment: Appointment | None) -> Appointment | None:
+        """The asker's appointment (`Ask.appointment`) if it is one of this book's."""
+        return appointment if appointment is not None and appointment.book is self else None
+
+    def redeem(self, own: Appointment, now: float) -> None:
+        """Its holder was admitted (`charge`): on time, or early into capacity that was free anyway.
+        How late after its appointment it came is learnt (`Appointments.round_delay_s`)."""
+        registry = self.registry
+        if now >= own.at - registry.half_grace_s:
+            registry.count(self.reason, ON_TIME)
+            late = now - own.at
+            registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
+        else:
+            registry.count(self.reason, EARLY)
+        self.remove(own)
+
+    def refuse(
+        self,
+        now: float,
+        held: Appointment | None,
+        tenant: Tenant | None,
+        identity: int,
+        deficit: float,
+        amount: float,
+        free_at: Callable[[float, float, float], float | None],
+    ) -> tuple[int, Appointment | None]:
+        """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
+        appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
+        be released before it fits, not counting the appointments; `free_at(now, need, deficit)`:
+        when `need` will have been released (the release forecast), None when nothing is in flight."""
+        registry = self.registry
+        own = held if held is not None and held.book is self else None
+        if own is not None:
+            if now < own.at - registry.half_grace_s:  # early: told the time left, keeps its place
+                registry.count(self.reason, EARLY)
+                return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
+            registry.count(self.reason, YIELDED_AGAIN)  # in its window, and still no room: the forecast was early
+            self.remove(own)
+        elif held is not None and registry.by_ticket.get(held.ticket) is held:
+            held.book.remove(held)  # refused here now: one appointment per client
+        need = deficit + self.promised
+        release = free_at(now, need if need > 1.0 else 1.0, deficit)
+        hints = registry.hints
+        if release is None:  # nothing in flight to forecast from
+            return hints.hint_ms(now), None
+        at = release + registry.jitter_s(now)
+        wait_ms = (at - now) * 1000.0
+        policy = hints.policy
+        if wait_ms >= policy.max_ms:  # past the horizon: no promise can be made
+            return int(policy.max_ms), None
+        # In whole milliseconds, rounded up; the appointment is what the client will compute from
+        # it, to the microsecond, so that nobody is told a time before the one kept for it.
+        hint_ms = math.ceil(wait_ms - 1e-6)
+        if hint_ms < policy.min_ms:
+            hint_ms = math.ceil(policy.min_ms)
+        return hint_ms, self.book(now + hint_ms / 1000.0, amount, tenant, identity)
+
+
+class Rereleases:
+    """The times the slots promised in a book free again, in the book's order (a sequence view:
+    the release forecast picks the k-th release out of it and the requests in flight without
+    copying either)."""
+
+    __slots__ = ("_entries", "_after_s")
+
+    def __init__(self, entries: list[Appointment], after_s: float) -> None:
+        self._entries = entries
+        self._after_s = after_s
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, index: int) -> float:
+        return self._entries[index].at + self._after_s
+
+
+class Lapsed:
+    """An appointment whose window closed unredeemed, remembered for a late return."""
+
+    __slots__ = ("at", "reason", "tenant", "keys")
+
+    def __init__(self, at: float, reason: str, tenant: Tenant | None, keys: tuple[object, ...]) -> None:
+        self.at = at
+        self.reason = reason
+        self.tenant = tenant
+        self.keys = keys  # its ticket, and its identity if it had one
+
+
+class Appointments:
+    """Every book's appointments by ticket and by identity, and the outcome counts."""
+
+    __slots__ = (
+        "half_grace_s",
+        "lateness_s",
+        "hints",
+        "gap_s",
+        "by_ticket",
+        "by_identity",
+        "lapsed",
+        "outcomes",
+        "_new_ticket",
+        "_random",
+    )
+
+    def __init__(
+        self,
+        grace_s: float,
+        hints: RetryHintEstimator,
+        gap_s: Callable[[float], float],
+        new_ticket: Callable[[], str] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.half_grace_s = grace_s / 2
+        # How long after its appointment a holder comes, on average (its timers, its network).
+        self.lateness_s = 0.0
+        self.hints = hints  # the clamps, and the hint when nothing can be forecast
+        self.gap_s = gap_s  # the time between two releases now (release_forecast.py)
+        self.by_ticket: dict[str, Appointment] = {}
+        self.by_identity: dict[int, Appointment] = {}
+        self.lapsed: dict[object, Lapsed] = {}  # by ticket and by identity, oldest first
+        self.outcomes: dict[tuple[str, str], int] = {}
+        self._new_ticket = new_ticket or (lambda: secrets.token_urlsafe(12))
+        self._random = (rng or random.Random()).random
+
+    @property
+    def round_delay_s(self) -> float:
+        """How long after its appointment a holder's request starts: its learnt lateness and a
+        millisecond of margin. An appointment's slot is free again a service time after that.
+        Erring late is safe (the slot is kept for its holder through the window); early is not."""
+        return self.lateness_s + HINT_RESOLUTION_S
+
+    def rereleases(self, book: AppointmentBook, service_s: float) -> Rereleases:
+        """When the capacity promised in `book` is given back again: after its holders' service."""
+        return Rereleases(book.entries, service_s + self.round_delay_s)
+
+    def jitter_s(self, now: float) -> float:
+        """Added to a forecast: never earlier, and within a quarter of the window and half a
+        release gap (none with `RetryHintPolicy.jitter` 0), so that clients refused together do
+        not return in lockstep and each still comes inside its window."""
+        if not self.hints.policy.jitter:
+            return 0.0  # jitter switched off (tests, or an operator who wants exact hints)
+        spread = self.gap_s(now) / 2
+        if spread > self.half_grace_s / 2:
+            spread = self.half_grace_s / 2
+        return spread * self._random()
+
+    def identify(self, appointment: Appointment, identity: int) -> None:
+        """The door recognises a client's returns by `identity` (what it re-sends)."""
+        if not identity or appointment.identity:
+            return
+        old = self.by_identity.get(identity)
+        if old is not None and old is not appointment:
+            old.book.remove(old)
+        appointment.identity = identity
+        self.by_identity[identity] = appointment
+
+    def set_grace(self, grace_s: float) -> None:
+        self.half_grace_s = grace_s / 2
+
+    @property
+    def live(self) -> bool:
+        """Whether anyone holds an appointment or may return late (the doors then compute what
+        recognises a returning client)."""
+        return bool(self.by_ticket) or bool(self.lapsed)
+
+    def count(self, reason: str, outcome: str) -> None:
+        key = (reason, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def issue(self, appointment: Appointment) -> None:
+        ticket = appointment.ticket = self._new_ticket()
+        self.by_ticket[ticket] = appointment
+        if appointment.identity:
+            old = self.by_identity.get(appointment.identity)
+            if old is not None:  # the same request refused again elsewhere: one appointment each
+                old.book.remove(old)
+            self.by_identity[appointment.identity] = appointment
+
+    def forget(self, appointment: Appointment) -> None:
+        self.by_ticket.pop(appointment.ticket, None)
+        if self.by_identity.get(appointment.identity) is appointment:
+            del self.by_identity[appointment.identity]
+
+    def lapse(self, appointment: Appointment, now: float) -> None:
+        """Its window closed without it: out of its book; remembered a while for a late return."""
+        appointment.book.promised -= appointment.amount
+        self.forget(appointment)
+        keys: tuple[object, ...] = (
+            (appointment.ticket, appointment.identity) if appointment.identity else (appointment.ticket,)
+        )
+        record = Lapsed(now, appointment.book.reason, appointment.tenant, keys)
+        for key in keys:
+            self.lapsed[key] = record
+        lapsed = self.lapsed
+        while lapsed:  # the oldest first: forget those past memory (or past the bound)
+            oldest = lapsed[next(iter(lapsed))]
+            if now - oldest.at < LAPSED_MEMORY_S and len(lapsed) < 65536:
+                break
+            self._drop(oldest)
+            self.count(oldest.reason, NEVER)
+
+    def _drop(self, record: Lapsed) -> None:
+        for key in record.keys:
+            if self.lapsed.get(key) is record:
+                del self.lapsed[key]
+
+    def find(self, ticket: str | None, identity: int, tenant: Tenant | None, now: float) -> Appointment | None:
+        """The live appointment this frame holds, or None. A late return is counted here."""
+        appointment = None
+        if ticket is not None:
+            appointment = self.by_ticket.get(ticket)
+        if appointment is None and identity:
+            appointment = self.by_identity.get(identity)
+        if appointment is not None:
+            if appointment.tenant is not tenant:
+                return None  # another tenant's: no ticket
+            if appointment.closes > now:
+                return appointment
+            appointment.book.held(now, None)  # its window closed and nobody swept it yet: lapse it
+        for key in (ticket, identity):
+            record = self.lapsed.get(key) if key else None
+            if record is not None and record.tenant is tenant:
+                self._drop(record)
+                self.count(record.reason, LATE)
+                break
+        return None

@@ -1,0 +1,316 @@
+"""When will the requests in flight end? The release forecast every retry hint is read from.
+
+A refused client is told when the slot (or the tokens) it needs will be free. The governor sees
+what decides that: each running request's `max_new_tokens`, the tokens it has streamed and when
+its first one came. So each request's end is forecast from its own progress rather than from an
+average service time spread evenly over the cap (which is wrong after a burst, when requests
+admitted together end together, and wrong for a long stream that holds its slot for seconds):
+
+    release = now + (time to its first token, if it has none yet) + (tokens left) x (its step time)
+
+- **Tokens left**: `max_new_tokens` x the share of it that requests really generate (learnt from
+  the requests that ended: early end-of-sequence makes `max_new_tokens` an upper bound), less
+  what it has streamed; at least one.
+- **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
+  to its latest token (which already carries the batch it runs in and its endpoint's speed);
+  before that, by its endpoint's `EngineModel`, fitted from the gaps of the requests that ended
+  there. Its remaining tokens are counted from its latest one.
+- **Time to its first token**: its endpoint's recent admission-to-first-token time, less what it
+  has waited, at least one step.
+
+The k-th release from now is the k-th smallest forecast. Past the last request in flight, the
+releases repeat one service time later each round: the requests admitted into the freed slots end
+about a service time after they start. The same list, weighted by each request's token cost,
+answers the token budgets. The list is recomputed only when it is read and something changed
+(an admission, a first token, an end) or it is older than `STALE_S`: under a refusal storm it is
+read for every refused frame and computed a few hundred times a second.
+
+Sans-IO: the clock is passed in. Each request's forecast is remembered the first time one is made
+for it, and compared with its real end: `error` (forecast - actual, seconds) is exported as
+`governor_release_forecast_error_seconds`, `relative_errors` (|error| / its service time) is what
+the benchmark's accuracy figure is the median of.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from governor.admission.endpoint import Endpoint
+from governor.admission.limits import Grant
+from governor.latency import Histogram
+
+STALE_S = 0.02
+"""A forecast list older than this is recomputed even if nothing was admitted or ended: the
+requests in it have streamed tokens since."""
+
+SMOOTHING = 0.2
+"""EWMA weight of the newest sample of a step time, a time to first token, or a length ratio."""
+
+OWN_RATE_AFTER = 4
+"""A request that has streamed this many tokens is timed by its own inter-token gap."""
+
+MIN_REMAINING_S = 0.001
+"""The least a request still running is forecast to hold its slot when no step time is known."""
+
+FORECAST_ERROR_BUCKETS = (
+    -5.0,
+    -2.0,
+    -1.0,
+    -0.5,
+    -0.2,
+    -0.1,
+    -0.05,
+    -0.02,
+    0.0,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+)
+"""Seconds, forecast minus actual release: negative = the request ended later than forecast."""
+
+
+class EngineModel:
+    """One endpoint's speed as its streams show it: the time between two tokens of a request (a
+    decode step at the batch it ran in) and the time from admission to a first token."""
+
+    __slots__ = ("step_s", "first_token_s")
+
+    def __init__(self) -> None:
+        self.step_s: float | None = None
+        self.first_token_s: float | None = None
+
+    def observe_first_token(self, seconds: float) -> None:
+        self.first_token_s = _ewma(self.first_token_s, seconds)
+
+    def observe_stream(self, first_token_at: float, ended_at: float, tokens: int) -> None:
+        """A request streamed `tokens` tokens, the first at `first_token_at`, and ended at `ended_at`."""
+        if tokens >= 2 and ended_at > first_token_at:
+            self.step_s = _ewma(self.step_s, (ended_at - first_token_at) / (tokens - 1))
+
+
+class Ascending(Protocol):
+    """Times in ascending order, read by index (a list, or a view of a book of appointments)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> float: ...
+
+
+def _kth(a: Callable[[int], float], na: int, b: Ascending, k: int) -> float:
+    """The k-th smallest (from 0) of two ascending sequences together, by bisection on how many
+    come from `a`: O(log) reads, however long the book of appointments `b` is."""
+    nb = len(b)
+    if k >= na + nb:  # past both: the last of them (cannot happen for a refused frame's count)
+        k = na + nb - 1
+    take = k + 1
+    lo, hi = max(0, take - nb), min(take, na)
+    while True:
+        x = (lo + hi) // 2
+        y = take - x
+        a_left = a(x - 1) if x > 0 else -math.inf
+        a_right = a(x) if x < na else math.inf
+        b_left = b[y - 1] if y > 0 else -math.inf
+        b_right = b[y] if y < nb else math.inf
+        if a_left > b_right:
+            hi = x - 1
+        elif b_left > a_right:
+            lo = x + 1
+        else:
+            return a_left if a_left > b_left else b_left
+
+
+def _ewma(old: float | None, sample: float) -> float:
+    return sample if old is None else old + SMOOTHING * (sample - old)
+
+
+class ReleaseForecast:
+    """The forecast ends of the requests in flight. Charged like a limit (it never refuses): every
+    admitted request is followed from its admission to its release."""
+
+    __slots__ = (
+        "length_ratio",
+        "models",
+        "error",
+        "relative_errors",
+        "_live",
+        "_dirty",
+        "_computed_at",
+        "_times",
+        "_costs",
+        "_cumulative",
+        "_round_s",
+    )
+
+    def __init__(self) -> None:
+        self.length_ratio = 1.0  # generated tokens / max_new_tokens, over the requests that ended
+        self.models: dict[Endpoint | None, EngineModel] = {}
+        self.error = Histogram(FORECAST_ERROR_BUCKETS)
+        self.relative_errors: deque[float] = deque(maxlen=2048)
+        self._live: dict[int, Grant] = {}
+        self._dirty = True
+        self._computed_at = -math.inf
+        self._times: list[float] = []  # forecast releases, ascending
+        self._costs: list[int] = []  # the token cost each of them frees, in the same order
+        self._cumulative: list[int] = []  # running sums of _costs
+        self._round_s = 0.0  # how much later the next round of releases comes (a service time)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def model(self, endpoint: Endpoint | None) -> EngineModel:
+        model = self.models.get(endpoint)
+        if model is None:
+            model = self.models[endpoint] = EngineModel()
+        return model
+
+    # -- a Limit that never refuses: it follows each admitted request ------------------------------
+
+    def check(self, now: float, ask: object) -> None:
+        return None
+
+    def charge(self, grant: Grant, now: float) -> None:
+        grant.t_admitted = now
+        self._live[id(grant)] = grant
+        self._dirty = True
+
+    def refund(self, grant: Grant) -> None:
+        return None  # it leaves with `release`, as every request does
+
+    def release(self, grant: Grant, executed: bool) -> None:
+        if self._live.pop(id(grant), None) is not None:
+            self._dirty = True
+
+    # -- learning ------------------------------------------------------------------------------------
+
+    def started(self, grant: Grant, now: float) -> None:
+        self.model(grant.endpoint).observe_first_token(now - grant.t_admitted)
+        self._dirty = True
+
+    def ended(self, grant: Grant, executed: bool, now: float) -> None:
+        """A request ended at `now` (after `release`): its stream teaches its endpoint's step time,
+        its length the ratio, and its first forecast is scored."""
+        progress = grant.progress
+        if progress is None:
+            return
+        first = progress.t_first_token
+        tokens = progress.tokens_seen
+        if executed and first is not None:
+            self.model(grant.endpoint).observe_stream(first, now, tokens)
+            asked = grant.ask.max_new_tokens
+            if asked > 0:
+                self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
+        forecast = grant.forecast_s
+        if forecast is not None and executed:
+            error = forecast - now
+            self.error.observe(error)
+            service = now - grant.t_admitted
+            if service > 0:
+                self.relative_errors.append(abs(error) / service)
+
+    # -- the forecast --------------------------------------------------------------------------------
+
+    def _release_at(self, grant: Grant, now: float, service_s: float | None) -> float | None:
+        """When this request will give back what it was charged. Before its endpoint's step time
+        is known, its own pace, else when the observed service time (`service_s`) is up; None
+        when nothing is known yet."""
+        model = self.models.get(grant.endpoint)
+        step = None if model is None else model.step_s
+        progress = grant.progress
+        seen = 0 if progress is None else progress.tokens_seen
+        first = None if progress is None else progress.t_first_token
+        expected = grant.ask.max_new_tokens * self.length_ratio
+        left = expected - seen if expected - seen >= 1.0 else 1.0
+        if progress is not None and first is not None and seen >= 2 and (seen >= OWN_RATE_AFTER or step is None):
+            step = (progress.t_last_token - first) / (seen - 1)  # its own pace
+        if step is None:
+            if service_s is None:
+                return None
+            at = grant.t_admitted + service_s
+        elif progress is not None and first is not None:
+            at = progress.t_last_token + left * step
+        else:
+            to_first = model.first_token_s if model is not None and model.first_token_s is not None else step
+            at = grant.t_admitted + to_first
+            if at < now:  # later than usual: its first token is at least a step away
+                at = now + step
+            at += (left - 1.0) * step
+        if at > now:
+            return at
+        return now + (step if step else MIN_REMAINING_S)  # overdue: no sooner than its next token
+
+    def _compute(self, now: float, service_s: float | None) -> None:
+        pairs = []
+        unknown = []  # requests nothing can be forecast from yet (no service time, no pace)
+        for grant in self._live.values():
+            at = self._release_at(grant, now, service_s)
+            if at is None:
+                unknown.append(grant.ask.cost)
+                continue
+            if grant.forecast_s is None:
+                grant.forecast_s = at
+            pairs.append((at, grant.ask.cost))
+        pairs.sort()
+        if pairs:  # those unknown end no sooner than the last one known, as far as anyone can tell
+            pairs += [(pairs[-1][0], cost) for cost in unknown]
+        self._times = [at for at, _ in pairs]
+        self._costs = [cost for _, cost in pairs]
+        cumulative, total = [], 0
+        for cost in self._costs:
+            total += cost
+            cumulative.append(total)
+        self._cumulative = cumulative
+        # A request admitted into a freed slot ends about a service time later: the observed one,
+        # else the longest forecast (the round the requests in flight now take at most).
+        if service_s:
+            self._round_s = service_s
+        else:
+            self._round_s = self._times[-1] - now if self._times else 0.0
+        self._computed_at = now
+        self._dirty = False
+
+    def _refresh(self, now: float, service_s: float | None) -> None:
+        if self._dirty or now - self._computed_at > STALE_S:
+            self._compute(now, service_s)
+
+    def slot_free_at(
+        self, now: float, k: int, service_s: float | None, free: int = 0, promised: Ascending = ()
+    ) -> float | None:
+        """When the k-th slot (k >= 1) not yet taken comes free; None when nothing is in flight or
+        nothing is known of how long a request takes. Slots come free from three places: `free`
+        are free now (and promised: whoever takes them is not counted in `k`), each request in
+        flight releases its own, and each promised appointment's slot is free again one service
+        time after its holder took it (`promised`: those times, ascending)."""
+        self._refresh(now, service_s)
+        times = self._times
+        if self._round_s <= 0 or not (free or times):
+            return None
+        return _kth(lambda j: now if j < free else times[j - free], free + len(times), promised, k - 1 + free)
+
+    def tokens_free_at(
+        self, now: float, amount: float, service_s: float | None, start_delay_s: float = 0.0
+    ) -> float | None:
+        """When the requests in flight will have given back `amount` token cost; None when
+        nothing is in flight (or it holds no cost). Rounds as in `slot_free_at`."""
+        self._refresh(now, service_s)
+        if not self._times or self._round_s <= 0 or self._cumulative[-1] <= 0:
+            return None
+        total = self._cumulative[-1]
+        rounds, rest = divmod(amount, total)
+        if rest == 0 and rounds > 0:
+            rounds, rest = rounds - 1, total
+        index = bisect_left(self._cumulative, rest)
+        return max(now, self._times[index]) + rounds * (self._round_s + start_delay_s)
+
+    def gap_s(self, now: float, service_s: float | None) -> float:
+        """The mean time between two releases (0 when nothing is in flight)."""
+        self._refresh(now, service_s)
+        return self._round_s / len(self._times) if self._times else 0.0

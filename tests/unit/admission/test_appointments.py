@@ -1,0 +1,318 @@
+"""Appointments: the retry hint as a binding promise (admission/appointments.py), through the real
+`Admission` in front of a simulated engine with known step times, on a simulated clock."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from governor.admission.appointments import LAPSED_MEMORY_S, Appointment, Appointments
+from governor.admission.cost import Ask
+from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.limits import Grant, Refusal
+from governor.admission.tenant import Tenant, TenantLimits
+
+GRACE_S = 0.05
+
+
+@dataclass
+class Stream:
+    tokens_seen: int = 0
+    t_first_token: float | None = None
+    t_last_token: float = 0.0
+
+
+@dataclass
+class Engine:
+    """Each admitted request: its first token `first_s` after admission, then one every `step_s`,
+    `tokens` in all, and it ends with its last. Exact, so the forecast can be exact."""
+
+    admission: Admission
+    first_s: float
+    step_s: float
+    tokens: int
+    events: list[tuple[float, int, str, Grant, Stream]] = field(default_factory=list)
+    _order: itertools.count[int] = field(default_factory=itertools.count)
+
+    def start(self, grant: Grant, now: float) -> None:
+        stream = Stream()
+        grant.progress = stream
+        for i in range(self.tokens):
+            at = now + self.first_s + i * self.step_s
+            heapq.heappush(self.events, (at, next(self._order), "token", grant, stream))
+        end = now + self.first_s + (self.tokens - 1) * self.step_s
+        heapq.heappush(self.events, (end, next(self._order), "end", grant, stream))
+
+    def run_until(self, t: float) -> None:
+        while self.events and self.events[0][0] <= t + 1e-9:
+            at, _, kind, grant, stream = heapq.heappop(self.events)
+            if kind == "token":
+                stream.tokens_seen += 1
+                stream.t_last_token = at
+                if stream.t_first_token is None:
+                    stream.t_first_token = at
+                    self.admission.started(grant, at - grant.t_admitted, at)
+            else:
+                self.admission.release(grant, True, at)
+
+
+def governor(cap: int, first_s: float, step_s: float, tokens: int) -> tuple[Admission, Engine, Endpoint]:
+    endpoint = Endpoint("e", EndpointLimits(), now=0.0)
+    endpoint.up = True
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), cap)
+    admission = Admission([endpoint], cap, 0.0, 0.0, hints, now=0.0, appointment_grace_s=GRACE_S)
+    # What earlier requests taught: the engine's exact speed.
+    model = admission.forecast.model(endpoint)
+    model.first_token_s, model.step_s = first_s, step_s
+    hints.observe_service_time(first_s + (tokens - 1) * step_s)
+    return admission, Engine(admission, first_s, step_s, tokens), endpoint
+
+
+def ask(tokens: int, identity: int, ticket: str | None = None, tenant: Tenant | None = None) -> Ask:
+    a = Ask(max_new_tokens=tokens, cost=tokens)
+    a.identity, a.ticket, a.tenant = identity, ticket, tenant
+    return a
+
+
+def test_the_hint_is_the_slots_release_and_the_slot_is_kept_for_its_holder() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)  # 0.3 s each
+    holder = admission.decide(0.0, ask(11, 1))
+    assert isinstance(holder, Grant)
+    engine.start(holder, 0.0)
+    engine.run_until(0.05)
+    refused = admission.decide(0.05, ask(11, 2))
+    assert isinstance(refused, Refusal) and refused.reason == "inflight"
+    assert refused.hint_ms == 250 and refused.appointment is not None
+    ticket = refused.appointment.ticket
+    engine.run_until(0.3)  # the slot frees exactly when forecast
+    # a fresh frame in the window is refused: the slot is kept; it is told the next one, a service
+    # time later (and the hint's resolution: a holder starts up to 1 ms after its release)
+    fresh = admission.decide(0.3, ask(11, 3))
+    assert isinstance(fresh, Refusal) and fresh.hint_ms == 301
+    # the holder comes back, with its ticket and a different body: admitted
+    back = admission.decide(0.301, ask(11, 99, ticket=ticket))
+    assert isinstance(back, Grant)
+    assert admission.appointments.outcomes == {("inflight", "on_time"): 1}
+
+
+def test_an_early_holder_is_told_the_time_left_and_keeps_its_appointment() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    refused = admission.decide(0.0, ask(11, 2))
+    assert isinstance(refused, Refusal) and refused.hint_ms == 300
+    appointment = refused.appointment
+    again = admission.decide(0.1, ask(11, 2))  # recognised by what it re-sends
+    assert isinstance(again, Refusal) and again.hint_ms == 200 and again.appointment is appointment
+    assert admission.appointments.outcomes == {("inflight", "early"): 1}
+    engine.run_until(0.3)
+    assert isinstance(admission.decide(0.3, ask(11, 2)), Grant)
+
+
+def test_forged_reused_and_other_tenants_tickets_are_no_ticket() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    alice = Tenant("alice", TenantLimits(), admission.hints, 0.0)
+    mallory = Tenant("mallory", TenantLimits(), admission.hints, 0.0)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    refused = admission.decide(0.0, ask(11, 2, tenant=alice))
+    assert isinstance(refused, Refusal) and refused.appointment is not None
+    ticket = refused.appointment.ticket
+    engine.run_until(0.3)
+    for frame in (ask(11, 3, ticket="forged"), ask(11, 4, ticket=ticket, tenant=mallory)):
+        decision = admission.decide(0.3, frame)
+        assert isinstance(decision, Refusal) and decision.appointment is not ticket
+    admitted = admission.decide(0.3, ask(11, 5, ticket=ticket, tenant=alice))
+    assert isinstance(admitted, Grant)
+    admission.release(admitted, True)
+    # used once: the same ticket again is nobody's
+    assert admission.appointments.find(ticket, 0, alice, 0.31) is None
+
+
+def test_a_no_show_idles_the_slot_for_the_window_only_and_is_counted_never() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    assert isinstance(admission.decide(0.0, ask(11, 2)), Refusal)
+    engine.run_until(0.3)
+    assert isinstance(admission.decide(0.3 + GRACE_S / 2 - 0.001, ask(11, 3)), Refusal)  # still kept
+    assert isinstance(admission.decide(0.3 + GRACE_S / 2 + 1e-9, ask(11, 4)), Grant)  # the window closed
+    registry = admission.appointments
+    assert registry.outcomes == {}
+    book = admission.inflight.book
+    assert book is not None
+    registry.lapse(Appointment(1.0, 1.0, book, None, 0), 0.3 + LAPSED_MEMORY_S + 1)
+    assert registry.outcomes == {("inflight", "never"): 1}
+
+
+def test_a_late_return_is_counted_and_treated_as_a_new_client() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    assert isinstance(admission.decide(0.0, ask(11, 2)), Refusal)
+    engine.run_until(1.0)
+    assert isinstance(admission.decide(1.0, ask(11, 2)), Grant)
+    assert admission.appointments.outcomes == {("inflight", "late"): 1}
+
+
+def test_a_full_book_makes_no_promise() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    book = admission.inflight.book
+    assert book is not None
+    book.max_entries = 2
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    booked = []
+    for i in range(3):
+        decision = admission.decide(0.0, ask(11, 10 + i))  # a limit's refusal is reused: read it now
+        booked.append(isinstance(decision, Refusal) and decision.appointment is not None)
+    assert booked == [True, True, False]
+
+
+def test_the_token_budget_books_the_time_its_tokens_are_given_back() -> None:
+    endpoint = Endpoint("e", EndpointLimits(), now=0.0)
+    endpoint.up = True
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), 8)
+    admission = Admission([endpoint], 8, 0.0, 0.0, hints, now=0.0, max_inflight_tokens=100)
+    hints.observe_service_time(1.0)
+    first = admission.decide(0.0, ask(60, 1))
+    second = admission.decide(0.5, ask(40, 2))
+    assert isinstance(first, Grant) and isinstance(second, Grant)
+    small = admission.decide(0.6, ask(30, 3))  # needs 30 of the first one's 60: at 1.0
+    assert isinstance(small, Refusal) and (small.reason, small.hint_ms) == ("tokens", 400)
+    # needs 90 after the 30 promised: all 100 held now (at 1.5), and 20 of what the small one
+    # takes at 1.0 and gives back a service time (and 1 ms) later
+    large = admission.decide(0.6, ask(90, 4))
+    assert isinstance(large, Refusal) and (large.reason, large.hint_ms) == ("tokens", 1401)
+
+
+def test_jitter_is_never_earlier_and_stays_inside_the_window() -> None:
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.2), 8)
+    registry = Appointments(0.05, hints, lambda now: 0.2)
+    draws = [registry.jitter_s(0.0) for _ in range(1000)]
+    assert min(draws) >= 0.0 and max(draws) <= 0.05 / 4
+
+
+# -- properties -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cap=st.integers(1, 4),
+    tokens=st.integers(1, 6),
+    gaps=st.lists(st.floats(0.0, 0.08), min_size=1, max_size=30),
+)
+def test_with_exact_service_times_every_on_time_return_is_admitted(cap: int, tokens: int, gaps: list[float]) -> None:
+    """Clients arrive at random; every refused one comes back exactly at its hint (as a client
+    honouring it does, to the millisecond), sending back its ticket: each is admitted."""
+    admission, engine, _ = governor(cap, first_s=0.03, step_s=0.01, tokens=tokens)
+    returns: list[tuple[float, int, str]] = []
+    now = 0.0
+    identities = itertools.count(1)
+
+    def arrive(at: float, identity: int, ticket: str | None) -> None:
+        engine.run_until(at)
+        decision = admission.decide(at, ask(tokens, identity, ticket))
+        if isinstance(decision, Grant):
+            engine.start(decision, at)
+            assert admission.inflight.inflight <= cap
+            return
+        assert ticket is None, f"an on-time return was refused at {at}: {decision!r}"
+        assert decision.appointment is not None
+        heapq.heappush(returns, (at + decision.hint_ms / 1000, identity, decision.appointment.ticket))
+
+    for gap in gaps:
+        now += gap
+        while returns and returns[0][0] <= now:
+            arrive(*heapq.heappop(returns))
+        arrive(now, next(identities), None)
+    while returns:
+        arrive(*heapq.heappop(returns))
+    outcomes = admission.appointments.outcomes
+    assert set(outcomes) <= {("inflight", "on_time")}
+
+
+class AppointmentsMachine(RuleBasedStateMachine):
+    """Arrivals, returns (on time, early, late, never, with forged or stolen tickets), and the
+    engine's releases, in any order: caps hold, no appointment is promised twice, a slot is kept
+    for an appointment only inside its window, and every return is counted once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cap = 2
+        self.admission, self.engine, _ = governor(self.cap, first_s=0.03, step_s=0.01, tokens=4)
+        self.now = 0.0
+        self.identities = itertools.count(1)
+        self.appointments: list[Appointment] = []
+        self.returns = 0
+
+    def decide(self, a: Ask) -> Grant | Refusal:
+        self.engine.run_until(self.now)
+        decision = self.admission.decide(self.now, a)
+        if isinstance(decision, Grant):
+            self.engine.start(decision, self.now)
+        elif decision.appointment is not None and decision.appointment not in self.appointments:
+            self.appointments.append(decision.appointment)
+        return decision
+
+    @rule()
+    def arrive(self) -> None:
+        self.decide(ask(4, next(self.identities)))
+
+    @rule(dt=st.floats(0.0, 0.1))
+    def advance(self, dt: float) -> None:
+        self.now += dt
+        self.engine.run_until(self.now)
+
+    @rule(data=st.data(), how=st.sampled_from(["ticket", "identity", "forged", "stolen"]))
+    def come_back(self, data: st.DataObject, how: str) -> None:
+        if not self.appointments:
+            return
+        appointment = data.draw(st.sampled_from(self.appointments))
+        other = Tenant("other", TenantLimits(), self.admission.hints, 0.0)
+        frames = {
+            "ticket": ask(4, 0, appointment.ticket),
+            "identity": ask(4, appointment.identity),
+            "forged": ask(4, next(self.identities), "forged-" + appointment.ticket),
+            "stolen": ask(4, next(self.identities), appointment.ticket, tenant=other),
+        }
+        self.returns += how in ("ticket", "identity")
+        self.decide(frames[how])
+
+    @invariant()
+    def caps_hold_and_promises_are_single(self) -> None:
+        admission = self.admission
+        assert 0 <= admission.inflight.inflight <= self.cap
+        book = admission.inflight.book
+        assert book is not None
+        tickets = [entry.ticket for entry in book.entries]
+        assert len(tickets) == len(set(tickets))
+        registry = admission.appointments
+        assert set(registry.by_ticket) == set(tickets)
+        assert abs(book.promised - len(book.entries)) < 1e-9
+        assert all(entry.closes > entry.at for entry in book.entries)
+        # a slot is kept only for appointments inside their window, never more than the cap
+        held = book.held(self.now, None)
+        assert held <= len(book.entries)
+        assert all(entry.at - registry.half_grace_s <= self.now for entry in book.entries[: int(held)])
+
+    @invariant()
+    def every_return_is_counted_at_most_once(self) -> None:
+        counted = sum(n for (_, outcome), n in self.admission.appointments.outcomes.items() if outcome != "never")
+        assert counted <= self.returns
+
+
+TestAppointmentsMachine = AppointmentsMachine.TestCase
+TestAppointmentsMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

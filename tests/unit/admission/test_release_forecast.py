@@ -1,0 +1,123 @@
+"""The release forecast: each request's end from its own progress, the k-th release, the token
+cost released over time, and the forecast scored against the real end (simulated clock)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from governor.admission.cost import Ask
+from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.limits import Grant
+from governor.admission.release_forecast import ReleaseForecast
+
+
+@dataclass
+class Stream:
+    tokens_seen: int = 0
+    t_first_token: float | None = None
+    t_last_token: float = 0.0
+
+    def token(self, now: float) -> None:
+        self.tokens_seen += 1
+        self.t_last_token = now
+        if self.t_first_token is None:
+            self.t_first_token = now
+
+
+ENDPOINT = Endpoint("e", EndpointLimits(), now=0.0)
+
+
+def admitted(forecast: ReleaseForecast, now: float, max_new_tokens: int, cost: int = 0) -> tuple[Grant, Stream]:
+    grant = Grant(Ask(max_new_tokens=max_new_tokens, cost=cost))
+    grant.endpoint = ENDPOINT
+    stream = Stream()
+    grant.progress = stream
+    forecast.charge(grant, now)
+    return grant, stream
+
+
+def test_nothing_observed_yet_forecasts_nothing() -> None:
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10)
+    assert forecast.slot_free_at(0.0, 1, None) is None
+
+
+def test_before_any_step_time_a_request_ends_one_service_time_after_its_admission() -> None:
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10)
+    admitted(forecast, 0.5, 10)
+    assert forecast.slot_free_at(1.0, 1, 2.0) == pytest.approx(2.0)
+    assert forecast.slot_free_at(1.0, 2, 2.0) == pytest.approx(2.5)
+    # the slot promised to an appointment at 2.0 is free again after its holder's service
+    assert forecast.slot_free_at(1.0, 3, 2.0, promised=[4.0]) == pytest.approx(4.0)
+    assert forecast.slot_free_at(1.0, 2, 2.0, promised=[2.2]) == pytest.approx(2.2)
+    # a slot free now counts first (its holder is not among the k)
+    assert forecast.slot_free_at(1.0, 1, 2.0, free=1, promised=[3.0]) == pytest.approx(2.0)
+
+
+def test_a_long_stream_is_forecast_from_its_own_pace_not_an_average() -> None:
+    """The openai SDK case: one request asked for 100 tokens and streams one every 20 ms."""
+    forecast = ReleaseForecast()
+    forecast.model(ENDPOINT).step_s = 0.001  # what short requests taught: far faster
+    _, stream = admitted(forecast, 0.0, 100)
+    for i in range(25):
+        stream.token(0.1 + 0.02 * i)
+    now = stream.t_last_token + 0.005
+    # 75 tokens left at 20 ms each, from its latest token
+    assert forecast.slot_free_at(now, 1, 0.05) == pytest.approx(stream.t_last_token + 75 * 0.02)
+
+
+def test_a_request_without_a_first_token_waits_for_it_then_decodes() -> None:
+    forecast = ReleaseForecast()
+    model = forecast.model(ENDPOINT)
+    model.step_s, model.first_token_s = 0.01, 0.2
+    admitted(forecast, 0.0, 11)
+    assert forecast.slot_free_at(0.05, 1, None) == pytest.approx(0.2 + 10 * 0.01)
+    assert forecast.slot_free_at(0.195, 1, None) == pytest.approx(0.2 + 10 * 0.01)
+    # past its usual first-token time, it is at least a step away from its first token
+    assert forecast.slot_free_at(0.5, 1, None) == pytest.approx(0.5 + 0.01 + 10 * 0.01)
+
+
+def test_an_early_end_of_sequence_is_learnt_as_a_length_ratio() -> None:
+    forecast = ReleaseForecast()
+    for k in range(40):  # every request stops after half of what it asked for
+        grant, stream = admitted(forecast, k, 20)
+        for i in range(10):
+            stream.token(k + 0.1 + 0.01 * i)
+        forecast.release(grant, True)
+        forecast.ended(grant, True, k + 0.2)
+    assert forecast.length_ratio == pytest.approx(0.5, abs=0.01)
+    assert forecast.models[ENDPOINT].step_s == pytest.approx((0.2 - 0.1) / 9)
+
+
+def test_token_cost_released_over_time_is_the_running_sum_of_the_forecast_ends() -> None:
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10, cost=30)
+    admitted(forecast, 0.4, 10, cost=50)
+    assert forecast.tokens_free_at(0.5, 30, 1.0) == pytest.approx(1.0)
+    assert forecast.tokens_free_at(0.5, 31, 1.0) == pytest.approx(1.4)
+    assert forecast.tokens_free_at(0.5, 80, 1.0) == pytest.approx(1.4)
+    assert forecast.tokens_free_at(0.5, 110, 1.0) == pytest.approx(2.0)  # the next round
+
+
+def test_the_first_forecast_of_a_request_is_scored_against_its_end() -> None:
+    forecast = ReleaseForecast()
+    grant, _ = admitted(forecast, 0.0, 10)
+    assert forecast.slot_free_at(0.0, 1, 1.0) == pytest.approx(1.0)
+    forecast.slot_free_at(0.5, 1, 3.0)  # a later, different forecast does not replace the first
+    forecast.release(grant, True)
+    forecast.ended(grant, True, 1.25)
+    assert list(forecast.relative_errors) == [pytest.approx(0.2)]
+    assert forecast.error.count == 1 and forecast.error.total == pytest.approx(-0.25)
+    assert len(forecast) == 0
+
+
+def test_the_list_is_recomputed_when_a_request_ends() -> None:
+    forecast = ReleaseForecast()
+    first, _ = admitted(forecast, 0.0, 10)
+    admitted(forecast, 0.5, 10)
+    assert forecast.slot_free_at(0.6, 1, 1.0) == pytest.approx(1.0)
+    forecast.release(first, True)
+    assert forecast.slot_free_at(0.6, 1, 1.0) == pytest.approx(1.5)
