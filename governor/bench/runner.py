@@ -5,8 +5,9 @@ the earlier ones, spread round-robin over `--connections` pipelined connections.
 (`--concurrency N`): N clients, each sending its next request when its previous one ended.
 With `--tenant-mix` each request's frames carry its group's tenant and class; a tenant with a
 `--tenant-token` has `--connections` connections of its own, opened with that secret.
-With `--retry` a yielded request is sent again after its `retry_hint_ms` (times a jitter factor
-in [1, 1.2)), up to `--max-retries` times; its TTFT and latency then count from its first
+With `--retry` a yielded request is sent again after its `retry_hint_ms` (exactly, with its
+`retry_ticket`, when the yield booked an appointment; else times a jitter factor in [1, 1.2)), up
+to `--max-retries` times; its TTFT and latency then count from its first
 submission, as its user would see them.
 """
 
@@ -56,6 +57,7 @@ class _Request:
     client: AsyncClient  # the connection its attempts go over
     sample: RequestSample
     finished: asyncio.Event = field(default_factory=asyncio.Event)
+    ticket: str | None = None  # the appointment its last yield booked, sent back by its retry
 
 
 def make_prompts(config: BenchConfig, rng: random.Random) -> list[str]:
@@ -205,6 +207,7 @@ class BenchRun:
                 functools.partial(self._on_event, request, now),
                 tenant=request.group.tenant or None,
                 priority=request.group.priority,
+                retry_ticket=request.ticket,
                 **self._fields,
             )
         except ConnectionLost:
@@ -227,7 +230,9 @@ class BenchRun:
         elif isinstance(event, Yielded):
             sample.yield_latencies.append(now - sent)
             if self.config.retry and sample.attempts <= self.config.max_retries:
-                hint_s = event.retry_hint_ms / 1000 * self.rng.uniform(1.0, 1.2)
+                request.ticket = event.retry_ticket
+                jitter = 1.0 if event.retry_ticket is not None else self.rng.uniform(1.0, 1.2)
+                hint_s = event.retry_hint_ms / 1000 * jitter
                 asyncio.get_running_loop().call_later(hint_s, self._send, request)
             else:
                 self._settle(request, "yield", now, event.reason)

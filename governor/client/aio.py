@@ -134,12 +134,20 @@ class AsyncClient:
         return AsyncStream(self._tokens(prompt, fields))
 
     def submit(
-        self, prompt: str, on_event: Route, *, tenant: str | None = None, priority: str | None = None, **fields: Any
+        self,
+        prompt: str,
+        on_event: Route,
+        *,
+        tenant: str | None = None,
+        priority: str | None = None,
+        retry_ticket: str | None = None,
+        **fields: Any,
     ) -> str:
         """Send a generate now, without waiting or retrying, and pass each of its events to
         `on_event` as it is read: for harnesses that time every reply (`governor bench`). The
-        client must be connected. Returns the request id."""
-        rid, frame = self._session.generate(prompt, {**identity(tenant, priority), **fields})
+        client must be connected; a retry of a yielded request passes the yield's `retry_ticket`.
+        Returns the request id."""
+        rid, frame = self._session.generate(prompt, {**identity(tenant, priority), **fields}, retry_ticket)
         self._routes[rid] = on_event
         try:
             self._write(frame)
@@ -178,9 +186,10 @@ class AsyncClient:
 
     async def _tokens(self, prompt: str, fields: dict[str, Any]) -> AsyncGenerator[Token | Result, None]:
         attempts = self._retries.start()
+        ticket: str | None = None
         while True:
             await self.connect()
-            rid, frame = self._session.generate(prompt, fields)
+            rid, frame = self._session.generate(prompt, fields, ticket)
             queue = self._queue(rid)
             started = False
             try:
@@ -199,6 +208,7 @@ class AsyncClient:
                 wait_s = None if started else attempts.wait_s(failure)
                 if wait_s is None:
                     raise
+                ticket = failure.retry_ticket if isinstance(failure, Yielded) else None
                 await asyncio.sleep(wait_s)
             finally:
                 self._abandon(rid)

@@ -1,7 +1,8 @@
 """When a client retries: the hint, a deadline, jitter, and a budget (sans-IO).
 
 A yield is the governor saying "not now"; a client that retries every yield at once turns an
-overload into a retry storm. So retries follow `retry_hint_ms` with jitter, stop at
+overload into a retry storm. So retries follow `retry_hint_ms` (exactly, when the yield booked
+an appointment and carries its `retry_ticket`; else with a jitter that only ever adds), stop at
 `max_attempts` or the deadline, and are capped by a budget shared by all requests of one client:
 retries may add at most `budget_ratio` of the first attempts (plus a small reserve), the rule of
 gRPC's retry throttling and the SRE book's per-client retry budget.
@@ -19,20 +20,24 @@ from govwire.errors import GovernorError, WorkerUnavailable
 
 class Yielded(Exception):
     """The governor refused the request for now. `retry_hint_ms` says when a retry is likely to be
-    admitted and `reason` which limit fired (protocol.md)."""
+    admitted and `reason` which limit fired; with a `retry_ticket` the governor keeps the capacity
+    for a retry that sends it back at that time (protocol.md)."""
 
-    def __init__(self, request_id: str, retry_hint_ms: int, reason: str) -> None:
+    def __init__(self, request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None) -> None:
         super().__init__(f"yielded ({reason}); retry in {retry_hint_ms} ms")
         self.request_id = request_id
         self.retry_hint_ms = retry_hint_ms
         self.reason = reason
+        self.retry_ticket = retry_ticket
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_attempts: int = 5  # first attempt included; 1 = never retry
     deadline_s: float = 30.0  # no retry starts later than this after the first attempt
-    jitter: float = 0.2  # each wait is the hint times a uniform factor in [1 - jitter, 1 + jitter]
+    # Each wait without a ticket is the hint times a uniform factor in [1, 1 + jitter]: never
+    # sooner than told. With a ticket the wait is the hint: the capacity is kept for it then.
+    jitter: float = 0.2
     budget_ratio: float = 0.2  # retries may add at most this fraction of first attempts...
     budget_reserve: float = 10.0  # ...plus this many (so a quiet client can still retry)
     unavailable_backoff_ms: float = 250.0  # `worker_unavailable` has no hint: first wait, doubling
@@ -89,13 +94,16 @@ class Attempts:
 
     def wait_s(self, failure: Yielded | GovernorError) -> float | None:
         policy = self._policy
+        jitter = policy.jitter
         if isinstance(failure, Yielded):
             base_ms = float(failure.retry_hint_ms)
+            if failure.retry_ticket is not None:
+                jitter = 0.0  # an appointment: come at its time, not later
         elif isinstance(failure, WorkerUnavailable):
             base_ms, self._backoff_ms = self._backoff_ms, self._backoff_ms * 2
         else:
             return None  # the request itself is at fault, or it may have run: not ours to repeat
-        wait_s = base_ms / 1000 * self._rng.uniform(1 - policy.jitter, 1 + policy.jitter)
+        wait_s = base_ms / 1000 * self._rng.uniform(1, 1 + jitter)
         if self._made >= policy.max_attempts or self._clock() + wait_s - self._started > policy.deadline_s:
             return None
         if not self._budget.withdraw():

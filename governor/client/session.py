@@ -75,7 +75,13 @@ def event_of(reply: dict[str, Any]) -> Event | None:
     if status == Status.DONE:
         return Result.from_reply(reply)
     if status == Status.YIELD:
-        return Yielded(str(reply.get("id")), int(reply.get("retry_hint_ms", 0)), str(reply.get("reason")))
+        ticket = reply.get("retry_ticket")
+        return Yielded(
+            str(reply.get("id")),
+            int(reply.get("retry_hint_ms", 0)),
+            str(reply.get("reason")),
+            ticket if type(ticket) is str else None,
+        )
     if status == Status.ERROR:
         return error_from_code(str(reply.get("code")), str(reply.get("message", "")), reply.get("id"))
     if status == Status.ACCEPTED:
@@ -86,7 +92,7 @@ def event_of(reply: dict[str, Any]) -> Event | None:
 FINAL = (Result, Yielded, GovernorError)
 
 
-RESERVED_FIELDS = frozenset({"id", "op", "prompt", "size", "sha256", "ack", "integrity"})
+RESERVED_FIELDS = frozenset({"id", "op", "prompt", "size", "sha256", "ack", "integrity", "retry_ticket"})
 
 
 def identity(tenant: str | None, priority: str | None) -> dict[str, str]:
@@ -118,13 +124,16 @@ class Session:
         self._unacknowledged.append(ReservedId.AUTH)
         return encode({"id": ReservedId.AUTH, **secret.frame()})
 
-    def generate(self, prompt: str, fields: dict[str, Any]) -> tuple[str, bytes]:
+    def generate(self, prompt: str, fields: dict[str, Any], retry_ticket: str | None = None) -> tuple[str, bytes]:
+        """A generate frame; a retry sends back the ticket of the yield it follows."""
         reserved = RESERVED_FIELDS.intersection(fields)
         if reserved:
             raise TypeError(f"the client sets {', '.join(sorted(reserved))} itself")
         rid = next(self._ids)
         self._unacknowledged.append(rid)
         self.open.add(rid)
+        if retry_ticket is not None:
+            fields = {**fields, "retry_ticket": retry_ticket}
         return rid, encode(generate_frame(rid, prompt, ack=True, **fields))
 
     def control(self, op: str) -> tuple[str, bytes]:

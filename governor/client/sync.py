@@ -149,8 +149,9 @@ class Client:
 
     def _tokens(self, prompt: str, fields: dict[str, Any]) -> Generator[Token, None, Result]:
         attempts = self._retries.start()
+        ticket: str | None = None
         while True:
-            rid = self._send_generate(prompt, fields)
+            rid = self._send_generate(prompt, fields, ticket)
             started = False
             try:
                 while True:
@@ -166,13 +167,14 @@ class Client:
                 wait_s = None if started else attempts.wait_s(failure)
                 if wait_s is None:
                     raise
+                ticket = failure.retry_ticket if isinstance(failure, Yielded) else None
                 time.sleep(wait_s)
             finally:
                 self._abandon(rid)
 
-    def _send_generate(self, prompt: str, fields: dict[str, Any]) -> str:
+    def _send_generate(self, prompt: str, fields: dict[str, Any], retry_ticket: str | None) -> str:
         self._ensure_connected()
-        rid, frame = self._session.generate(prompt, fields)
+        rid, frame = self._session.generate(prompt, fields, retry_ticket)
         self._queues[rid] = deque()
         self._send(frame)
         return rid

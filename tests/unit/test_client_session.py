@@ -39,6 +39,17 @@ def test_replies_become_tokens_results_and_typed_failures_for_their_own_request(
     assert session.open == set()  # both are final
 
 
+def test_a_yield_s_ticket_is_read_and_a_retry_sends_it_back() -> None:
+    session = Session(request_ids())
+    a, _ = session.generate("hi", {})
+    ((_, yielded),) = session.feed(line(id=a, status="yield", retry_hint_ms=40, reason="inflight", retry_ticket="t1"))
+    assert isinstance(yielded, Yielded) and yielded.retry_ticket == "t1"
+    _, retry = session.generate("hi", {}, retry_ticket=yielded.retry_ticket)
+    assert orjson.loads(retry)["retry_ticket"] == "t1"
+    with pytest.raises(TypeError):
+        session.generate("hi", {"retry_ticket": "mine"})  # the client sends tickets itself
+
+
 def test_an_id_less_error_belongs_to_the_oldest_frame_without_a_first_reply() -> None:
     session = Session(request_ids())
     a, _ = session.generate("x" * 10, {})
@@ -106,8 +117,17 @@ def test_attempts_wait_the_hint_with_jitter_and_stop_at_the_limits() -> None:
     clock = Clock()
     policy = RetryPolicy(max_attempts=3, deadline_s=10.0, jitter=0.2)
     attempts = Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(1))
+    waits = [
+        Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(seed)).wait_s(Yielded("r", 500, "inflight"))
+        for seed in range(50)
+    ]
+    assert all(w is not None and 0.5 <= w <= 0.6 for w in waits)  # never sooner than told
+    assert len(set(waits)) > 1
+    # an appointment (a ticket) is kept at its time: no jitter, which could only make it late
+    booked = Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(1))
+    assert booked.wait_s(Yielded("r", 500, "inflight", "t1")) == 0.5
     wait = attempts.wait_s(Yielded("r", 500, "inflight"))
-    assert wait is not None and 0.4 <= wait <= 0.6
+    assert wait is not None
     assert attempts.wait_s(WorkerUnavailable("starting")) is not None  # backoff, no hint needed
     assert attempts.wait_s(Yielded("r", 1, "inflight")) is None  # 3 attempts made
     fresh = Attempts(policy, RetryBudget(0.0, 100.0), clock, random.Random(1))
