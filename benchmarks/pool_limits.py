@@ -5,12 +5,14 @@
    with `--qps-burst 1` and with a burst of max(2, R/10). The first `burst` admissions (the
    bank the bucket starts with) are left out of the rate.
 2. Hint accuracy: every yielded request is retried once, after exactly its `retry_hint_ms`; the
-   share of those retries that are admitted, for each binding constraint: `qps` (`--max-qps 100`)
-   and `inflight` (`--max-inflight 8`, echo worker holding each request about 50 ms). Two loads:
-   sustained at twice what the limit admits (retries compete with new arrivals), and a burst of
-   200 at once with nothing after it (only the retries come back).
+   share of those retries that are admitted, for each binding constraint: `qps` (`--max-qps 100`),
+   `inflight` (`--max-inflight 8`, echo worker holding each request about 50 ms) and `tokens`
+   (`--max-inflight-tokens 80`, requests costing 10 each, the same worker). Two loads: sustained
+   at twice what the limit admits (retries compete with new arrivals), and a burst of 200 at once
+   with nothing after it (only the retries come back). The retry re-sends the same frame (same
+   id and prompt), as a client knowing nothing of tickets would; the governor recognises it.
 
-    python -m benchmarks.pool_limits [--seconds 3] [--rates 10,30,100,300,1000]
+    python -m benchmarks.pool_limits [--seconds 3] [--rates 10,30,100,300,1000] [--only hints]
 """
 
 from __future__ import annotations
@@ -39,9 +41,9 @@ class Tally:
     hints_ms: list[int] = field(default_factory=list)
 
 
-async def offer(port: int, rate: float, seconds: float, retry: bool) -> Tally:
+async def offer(port: int, rate: float, seconds: float, retry: bool, **fields: Any) -> Tally:
     """Open loop at `rate` for `seconds` over one connection; with `retry`, each yielded request is
-    sent once more after exactly its hint."""
+    sent once more after exactly its hint. `fields` go into every frame."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
     loop = asyncio.get_running_loop()
     tally = Tally()
@@ -51,7 +53,7 @@ async def offer(port: int, rate: float, seconds: float, retry: bool) -> Tally:
 
     def send(rid: str, attempt: int) -> None:
         outstanding[rid] = attempt
-        frame = generate_frame(rid, "ab", max_new_tokens=1, ack=True)
+        frame = generate_frame(rid, "ab", max_new_tokens=1, ack=True, **fields)
         writer.write(encode(frame))
 
     def settle(rid: str) -> None:
@@ -131,16 +133,22 @@ def hint_accuracy(args: argparse.Namespace) -> list[list[str]]:
             200.0,
         ),
         "inflight (--max-inflight 8, ~50 ms each)": (("--max-inflight", "8"), ("--first-token-delay-ms", "50"), 320.0),
+        "tokens (--max-inflight-tokens 80, 10 each, ~50 ms)": (
+            ("--max-inflight", "100000", "--max-inflight-tokens", "80"),
+            ("--first-token-delay-ms", "50"),
+            320.0,
+        ),
     }
     rows = []
     for (name, (flags, worker, rate)), burst in itertools.product(cases.items(), (False, True)):
+        fields = {"prompt_tokens": 9} if name.startswith("tokens") else {}  # 9 + 1 output token
         proc, port = start_governor(*flags, worker_args=worker)
         try:
-            asyncio.run(offer(port, rate, 0.5, retry=True))  # warm-up: observed service times
+            asyncio.run(offer(port, rate, 0.5, retry=True, **fields))  # warm-up: observed service times
             time.sleep(1.0)
             # sustained: twice the admissible rate throughout; burst: 200 at once, then only retries
             load = (20_000.0, 0.01) if burst else (rate, args.seconds)
-            tally = asyncio.run(offer(port, *load, retry=True))
+            tally = asyncio.run(offer(port, *load, retry=True, **fields))
         finally:
             stop(proc)
         share = tally.retry_accepted / tally.retried if tally.retried else 0.0
@@ -163,13 +171,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rates", default="10,30,100,300,1000")
+    parser.add_argument("--only", choices=("qps", "hints"), help="run only the QPS accuracy or the hint part")
     args = parser.parse_args()
     out_dir()
-    qps = qps_accuracy(args)
-    hints = hint_accuracy(args)
+    qps = qps_accuracy(args) if args.only != "hints" else []
+    hints = hint_accuracy(args) if args.only != "qps" else []
     print(f"\nmachine: {machine()}\n")
-    print(markdown_table(["--max-qps", "--qps-burst", "offered/s", "admitted", "admitted/s", "ratio"], qps))
-    print()
+    if qps:
+        print(markdown_table(["--max-qps", "--qps-burst", "offered/s", "admitted", "admitted/s", "ratio"], qps))
+        print()
+    if not hints:
+        return
     headers = ["binding limit", "offered", "admitted first", "yielded first", "hint p50 / max (ms)"]
     print(markdown_table([*headers, "retries at the hint admitted"], hints))
 

@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from governor.admission.adaptive_limit import AdaptiveMode
+from governor.admission.appointments import OUTCOMES
 from governor.admission.tally import Tally
 from governor.fleet.lease import RESOURCES
 from governor.fleet.member import FleetMember
@@ -322,17 +323,19 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
         " still no room), never (did not come back).",
         labels=["reason", "outcome"],
     )
-    for (reason, outcome), n in sorted(appointments.outcomes.items()):
-        outcomes.add_metric([reason, outcome], n)
+    books = [book for book in (admission.inflight.book, admission.tokens.book) if book is not None]
+    counts = appointments.outcomes
+    for book in books:  # every series from the first scrape, at 0
+        for outcome in OUTCOMES:
+            outcomes.add_metric([book.reason, outcome], counts.get((book.reason, outcome), 0))
     yield outcomes
     booked = GaugeMetricFamily(
         "governor_appointments",
         "Appointments booked and not yet redeemed, by the limit that booked them.",
         labels=["reason"],
     )
-    for book in (admission.inflight.book, admission.tokens.book):
-        if book is not None:
-            booked.add_metric([book.reason], len(book.entries))
+    for book in books:
+        booked.add_metric([book.reason], len(book.entries))
     yield booked
     h = admission.forecast.error
     yield HistogramMetricFamily(

@@ -53,6 +53,26 @@ def _token_lines(after: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _hint_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Whether the retry hints held over the interval: the returns to appointments by outcome, and
+    the forecasts' median error. Nothing when no client came back (or an older governor)."""
+    now = (after.get("retry_hints") or {}).get("outcomes") or {}
+    then = (before.get("retry_hints") or {}).get("outcomes") or {}
+    lines = []
+    for reason, counts in sorted(now.items()):
+        delta = {outcome: n - then.get(reason, {}).get(outcome, 0) for outcome, n in counts.items()}
+        returns = sum(n for outcome, n in delta.items() if outcome != "never")
+        if not returns:
+            continue
+        again = delta.get("yielded_again", 0)
+        parts = ", ".join(f"{outcome} {n}" for outcome, n in sorted(delta.items()) if n)
+        lines.append(f"retry hints ({reason}): {parts}; {again / returns:.1%} of returns refused again")
+    error = (after.get("retry_hints") or {}).get("forecast_relative_error_p50")
+    if lines and error is not None:
+        lines.append(f"release forecast: median error {error:.1%} of a service time")
+    return lines
+
+
 def _fleet_lines(after: dict[str, Any]) -> list[str]:
     """With --fleet: the lease's state, and per shared cap this replica's share and use against the
     fleet's. Read with `.get`: a governor older than fleets has no `fleet`."""
@@ -204,6 +224,7 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
         lines.append("connections shed: " + ", ".join(f"{reason} {n}" for reason, n in sorted(shed.items())))
     if after.get("service_time_ms") is not None:
         lines.append(f"observed service time: {after['service_time_ms']:.1f} ms")
+    lines += _hint_lines(before, after)
     lines.extend(_token_lines(after))
     lines.extend(_fleet_lines(after))
     lines.extend(_tenancy_lines(before, after, seconds))

@@ -318,3 +318,18 @@ def test_a_real_snapshot_renders_the_fleet_lease() -> None:
     assert "closed, 3 replicas, renewal 1.0 ms (lapsed: --fleet-unavailable closed)" in render_status(
         state.snapshot(), state.snapshot(), 1.0
     )
+
+
+def test_retry_hint_outcomes_show_over_the_interval_only_when_clients_came_back() -> None:
+    before = snapshot()
+    assert "retry hints" not in render_status(before, copy.deepcopy(before), 1.0)  # an older governor
+    before["retry_hints"] = {"outcomes": {"inflight": {"on_time": 10, "never": 3}}, "forecast_relative_error_p50": 0.1}
+    after = copy.deepcopy(before)
+    assert "retry hints" not in render_status(before, after, 1.0)  # nobody came back meanwhile
+    after["retry_hints"] = {
+        "outcomes": {"inflight": {"on_time": 28, "yielded_again": 2, "never": 5}},
+        "forecast_relative_error_p50": 0.05,
+    }
+    text = render_status(before, after, 1.0)
+    assert "retry hints (inflight): never 2, on_time 18, yielded_again 2; 10.0% of returns refused again" in text
+    assert "release forecast: median error 5.0% of a service time" in text
