@@ -9,7 +9,7 @@ them and the SDK would raise `RateLimitError` to its caller: this benchmark meas
 hold. The issue's target: a burst of 64 SDK clients at twice capacity, >= 95% complete and
 <= 2.0 attempts per completed request.
 
-One governor per run (`--http-port`, `--integrity optional`, `--max-inflight` `--max-inflight`),
+One governor per run (`--http-port`, `--integrity optional`, `--max-inflight N` from the option),
 with its spawned echo worker answering `--max-tokens` tokens `--token-delay-ms` apart, so that a
 request holds its slot ~0.3 s by default. Each client is a thread with its own `openai.OpenAI`
 (default `max_retries`, its default HTTP client settings) whose HTTP attempts are counted by
@@ -30,10 +30,11 @@ the median `retry-after-ms` they named, the share of them with a `retry-ticket`,
 the time it was given the SDK sent each retry (429 received -> retry's request hook, less
 `retry-after-ms`: the client's own lateness, which on a small machine running all the clients is
 mostly their CPU), the latency from a request's first attempt to its completion, and the governor's
-own counts: HTTP requests received
-(which should equal the attempts counted here), and its `retry_hints` stats: the outcome of each
-hint by the limit that booked it (on_time / early / late / yielded_again / never), the appointments
-still open and `forecast_relative_error_p50`. Scenarios take turns within a round (the first
+own counts: HTTP requests received (which should equal the attempts counted here), and its
+`retry_hints` stats: the outcome of each hint by the limit that booked it (on_time / early / late /
+yielded_again / never), the appointments still open and `forecast_relative_error_p50`. A `late`
+return costs the SDK nothing when the slot is free by then (it is admitted as a new client); a
+`yielded_again` costs it one of its two retries. Scenarios take turns within a round (the first
 rotating); the summary gives medians over rounds.
 
     python -m benchmarks.openai_sdk_retries [--rounds 3] [--clients 64] [--max-inflight 32]

@@ -19,7 +19,10 @@ The holder is recognised two ways (`Appointments.find`):
 Anything else (unknown, forged, expired, reused or another tenant's ticket) is no ticket: never an
 error and never a slot. A holder that comes before its window is refused again with the time still
 left and keeps its appointment (unless the limit has room for it anyway). A holder that comes
-inside its window but finds the capacity still taken (the forecast was early) is booked again.
+inside its window but finds the capacity still taken (the forecast was early) keeps its place
+ahead of the appointments made after it, and its ticket: it is told the next release, at least
+half a window away (its new window opens at once, so the capacity is kept for it from the moment
+it frees).
 Holds never let anyone past a cap: they only decide who gets what the cap allows.
 
 Every return is counted by outcome (`OUTCOMES`): the only way to know in production whether the
@@ -75,7 +78,7 @@ class Appointment:
 class AppointmentBook:
     """One limit's appointments, sorted by time."""
 
-    __slots__ = ("reason", "registry", "entries", "promised", "max_entries")
+    __slots__ = ("reason", "registry", "entries", "promised", "max_entries", "_cumulative")
 
     def __init__(self, reason: str, registry: Appointments, max_entries: int = 4096) -> None:
         self.reason = reason
@@ -83,6 +86,18 @@ class AppointmentBook:
         self.entries: list[Appointment] = []
         self.promised = 0.0  # the sum of the live appointments' amounts
         self.max_entries = max_entries
+        self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
+
+    def cumulative(self) -> list[float]:
+        """The running sums of the appointments' amounts, in the book's order (recomputed after
+        the book changed: read only by the token budget's refusals)."""
+        if self._cumulative is None:
+            total, sums = 0.0, []
+            for entry in self.entries:
+                total += entry.amount
+                sums.append(total)
+            self._cumulative = sums
+        return self._cumulative
 
     def held(self, now: float, own: Appointment | None) -> float:
         """What the appointments whose window is open hold now from the asker: nothing from a
@@ -93,6 +108,7 @@ class AppointmentBook:
         half = self.registry.half_grace_s
         while entries and entries[0].closes <= now:
             self.registry.lapse(entries.pop(0), now)
+            self._cumulative = None
         if own is not None and own.at - half <= now < own.closes:
             return 0.0
         held = 0.0
@@ -111,12 +127,23 @@ class AppointmentBook:
         appointment.closes = at + self.registry.half_grace_s
         insort(self.entries, appointment)
         self.promised += amount
+        self._cumulative = None
         self.registry.issue(appointment)
         return appointment
+
+    def move(self, appointment: Appointment, at: float) -> None:
+        """Put a removed appointment back at a new time, with its ticket and identity."""
+        appointment.at = at
+        appointment.closes = at + self.registry.half_grace_s
+        insort(self.entries, appointment)
+        self.promised += appointment.amount
+        self._cumulative = None
+        self.registry.restore(appointment)
 
     def remove(self, appointment: Appointment) -> None:
         self.entries.remove(appointment)
         self.promised -= appointment.amount
+        self._cumulative = None
         self.registry.forget(appointment)
 
     def own(self, appointment: Appointment | None) -> Appointment | None:
@@ -155,16 +182,25 @@ class AppointmentBook:
             if now < own.at - registry.half_grace_s:  # early: told the time left, keeps its place
                 registry.count(self.reason, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
-            registry.count(self.reason, YIELDED_AGAIN)  # in its window, and still no room: the forecast was early
+            # In its window and still no room (the forecast was early): it keeps its place in the
+            # book, before every appointment made after it, and its ticket.
+            registry.count(self.reason, YIELDED_AGAIN)
+            index = self.entries.index(own)
+            need = deficit + self.cumulative()[index] - own.amount
             self.remove(own)
-        elif held is not None and registry.by_ticket.get(held.ticket) is held:
-            held.book.remove(held)  # refused here now: one appointment per client
-        need = deficit + self.promised
+        else:
+            if held is not None and registry.by_ticket.get(held.ticket) is held:
+                held.book.remove(held)  # refused here now: one appointment per client
+            need = deficit + self.promised
         release = free_at(now, need if need > 1.0 else 1.0, deficit)
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
             return hints.hint_ms(now), None
         at = release + registry.jitter_s(now)
+        if own is not None and at < now + registry.half_grace_s:
+            # Its slot is late: its new window opens now, so the slot is kept for it the moment it
+            # frees, and it comes back half a window later.
+            at = now + registry.half_grace_s
         wait_ms = (at - now) * 1000.0
         policy = hints.policy
         if wait_ms >= policy.max_ms:  # past the horizon: no promise can be made
@@ -174,7 +210,11 @@ class AppointmentBook:
         hint_ms = math.ceil(wait_ms - 1e-6)
         if hint_ms < policy.min_ms:
             hint_ms = math.ceil(policy.min_ms)
-        return hint_ms, self.book(now + hint_ms / 1000.0, amount, tenant, identity)
+        at = now + hint_ms / 1000.0
+        if own is not None:
+            self.move(own, at)
+            return hint_ms, own
+        return hint_ms, self.book(at, amount, tenant, identity)
 
 
 class Rereleases:
@@ -295,6 +335,12 @@ class Appointments:
             old = self.by_identity.get(appointment.identity)
             if old is not None:  # the same request refused again elsewhere: one appointment each
                 old.book.remove(old)
+            self.by_identity[appointment.identity] = appointment
+
+    def restore(self, appointment: Appointment) -> None:
+        """A moved appointment is found by its ticket and identity again."""
+        self.by_ticket[appointment.ticket] = appointment
+        if appointment.identity:
             self.by_identity[appointment.identity] = appointment
 
     def forget(self, appointment: Appointment) -> None:

@@ -113,12 +113,16 @@ class Admission:
 
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None, slot_free_at)
         self.rate = RateLimit(qps, burst, now)
-        self.tokens = TokenBudget(
-            max_inflight_tokens,
-            hints,
-            AppointmentBook(YieldReason.TOKENS.value, registry) if booking else None,
-            lambda at, need, deficit: forecast.tokens_free_at(at, need, hints.service_time_s, registry.round_delay_s),
-        )
+        tokens = AppointmentBook(YieldReason.TOKENS.value, registry)
+
+        def tokens_free_at(at: float, need: float, deficit: float) -> float | None:
+            service_s = hints.service_time_s
+            if not service_s:
+                return forecast.tokens_free_at(at, need, service_s)
+            promised = registry.rereleases(tokens, service_s)
+            return forecast.tokens_free_at(at, need, service_s, promised, tokens.cumulative(), registry.round_delay_s)
+
+        self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
         self.pool = Pool(endpoints, max_inflight, hints)
         self.deadline = DeadlineLimit(self.pool)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from governor.admission.endpoint import Endpoint
@@ -103,6 +103,18 @@ class Ascending(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> float: ...
+
+
+def _count_le(sequence: Ascending, t: float) -> int:
+    """How many of an ascending sequence are <= t."""
+    lo, hi = 0, len(sequence)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sequence[mid] <= t:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _kth(a: Callable[[int], float], na: int, b: Ascending, k: int) -> float:
@@ -296,19 +308,47 @@ class ReleaseForecast:
         return _kth(lambda j: now if j < free else times[j - free], free + len(times), promised, k - 1 + free)
 
     def tokens_free_at(
-        self, now: float, amount: float, service_s: float | None, start_delay_s: float = 0.0
+        self,
+        now: float,
+        amount: float,
+        service_s: float | None,
+        promised: Ascending = (),
+        promised_cumulative: Sequence[float] = (),
+        round_delay_s: float = 0.0,
     ) -> float | None:
-        """When the requests in flight will have given back `amount` token cost; None when
-        nothing is in flight (or it holds no cost). Rounds as in `slot_free_at`."""
+        """When `amount` token cost will have been given back; None when nothing is in flight (or
+        it holds no cost). Cost comes back from the requests in flight at their forecast ends and
+        from the requests promised appointments will start (`promised`, ascending, with the
+        running sums of their costs): the earliest time the two together reach `amount`. Past all
+        of them, each round of the requests in flight adds a service time and `round_delay_s`."""
         self._refresh(now, service_s)
-        if not self._times or self._round_s <= 0 or self._cumulative[-1] <= 0:
+        times, cumulative = self._times, self._cumulative
+        if self._round_s <= 0 or not times or cumulative[-1] <= 0:
             return None
-        total = self._cumulative[-1]
-        rounds, rest = divmod(amount, total)
-        if rest == 0 and rounds > 0:
-            rounds, rest = rounds - 1, total
-        index = bisect_left(self._cumulative, rest)
-        return max(now, self._times[index]) + rounds * (self._round_s + start_delay_s)
+        booked = promised_cumulative[-1] if promised_cumulative else 0.0
+        if amount > cumulative[-1] + booked:  # past all: the in-flight requests' next rounds
+            rounds, rest = divmod(amount - booked, cumulative[-1])
+            if rest == 0:
+                rounds, rest = rounds - 1, cumulative[-1]
+            return times[bisect_left(cumulative, rest)] + rounds * (self._round_s + round_delay_s)
+
+        def released(t: float) -> float:
+            i = _count_le(times, t)
+            j = _count_le(promised, t)
+            return (cumulative[i - 1] if i else 0) + (promised_cumulative[j - 1] if j else 0.0)
+
+        best = math.inf
+        for sequence in (times, promised):
+            lo, hi = 0, len(sequence)  # the first time in it by which `amount` is back
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if released(sequence[mid]) >= amount:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            if lo < len(sequence) and sequence[lo] < best:
+                best = sequence[lo]
+        return max(now, best)
 
     def gap_s(self, now: float, service_s: float | None) -> float:
         """The mean time between two releases (0 when nothing is in flight)."""

@@ -117,6 +117,29 @@ def test_an_early_holder_is_told_the_time_left_and_keeps_its_appointment() -> No
     assert isinstance(admission.decide(0.3, ask(11, 2)), Grant)
 
 
+def test_a_holder_whose_slot_frees_late_keeps_its_place_and_its_ticket() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    first = admission.decide(0.0, ask(11, 2))
+    assert isinstance(first, Refusal) and first.hint_ms == 300
+    booked = first.appointment
+    second = admission.decide(0.0, ask(11, 3))
+    assert isinstance(second, Refusal) and second.hint_ms == 601
+    later = second.appointment
+    assert booked is not None and later is not None
+    engine.run_until(0.29)  # the request it waits for runs late: its last token is not there at 0.3
+    again = admission.decide(0.3, ask(11, 2, ticket=booked.ticket))
+    # told half a window: its new window is open from now, ahead of the appointment made after it
+    assert isinstance(again, Refusal) and again.appointment is booked and again.hint_ms == 25
+    assert booked.at < later.at
+    assert admission.appointments.outcomes == {("inflight", "yielded_again"): 1}
+    engine.run_until(0.31)  # the late request ends: its slot is kept for the holder, not a newcomer
+    assert isinstance(admission.decide(0.31, ask(11, 4)), Refusal)
+    assert isinstance(admission.decide(0.325, ask(11, 2, ticket=booked.ticket)), Grant)
+
+
 def test_forged_reused_and_other_tenants_tickets_are_no_ticket() -> None:
     admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
     alice = Tenant("alice", TenantLimits(), admission.hints, 0.0)
