@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import math
 import random
-import secrets
-from bisect import insort
+import os
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -71,19 +71,18 @@ class Appointment:
         self.ticket = ""
         self.closes = 0.0  # the end of its window
 
-    def __lt__(self, other: Appointment) -> bool:  # the book is kept sorted by time
-        return self.at < other.at
-
 
 class AppointmentBook:
     """One limit's appointments, sorted by time."""
 
-    __slots__ = ("reason", "registry", "entries", "promised", "max_entries", "_cumulative")
+    __slots__ = ("reason", "registry", "unit", "entries", "times", "promised", "max_entries", "_cumulative")
 
-    def __init__(self, reason: str, registry: Appointments, max_entries: int = 4096) -> None:
+    def __init__(self, reason: str, registry: Appointments, unit: bool, max_entries: int = 4096) -> None:
         self.reason = reason
         self.registry = registry
+        self.unit = unit  # every appointment is for 1 (a slot): what they hold is their count
         self.entries: list[Appointment] = []
+        self.times: list[float] = []  # each entry's `at`, in the same order: what forecasts read
         self.promised = 0.0  # the sum of the live appointments' amounts
         self.max_entries = max_entries
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
@@ -108,16 +107,16 @@ class AppointmentBook:
         half = self.registry.half_grace_s
         while entries and entries[0].closes <= now:
             self.registry.lapse(entries.pop(0), now)
+            del self.times[0]
             self._cumulative = None
         if own is not None and own.at - half <= now < own.closes:
             return 0.0
-        held = 0.0
-        opens_before = now + half
-        for entry in entries:
-            if entry.at > opens_before:
-                break
-            held += entry.amount
-        return held
+        opened = bisect_right(self.times, now + half)  # the entries whose window has opened
+        if not opened:
+            return 0.0
+        if self.unit:
+            return float(opened)
+        return self.cumulative()[opened - 1]
 
     def book(self, at: float, amount: float, tenant: Tenant | None, identity: int) -> Appointment | None:
         """Promise `amount` at `at`; None when the book is full."""
@@ -125,9 +124,7 @@ class AppointmentBook:
             return None
         appointment = Appointment(at, amount, self, tenant, identity)
         appointment.closes = at + self.registry.half_grace_s
-        insort(self.entries, appointment)
-        self.promised += amount
-        self._cumulative = None
+        self._insert(appointment)
         self.registry.issue(appointment)
         return appointment
 
@@ -135,13 +132,19 @@ class AppointmentBook:
         """Put a removed appointment back at a new time, with its ticket and identity."""
         appointment.at = at
         appointment.closes = at + self.registry.half_grace_s
-        insort(self.entries, appointment)
-        self.promised += appointment.amount
-        self._cumulative = None
+        self._insert(appointment)
         self.registry.restore(appointment)
 
+    def _insert(self, appointment: Appointment) -> None:
+        index = bisect_right(self.times, appointment.at)
+        self.times.insert(index, appointment.at)
+        self.entries.insert(index, appointment)
+        self.promised += appointment.amount
+        self._cumulative = None
+
     def remove(self, appointment: Appointment) -> None:
-        self.entries.remove(appointment)
+        index = self.entries.index(appointment)
+        del self.entries[index], self.times[index]
         self.promised -= appointment.amount
         self._cumulative = None
         self.registry.forget(appointment)
@@ -191,12 +194,17 @@ class AppointmentBook:
         else:
             if held is not None and registry.by_ticket.get(held.ticket) is held:
                 held.book.remove(held)  # refused here now: one appointment per client
+            times = self.times
+            if times and times[-1] - now + registry.hints.gap_s >= registry.hints.policy.max_ms / 1000.0:
+                # Its turn comes after every appointment made, about a release later, past the
+                # horizon: a flood is answered at the cost of one comparison.
+                return int(registry.hints.policy.max_ms), None
             need = deficit + self.promised
         release = free_at(now, need if need > 1.0 else 1.0, deficit)
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
             return hints.hint_ms(now), None
-        at = release + registry.jitter_s(now)
+        at = release + registry.jitter_s()
         if own is not None and at < now + registry.half_grace_s:
             # Its slot is late: its new window opens now, so the slot is kept for it the moment it
             # frees, and it comes back half a window later.
@@ -217,22 +225,25 @@ class AppointmentBook:
         return hint_ms, self.book(at, amount, tenant, identity)
 
 
-class Rereleases:
-    """The times the slots promised in a book free again, in the book's order (a sequence view:
-    the release forecast picks the k-th release out of it and the requests in flight without
-    copying either)."""
+class Tickets:
+    """Random tickets, 96 bits each, unguessable (os.urandom), drawn 256 at a time: one system
+    call per 256 refusals rather than one per refusal."""
 
-    __slots__ = ("_entries", "_after_s")
+    __slots__ = ("_pool", "_next")
 
-    def __init__(self, entries: list[Appointment], after_s: float) -> None:
-        self._entries = entries
-        self._after_s = after_s
+    SIZE = 12
+    BATCH = 256
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def __init__(self) -> None:
+        self._pool = b""
+        self._next = 0
 
-    def __getitem__(self, index: int) -> float:
-        return self._entries[index].at + self._after_s
+    def __call__(self) -> str:
+        start = self._next
+        if start >= len(self._pool):
+            self._pool, start = os.urandom(self.SIZE * self.BATCH), 0
+        self._next = start + self.SIZE
+        return self._pool[start : start + self.SIZE].hex()
 
 
 class Lapsed:
@@ -254,7 +265,6 @@ class Appointments:
         "half_grace_s",
         "lateness_s",
         "hints",
-        "gap_s",
         "by_ticket",
         "by_identity",
         "lapsed",
@@ -267,7 +277,6 @@ class Appointments:
         self,
         grace_s: float,
         hints: RetryHintEstimator,
-        gap_s: Callable[[float], float],
         new_ticket: Callable[[], str] | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -275,12 +284,11 @@ class Appointments:
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
-        self.gap_s = gap_s  # the time between two releases now (release_forecast.py)
         self.by_ticket: dict[str, Appointment] = {}
         self.by_identity: dict[int, Appointment] = {}
         self.lapsed: dict[object, Lapsed] = {}  # by ticket and by identity, oldest first
         self.outcomes: dict[tuple[str, str], int] = {}
-        self._new_ticket = new_ticket or (lambda: secrets.token_urlsafe(12))
+        self._new_ticket = new_ticket or Tickets()
         self._random = (rng or random.Random()).random
 
     @property
@@ -290,17 +298,14 @@ class Appointments:
         Erring late is safe (the slot is kept for its holder through the window); early is not."""
         return self.lateness_s + HINT_RESOLUTION_S
 
-    def rereleases(self, book: AppointmentBook, service_s: float) -> Rereleases:
-        """When the capacity promised in `book` is given back again: after its holders' service."""
-        return Rereleases(book.entries, service_s + self.round_delay_s)
-
-    def jitter_s(self, now: float) -> float:
+    def jitter_s(self) -> float:
         """Added to a forecast: never earlier, and within a quarter of the window and half a
-        release gap (none with `RetryHintPolicy.jitter` 0), so that clients refused together do
-        not return in lockstep and each still comes inside its window."""
-        if not self.hints.policy.jitter:
+        release gap at saturation (none with `RetryHintPolicy.jitter` 0), so that clients refused
+        together do not return in lockstep and each still comes inside its window."""
+        hints = self.hints
+        if not hints.policy.jitter:
             return 0.0  # jitter switched off (tests, or an operator who wants exact hints)
-        spread = self.gap_s(now) / 2
+        spread = hints.gap_s / 2
         if spread > self.half_grace_s / 2:
             spread = self.half_grace_s / 2
         return spread * self._random()

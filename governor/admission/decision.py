@@ -48,7 +48,7 @@ from governor.admission.limits import (
 )
 from governor.admission.pool import Pool
 from governor.admission.priority import CeilingPolicy, PriorityCeilings
-from governor.admission.release_forecast import Ascending, ReleaseForecast
+from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
 from governor.admission.tenant import TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
@@ -98,28 +98,26 @@ class Admission:
         self.hints = hints
         self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
         forecast = self.forecast = ReleaseForecast()
-        registry = self.appointments = Appointments(
-            appointment_grace_s, hints, lambda at: forecast.gap_s(at, hints.service_time_s)
-        )
+        registry = self.appointments = Appointments(appointment_grace_s, hints)
         self.drain = Draining(hints)
         booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
-        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry)
+        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry, unit=True)
 
         def slot_free_at(at: float, need: float, deficit: float) -> float | None:
             # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments).
             service_s = hints.service_time_s
-            promised: Ascending = registry.rereleases(slots, service_s) if service_s else ()
+            promised = (slots.times, service_s + registry.round_delay_s) if service_s else NOTHING_PROMISED
             return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised)
 
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None, slot_free_at)
         self.rate = RateLimit(qps, burst, now)
-        tokens = AppointmentBook(YieldReason.TOKENS.value, registry)
+        tokens = AppointmentBook(YieldReason.TOKENS.value, registry, unit=False)
 
         def tokens_free_at(at: float, need: float, deficit: float) -> float | None:
             service_s = hints.service_time_s
             if not service_s:
                 return forecast.tokens_free_at(at, need, service_s)
-            promised = registry.rereleases(tokens, service_s)
+            promised = (tokens.times, service_s + registry.round_delay_s)
             return forecast.tokens_free_at(at, need, service_s, promised, tokens.cumulative(), registry.round_delay_s)
 
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)

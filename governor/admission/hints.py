@@ -74,6 +74,11 @@ class RetryHintEstimator:
         self._min_ms = policy.min_ms
         self._max_ms = policy.max_ms
 
+    @property
+    def gap_s(self) -> float:
+        """The mean time between two releases at saturation, seconds (0 = not known)."""
+        return self._gap_ms / 1000.0
+
     def set_capacity(self, capacity: int) -> None:
         self.capacity = capacity
         self._update_gap()

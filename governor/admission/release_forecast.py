@@ -34,10 +34,9 @@ the benchmark's accuracy figure is the median of.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 from governor.admission.endpoint import Endpoint
 from governor.admission.limits import Grant
@@ -97,29 +96,16 @@ class EngineModel:
             self.step_s = _ewma(self.step_s, (ended_at - first_token_at) / (tokens - 1))
 
 
-class Ascending(Protocol):
-    """Times in ascending order, read by index (a list, or a view of a book of appointments)."""
+Promised = tuple[list[float], float]
+"""The appointments of a book (their times, ascending) and how long after its appointment each
+holder's slot is free again: when the capacity promised comes back."""
 
-    def __len__(self) -> int: ...
-
-    def __getitem__(self, index: int) -> float: ...
-
-
-def _count_le(sequence: Ascending, t: float) -> int:
-    """How many of an ascending sequence are <= t."""
-    lo, hi = 0, len(sequence)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if sequence[mid] <= t:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+NOTHING_PROMISED: Promised = ([], 0.0)
 
 
-def _kth(a: Callable[[int], float], na: int, b: Ascending, k: int) -> float:
-    """The k-th smallest (from 0) of two ascending sequences together, by bisection on how many
-    come from `a`: O(log) reads, however long the book of appointments `b` is."""
+def _kth(a: Callable[[int], float], na: int, b: list[float], after: float, k: int) -> float:
+    """The k-th smallest (from 0) of two ascending sequences together (`b` shifted by `after`),
+    by bisection on how many come from `a`: O(log) reads, however long the book `b` is."""
     nb = len(b)
     if k >= na + nb:  # past both: the last of them (cannot happen for a refused frame's count)
         k = na + nb - 1
@@ -130,8 +116,8 @@ def _kth(a: Callable[[int], float], na: int, b: Ascending, k: int) -> float:
         y = take - x
         a_left = a(x - 1) if x > 0 else -math.inf
         a_right = a(x) if x < na else math.inf
-        b_left = b[y - 1] if y > 0 else -math.inf
-        b_right = b[y] if y < nb else math.inf
+        b_left = b[y - 1] + after if y > 0 else -math.inf
+        b_right = b[y] + after if y < nb else math.inf
         if a_left > b_right:
             hi = x - 1
         elif b_left > a_right:
@@ -294,25 +280,33 @@ class ReleaseForecast:
             self._compute(now, service_s)
 
     def slot_free_at(
-        self, now: float, k: int, service_s: float | None, free: int = 0, promised: Ascending = ()
+        self, now: float, k: int, service_s: float | None, free: int = 0, promised: Promised = NOTHING_PROMISED
     ) -> float | None:
         """When the k-th slot (k >= 1) not yet taken comes free; None when nothing is in flight or
         nothing is known of how long a request takes. Slots come free from three places: `free`
         are free now (and promised: whoever takes them is not counted in `k`), each request in
         flight releases its own, and each promised appointment's slot is free again one service
-        time after its holder took it (`promised`: those times, ascending)."""
+        time after its holder took it (`promised`)."""
         self._refresh(now, service_s)
         times = self._times
         if self._round_s <= 0 or not (free or times):
             return None
-        return _kth(lambda j: now if j < free else times[j - free], free + len(times), promised, k - 1 + free)
+        ats, after = promised
+        k += free - 1  # from 0, counting the free slots
+        n = free + len(times)
+        last = times[-1] if times else now
+        if not ats or ats[0] + after >= last:  # the usual case: every promise ends after them
+            if k < n:
+                return now if k < free else times[k - free]
+            return ats[min(k - n, len(ats) - 1)] + after if ats else last
+        return _kth(lambda j: now if j < free else times[j - free], n, ats, after, k)
 
     def tokens_free_at(
         self,
         now: float,
         amount: float,
         service_s: float | None,
-        promised: Ascending = (),
+        promised: Promised = NOTHING_PROMISED,
         promised_cumulative: Sequence[float] = (),
         round_delay_s: float = 0.0,
     ) -> float | None:
@@ -332,25 +326,22 @@ class ReleaseForecast:
                 rounds, rest = rounds - 1, cumulative[-1]
             return times[bisect_left(cumulative, rest)] + rounds * (self._round_s + round_delay_s)
 
+        ats, after = promised
+
         def released(t: float) -> float:
-            i = _count_le(times, t)
-            j = _count_le(promised, t)
+            i = bisect_right(times, t)
+            j = bisect_right(ats, t - after)
             return (cumulative[i - 1] if i else 0) + (promised_cumulative[j - 1] if j else 0.0)
 
         best = math.inf
-        for sequence in (times, promised):
+        for sequence, shift in ((times, 0.0), (ats, after)):
             lo, hi = 0, len(sequence)  # the first time in it by which `amount` is back
             while lo < hi:
                 mid = (lo + hi) // 2
-                if released(sequence[mid]) >= amount:
+                if released(sequence[mid] + shift) >= amount:
                     hi = mid
                 else:
                     lo = mid + 1
-            if lo < len(sequence) and sequence[lo] < best:
-                best = sequence[lo]
+            if lo < len(sequence) and sequence[lo] + shift < best:
+                best = sequence[lo] + shift
         return max(now, best)
-
-    def gap_s(self, now: float, service_s: float | None) -> float:
-        """The mean time between two releases (0 when nothing is in flight)."""
-        self._refresh(now, service_s)
-        return self._round_s / len(self._times) if self._times else 0.0

@@ -223,9 +223,14 @@ def test_the_token_budget_books_the_time_its_tokens_are_given_back() -> None:
 
 def test_jitter_is_never_earlier_and_stays_inside_the_window() -> None:
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.2), 8)
-    registry = Appointments(0.05, hints, lambda now: 0.2)
-    draws = [registry.jitter_s(0.0) for _ in range(1000)]
-    assert min(draws) >= 0.0 and max(draws) <= 0.05 / 4
+    hints.observe_service_time(1.6)  # a release every 0.2 s at saturation
+    registry = Appointments(0.05, hints)
+    draws = [registry.jitter_s() for _ in range(1000)]
+    assert min(draws) >= 0.0 and max(draws) <= 0.05 / 4 and max(draws) > 0.05 / 8
+    hints.observe_service_time(0.0)
+    hints.service_time_s = 0.008  # a release every ms: half a gap is the bound
+    hints.set_capacity(8)
+    assert max(registry.jitter_s() for _ in range(1000)) <= 0.0005
 
 
 # -- properties -----------------------------------------------------------------------------------

@@ -51,10 +51,11 @@ def test_before_any_step_time_a_request_ends_one_service_time_after_its_admissio
     assert forecast.slot_free_at(1.0, 1, 2.0) == pytest.approx(2.0)
     assert forecast.slot_free_at(1.0, 2, 2.0) == pytest.approx(2.5)
     # the slot promised to an appointment at 2.0 is free again after its holder's service
-    assert forecast.slot_free_at(1.0, 3, 2.0, promised=[4.0]) == pytest.approx(4.0)
-    assert forecast.slot_free_at(1.0, 2, 2.0, promised=[2.2]) == pytest.approx(2.2)
+    assert forecast.slot_free_at(1.0, 3, 2.0, promised=([2.0], 2.0)) == pytest.approx(4.0)
+    assert forecast.slot_free_at(1.0, 2, 2.0, promised=([0.2], 2.0)) == pytest.approx(2.2)
     # a slot free now counts first (its holder is not among the k)
-    assert forecast.slot_free_at(1.0, 1, 2.0, free=1, promised=[3.0]) == pytest.approx(2.0)
+    assert forecast.slot_free_at(1.0, 1, 2.0, free=1, promised=([1.0], 2.0)) == pytest.approx(2.0)
+    assert forecast.slot_free_at(1.0, 2, 2.0, free=1, promised=([1.0], 2.0)) == pytest.approx(2.5)
 
 
 def test_a_long_stream_is_forecast_from_its_own_pace_not_an_average() -> None:
