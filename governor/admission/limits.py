@@ -200,11 +200,10 @@ class InflightLimiter:
     def check(self, now: float, ask: Ask) -> Refusal | None:
         cap = self.max_inflight * ask.ceiling
         book = self.book
-        if book is None or not book.entries:
-            if self.inflight + 1 <= cap:
-                return None
-        elif self.inflight + 1 + book.held(now, book.own(ask.appointment)) <= cap:
-            return None
+        if self.inflight + 1 <= cap and (
+            book is None or not book.entries or self.inflight + 1 + book.held(now, book.own(ask.appointment)) <= cap
+        ):
+            return None  # (at the cap, what appointments hold cannot matter: not looked at)
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
         if book is None or self._free_at is None:
@@ -296,10 +295,9 @@ class TokenBudget:
     def check(self, now: float, ask: Ask) -> Refusal | None:
         deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
         book = self.book
-        if book is None or not book.entries:
-            if deficit <= 0:
-                return None
-        elif deficit + book.held(now, book.own(ask.appointment)) <= 0:
+        if deficit <= 0 and (
+            book is None or not book.entries or deficit + book.held(now, book.own(ask.appointment)) <= 0
+        ):
             return None
         refusal = self._refusal
         if book is None or self._free_at is None:

@@ -189,7 +189,8 @@ class Ingress:
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
             ticket = obj.get("retry_ticket")
             ask.ticket = ticket if type(ticket) is str else None
-            ask.identity = identity_of(rid, obj)
+            prompt = obj.get("prompt")  # identity_of, inlined: this runs for every frame under overload
+            ask.identity = hash((rid, prompt if type(prompt) is str else None)) or 1
         try:
             decision = self._decide(now, ask)
         except RequestRejected as exc:  # OverBudget: no wait would let it in
