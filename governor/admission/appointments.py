@@ -33,8 +33,8 @@ horizon without an appointment. Sans-IO, with the clock passed in.
 from __future__ import annotations
 
 import math
-import random
 import os
+import random
 from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING

@@ -122,11 +122,11 @@ class Admission:
 
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
-        self.pool = Pool(endpoints, max_inflight, hints)
+        self.pool = Pool(endpoints, max_inflight, hints, forecast)
         self.deadline = DeadlineLimit(self.pool)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
-        self.tenant_caps = TenantCaps()
+        self.tenant_caps = TenantCaps(forecast, hints)
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet

@@ -119,7 +119,8 @@ class FairShare:
         Refused by the global concurrency cap, its hint is booked on its own timeline at its
         weighted share of the slot releases (`S / (max_inflight x share)` apart), not behind
         every client of the other tenants the cap refused before: slots past the threshold go
-        by share, so a light tenant's next one does not wait for a heavy tenant's crowd."""
+        by share, so a light tenant's next one does not wait for a heavy tenant's crowd. A
+        refusal that booked an appointment keeps its hint: the time told is the time kept."""
         if tenant is None:
             return
         lowest, _, weight = self.floor(now)
@@ -127,7 +128,7 @@ class FairShare:
             self._join(tenant, lowest)
             weight += tenant.limits.weight
         tenant.contending_until = now + CONTENDING_S
-        if refusal.reason == _INFLIGHT and self._hints.service_time_s:
+        if refusal.reason == _INFLIGHT and refusal.appointment is None and self._hints.service_time_s:
             slots = self._inflight.max_inflight * tenant.limits.weight / weight
             refusal.hint_ms = tenant.request_drain.hint_ms(now, 1, 1, slots)
 

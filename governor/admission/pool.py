@@ -24,14 +24,19 @@ import math
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
-from governor.admission.hints import DrainHint, RetryHintEstimator
+from governor.admission.hints import DrainHint, RetryHintEstimator, Timeline
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
 
 class Pool:
-    def __init__(self, endpoints: list[Endpoint], default_capacity: int, hints: RetryHintEstimator) -> None:
+    def __init__(
+        self, endpoints: list[Endpoint], default_capacity: int, hints: RetryHintEstimator, forecast: ReleaseForecast
+    ) -> None:
         self.endpoints = endpoints
+        self._forecast = forecast
+        self._timeline = Timeline()  # the endpoint_inflight hints told
         self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
         self._hints = hints
         self._next = 0  # round-robin start among equally loaded endpoints
@@ -103,8 +108,13 @@ class Pool:
         if token_deficit is not None:
             deficit, e = token_deficit
             return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
-        # At their caps, the endpoints release a slot every service time / their summed caps (not
-        # the global cap the estimator's gap is computed for): scaled, one release is this many.
+        # Every endpoint it fits is at its cap: the next release at any of them, told in turn.
+        forecast, service_s = self._forecast, self._hints.service_time_s
+        at = self._timeline.next(now, 1, lambda k: forecast.slot_free_at(now, k, service_s))
+        if at is not None:
+            return self._inflight_refusal.at(self._hints.jittered_ms((at - now) * 1000.0))
+        # Nothing to forecast from: at their caps, the endpoints release a slot every service time
+        # / their summed caps (not the global cap the estimator's gap is computed for).
         capacity = sum(e.limits.concurrency or self.default_capacity for e in endpoints if e.up)
         slots = self._hints.capacity / capacity if capacity else 1.0
         return self._inflight_refusal.at(self._hints.hint_ms(now, slots))

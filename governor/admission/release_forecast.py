@@ -107,8 +107,6 @@ def _kth(a: Callable[[int], float], na: int, b: list[float], after: float, k: in
     """The k-th smallest (from 0) of two ascending sequences together (`b` shifted by `after`),
     by bisection on how many come from `a`: O(log) reads, however long the book `b` is."""
     nb = len(b)
-    if k >= na + nb:  # past both: the last of them (cannot happen for a refused frame's count)
-        k = na + nb - 1
     take = k + 1
     lo, hi = max(0, take - nb), min(take, na)
     while True:
@@ -146,6 +144,7 @@ class ReleaseForecast:
         "_costs",
         "_cumulative",
         "_round_s",
+        "_groups",
     )
 
     def __init__(self) -> None:
@@ -160,6 +159,7 @@ class ReleaseForecast:
         self._costs: list[int] = []  # the token cost each of them frees, in the same order
         self._cumulative: list[int] = []  # running sums of _costs
         self._round_s = 0.0  # how much later the next round of releases comes (a service time)
+        self._groups: dict[object, list[float]] = {}  # forecast releases by endpoint and by tenant
 
     def __len__(self) -> int:
         return len(self._live)
@@ -247,6 +247,7 @@ class ReleaseForecast:
 
     def _compute(self, now: float, service_s: float | None) -> None:
         pairs = []
+        groups: dict[object, list[float]] = {}
         unknown = []  # requests nothing can be forecast from yet (no service time, no pace)
         for grant in self._live.values():
             at = self._release_at(grant, now, service_s)
@@ -256,7 +257,13 @@ class ReleaseForecast:
             if grant.forecast_s is None:
                 grant.forecast_s = at
             pairs.append((at, grant.ask.cost))
+            for key in (grant.endpoint, grant.ask.tenant):
+                if key is not None:
+                    groups.setdefault(key, []).append(at)
         pairs.sort()
+        for times in groups.values():
+            times.sort()
+        self._groups = groups
         if pairs:  # those unknown end no sooner than the last one known, as far as anyone can tell
             pairs += [(pairs[-1][0], cost) for cost in unknown]
         self._times = [at for at, _ in pairs]
@@ -286,20 +293,23 @@ class ReleaseForecast:
         nothing is known of how long a request takes. Slots come free from three places: `free`
         are free now (and promised: whoever takes them is not counted in `k`), each request in
         flight releases its own, and each promised appointment's slot is free again one service
-        time after its holder took it (`promised`)."""
+        time after its holder took it (`promised`). Past all of them, the same again a service
+        time later per round."""
         self._refresh(now, service_s)
         times = self._times
         if self._round_s <= 0 or not (free or times):
             return None
         ats, after = promised
-        k += free - 1  # from 0, counting the free slots
         n = free + len(times)
+        # From 0, counting the free slots; past every slot known, a round (a service time) later.
+        rounds, k = divmod(k - 1 + free, n + len(ats))
+        later = rounds * self._round_s
         last = times[-1] if times else now
         if not ats or ats[0] + after >= last:  # the usual case: every promise ends after them
             if k < n:
-                return now if k < free else times[k - free]
-            return ats[min(k - n, len(ats) - 1)] + after if ats else last
-        return _kth(lambda j: now if j < free else times[j - free], n, ats, after, k)
+                return (now if k < free else times[k - free]) + later
+            return ats[k - n] + after + later
+        return _kth(lambda j: now if j < free else times[j - free], n, ats, after, k) + later
 
     def tokens_free_at(
         self,
@@ -345,3 +355,13 @@ class ReleaseForecast:
             if lo < len(sequence) and sequence[lo] + shift < best:
                 best = sequence[lo] + shift
         return max(now, best)
+
+    def group_free_at(self, now: float, key: object, k: int, service_s: float | None) -> float | None:
+        """When the k-th release (k >= 1) among the requests of one endpoint or one tenant comes;
+        past those in flight, a service time later per round. None when none is in flight."""
+        self._refresh(now, service_s)
+        times = self._groups.get(key)
+        if not times or self._round_s <= 0:
+            return None
+        rounds, index = divmod(k - 1, len(times))
+        return times[index] + rounds * self._round_s

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
 
 from governor.admission.buckets import make_bucket, updated_bucket
-from governor.admission.hints import DrainHint, RetryHintEstimator
+from governor.admission.hints import DrainHint, RetryHintEstimator, Timeline
 from governor.admission.tally import Tally
 from govwire.request import is_tenant_name
 from govwire.vocab import DEFAULT_TENANT
@@ -89,6 +89,7 @@ class Tenant:
         "tally",
         "request_drain",
         "token_drain",
+        "release_timeline",
     )
 
     def __init__(self, name: str, limits: TenantLimits, hints: RetryHintEstimator, now: float) -> None:
@@ -103,8 +104,9 @@ class Tenant:
         self.service = 0.0
         self.contending_until = -math.inf
         self.tally = Tally()  # its admitted, executed and yielded frames (accounting.py)
-        self.request_drain = DrainHint(hints)
+        self.request_drain = DrainHint(hints)  # its fair share's hints (fair_share.py)
         self.token_drain = DrainHint(hints)
+        self.release_timeline = Timeline()  # its max_inflight's hints (tenant_caps.py)
 
     def set_limits(self, limits: TenantLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until what it holds falls under it."""

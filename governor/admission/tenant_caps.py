@@ -7,7 +7,9 @@ import math
 
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
+from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
 
@@ -16,12 +18,16 @@ class TenantCaps:
     holds (requests, token cost) is counted whether it has caps or not: the per-tenant gauges read it.
 
     Under a priority class ceiling (`Ask.ceiling`) a cap counts as that fraction of itself, as the
-    global caps do. Hints: the bucket caps' exact refill times; for the held caps, the time what
-    the tenant holds takes to drain enough (hints.DrainHint), booked per tenant."""
+    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight`, the forecast
+    release of the tenant's own requests (release_forecast.py), told in turn to its refused
+    clients; for its token cap (and before anything can be forecast), the time what the tenant
+    holds takes to drain enough (hints.DrainHint), booked per tenant."""
 
-    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate")
+    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_forecast", "_hints")
 
-    def __init__(self) -> None:
+    def __init__(self, forecast: ReleaseForecast, hints: RetryHintEstimator) -> None:
+        self._forecast = forecast
+        self._hints = hints
         self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
         self._qps = Refusal(YieldReason.TENANT_QPS)
         self._tokens = Refusal(YieldReason.TENANT_TOKENS)
@@ -49,7 +55,14 @@ class TenantCaps:
         cap = limits.max_inflight
         if cap and tenant.inflight + 1 > cap * ceiling:
             deficit = tenant.inflight + 1 - math.floor(cap * ceiling)
-            return self._inflight.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
+            hints = self._hints
+            service_s = hints.service_time_s
+            at = tenant.release_timeline.next(
+                now, deficit, lambda k: self._forecast.group_free_at(now, tenant, k, service_s)
+            )
+            if at is None:
+                return self._inflight.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
+            return self._inflight.at(hints.jittered_ms((at - now) * 1000.0))
         bucket = tenant.qps_bucket
         if bucket is not None and bucket.level(now) - 1.0 < (1.0 - ceiling) * bucket.burst:
             return self._qps.at(hint_of(bucket.appointment_s(now, 1.0 + (1.0 - ceiling) * bucket.burst)))

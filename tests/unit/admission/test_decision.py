@@ -210,14 +210,18 @@ def test_a_reroute_takes_an_endpoint_slot_but_not_a_second_global_token() -> Non
     assert routed(grant) is other  # nowhere to go: nothing changed
 
 
-def test_an_endpoint_inflight_hint_is_the_service_time_over_the_endpoints_caps() -> None:
-    # 32 global slots, but one endpoint capped at 2: a slot frees every S / 2, not S / 32.
+def test_an_endpoint_inflight_hint_is_the_forecast_release_at_the_full_endpoint() -> None:
+    # 32 global slots, but one endpoint capped at 2: the next slot there frees when one of its two
+    # requests ends (a service time after their admission), told in turn to the clients refused.
     endpoint = Endpoint("e", EndpointLimits(concurrency=2), 1000.0)
     endpoint.up = True
     state = make_state(max_inflight=32, endpoints=[endpoint], hint_policy=RetryHintPolicy(jitter=0.0))
     state.admission.hints.observe_service_time(0.1)
-    for _ in range(2):
-        assert not isinstance(state.admission.decide(1000.0), Refusal)
-    refusal = state.admission.decide(1000.0)
-    assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
-    assert 45 <= refusal.hint_ms <= 55, refusal.hint_ms
+    assert not isinstance(state.admission.decide(1000.0), Refusal)
+    assert not isinstance(state.admission.decide(1000.05), Refusal)
+    hints = []
+    for _ in range(3):
+        refusal = state.admission.decide(1000.05)
+        assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
+        hints.append(refusal.hint_ms)
+    assert hints == [50, 100, 150]  # the first's end, the second's, then the first slot's next round

@@ -428,23 +428,27 @@ def test_two_backlogged_tenants_share_contended_capacity_by_weight_within_the_bo
     assert abs(served_a / weights[0] - served_b / weights[1]) <= 2 * bound + 1e-9
 
 
-def test_a_tenant_refused_at_the_cap_is_booked_on_its_own_timeline_at_its_share_of_the_releases() -> None:
+def test_tenants_refused_at_the_cap_are_booked_in_turn_whoever_they_are() -> None:
+    """The global cap's refusals book appointments in the order they come, whatever the tenant
+    (ordering them by share is the next step, not this one): nobody is told a release that was
+    promised to someone else."""
     state = make_state(
         max_inflight=4,
         hint_policy=RetryHintPolicy(jitter=0.0),
         tenants={"a": TenantLimits(), "b": TenantLimits()},
         tenant_from_frame=True,
     )
-    state.admission.hints.observe_service_time(0.4)  # a slot frees every 100 ms at saturation
+    state.admission.hints.observe_service_time(0.4)
     a, a_writes = make_ingress(state)
     b, b_writes = make_ingress(state)
     a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(8)))
-    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [100, 200, 300, 400]  # a alone: every release
-    # b contends now: half the releases are its own, every 200 ms, whatever a's crowd was told.
+    # the four admitted together end together, 400 ms on: the four refused are told that
+    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [400, 400, 400, 400]
     b.receive_data(frame("b0", tenant="b") + frame("b1", tenant="b"))
-    assert [(r["reason"], r["retry_hint_ms"]) for r in replies(b_writes)] == [("inflight", 200), ("inflight", 400)]
-    a.receive_data(frame("a9", tenant="a"))
-    assert replies(a_writes)[-1]["retry_hint_ms"] == 600  # after a's own appointments, at half the rate
+    # b's are the slots' next round (400 ms of service after a's appointments, and 1 ms)
+    b_replies = replies(b_writes)
+    assert [(r["reason"], r["retry_hint_ms"]) for r in b_replies] == [("inflight", 801), ("inflight", 801)]
+    assert all(r["retry_ticket"] for r in b_replies)
 
 
 def test_the_shipped_placeholder_secret_is_refused() -> None:
@@ -454,3 +458,25 @@ def test_the_shipped_placeholder_secret_is_refused() -> None:
             SharedSecret.from_text(value, "worker-token")
         with pytest.raises(ValueError, match="placeholder"):
             TenantSecrets.from_text(f"alpha {value}\n", "client-token")
+
+
+def test_a_tenants_own_cap_hints_the_forecast_release_of_its_own_requests() -> None:
+    """tenant_inflight: the next of the tenant's own requests to end, told in turn; nothing kept."""
+    state = make_state(
+        max_inflight=32,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(max_inflight=2)},
+        tenant_from_frame=True,
+    )
+    admission = state.admission
+    admission.hints.observe_service_time(0.4)
+    tenant = admission.tenants.resolve("a")
+    for at in (0.0, 0.1):
+        ask = Ask(tenant=tenant)
+        assert isinstance(admission.decide(at, ask), Grant)
+    told = []
+    for _ in range(3):
+        refusal = admission.decide(0.1, Ask(tenant=tenant))
+        assert not isinstance(refusal, Grant) and refusal.reason == "tenant_inflight"
+        told.append(refusal.hint_ms)
+    assert told == [300, 400, 700]  # its first request's end, its second's, the first slot's next round
