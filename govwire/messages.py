@@ -106,6 +106,11 @@ class EngineStats:
     prefix_cache_queries_tokens_total: int | None = _stat("Prompt tokens looked up in the prefix cache.")
     prefix_cache_hits_tokens_total: int | None = _stat("Prompt tokens found in the prefix cache (not prefilled).")
     preemptions_total: int | None = _stat("Running sequences preempted for KV cache room (recomputed when readmitted).")
+    max_batch_size: int | None = _stat("The decode batch: most decoding sequences in one step (--max-batch-size).")
+    max_running: int | None = _stat(
+        "Most sequences admitted into the engine at once (--max-running); past it, requests wait in the worker."
+    )
+    max_prefill_tokens: int | None = _stat("Prompt tokens prefilled per step (--max-prefill-tokens).")
 
     def to_dict(self) -> dict[str, int | float]:
         """The fields that are set, by name (the body of the `~stats` frame)."""

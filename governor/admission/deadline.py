@@ -8,23 +8,34 @@ that much. Starting work that the client will have abandoned only delays everyon
 (Mooncake's early rejection on predicted TTFT). A request admitted anyway and still without a
 first token at its deadline is cancelled by the lifecycle.
 
+Before its prediction, a bound from the release forecast (release_forecast.py): an endpoint that
+runs `batch` requests at once (a worker's `--max-running`, from its statistics; an
+OpenAI-compatible endpoint's `concurrency=`) starts a request only when one of those ahead of it
+ends. When that forecast start is already past the deadline, the frame is refused at once, even
+before the TTFT model has seen a first token (a cold model cannot know that a queue of long
+requests is in the way; the forecast can). Its hint is the excess, as for a prediction.
+
 It runs after the pool in `Admission`, reading the pool's choice; a frame without a deadline,
-or an endpoint whose model has too few samples yet, passes.
+or an endpoint with no forecast bound and too few samples for its model, passes.
 """
 
 from __future__ import annotations
 
 from governor.admission.cost import Ask
+from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of
 from governor.admission.pool import Pool
+from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
 
 class DeadlineLimit:
-    __slots__ = ("_pool", "_predicted", "_refusal")
+    __slots__ = ("_pool", "_forecast", "_hints", "_predicted", "_refusal")
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, forecast: ReleaseForecast, hints: RetryHintEstimator) -> None:
         self._pool = pool
+        self._forecast = forecast
+        self._hints = hints
         self._predicted: float | None = None  # from `check`, for the `charge` that follows
         self._refusal = Refusal(YieldReason.DEADLINE)
 
@@ -34,6 +45,11 @@ class DeadlineLimit:
         endpoint = self._pool.choice
         if deadline is None or endpoint is None:
             return None
+        ahead = endpoint.inflight + 1 - endpoint.batch  # must end before it starts there
+        if endpoint.batch and ahead > 0:
+            start = self._forecast.group_free_at(now, endpoint, ahead, self._hints.service_time_s)
+            if start is not None and start - now > deadline:
+                return self._refusal.at(hint_of(start - now - deadline))
         predicted = endpoint.ttft.predict(endpoint.waiting_tokens + ask.prompt_tokens, endpoint.waiting)
         if predicted is None:
             return None

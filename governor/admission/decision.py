@@ -123,7 +123,7 @@ class Admission:
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
         self.pool = Pool(endpoints, max_inflight, hints, forecast)
-        self.deadline = DeadlineLimit(self.pool)
+        self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
         self.tenant_caps = TenantCaps(forecast, hints)

@@ -290,6 +290,8 @@ class WorkerLink(asyncio.Protocol):
                 # others (a worker shared by several governors), not stalled.
                 self.last_progress_at = now
             self.engine_stats = stats
+            # How many it runs at once: past that, a request waits in the worker (deadline.py).
+            self.endpoint.batch = stats.max_running or 0
         elif status == Status.ERROR:  # e.g. unauthorized: the worker closes the link
             self.last_error = f"refused: {frame.get('code')}: {frame.get('message')}"
             log.error(

@@ -194,6 +194,9 @@ class GPT2Backend:
             prefix_cache_queries_tokens_total=blocks.counters.queries,
             prefix_cache_hits_tokens_total=blocks.counters.hits,
             preemptions_total=s.num_preemptions,
+            max_batch_size=s.config.max_batch_size,
+            max_running=s.config.running_cap,
+            max_prefill_tokens=s.config.max_prefill_tokens,
         )
 
     async def close(self) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
+from governor.admission.cost import Ask
+from governor.admission.limits import Grant, Refusal
 from governor.admission.ttft import MIN_SAMPLES, TtftModel
 from govwire.codec import encode, encode_token, generate_frame
 from govwire.vocab import Op, YieldReason
@@ -103,3 +105,47 @@ def test_a_request_that_ends_before_its_deadline_leaves_no_timer_behind() -> Non
     upstream.worker_sends(done_frame(uid, "", "eos"))  # a done with no token first
     clock.advance(1.0)
     assert timers.fire_due() == 0 and [r["status"] for r in replies(writes)] == ["done"]
+
+
+def test_a_queue_the_deadline_cannot_clear_is_refused_before_any_first_token_is_known() -> None:
+    """The cold start: a batch-1 worker (its statistics say --max-running 1) with 8 long requests
+    on it, the TTFT model without a single sample. The running one streams a token every 20 ms and
+    asked for 100: a frame with deadline_ms 20 is 8 ends away from starting, and is refused at
+    once instead of being admitted and cut at its deadline."""
+    clock = FakeClock()
+    state = make_state(max_inflight=32, clock=clock)
+    admission = state.admission
+    (endpoint,) = admission.pool.endpoints
+    endpoint.batch = 1
+    grants = [admission.decide(clock(), Ask(max_new_tokens=100)) for _ in range(8)]
+    assert all(isinstance(g, Grant) for g in grants)
+    running = cast_stream(grants[0])
+    for i in range(5):
+        running.token(clock() + 0.02 * i)
+    now = clock() + 0.09
+    assert endpoint.ttft.predict(0, 0) is None  # the model knows nothing yet
+    refused = admission.decide(now, Ask(max_new_tokens=4, deadline_s=0.02))
+    assert isinstance(refused, Refusal) and refused.reason == YieldReason.DEADLINE
+    # its start is at least the running one's end, 95 tokens away: far past 20 ms
+    assert refused.hint_ms >= 95 * 20 - 20
+    # a frame without a deadline is admitted as before
+    assert isinstance(admission.decide(now, Ask(max_new_tokens=4)), Grant)
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.tokens_seen = 0
+        self.t_first_token: float | None = None
+        self.t_last_token = 0.0
+
+    def token(self, now: float) -> None:
+        self.tokens_seen += 1
+        self.t_last_token = now
+        if self.t_first_token is None:
+            self.t_first_token = now
+
+
+def cast_stream(grant: Any) -> _Stream:
+    stream = _Stream()
+    grant.progress = stream
+    return stream
