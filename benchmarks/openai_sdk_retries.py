@@ -273,7 +273,7 @@ def run(scenario: str, round_: int, args: argparse.Namespace) -> Run:
         s = stats(port)
     finally:
         stop(proc)
-    result = Run(scenario, requests, wall_s, s["received_by_protocol"]["http"] - before, s["retry_hints"])
+    result = Run(scenario, requests, wall_s, s["received_by_protocol"]["http"] - before, s.get("retry_hints", {}))
     failed = [r for r in requests if r.error]
     if failed:
         r = failed[0]
