@@ -316,6 +316,7 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     forecast they are read from is (admission/release_forecast.py)."""
     admission = state.admission
     appointments = admission.appointments
+    appointments.age(state.clock())  # the no-shows past memory count before a scrape
     outcomes = CounterMetricFamily(
         "governor_retry_hint_outcome",
         "Returns of refused clients to their appointment, by the limit that booked it and outcome:"

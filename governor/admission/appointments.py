@@ -14,7 +14,12 @@ The holder is recognised two ways (`Appointments.find`):
 - by its ticket, the `retry_ticket` its yield carried and the retry sends back: random, unguessable,
   single use, valid only for the tenant it was issued to;
 - by what it re-sends, for clients that know nothing of tickets: the same tenant re-sending the
-  same request (the door's `Ask.identity`: an NDJSON frame's id and prompt, an HTTP body).
+  same request (the door's `Ask.identity`, which names the tenant: an NDJSON frame's id and
+  prompt, an HTTP body), inside its window. Several clients may send the same request (a load
+  generator's fixed prompt): each refused one gets an appointment of its own, and a frame is
+  taken for the holder of the earliest one whose window is open. Before its window nothing tells
+  a holder coming back early from another client sending the same request: without a ticket, it
+  is a new client.
 
 Anything else (unknown, forged, expired, reused or another tenant's ticket) is no ticket: never an
 error and never a slot. A holder that comes before its window is refused again with the time still
@@ -69,7 +74,13 @@ class Appointment:
         self.tenant = tenant
         self.identity = identity
         self.ticket = ""
-        self.closes = 0.0  # the end of its window
+        self.closes = 0.0  # the end of its window (`at` + half the grace)
+
+    def opened(self, now: float) -> bool:
+        """Whether its window has opened by `now`: `at` <= now + half the grace, the one test of
+        it everywhere (the book bisects its times the same way), so that no float rounding makes
+        a window open for the book and not for its holder."""
+        return self.at <= now + self.book.registry.half_grace_s
 
 
 class AppointmentBook:
@@ -86,6 +97,7 @@ class AppointmentBook:
         self.promised = 0.0  # the sum of the live appointments' amounts
         self.max_entries = max_entries
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
+        registry.books.append(self)
 
     def cumulative(self) -> list[float]:
         """The running sums of the appointments' amounts, in the book's order (recomputed after
@@ -98,20 +110,23 @@ class AppointmentBook:
             self._cumulative = sums
         return self._cumulative
 
-    def held(self, now: float, own: Appointment | None) -> float:
-        """What the appointments whose window is open hold now from the asker: nothing from a
-        holder in its own window (it may take whatever the limit has free), else their sum."""
+    def sweep(self, now: float) -> None:
+        """Appointments whose window closed leave the book (lapsed: no-shows)."""
         entries = self.entries
-        if not entries:
-            return 0.0
-        half = self.registry.half_grace_s
         while entries and entries[0].closes <= now:
             self.registry.lapse(entries.pop(0), now)
             del self.times[0]
             self._cumulative = None
-        if own is not None and own.at - half <= now < own.closes:
+
+    def held(self, now: float, own: Appointment | None) -> float:
+        """What the appointments whose window is open hold now from the asker: nothing from a
+        holder in its own window (it may take whatever the limit has free), else their sum."""
+        if not self.entries:
             return 0.0
-        opened = bisect_right(self.times, now + half)  # the entries whose window has opened
+        self.sweep(now)
+        if own is not None and own.opened(now):
+            return 0.0
+        opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
             return 0.0
         if self.unit:
@@ -123,7 +138,6 @@ class AppointmentBook:
         if len(self.entries) >= self.max_entries:
             return None
         appointment = Appointment(at, amount, self, tenant, identity)
-        appointment.closes = at + self.registry.half_grace_s
         self._insert(appointment)
         self.registry.issue(appointment)
         return appointment
@@ -131,11 +145,11 @@ class AppointmentBook:
     def move(self, appointment: Appointment, at: float) -> None:
         """Put a removed appointment back at a new time, with its ticket and identity."""
         appointment.at = at
-        appointment.closes = at + self.registry.half_grace_s
         self._insert(appointment)
         self.registry.restore(appointment)
 
     def _insert(self, appointment: Appointment) -> None:
+        appointment.closes = appointment.at + self.registry.half_grace_s
         index = bisect_right(self.times, appointment.at)
         self.times.insert(index, appointment.at)
         self.entries.insert(index, appointment)
@@ -149,6 +163,12 @@ class AppointmentBook:
         self._cumulative = None
         self.registry.forget(appointment)
 
+    def regrace(self) -> None:
+        """The grace changed (reload): every window is re-cut around its appointment."""
+        half = self.registry.half_grace_s
+        for entry in self.entries:
+            entry.closes = entry.at + half
+
     def own(self, appointment: Appointment | None) -> Appointment | None:
         """The asker's appointment (`Ask.appointment`) if it is one of this book's."""
         return appointment if appointment is not None and appointment.book is self else None
@@ -157,7 +177,7 @@ class AppointmentBook:
         """Its holder was admitted (`charge`): on time, or early into capacity that was free anyway.
         How late after its appointment it came is learnt (`Appointments.round_delay_s`)."""
         registry = self.registry
-        if now >= own.at - registry.half_grace_s:
+        if own.opened(now):
             registry.count(self.reason, ON_TIME)
             late = now - own.at
             registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
@@ -173,23 +193,25 @@ class AppointmentBook:
         identity: int,
         deficit: float,
         amount: float,
-        free_at: Callable[[float, float, float], float | None],
+        free_at: FreeAt,
     ) -> tuple[int, Appointment | None]:
         """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
-        be released before it fits, not counting the appointments; `free_at(now, need, deficit)`:
-        when `need` will have been released (the release forecast), None when nothing is in flight."""
+        be released before it fits, not counting the appointments; `free_at(now, need, deficit,
+        ahead)`: when `need` will have been released counting the first `ahead` appointments'
+        requests (the release forecast), None when nothing is in flight."""
         registry = self.registry
-        own = held if held is not None and held.book is self else None
+        self.sweep(now)
+        own = self.own(held)
         if own is not None:
-            if now < own.at - registry.half_grace_s:  # early: told the time left, keeps its place
+            if not own.opened(now):  # early: told the time left, keeps its place
                 registry.count(self.reason, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
             # In its window and still no room (the forecast was early): it keeps its place in the
             # book, before every appointment made after it, and its ticket.
             registry.count(self.reason, YIELDED_AGAIN)
-            index = self.entries.index(own)
-            need = deficit + self.cumulative()[index] - own.amount
+            ahead = self.entries.index(own)
+            need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
         else:
             if held is not None and registry.by_ticket.get(held.ticket) is held:
@@ -199,8 +221,9 @@ class AppointmentBook:
                 # Its turn comes after every appointment made, about a release later, past the
                 # horizon: a flood is answered at the cost of one comparison.
                 return int(registry.hints.policy.max_ms), None
+            ahead = len(times)
             need = deficit + self.promised
-        release = free_at(now, need if need > 1.0 else 1.0, deficit)
+        release = free_at(now, need if need > 1.0 else 1.0, deficit, ahead)
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
             return hints.hint_ms(now), None
@@ -223,6 +246,11 @@ class AppointmentBook:
             self.move(own, at)
             return hint_ms, own
         return hint_ms, self.book(at, amount, tenant, identity)
+
+
+FreeAt = Callable[[float, float, float, int], "float | None"]
+"""When the requests in flight (and those of the first `ahead` appointments) will have released
+`need`, for a client short of `deficit` (release_forecast.py); None when nothing can be forecast."""
 
 
 class Tickets:
@@ -252,7 +280,7 @@ class Lapsed:
     __slots__ = ("at", "reason", "tenant", "keys")
 
     def __init__(self, at: float, reason: str, tenant: Tenant | None, keys: tuple[object, ...]) -> None:
-        self.at = at
+        self.at = at  # when its window closed
         self.reason = reason
         self.tenant = tenant
         self.keys = keys  # its ticket, and its identity if it had one
@@ -265,6 +293,7 @@ class Appointments:
         "half_grace_s",
         "lateness_s",
         "hints",
+        "books",
         "by_ticket",
         "by_identity",
         "lapsed",
@@ -284,8 +313,10 @@ class Appointments:
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
+        self.books: list[AppointmentBook] = []
         self.by_ticket: dict[str, Appointment] = {}
-        self.by_identity: dict[int, Appointment] = {}
+        # By identity, the appointments of the clients sending that request, in booking order.
+        self.by_identity: dict[int, list[Appointment]] = {}
         self.lapsed: dict[object, Lapsed] = {}  # by ticket and by identity, oldest first
         self.outcomes: dict[tuple[str, str], int] = {}
         self._new_ticket = new_ticket or Tickets()
@@ -310,24 +341,11 @@ class Appointments:
             spread = self.half_grace_s / 2
         return spread * self._random()
 
-    def identify(self, appointment: Appointment, identity: int) -> None:
-        """The door recognises a client's returns by `identity` (what it re-sends)."""
-        if not identity or appointment.identity:
-            return
-        old = self.by_identity.get(identity)
-        if old is not None and old is not appointment:
-            old.book.remove(old)
-        appointment.identity = identity
-        self.by_identity[identity] = appointment
-
     def set_grace(self, grace_s: float) -> None:
+        """Live change (reload): the windows of the appointments booked are re-cut too."""
         self.half_grace_s = grace_s / 2
-
-    @property
-    def live(self) -> bool:
-        """Whether anyone holds an appointment or may return late (the doors then compute what
-        recognises a returning client)."""
-        return bool(self.by_ticket) or bool(self.lapsed)
+        for book in self.books:
+            book.regrace()
 
     def count(self, reason: str, outcome: str) -> None:
         key = (reason, outcome)
@@ -337,21 +355,28 @@ class Appointments:
         ticket = appointment.ticket = self._new_ticket()
         self.by_ticket[ticket] = appointment
         if appointment.identity:
-            old = self.by_identity.get(appointment.identity)
-            if old is not None:  # the same request refused again elsewhere: one appointment each
-                old.book.remove(old)
-            self.by_identity[appointment.identity] = appointment
+            self.by_identity.setdefault(appointment.identity, []).append(appointment)
+
+    def identify(self, appointment: Appointment, identity: int) -> None:
+        """The door recognises a client's returns by `identity` (what it re-sends)."""
+        if identity and not appointment.identity:
+            appointment.identity = identity
+            self.by_identity.setdefault(identity, []).append(appointment)
 
     def restore(self, appointment: Appointment) -> None:
         """A moved appointment is found by its ticket and identity again."""
         self.by_ticket[appointment.ticket] = appointment
         if appointment.identity:
-            self.by_identity[appointment.identity] = appointment
+            self.by_identity.setdefault(appointment.identity, []).append(appointment)
 
     def forget(self, appointment: Appointment) -> None:
         self.by_ticket.pop(appointment.ticket, None)
-        if self.by_identity.get(appointment.identity) is appointment:
-            del self.by_identity[appointment.identity]
+        same = self.by_identity.get(appointment.identity)
+        if same is not None:
+            if appointment in same:
+                same.remove(appointment)
+            if not same:
+                del self.by_identity[appointment.identity]
 
     def lapse(self, appointment: Appointment, now: float) -> None:
         """Its window closed without it: out of its book; remembered a while for a late return."""
@@ -360,14 +385,19 @@ class Appointments:
         keys: tuple[object, ...] = (
             (appointment.ticket, appointment.identity) if appointment.identity else (appointment.ticket,)
         )
-        record = Lapsed(now, appointment.book.reason, appointment.tenant, keys)
+        record = Lapsed(appointment.closes, appointment.book.reason, appointment.tenant, keys)
         for key in keys:
             self.lapsed[key] = record
+        self.age(now)
+
+    def age(self, now: float) -> None:
+        """Forget the lapsed appointments past memory (or past the bound), oldest first: they
+        never came back. Run on each frame while any is remembered, and before each report."""
         lapsed = self.lapsed
-        while lapsed:  # the oldest first: forget those past memory (or past the bound)
+        while lapsed:
             oldest = lapsed[next(iter(lapsed))]
             if now - oldest.at < LAPSED_MEMORY_S and len(lapsed) < 65536:
-                break
+                return
             self._drop(oldest)
             self.count(oldest.reason, NEVER)
 
@@ -377,18 +407,24 @@ class Appointments:
                 del self.lapsed[key]
 
     def find(self, ticket: str | None, identity: int, tenant: Tenant | None, now: float) -> Appointment | None:
-        """The live appointment this frame holds, or None. A late return is counted here."""
-        appointment = None
+        """The live appointment this frame holds, or None: its ticket's (any time before its
+        window closes), else the earliest one of its identity whose window is open. A late
+        return is counted here."""
+        if self.lapsed:
+            self.age(now)
         if ticket is not None:
             appointment = self.by_ticket.get(ticket)
-        if appointment is None and identity:
-            appointment = self.by_identity.get(identity)
-        if appointment is not None:
-            if appointment.tenant is not tenant:
-                return None  # another tenant's: no ticket
-            if appointment.closes > now:
-                return appointment
-            appointment.book.held(now, None)  # its window closed and nobody swept it yet: lapse it
+            if appointment is not None and appointment.tenant is tenant:  # another tenant's: no ticket
+                if appointment.closes > now:
+                    return appointment
+                appointment.book.sweep(now)  # its window closed and nobody swept it yet: lapse it
+        if identity:
+            for appointment in self.by_identity.get(identity, ()):
+                if appointment.tenant is tenant and appointment.opened(now):
+                    if appointment.closes > now:
+                        return appointment
+                    appointment.book.sweep(now)
+                    break
         for key in (ticket, identity):
             record = self.lapsed.get(key) if key else None
             if record is not None and record.tenant is tenant:

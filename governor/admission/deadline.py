@@ -9,11 +9,10 @@ that much. Starting work that the client will have abandoned only delays everyon
 first token at its deadline is cancelled by the lifecycle.
 
 Before its prediction, a bound from the release forecast (release_forecast.py): an endpoint that
-runs `batch` requests at once (a worker's `--max-running`, from its statistics; an
-OpenAI-compatible endpoint's `concurrency=`) starts a request only when one of those ahead of it
-ends. When that forecast start is already past the deadline, the frame is refused at once, even
-before the TTFT model has seen a first token (a cold model cannot know that a queue of long
-requests is in the way; the forecast can). Its hint is the excess, as for a prediction.
+runs `batch` requests at once (a worker's `--max-running`, from its statistics) starts a request
+only when one of those ahead of it ends. When that forecast start is already past the deadline,
+the frame is refused at once, even before the TTFT model has seen a first token (a cold model
+cannot know that a queue of long requests is in the way; the forecast can). Its hint is the excess, as for a prediction.
 
 It runs after the pool in `Admission`, reading the pool's choice; a frame without a deadline,
 or an endpoint with no forecast bound and too few samples for its model, passes.

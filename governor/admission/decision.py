@@ -103,22 +103,29 @@ class Admission:
         booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
         slots = AppointmentBook(YieldReason.INFLIGHT.value, registry, unit=True)
 
-        def slot_free_at(at: float, need: float, deficit: float) -> float | None:
-            # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments).
+        def slot_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
+            # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments);
+            # the first `ahead` appointments' requests free theirs again after their service.
             service_s = hints.service_time_s
-            promised = (slots.times, service_s + registry.round_delay_s) if service_s else NOTHING_PROMISED
+            promised = NOTHING_PROMISED
+            if service_s:
+                times = slots.times if ahead >= len(slots.times) else slots.times[:ahead]
+                promised = (times, service_s + registry.round_delay_s)
             return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised)
 
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None, slot_free_at)
         self.rate = RateLimit(qps, burst, now)
         tokens = AppointmentBook(YieldReason.TOKENS.value, registry, unit=False)
 
-        def tokens_free_at(at: float, need: float, deficit: float) -> float | None:
+        def tokens_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
             service_s = hints.service_time_s
             if not service_s:
                 return forecast.tokens_free_at(at, need, service_s)
-            promised = (tokens.times, service_s + registry.round_delay_s)
-            return forecast.tokens_free_at(at, need, service_s, promised, tokens.cumulative(), registry.round_delay_s)
+            times, cumulative = tokens.times, tokens.cumulative()
+            if ahead < len(times):
+                times, cumulative = times[:ahead], cumulative[:ahead]
+            promised = (times, service_s + registry.round_delay_s)
+            return forecast.tokens_free_at(at, need, service_s, promised, cumulative, registry.round_delay_s)
 
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)

@@ -85,8 +85,8 @@ class Endpoint:
         self.ttft = ttft or TtftModel()
         self.up = False  # set by its link: a down endpoint's capacity does not count
         # How many requests it runs at once, past which they wait inside it (0 = not known): a
-        # worker's --max-running from its statistics; an OpenAI-compatible endpoint's concurrency=.
-        self.batch = limits.concurrency
+        # worker's --max-running, from its statistics.
+        self.batch = 0
         # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
         # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
         self.paused_until = 0.0

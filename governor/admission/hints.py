@@ -123,7 +123,7 @@ class RetryHintEstimator:
             wait_ms = self._min_ms
         elif wait_ms > self._max_ms:
             wait_ms = self._max_ms
-        return int(wait_ms + 0.5) or 1
+        return math.ceil(wait_ms - 1e-6) or 1  # rounded up: never sooner than computed
 
     def jittered_ms(self, wait_ms: float) -> int:
         """A computed wait as a hint: jittered and clamped like the others."""
@@ -132,7 +132,7 @@ class RetryHintEstimator:
             wait_ms = self._min_ms
         elif wait_ms > self._max_ms:
             wait_ms = self._max_ms
-        return int(wait_ms + 0.5) or 1
+        return math.ceil(wait_ms - 1e-6) or 1  # rounded up: never sooner than computed
 
 
 class DrainHint:
@@ -172,12 +172,14 @@ class DrainHint:
 class Timeline:
     """What a limit that keeps no appointments promised its refused clients (the endpoint caps,
     a tenant's own cap): the k-th client it refuses is told the k-th forecast release not told
-    to an earlier one still waiting. Nothing is kept for them: a hint, not a promise."""
+    to an earlier one still waiting. Nothing is kept for them: a hint, not a promise. At most
+    `bound` times are remembered (a flood re-sending at once cannot grow it without end)."""
 
-    __slots__ = ("_told",)
+    __slots__ = ("_told", "bound")
 
-    def __init__(self) -> None:
+    def __init__(self, bound: int = 4096) -> None:
         self._told: deque[float] = deque()  # the times told, oldest first
+        self.bound = bound
 
     def next(self, now: float, deficit: int, free_at: Callable[[int], float | None]) -> float | None:
         """The time for a client short of `deficit` releases; None when nothing can be forecast."""
@@ -185,6 +187,6 @@ class Timeline:
         while told and told[0] <= now:
             told.popleft()
         at = free_at(deficit + len(told))
-        if at is not None:
+        if at is not None and len(told) < self.bound:
             told.append(at)
         return at

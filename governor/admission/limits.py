@@ -17,7 +17,6 @@ class may fill (priority.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from governor.admission.buckets import make_bucket, updated_bucket
@@ -28,7 +27,7 @@ from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment, AppointmentBook
+    from governor.admission.appointments import Appointment, AppointmentBook, FreeAt
 
 
 class Refusal:
@@ -162,11 +161,6 @@ class Draining:
 
     def release(self, grant: Grant, executed: bool) -> None:
         return None
-
-
-FreeAt = Callable[[float, float, float], "float | None"]
-"""When the requests in flight will have released an amount, for a client short of `deficit`
-(release_forecast.py)."""
 
 
 class InflightLimiter:

@@ -19,6 +19,7 @@ from typing import Any, cast
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
+from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
@@ -60,12 +61,13 @@ AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated b
 _GENERATE = Op.GENERATE
 
 
-def identity_of(rid: str, obj: dict[str, Any]) -> int:
-    """What recognises a client re-sending a refused frame without its ticket: its id and prompt
-    (appointments.py). Python's string hash is keyed per process (SipHash): nobody outside can
-    make another request's identity."""
+def identity_of(ask: Ask, rid: str, obj: dict[str, Any]) -> int:
+    """What recognises a client re-sending a refused frame without its ticket: its tenant, id and
+    prompt (appointments.py). Python's string hash is keyed per process (SipHash): nobody outside
+    can make another request's identity."""
     prompt = obj.get("prompt")
-    return hash((rid, prompt if type(prompt) is str else None)) or 1
+    tenant = ask.tenant
+    return hash((None if tenant is None else tenant.name, rid, prompt if type(prompt) is str else None)) or 1
 
 
 class Ingress:
@@ -189,8 +191,7 @@ class Ingress:
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
             ticket = obj.get("retry_ticket")
             ask.ticket = ticket if type(ticket) is str else None
-            prompt = obj.get("prompt")  # identity_of, inlined: this runs for every frame under overload
-            ask.identity = hash((rid, prompt if type(prompt) is str else None)) or 1
+            ask.identity = identity_of(ask, rid, obj)
         try:
             decision = self._decide(now, ask)
         except RequestRejected as exc:  # OverBudget: no wait would let it in
@@ -204,7 +205,7 @@ class Ingress:
             if appointment is None:
                 return encode_yield(rid, decision.hint_ms, decision.reason)
             if not appointment.identity:
-                appointments.identify(appointment, identity_of(rid, obj))
+                appointments.identify(appointment, ask.identity or identity_of(ask, rid, obj))
             return encode_yield(rid, decision.hint_ms, decision.reason, appointment.ticket)
         return self._admit(obj, rid, now, cast(Grant, decision))
 

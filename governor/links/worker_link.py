@@ -291,7 +291,8 @@ class WorkerLink(asyncio.Protocol):
                 self.last_progress_at = now
             self.engine_stats = stats
             # How many it runs at once: past that, a request waits in the worker (deadline.py).
-            self.endpoint.batch = stats.max_running or 0
+            if stats.max_running:
+                self.endpoint.batch = stats.max_running
         elif status == Status.ERROR:  # e.g. unauthorized: the worker closes the link
             self.last_error = f"refused: {frame.get('code')}: {frame.get('message')}"
             log.error(

@@ -50,6 +50,13 @@ def test_exposition_parses_and_matches_the_counters() -> None:
     assert samples[("governor_connections_shed_total", (("reason", "idle_timeout"),))] == 0
     assert samples[("governor_admission_decision_seconds_count", ())] == 3
     assert ("process_resident_memory_bytes", ()) in samples
+    # whether the hints hold: every outcome series from the first scrape, at 0
+    for reason in ("inflight", "tokens"):
+        for outcome in ("on_time", "early", "late", "yielded_again", "never"):
+            assert samples[("governor_retry_hint_outcome_total", (("outcome", outcome), ("reason", reason)))] == 0
+    assert samples[("governor_appointments", (("reason", "inflight"),))] == 0  # nothing forecast yet: no booking
+    # signed (negative buckets), so prometheus-client exports its buckets without _sum and _count
+    assert samples[("governor_release_forecast_error_seconds_bucket", (("le", "+Inf"),))] == 0
 
 
 def test_each_endpoint_is_exported_under_a_worker_label() -> None:

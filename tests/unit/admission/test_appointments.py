@@ -15,7 +15,7 @@ from governor.admission.appointments import LAPSED_MEMORY_S, Appointment, Appoin
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
-from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy, Timeline
 from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import Tenant, TenantLimits
 
@@ -110,11 +110,50 @@ def test_an_early_holder_is_told_the_time_left_and_keeps_its_appointment() -> No
     refused = admission.decide(0.0, ask(11, 2))
     assert isinstance(refused, Refusal) and refused.hint_ms == 300
     appointment = refused.appointment
-    again = admission.decide(0.1, ask(11, 2))  # recognised by what it re-sends
+    assert appointment is not None
+    again = admission.decide(0.1, ask(11, 2, ticket=appointment.ticket))
     assert isinstance(again, Refusal) and again.hint_ms == 200 and again.appointment is appointment
     assert admission.appointments.outcomes == {("inflight", "early"): 1}
     engine.run_until(0.3)
-    assert isinstance(admission.decide(0.3, ask(11, 2)), Grant)
+    assert isinstance(admission.decide(0.3, ask(11, 2)), Grant)  # in its window: its request is enough
+
+
+def test_clients_sending_the_same_request_each_get_an_appointment_and_are_told_apart_in_turn() -> None:
+    """A load generator's fixed prompt: the same identity from several clients. Before its window
+    a frame without a ticket is a new client (booked after the first); in the window the frame is
+    the holder of the earliest open appointment."""
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    first = admission.decide(0.0, ask(11, 7))
+    assert isinstance(first, Refusal) and first.hint_ms == 300
+    booked = first.appointment
+    second = admission.decide(0.1, ask(11, 7))
+    assert isinstance(second, Refusal) and second.hint_ms == 501 and second.appointment is not booked
+    assert admission.appointments.outcomes == {}
+    engine.run_until(0.3)
+    assert isinstance(admission.decide(0.3, ask(11, 7)), Grant)
+    assert booked is not None and booked.ticket not in admission.appointments.by_ticket  # the earlier one
+
+
+def test_another_tenants_frame_never_takes_or_cancels_an_appointment() -> None:
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    alice = Tenant("alice", TenantLimits(), admission.hints, 0.0)
+    mallory = Tenant("mallory", TenantLimits(), admission.hints, 0.0)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    refused = admission.decide(0.0, ask(11, 5, tenant=alice))
+    assert isinstance(refused, Refusal) and refused.appointment is not None
+    ticket = refused.appointment.ticket
+    engine.run_until(0.3)
+    # the same identity (a door names the tenant in it; here the worst case, a collision) and
+    # alice's ticket, sent as mallory: refused, and alice's appointment is still there
+    stolen = admission.decide(0.3, ask(11, 5, ticket=ticket, tenant=mallory))
+    assert isinstance(stolen, Refusal)
+    assert admission.appointments.by_ticket[ticket].tenant is alice
+    assert isinstance(admission.decide(0.3, ask(11, 5, tenant=alice)), Grant)
 
 
 def test_a_holder_whose_slot_frees_late_keeps_its_place_and_its_ticket() -> None:
@@ -169,13 +208,16 @@ def test_a_no_show_idles_the_slot_for_the_window_only_and_is_counted_never() -> 
     assert isinstance(admission.decide(0.0, ask(11, 2)), Refusal)
     engine.run_until(0.3)
     assert isinstance(admission.decide(0.3 + GRACE_S / 2 - 0.001, ask(11, 3)), Refusal)  # still kept
-    assert isinstance(admission.decide(0.3 + GRACE_S / 2 + 1e-9, ask(11, 4)), Grant)  # the window closed
+    admitted = admission.decide(0.3 + GRACE_S / 2 + 1e-9, ask(11, 4))  # the window closed
+    assert isinstance(admitted, Grant)
     registry = admission.appointments
-    assert registry.outcomes == {}
-    book = admission.inflight.book
-    assert book is not None
-    registry.lapse(Appointment(1.0, 1.0, book, None, 0), 0.3 + LAPSED_MEMORY_S + 1)
-    assert registry.outcomes == {("inflight", "never"): 1}
+    assert registry.outcomes == {} and registry.lapsed  # remembered for a late return
+    admission.release(admitted, True, 0.4)
+    # nobody comes back (neither 2 nor 3, booked at 0.3 for the next slot): the next frame after
+    # the memory counts them, and recognition stops
+    admission.decide(0.3 + LAPSED_MEMORY_S + 1, ask(11, 9))
+    assert registry.outcomes == {("inflight", "never"): 2}
+    assert not registry.lapsed and not registry.by_ticket
 
 
 def test_a_late_return_is_counted_and_treated_as_a_new_client() -> None:
@@ -334,7 +376,7 @@ class AppointmentsMachine(RuleBasedStateMachine):
         # a slot is kept only for appointments inside their window, never more than the cap
         held = book.held(self.now, None)
         assert held <= len(book.entries)
-        assert all(entry.at - registry.half_grace_s <= self.now for entry in book.entries[: int(held)])
+        assert all(entry.opened(self.now) for entry in book.entries[: int(held)])
 
     @invariant()
     def every_return_is_counted_at_most_once(self) -> None:
@@ -344,3 +386,11 @@ class AppointmentsMachine(RuleBasedStateMachine):
 
 TestAppointmentsMachine = AppointmentsMachine.TestCase
 TestAppointmentsMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+def test_a_timeline_tells_releases_in_turn_and_is_bounded() -> None:
+    timeline = Timeline(bound=3)
+    releases = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    told = [timeline.next(0.0, 1, lambda k: releases[k - 1]) for _ in range(5)]
+    assert told == [1.0, 2.0, 3.0, 4.0, 4.0]  # past its bound it tells, but remembers no more
+    assert timeline.next(2.5, 1, lambda k: releases[k - 1]) == 2.0  # 1.0 and 2.0 passed: one told left

@@ -297,3 +297,27 @@ def test_a_large_read_of_pipelined_requests_is_not_mistaken_for_long_headers() -
         client.send(data[at : at + 65536])
     statuses = [r.status for r in client.responses()]
     assert statuses == [429] * 3000 and client.core.closing is None
+
+
+def test_a_429_carries_the_appointments_ticket_and_the_retry_is_let_in_by_it_or_by_its_body() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(
+        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0), clock=clock,
+        upstream=upstream,
+    )  # fmt: skip
+    state.admission.hints.observe_service_time(0.5)
+    assert Client(state).send(post(completion("hold"))) == []  # holds the slot, forecast to end at 0.5 s
+    refused_by_body = Client(state).send(post(completion("mine")))[0]
+    assert refused_by_body.status == 429 and refused_by_body.headers["retry-after-ms"] == "500"
+    ticket = refused_by_body.headers["retry-ticket"]
+    (junk,) = Client(state).send(post(completion("other"), "retry-ticket: \xff" + "x" * 300))  # no ticket
+    assert junk.status == 429 and junk.headers["retry-ticket"] != ticket
+    clock.advance(0.5)
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "done", completion_tokens=4))  # the slot frees on time
+    # in the window the slot is kept: a fresh request is refused, the one re-sending its body is in
+    assert Client(state).send(post(completion("fresh")))[0].status == 429
+    assert Client(state).send(post(completion("mine"))) == []
+    assert state.admission.appointments.outcomes[("inflight", "on_time")] == 1
+    assert balanced(state)

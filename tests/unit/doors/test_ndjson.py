@@ -358,3 +358,27 @@ def test_a_priority_of_the_wrong_type_is_bad_frame_not_an_internal_error() -> No
     (reply,) = replies(writes)
     assert reply["code"] == "bad_frame" and "priority" in reply["message"]
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+@pytest.mark.parametrize("junk", [7, None, ["t"], {"t": 1}, "", "x" * 1000])
+def test_a_retry_ticket_of_any_shape_is_no_ticket_never_an_error(junk: Any) -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, upstream=upstream, clock=clock, hint_policy=RetryHintPolicy(jitter=0.0))
+    state.admission.hints.observe_service_time(0.2)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("hold"))
+    ingress.receive_data(frame("b") + frame("c", "other", retry_ticket=junk))
+    b, c = replies(writes)
+    assert (b["status"], b["retry_hint_ms"]) == ("yield", 200) and b["retry_ticket"]
+    assert c["status"] == "yield" and c["retry_ticket"] != b["retry_ticket"]  # a client of its own
+    assert state.accounting.rejected_total == 0
+    clock.advance(0.2)
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "done", completion_tokens=1))
+    # c, with junk for a ticket, is not b: the slot kept for b is not c's
+    ingress.receive_data(frame("c", "other", retry_ticket=junk))
+    assert replies(writes)[-1]["status"] == "yield"
+    ingress.receive_data(frame("x", "new", retry_ticket=b["retry_ticket"]))  # b's ticket, another frame
+    assert len(upstream.dispatched) == 2
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0

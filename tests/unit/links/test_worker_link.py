@@ -201,3 +201,12 @@ def test_a_worker_that_closes_before_answering_is_retried_with_backoff_not_in_a_
 
     accepted = asyncio.run(scenario())
     assert 2 <= accepted <= 12  # backoff 20 ms doubling: about 6 in a second (a tight loop made >1000)
+
+
+def test_the_workers_running_set_from_its_statistics_is_its_endpoints_batch() -> None:
+    link, _, _, _ = linked()
+    assert link.endpoint.batch == 0  # not known
+    link.data_received(b'{"id":"~stats","status":"stats","max_batch_size":8,"max_running":12}\n')
+    assert link.endpoint.batch == 12
+    link.data_received(b'{"id":"~stats","status":"stats"}\n')  # a push without it keeps what is known
+    assert link.endpoint.batch == 12
