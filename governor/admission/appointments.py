@@ -14,12 +14,12 @@ The holder is recognised two ways (`Appointments.find`):
 - by its ticket, the `retry_ticket` its yield carried and the retry sends back: random, unguessable,
   single use, valid only for the tenant it was issued to;
 - by what it re-sends, for clients that know nothing of tickets: the same tenant re-sending the
-  same request (the door's `Ask.identity`, which names the tenant: an NDJSON frame's id and
-  prompt, an HTTP body), inside its window. Several clients may send the same request (a load
-  generator's fixed prompt): each refused one gets an appointment of its own, and a frame is
-  taken for the holder of the earliest one whose window is open. Before its window nothing tells
-  a holder coming back early from another client sending the same request: without a ticket, it
-  is a new client.
+  same request (the door's `Ask.identity`, which names the tenant). An NDJSON frame's id and
+  prompt name one client's request: re-sent, it is that client, whenever it comes. An HTTP body
+  may come from several clients (a load generator's fixed prompt): each refused one gets an
+  appointment of its own, and a frame is taken for the holder of the earliest one whose window
+  is open; before its window nothing tells a holder coming back early from another client, so
+  without a ticket it is a new client.
 
 Anything else (unknown, forged, expired, reused or another tenant's ticket) is no ticket: never an
 error and never a slot. A holder that comes before its window is refused again with the time still
@@ -406,10 +406,13 @@ class Appointments:
             if self.lapsed.get(key) is record:
                 del self.lapsed[key]
 
-    def find(self, ticket: str | None, identity: int, tenant: Tenant | None, now: float) -> Appointment | None:
+    def find(
+        self, ticket: str | None, identity: int, unique: bool, tenant: Tenant | None, now: float
+    ) -> Appointment | None:
         """The live appointment this frame holds, or None: its ticket's (any time before its
-        window closes), else the earliest one of its identity whose window is open. A late
-        return is counted here."""
+        window closes), else the earliest one of its identity whose window is open, or, for an
+        identity only one client can send (`unique`: it names the client's request id), its one
+        appointment whenever it comes. A late return is counted here."""
         if self.lapsed:
             self.age(now)
         if ticket is not None:
@@ -420,7 +423,7 @@ class Appointments:
                 appointment.book.sweep(now)  # its window closed and nobody swept it yet: lapse it
         if identity:
             for appointment in self.by_identity.get(identity, ()):
-                if appointment.tenant is tenant and appointment.opened(now):
+                if appointment.tenant is tenant and (unique or appointment.opened(now)):
                     if appointment.closes > now:
                         return appointment
                     appointment.book.sweep(now)

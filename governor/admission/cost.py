@@ -54,6 +54,7 @@ class Ask:
         "ceiling",
         "ticket",
         "identity",
+        "identity_unique",
         "appointment",
     )
 
@@ -80,9 +81,11 @@ class Ask:
         self.ceiling = 1.0
         # What recognises a client returning to an appointment (appointments.py): the ticket its
         # retry sent back, and a digest of what it re-sent (set by the door while appointments
-        # are live; 0 = none); the appointment they name, found by admission.
+        # are live; 0 = none), `identity_unique` when no other client can send the same (it names
+        # the client's own request id); the appointment they name, found by admission.
         self.ticket: str | None = None
         self.identity = 0
+        self.identity_unique = False
         self.appointment: Appointment | None = None
 
     def __repr__(self) -> str:

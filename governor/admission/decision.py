@@ -255,7 +255,7 @@ class Admission:
         ask.ceiling = self.ceilings.ceiling(ask.priority, now)
         appointments = self.appointments
         if appointments.by_ticket or appointments.lapsed:
-            ask.appointment = appointments.find(ask.ticket, ask.identity, ask.tenant, now)
+            ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
         for fits in self._fits:
             fits(ask)
         for check in self._checks:

@@ -192,6 +192,7 @@ class Ingress:
             ticket = obj.get("retry_ticket")
             ask.ticket = ticket if type(ticket) is str else None
             ask.identity = identity_of(ask, rid, obj)
+            ask.identity_unique = True  # an id names one client's request
         try:
             decision = self._decide(now, ask)
         except RequestRejected as exc:  # OverBudget: no wait would let it in

@@ -75,9 +75,11 @@ def governor(cap: int, first_s: float, step_s: float, tokens: int) -> tuple[Admi
     return admission, Engine(admission, first_s, step_s, tokens), endpoint
 
 
-def ask(tokens: int, identity: int, ticket: str | None = None, tenant: Tenant | None = None) -> Ask:
+def ask(
+    tokens: int, identity: int, ticket: str | None = None, tenant: Tenant | None = None, unique: bool = False
+) -> Ask:
     a = Ask(max_new_tokens=tokens, cost=tokens)
-    a.identity, a.ticket, a.tenant = identity, ticket, tenant
+    a.identity, a.ticket, a.tenant, a.identity_unique = identity, ticket, tenant, unique
     return a
 
 
@@ -116,6 +118,22 @@ def test_an_early_holder_is_told_the_time_left_and_keeps_its_appointment() -> No
     assert admission.appointments.outcomes == {("inflight", "early"): 1}
     engine.run_until(0.3)
     assert isinstance(admission.decide(0.3, ask(11, 2)), Grant)  # in its window: its request is enough
+
+
+def test_a_request_id_names_its_client_even_before_its_window() -> None:
+    """An NDJSON frame's id and prompt (a unique identity) re-sent early is that client: told the
+    time left, its appointment kept, not booked twice."""
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+    grant = admission.decide(0.0, ask(11, 1))
+    assert isinstance(grant, Grant)
+    engine.start(grant, 0.0)
+    first = admission.decide(0.0, ask(11, 7, unique=True))
+    assert isinstance(first, Refusal) and first.hint_ms == 300
+    booked = first.appointment
+    again = admission.decide(0.1, ask(11, 7, unique=True))
+    assert isinstance(again, Refusal) and again.hint_ms == 200 and again.appointment is booked
+    book = admission.inflight.book
+    assert book is not None and len(book.entries) == 1
 
 
 def test_clients_sending_the_same_request_each_get_an_appointment_and_are_told_apart_in_turn() -> None:
@@ -197,7 +215,7 @@ def test_forged_reused_and_other_tenants_tickets_are_no_ticket() -> None:
     assert isinstance(admitted, Grant)
     admission.release(admitted, True)
     # used once: the same ticket again is nobody's
-    assert admission.appointments.find(ticket, 0, alice, 0.31) is None
+    assert admission.appointments.find(ticket, 0, False, alice, 0.31) is None
 
 
 def test_a_no_show_idles_the_slot_for_the_window_only_and_is_counted_never() -> None:
