@@ -31,8 +31,10 @@ it frees).
 Holds never let anyone past a cap: they only decide who gets what the cap allows.
 
 Every return is counted by outcome (`OUTCOMES`): the only way to know in production whether the
-hints hold. The book is bounded (`max_entries`): past it a refusal gets the hint of the book's
-horizon without an appointment. Sans-IO, with the clock passed in.
+hints hold. When most appointments lapse unkept (a flood that never comes back), they stop
+keeping capacity until clients come back for theirs again (`Appointments.binding`). The book is
+bounded (`max_entries`): past it a refusal gets the hint of the book's horizon without an
+appointment. Sans-IO, with the clock passed in.
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ LATENESS_SMOOTHING = 0.1
 """EWMA weight of the newest delay between an appointment and its holder's admission."""
 
 HINT_RESOLUTION_S = 0.001
+
+TRUST_WEIGHT = 0.05
+"""EWMA weight of the newest appointment's fate (kept by its client: 1; lapsed: 0) in the trust."""
+
+MIN_TRUST = 0.5
+"""Below this share of appointments kept, appointments stop keeping capacity (see `binding`)."""
 
 LAPSED_MEMORY_S = 30.0
 """An appointment whose window closed is remembered this long, so that a late return is counted
@@ -124,7 +132,7 @@ class AppointmentBook:
         if not self.entries:
             return 0.0
         self.sweep(now)
-        if own is not None and own.opened(now):
+        if not self.registry.binding or (own is not None and own.opened(now)):
             return 0.0
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
@@ -213,6 +221,13 @@ class AppointmentBook:
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
+        elif not registry.binding:
+            # Most appointments lapse unkept (a flood that never comes back): no promise, no
+            # booking, the forecast of the release this frame needs ahead of no one.
+            release = free_at(now, deficit if deficit > 1.0 else 1.0, deficit, 0)
+            if release is None:
+                return registry.hints.hint_ms(now), None
+            return registry.hints.jittered_ms((release - now) * 1000.0), None
         else:
             if held is not None and registry.by_ticket.get(held.ticket) is held:
                 held.book.remove(held)  # refused here now: one appointment per client
@@ -292,6 +307,7 @@ class Appointments:
     __slots__ = (
         "half_grace_s",
         "lateness_s",
+        "trust",
         "hints",
         "books",
         "by_ticket",
@@ -312,6 +328,8 @@ class Appointments:
         self.half_grace_s = grace_s / 2
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
+        # The recent share of appointments their clients kept (came back for, in time or not).
+        self.trust = 1.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
         self.books: list[AppointmentBook] = []
         self.by_ticket: dict[str, Appointment] = {}
@@ -347,9 +365,19 @@ class Appointments:
         for book in self.books:
             book.regrace()
 
+    @property
+    def binding(self) -> bool:
+        """Whether appointments keep capacity for their holders. Not while most of them lapse
+        unkept: a flood of clients that never come back would otherwise hold every slot it was
+        promised, one window after another, for the whole horizon it booked, while the capacity
+        idles. Their hints then are the plain forecast; keeping resumes as clients come back."""
+        return self.trust >= MIN_TRUST
+
     def count(self, reason: str, outcome: str) -> None:
         key = (reason, outcome)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        if outcome != NEVER:  # a client came back for it: the appointments are worth keeping
+            self.trust += TRUST_WEIGHT * (1.0 - self.trust)
 
     def issue(self, appointment: Appointment) -> None:
         ticket = appointment.ticket = self._new_ticket()
@@ -380,6 +408,7 @@ class Appointments:
 
     def lapse(self, appointment: Appointment, now: float) -> None:
         """Its window closed without it: out of its book; remembered a while for a late return."""
+        self.trust -= TRUST_WEIGHT * self.trust
         appointment.book.promised -= appointment.amount
         self.forget(appointment)
         keys: tuple[object, ...] = (

@@ -412,3 +412,31 @@ def test_a_timeline_tells_releases_in_turn_and_is_bounded() -> None:
     told = [timeline.next(0.0, 1, lambda k: releases[k - 1]) for _ in range(5)]
     assert told == [1.0, 2.0, 3.0, 4.0, 4.0]  # past its bound it tells, but remembers no more
     assert timeline.next(2.5, 1, lambda k: releases[k - 1]) == 2.0  # 1.0 and 2.0 passed: one told left
+
+
+def test_a_flood_that_never_comes_back_stops_appointments_from_keeping_capacity() -> None:
+    """Hundreds of clients refused and gone: their appointments lapse one after another, trust
+    falls, and the capacity they were promised is anyone's again long before their horizon."""
+    admission, engine, _ = governor(cap=2, first_s=0.01, step_s=0.001, tokens=10)  # 19 ms each
+    for i in range(2):
+        grant = admission.decide(0.0, ask(10, 1000 + i))
+        assert isinstance(grant, Grant)
+        engine.start(grant, 0.0)
+    for i in range(400):  # the flood: each refused and booked, none ever returns
+        assert isinstance(admission.decide(0.0, ask(10, i)), Refusal)
+    registry = admission.appointments
+    assert registry.binding
+    now, admitted_at = 0.0, None
+    while admitted_at is None and now < 10.0:
+        now += 0.005
+        engine.run_until(now)
+        decision = admission.decide(now, ask(10, 9999))
+        if isinstance(decision, Grant):
+            admitted_at = now
+            engine.start(decision, now)
+    assert admitted_at is not None and admitted_at < 1.0, admitted_at  # not after the flood's horizon
+    assert not registry.binding
+    # and a client that keeps its appointment brings keeping back
+    for _ in range(40):
+        registry.count("inflight", "on_time")
+    assert registry.binding
