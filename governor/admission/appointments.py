@@ -94,12 +94,27 @@ class Appointment:
 class AppointmentBook:
     """One limit's appointments, sorted by time."""
 
-    __slots__ = ("reason", "registry", "unit", "entries", "times", "promised", "max_entries", "_cumulative")
+    __slots__ = (
+        "reason",
+        "registry",
+        "unit",
+        "free_at",
+        "entries",
+        "times",
+        "promised",
+        "max_entries",
+        "_cumulative",
+    )
 
-    def __init__(self, reason: str, registry: Appointments, unit: bool, max_entries: int = 4096) -> None:
+    def __init__(
+        self, reason: str, registry: Appointments, unit: bool, free_at: FreeAt, max_entries: int = 4096
+    ) -> None:
         self.reason = reason
         self.registry = registry
         self.unit = unit  # every appointment is for 1 (a slot): what they hold is their count
+        # When the requests in flight (and those of the first `ahead` appointments) will have
+        # released `need`, for a client short of `deficit` (the release forecast).
+        self.free_at = free_at
         self.entries: list[Appointment] = []
         self.times: list[float] = []  # each entry's `at`, in the same order: what forecasts read
         self.promised = 0.0  # the sum of the live appointments' amounts
@@ -126,12 +141,14 @@ class AppointmentBook:
             del self.times[0]
             self._cumulative = None
 
-    def held(self, now: float, own: Appointment | None) -> float:
-        """What the appointments whose window is open hold now from the asker: nothing from a
-        holder in its own window (it may take whatever the limit has free), else their sum."""
+    def held(self, now: float, appointment: Appointment | None) -> float:
+        """What the appointments whose window is open hold now from the asker (who came back with
+        `appointment`, `Ask.appointment`): nothing from a holder in its own window (it may take
+        whatever the limit has free), else their sum."""
         if not self.entries:
             return 0.0
         self.sweep(now)
+        own = self.own(appointment)
         if not self.registry.binding or (own is not None and own.opened(now)):
             return 0.0
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
@@ -181,9 +198,13 @@ class AppointmentBook:
         """The asker's appointment (`Ask.appointment`) if it is one of this book's."""
         return appointment if appointment is not None and appointment.book is self else None
 
-    def redeem(self, own: Appointment, now: float) -> None:
-        """Its holder was admitted (`charge`): on time, or early into capacity that was free anyway.
-        How late after its appointment it came is learnt (`Appointments.round_delay_s`)."""
+    def redeem(self, appointment: Appointment | None, now: float) -> None:
+        """The asker was admitted (`charge`): if it held one of this book's appointments, it was
+        kept, on time, or early into capacity that was free anyway. How late after its
+        appointment it came is learnt (`Appointments.round_delay_s`)."""
+        own = self.own(appointment)
+        if own is None:
+            return
         registry = self.registry
         if own.opened(now):
             registry.count(self.reason, ON_TIME)
@@ -201,14 +222,12 @@ class AppointmentBook:
         identity: int,
         deficit: float,
         amount: float,
-        free_at: FreeAt,
     ) -> tuple[int, Appointment | None]:
         """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
-        be released before it fits, not counting the appointments; `free_at(now, need, deficit,
-        ahead)`: when `need` will have been released counting the first `ahead` appointments'
-        requests (the release forecast), None when nothing is in flight."""
+        be released before it fits, not counting the appointments."""
         registry = self.registry
+        free_at = self.free_at
         self.sweep(now)
         own = self.own(held)
         if own is not None:

@@ -101,7 +101,6 @@ class Admission:
         registry = self.appointments = Appointments(appointment_grace_s, hints)
         self.drain = Draining(hints)
         booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
-        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry, unit=True)
 
         def slot_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
             # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments);
@@ -113,9 +112,9 @@ class Admission:
                 promised = (times, service_s + registry.round_delay_s)
             return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised)
 
-        self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None, slot_free_at)
+        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry, True, slot_free_at)
+        self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None)
         self.rate = RateLimit(qps, burst, now)
-        tokens = AppointmentBook(YieldReason.TOKENS.value, registry, unit=False)
 
         def tokens_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
             service_s = hints.service_time_s
@@ -127,7 +126,8 @@ class Admission:
             promised = (times, service_s + registry.round_delay_s)
             return forecast.tokens_free_at(at, need, service_s, promised, cumulative, registry.round_delay_s)
 
-        self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None, tokens_free_at)
+        tokens = AppointmentBook(YieldReason.TOKENS.value, registry, False, tokens_free_at)
+        self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
         self.pool = Pool(endpoints, max_inflight, hints, forecast)
         self.deadline = DeadlineLimit(self.pool, forecast, hints)

@@ -27,7 +27,7 @@ from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment, AppointmentBook, FreeAt
+    from governor.admission.appointments import Appointment, AppointmentBook
 
 
 class Refusal:
@@ -168,23 +168,16 @@ class InflightLimiter:
     semaphore that never over-frees. Its refusals book appointments (appointments.py): the hint
     is the forecast release of the slot this client will get, and that slot is kept for it."""
 
-    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal", "book", "_free_at")
+    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal", "book")
 
-    def __init__(
-        self,
-        max_inflight: int,
-        hints: RetryHintEstimator,
-        book: AppointmentBook | None = None,
-        free_at: FreeAt | None = None,
-    ) -> None:
+    def __init__(self, max_inflight: int, hints: RetryHintEstimator, book: AppointmentBook | None = None) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.max_inflight = max_inflight
         self.inflight = 0
         self._hints = hints
         self._refusal = Refusal(YieldReason.INFLIGHT)
-        self.book = book
-        self._free_at = free_at
+        self.book = book  # None: the estimator's hints, nothing kept (--retry-hint fixed)
 
     def set_max(self, max_inflight: int) -> None:
         """Live change: a lower cap stops new admissions until in-flight falls under it."""
@@ -195,17 +188,15 @@ class InflightLimiter:
         cap = self.max_inflight * ask.ceiling
         book = self.book
         if self.inflight + 1 <= cap and (
-            book is None or not book.entries or self.inflight + 1 + book.held(now, book.own(ask.appointment)) <= cap
+            book is None or not book.entries or self.inflight + 1 + book.held(now, ask.appointment) <= cap
         ):
             return None  # (at the cap, what appointments hold cannot matter: not looked at)
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
-        if book is None or self._free_at is None:
+        if book is None:
             refusal.hint_ms = self._hints.hint_ms(now, deficit)
             return refusal
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, self._free_at
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0)
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -213,9 +204,7 @@ class InflightLimiter:
         grant.concurrency = self.inflight
         book = self.book
         if book is not None and book.entries:
-            own = book.own(grant.ask.appointment)
-            if own is not None:
-                book.redeem(own, now)
+            book.redeem(grant.ask.appointment, now)
 
     def refund(self, grant: Grant) -> None:
         return None  # the slot is freed by `release`, as for any request that ends
@@ -265,21 +254,14 @@ class TokenBudget:
     what `max_inflight` is to requests, for their cost. A request holds its reserved cost until it
     ends; its hint is the time the held tokens take to drain enough for it."""
 
-    __slots__ = ("max_tokens", "held", "_drain", "_refusal", "book", "_free_at")
+    __slots__ = ("max_tokens", "held", "_drain", "_refusal", "book")
 
-    def __init__(
-        self,
-        max_tokens: int,
-        hints: RetryHintEstimator,
-        book: AppointmentBook | None = None,
-        free_at: FreeAt | None = None,
-    ) -> None:
+    def __init__(self, max_tokens: int, hints: RetryHintEstimator, book: AppointmentBook | None = None) -> None:
         self.max_tokens = max_tokens  # 0 = no budget
         self.held = 0
         self._drain = DrainHint(hints)
         self._refusal = Refusal(YieldReason.TOKENS)
-        self.book = book
-        self._free_at = free_at
+        self.book = book  # None: the drain estimate, nothing kept (--retry-hint fixed)
 
     def fits(self, ask: Ask) -> None:
         """OverBudget when the request alone exceeds the budget: a yield would never end."""
@@ -289,15 +271,13 @@ class TokenBudget:
     def check(self, now: float, ask: Ask) -> Refusal | None:
         deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
         book = self.book
-        if deficit <= 0 and (
-            book is None or not book.entries or deficit + book.held(now, book.own(ask.appointment)) <= 0
-        ):
+        if deficit <= 0 and (book is None or not book.entries or deficit + book.held(now, ask.appointment) <= 0):
             return None
         refusal = self._refusal
-        if book is None or self._free_at is None:
+        if book is None:
             return refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
         refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, self._free_at
+            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost
         )
         return refusal
 
@@ -305,9 +285,7 @@ class TokenBudget:
         self.held += grant.ask.cost
         book = self.book
         if book is not None and book.entries:
-            own = book.own(grant.ask.appointment)
-            if own is not None:
-                book.redeem(own, now)
+            book.redeem(grant.ask.appointment, now)
 
     def refund(self, grant: Grant) -> None:
         return None  # the tokens are freed by `release`, as for any request that ends

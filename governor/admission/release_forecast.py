@@ -141,7 +141,6 @@ class ReleaseForecast:
         "_dirty",
         "_computed_at",
         "_times",
-        "_costs",
         "_cumulative",
         "_round_s",
         "_groups",
@@ -156,8 +155,7 @@ class ReleaseForecast:
         self._dirty = True
         self._computed_at = -math.inf
         self._times: list[float] = []  # forecast releases, ascending
-        self._costs: list[int] = []  # the token cost each of them frees, in the same order
-        self._cumulative: list[int] = []  # running sums of _costs
+        self._cumulative: list[int] = []  # running sums of the token cost each of them frees
         self._round_s = 0.0  # how much later the next round of releases comes (a service time)
         self._groups: dict[object, list[float]] = {}  # forecast releases by endpoint and by tenant
 
@@ -267,9 +265,8 @@ class ReleaseForecast:
         if pairs:  # those unknown end no sooner than the last one known, as far as anyone can tell
             pairs += [(pairs[-1][0], cost) for cost in unknown]
         self._times = [at for at, _ in pairs]
-        self._costs = [cost for _, cost in pairs]
         cumulative, total = [], 0
-        for cost in self._costs:
+        for _, cost in pairs:
             total += cost
             cumulative.append(total)
         self._cumulative = cumulative
