@@ -207,9 +207,10 @@ class Lifecycle:
         """A token (or a piece of streamed text) for it arrived: counted; the first starts it.
         (The worker link's byte path does the same two steps inline.)"""
         request.tokens_seen += 1
-        request.t_last_token = self._clock()
         if request.phase is not _STARTED:
-            self.start(request)
+            self.start(request)  # times it as its first and latest token
+        else:
+            request.t_last_token = self._clock()
 
     def start(self, request: InflightRequest) -> None:
         """DISPATCHED → STARTED at its first token."""

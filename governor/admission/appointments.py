@@ -282,6 +282,14 @@ class AppointmentBook:
         return hint_ms, self.book(at, amount, tenant, identity)
 
 
+def identity_of(tenant: Tenant | None, resent: object) -> int:
+    """What recognises a client re-sending a refused request without its ticket (`Ask.identity`):
+    its tenant's name and what it re-sends (a door's choice: an NDJSON id and prompt, an HTTP
+    body). Python's hash is keyed per process (SipHash): nobody outside can make another
+    request's identity. Never 0 (0 is no identity)."""
+    return hash((None if tenant is None else tenant.name, resent)) or 1
+
+
 FreeAt = Callable[[float, float, float, int], "float | None"]
 """When the requests in flight (and those of the first `ahead` appointments) will have released
 `need`, for a client short of `deficit` (release_forecast.py); None when nothing can be forecast."""

@@ -32,7 +32,7 @@ import httptools
 import orjson
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.cost import Ask
+from governor.admission.appointments import identity_of
 from governor.admission.limits import Grant, Refusal
 from governor.doors.openai_api import (
     DONE_EVENT,
@@ -102,14 +102,6 @@ _YIELD_BODY = (
     b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
     b'"code":"%s","reason":"%s","retry_hint_ms":%d}}'
 )
-
-
-def identity_of(ask: Ask, body: bytes) -> int:
-    """What recognises a client re-sending a refused request without its ticket: its tenant and
-    body (appointments.py; the OpenAI SDKs re-send the same body). Python's hash of bytes is keyed
-    per process (SipHash): nobody outside can make another request's identity."""
-    tenant = ask.tenant
-    return hash((None if tenant is None else tenant.name, body)) or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -437,7 +429,7 @@ class HttpIngress:
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
             ticket = message.headers.get(b"retry-ticket")
             ask.ticket = None if ticket is None else ticket.decode("latin-1").strip()
-            ask.identity = identity_of(ask, raw)
+            ask.identity = identity_of(ask.tenant, raw)
         try:
             decision = state.admission.decide(now, ask)
         except RequestRejected as exc:  # OverBudget
@@ -449,7 +441,7 @@ class HttpIngress:
                 return self._yield(decision.hint_ms, decision.reason, keep)
             if not appointment.identity:
                 # The OpenAI SDKs re-send the same body after `retry-after-ms`: that is the client.
-                appointments.identify(appointment, ask.identity or identity_of(ask, raw))
+                appointments.identify(appointment, identity_of(ask.tenant, raw))
             return self._yield(decision.hint_ms, decision.reason, keep, appointment.ticket)
         grant: Grant = decision  # type: ignore[assignment]
         rid = f"cmpl-{id(self):x}-{self._next_id}"

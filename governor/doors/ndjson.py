@@ -19,7 +19,7 @@ from typing import Any, cast
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.cost import Ask
+from governor.admission.appointments import identity_of
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
@@ -61,13 +61,10 @@ AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated b
 _GENERATE = Op.GENERATE
 
 
-def identity_of(ask: Ask, rid: str, obj: dict[str, Any]) -> int:
-    """What recognises a client re-sending a refused frame without its ticket: its tenant, id and
-    prompt (appointments.py). Python's string hash is keyed per process (SipHash): nobody outside
-    can make another request's identity."""
+def resent(rid: str, obj: dict[str, Any]) -> tuple[str, str | None]:
+    """What an NDJSON client re-sends when it retries a refused frame: its id and prompt."""
     prompt = obj.get("prompt")
-    tenant = ask.tenant
-    return hash((None if tenant is None else tenant.name, rid, prompt if type(prompt) is str else None)) or 1
+    return rid, prompt if type(prompt) is str else None
 
 
 class Ingress:
@@ -191,7 +188,7 @@ class Ingress:
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
             ticket = obj.get("retry_ticket")
             ask.ticket = ticket if type(ticket) is str else None
-            ask.identity = identity_of(ask, rid, obj)
+            ask.identity = identity_of(ask.tenant, resent(rid, obj))
             ask.identity_unique = True  # an id names one client's request
         try:
             decision = self._decide(now, ask)
@@ -205,8 +202,8 @@ class Ingress:
             appointment = decision.appointment
             if appointment is None:
                 return encode_yield(rid, decision.hint_ms, decision.reason)
-            if not appointment.identity:
-                appointments.identify(appointment, ask.identity or identity_of(ask, rid, obj))
+            if not appointment.identity:  # booked before anyone was coming back: recognise its return
+                appointments.identify(appointment, identity_of(ask.tenant, resent(rid, obj)))
             return encode_yield(rid, decision.hint_ms, decision.reason, appointment.ticket)
         return self._admit(obj, rid, now, cast(Grant, decision))
 
