@@ -226,10 +226,13 @@ class AppointmentBook:
         """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
         be released before it fits, not counting the appointments."""
+        # Runs for every frame the limit refuses: the sweep's test, `own` and `binding` inlined.
         registry = self.registry
         free_at = self.free_at
-        self.sweep(now)
-        own = self.own(held)
+        entries = self.entries
+        if entries and entries[0].closes <= now:
+            self.sweep(now)
+        own = held if held is not None and held.book is self else None
         if own is not None:
             if not own.opened(now):  # early: told the time left, keeps its place
                 registry.count(self.reason, EARLY)
@@ -240,7 +243,7 @@ class AppointmentBook:
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
-        elif not registry.binding:
+        elif registry.trust < MIN_TRUST:  # not `binding`
             # Most appointments lapse unkept (a flood that never comes back): no promise, no
             # booking, the forecast of the release this frame needs ahead of no one.
             release = free_at(now, deficit if deficit > 1.0 else 1.0, deficit, 0)

@@ -292,7 +292,8 @@ class ReleaseForecast:
         flight releases its own, and each promised appointment's slot is free again one service
         time after its holder took it (`promised`). Past all of them, the same again a service
         time later per round."""
-        self._refresh(now, service_s)
+        if self._dirty or now - self._computed_at > STALE_S:  # `_refresh`, inlined: every refusal reads it
+            self._compute(now, service_s)
         times = self._times
         if self._round_s <= 0 or not (free or times):
             return None
