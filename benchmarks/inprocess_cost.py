@@ -3,6 +3,8 @@
 The state is built as `governor serve` builds it (`server.build_state`, default flags) over one
 real worker link whose transport only collects what it is given. A yielded frame: 64 pipelined
 generate frames fed to the NDJSON door while the only slot is held, each answered with a yield.
+The same with a service time known, so that refusals book appointments: 3,200 ids sent in turn
+(the same clients coming back), or a new id per frame (each a new booking, 0.1 ms service time).
 An admitted request: one generate frame in (parsed, decided, checked with its sha256, dispatched
 through the link), then four token frames and a `done` read by the link (the byte path, then
 the lifecycle's `finish`, the door's rendering). What sockets, the event loop and the worker cost
@@ -63,14 +65,24 @@ def wired(max_inflight: int) -> tuple[ServerState, Ingress, WorkerLink]:
     return state, Ingress(state, Collect(), config.max_frame_bytes), link
 
 
-def yielded(reads: int) -> float:
-    """Seconds per yielded frame."""
-    _, ingress, _ = wired(1)
+def yielded(reads: int, service_s: float | None = None, distinct: int = FRAMES_PER_READ) -> float:
+    """Seconds per yielded frame. By default nothing is known of how long a request takes (the
+    base hint, no appointment). With `service_s` observed the refusals book appointments
+    (admission/appointments.py): `distinct` ids sent in turn, so with fewer ids than frames the
+    same clients keep coming back (as `yield_throughput`'s flood does), and with as many, each
+    frame is a new client that books its own."""
+    state, ingress, _ = wired(1)
+    if service_s is not None:
+        state.admission.hints.observe_service_time(service_s)
     ingress.receive_data(encode(generate_frame("holder", "x")))
-    data = b"".join(encode(generate_frame(f"r{i}", "hi")) for i in range(FRAMES_PER_READ))
+    frames = [encode(generate_frame(f"r{i}", "hi")) for i in range(distinct)]
+    datas = [
+        b"".join(frames[(k * FRAMES_PER_READ + i) % distinct] for i in range(FRAMES_PER_READ))
+        for k in range(min(reads, -(-distinct // FRAMES_PER_READ)))
+    ]
     started = time.perf_counter()
-    for _ in range(reads):
-        ingress.receive_data(data)
+    for k in range(reads):
+        ingress.receive_data(datas[k % len(datas)])
     return (time.perf_counter() - started) / max(1, reads * FRAMES_PER_READ)
 
 
@@ -103,10 +115,18 @@ def main() -> None:
         (yielded if args.only == "yielded" else admitted)(n)
         return
     ys = [yielded(2000) * 1e6 for _ in range(args.rounds)]
+    returning = [yielded(500, 0.005, 3200) * 1e6 for _ in range(args.rounds)]
+    booking = [yielded(60, 0.0001, 60 * FRAMES_PER_READ) * 1e6 for _ in range(args.rounds)]
     ads = [admitted(20_000) * 1e6 for _ in range(args.rounds)]
     print(f"machine: {machine()}; {args.rounds} rounds\n")
     rows = [
         ["yielded frame (64 per read)", f"{min(ys):.2f}", f"{statistics.median(ys):.2f}"],
+        [
+            "yielded frame, 3,200 ids in turn, 5 ms service",
+            f"{min(returning):.2f}",
+            f"{statistics.median(returning):.2f}",
+        ],
+        ["yielded frame, each a new client booking", f"{min(booking):.2f}", f"{statistics.median(booking):.2f}"],
         ["admitted request (4 tokens, done)", f"{min(ads):.1f}", f"{statistics.median(ads):.1f}"],
     ]
     print(markdown_table(["per unit", "best (µs)", "median (µs)"], rows))
