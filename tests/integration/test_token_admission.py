@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Governor
 from tests.integration.test_gpt2_worker import gpt2_governor, worker
 from tests.tiny_gpt2 import N_POSITIONS
@@ -55,14 +56,17 @@ def test_a_deadline_that_passes_before_the_first_token_cancels_in_the_worker(
     start_governor: Start, tiny_gpt2_dir: Path
 ) -> None:
     # One batch slot: the second request waits in the worker behind the first, past its deadline.
+    # Both go in one write, before anything is known of how long a request takes there: the
+    # governor cannot foresee the wait, admits both and must cut the second in the worker.
     gov = gpt2_governor(
         start_governor, tiny_gpt2_dir, "--integrity", "optional", worker_flags=("--max-batch-size", "1")
     )
     c = gov.conn()
     first_tokens = N_POSITIONS - 8
-    c.send("first", "hello", max_new_tokens=first_tokens, stop_on_eos=False)
-    assert c.recv()["status"] == "token"
-    c.send("late", "hello there", max_new_tokens=8, deadline_ms=30)
+    c.send_raw(
+        encode(generate_frame("first", "hello", max_new_tokens=first_tokens, stop_on_eos=False))
+        + encode(generate_frame("late", "hello there", max_new_tokens=8, deadline_ms=30))
+    )
     finals = c.finals(2)
     assert (finals["late"]["status"], finals["late"]["code"]) == ("error", "deadline_exceeded")
     assert finals["first"]["status"] == "done" and finals["first"]["completion_tokens"] == first_tokens
@@ -76,3 +80,26 @@ def test_a_deadline_that_passes_before_the_first_token_cancels_in_the_worker(
     c.send("next", "hello", max_new_tokens=4, deadline_ms=5000)
     assert c.until_final("next")[-1]["status"] == "done"
     assert gov.stats()["deadlines"] == {"met": 1, "expired": 1}
+
+
+def test_a_deadline_the_forecast_shows_cannot_be_met_is_refused_at_once(
+    start_governor: Start, tiny_gpt2_dir: Path
+) -> None:
+    # Once the worker has said it runs one request at a time and the one running has shown its
+    # pace, a request whose deadline passes before that one ends is refused, never sent.
+    gov = gpt2_governor(
+        start_governor, tiny_gpt2_dir, "--integrity", "optional", worker_flags=("--max-batch-size", "1")
+    )
+    gov.wait_until(lambda: worker(gov, "max_running") == 1, what="the worker reported its batch of one")
+    c = gov.conn()
+    first_tokens = N_POSITIONS - 8
+    c.send("first", "hello", max_new_tokens=first_tokens, stop_on_eos=False)
+    for _ in range(3):  # its own pace is known from its second token
+        assert c.recv()["status"] == "token"
+    c.send("late", "hello there", max_new_tokens=8, deadline_ms=1)
+    (late,) = c.until_final("late")
+    assert (late["status"], late["reason"]) == ("yield", "deadline") and late["retry_hint_ms"] >= 1
+    assert c.until_final("first")[-1]["completion_tokens"] == first_tokens
+    gov.wait_until(lambda: worker(gov, "finished_total") == 1, what="the worker reported the first finished")
+    stats = gov.stats()
+    assert stats["yielded_by_reason"]["deadline"] == 1 and stats["inflight"] == 0
