@@ -54,35 +54,35 @@ def test_the_openai_sdk_streams_and_completes_through_the_gpt2_worker(
     start_governor: Start, tiny_gpt2_dir: Path
 ) -> None:
     gov, port = front_door(start_governor, tiny_gpt2_dir)
-    client = sdk(port)
-    assert [m.id for m in client.models.list().data] == ["gpt2"]
-    whole = client.completions.create(model="gpt2", prompt="The quick brown fox", max_tokens=6, temperature=0)
-    choice = whole.choices[0]
-    assert whole.usage is not None and whole.usage.completion_tokens == 6 and whole.usage.prompt_tokens > 0
-    assert choice.finish_reason in ("length", "stop") and isinstance(choice.text, str)
-    stream = client.completions.create(
-        model="gpt2",
-        prompt="The quick brown fox",
-        max_tokens=6,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert text == choice.text  # greedy: the same tokens, streamed
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
-    gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="settled")
-    s = gov.stats()
-    assert s["executed_total"] == 2 and s["received_by_protocol"] == {"ndjson": 0, "http": 2}
-    balanced(gov)
-    metrics = gov.metrics()
-    assert metrics[("governor_protocol_received_total", (("protocol", "http"),))] == 2
-    assert ("governor_protocol_connections", (("protocol", "http"),)) in metrics
-    # Chat needs an OpenAI-compatible endpoint: a worker refuses it by name, the slot freed.
-    with pytest.raises(openai.BadRequestError, match="chat messages need an OpenAI-compatible endpoint"):
-        client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    with sdk(port) as client:
+        assert [m.id for m in client.models.list().data] == ["gpt2"]
+        whole = client.completions.create(model="gpt2", prompt="The quick brown fox", max_tokens=6, temperature=0)
+        choice = whole.choices[0]
+        assert whole.usage is not None and whole.usage.completion_tokens == 6 and whole.usage.prompt_tokens > 0
+        assert choice.finish_reason in ("length", "stop") and isinstance(choice.text, str)
+        stream = client.completions.create(
+            model="gpt2",
+            prompt="The quick brown fox",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        assert text == choice.text  # greedy: the same tokens, streamed
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+        gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="settled")
+        s = gov.stats()
+        assert s["executed_total"] == 2 and s["received_by_protocol"] == {"ndjson": 0, "http": 2}
+        balanced(gov)
+        metrics = gov.metrics()
+        assert metrics[("governor_protocol_received_total", (("protocol", "http"),))] == 2
+        assert ("governor_protocol_connections", (("protocol", "http"),)) in metrics
+        # Chat needs an OpenAI-compatible endpoint: a worker refuses it by name, the slot freed.
+        with pytest.raises(openai.BadRequestError, match="chat messages need an OpenAI-compatible endpoint"):
+            client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     # The NDJSON port serves the same pool at the same time.
     c = gov.conn()
     c.send("n", "hello", max_new_tokens=2)
@@ -96,18 +96,17 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
     holder_done = threading.Event()
 
     def hold() -> None:  # a streamed request holds the only slot for ~2 s
-        for _ in sdk(port, max_retries=0).completions.create(
-            model="gpt2", prompt="hold " * 20, max_tokens=20, stream=True
-        ):
-            pass
+        with sdk(port, max_retries=0) as client:
+            for _ in client.completions.create(model="gpt2", prompt="hold " * 20, max_tokens=20, stream=True):
+                pass
         holder_done.set()
 
     holder = threading.Thread(target=hold)
     holder.start()
     gov.wait_until(lambda: gov.stats()["inflight"] == 1, what="the slot held")
     # Without retries: RateLimitError, carrying both headers and the reason.
-    with pytest.raises(openai.RateLimitError) as refused:
-        sdk(port, max_retries=0).completions.create(model="gpt2", prompt="x", max_tokens=2)
+    with sdk(port, max_retries=0) as client, pytest.raises(openai.RateLimitError) as refused:
+        client.completions.create(model="gpt2", prompt="x", max_tokens=2)
     headers = refused.value.response.headers
     hint_ms = int(headers["retry-after-ms"])
     assert 1 <= hint_ms < 1000 and headers["retry-after"] == "1"  # whole seconds, rounded up
@@ -115,7 +114,8 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
     assert isinstance(body, dict) and body["code"] == "inflight" and body["retry_hint_ms"] == hint_ms
     # With the SDK's own retries (it reads retry-after-ms first), the request gets in once the
     # slot frees: the holder ends well within the SDK's retries.
-    retried = sdk(port, max_retries=20).completions.create(model="gpt2", prompt="y", max_tokens=2)
+    with sdk(port, max_retries=20) as client:
+        retried = client.completions.create(model="gpt2", prompt="y", max_tokens=2)
     assert retried.choices[0].text is not None and retried.usage is not None
     holder.join(30)
     assert holder_done.is_set()

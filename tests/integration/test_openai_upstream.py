@@ -73,26 +73,26 @@ def test_ndjson_and_openai_clients_get_tokens_and_the_cap_holds_at_the_server(
     assert tokens and "".join(t["text"] for t in tokens) == done["text"]
     assert all(t["status"] == "token" for t in tokens)
     # The OpenAI SDK through the front door, to the same server.
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0)
-    assert served.model in [m.id for m in client.models.list().data]
-    answer = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8)
-    assert answer.usage is not None and answer.usage.completion_tokens == 8
-    assert answer.choices[0].text == done["text"]  # transformers serve decodes greedily
-    streamed = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8, stream=True)
-    assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == done["text"]
-    # Chat, relayed as chat to the server (which applies its template), streamed and not.
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-    chat = client.chat.completions.create(model=served.model, messages=messages, max_tokens=6)  # type: ignore[arg-type]
-    reply = chat.choices[0].message
-    assert reply.role == "assistant" and reply.content and chat.usage is not None
-    assert chat.usage.completion_tokens == 6
-    pieces = client.chat.completions.create(
-        model=served.model,
-        messages=messages,
-        max_tokens=6,
-        stream=True,  # type: ignore[arg-type]
-    )
-    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == reply.content
+    with openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0) as client:
+        assert served.model in [m.id for m in client.models.list().data]
+        answer = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8)
+        assert answer.usage is not None and answer.usage.completion_tokens == 8
+        assert answer.choices[0].text == done["text"]  # transformers serve decodes greedily
+        streamed = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == done["text"]
+        # Chat, relayed as chat to the server (which applies its template), streamed and not.
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+        chat = client.chat.completions.create(model=served.model, messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        reply = chat.choices[0].message
+        assert reply.role == "assistant" and reply.content and chat.usage is not None
+        assert chat.usage.completion_tokens == 6
+        pieces = client.chat.completions.create(
+            model=served.model,
+            messages=messages,
+            max_tokens=6,
+            stream=True,  # type: ignore[arg-type]
+        )
+        assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == reply.content
     # A burst of 16 at once: the server never holds more than the endpoint's cap of 2.
     burst = gov.conn()
     for i in range(16):
