@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Conn, Governor, Worker
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.loading import load_hf_model
@@ -113,7 +114,8 @@ def test_engine_statistics_are_exported_as_worker_metrics_and_in_stats(
 def test_prefix_hits_and_preemptions_through_the_governor_keep_greedy_outputs(
     start_governor: Start, tiny_gpt2_dir: Path
 ) -> None:
-    # A pool of 16 blocks of 8 tokens: a shared prompt is reused, and four 40-token streams
+    # A pool of 16 blocks of 8 tokens: a shared prompt is reused, and four 60-token streams sent
+    # in one write (each needs 8 blocks at its end, so any three at once overflow the pool)
     # cannot all grow at once, so some are preempted and resumed.
     gov = gpt2_governor(
         start_governor, tiny_gpt2_dir, worker_flags=("--kv-block-size", "8", "--kv-cache-tokens", "128")
@@ -129,8 +131,7 @@ def test_prefix_hits_and_preemptions_through_the_governor_keep_greedy_outputs(
     assert first["cached_prompt_tokens"] == 0 and second["cached_prompt_tokens"] >= 8
     assert [t["token_id"] for t in replies[:-1]] == hf_greedy(hf, system + "Continuous", 4)
     prompts = {f"p{i}": word for i, word in enumerate(["naïve café", "The lazy dog", "x y z", "Straße"])}
-    for rid, prompt in prompts.items():
-        c.send(rid, prompt, max_new_tokens=40, temperature=0)
+    c.send_raw(b"".join(encode(generate_frame(rid, p, max_new_tokens=60, temperature=0)) for rid, p in prompts.items()))
     streams: dict[str, list[dict[str, object]]] = {rid: [] for rid in prompts}
     while len([s for s in streams.values() if s and s[-1]["status"] != "token"]) < len(prompts):
         reply = c.recv()
@@ -138,7 +139,7 @@ def test_prefix_hits_and_preemptions_through_the_governor_keep_greedy_outputs(
     for rid, prompt in prompts.items():
         tokens = streams[rid][:-1]
         assert [t["index"] for t in tokens] == list(range(len(tokens))), rid  # no gap, no repeat
-        assert [t["token_id"] for t in tokens] == hf_greedy(hf, prompt, 40), rid
+        assert [t["token_id"] for t in tokens] == hf_greedy(hf, prompt, 60), rid
     gov.wait_until(lambda: worker(gov, "finished_total") == 6, what="worker stats push")
     assert worker(gov, "preemptions_total") > 0
     assert worker(gov, "prefix_cache_hits_tokens_total") == second["cached_prompt_tokens"]
