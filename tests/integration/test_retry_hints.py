@@ -30,7 +30,10 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
     request through the SDK at its default max_retries (2) is told when the slot frees (not a
     short guess that its two retries burn through) and gets in on its own retries. `cold`: the
     stream is the governor's first request (the issue's case: the forecast has only the stream's
-    own pace to go on); `after-one-request`: one short request ended before it."""
+    own pace to go on); `after-one-request`: one short request ended before it. The window is
+    200 ms wide, not the default 50: on a loaded 2-core machine the SDK's return after its sleep
+    can lag by more than 25 ms, and the test counts it `on_time` (the default window is measured
+    under load by benchmarks/openai_sdk_retries.py)."""
     port = free_port()
     gov = start_governor(
         "--http-port",
@@ -39,6 +42,8 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
         "optional",
         "--max-inflight",
         "1",
+        "--appointment-grace-ms",
+        "200",
         worker_args=("--token-delay-ms", "20"),
     )
     executed_before = 0
