@@ -150,6 +150,10 @@ class Accounting:
             return
         by_reason = self._by_outcome[outcome]
         by_reason[reason] = by_reason.get(reason, 0) + 1
+        if outcome is Outcome.YIELDED:  # a late yield (endpoint_busy, preempted) is a frame answered with yield
+            self.classes[ask.priority].yielded[reason] += 1
+            if ask.tenant is not None:
+                ask.tenant.tally.yielded[reason] += 1
 
     def deadline(self, outcome: DeadlineOutcome) -> None:
         self.deadlines[outcome] += 1

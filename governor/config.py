@@ -96,7 +96,14 @@ class GovernorConfig:
         0.95, "fraction of each cap standard frames may fill while critical ones are around"
     )
     priority_hold_s: float = option(
-        60.0, "a class ceiling holds headroom while a frame of a higher class came this recently; 0 = always"
+        0.0,
+        "a class ceiling applies this long (at least; else one release gap) after a higher-class frame"
+        " was refused capacity, or until its appointment is due",
+    )
+    preempt: Literal["on", "off"] = option(
+        "on",
+        "a frame of a higher class that meets the full in-flight cap displaces a lower-class request"
+        " that has not streamed a token (yield `preempted`, with a hint and an appointment)",
     )
     fleet: str = option(
         "",

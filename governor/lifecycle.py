@@ -20,7 +20,8 @@ refuse → `refund`, settle → `release`, expire → `expired`.
 **Endings.** Which final reply a request gets is decided here, once for every door: the links
 call `finish` (the endpoint's `done`), `fail` (an error), `busy` (the endpoint was full before it
 started: re-routed once, else a late `endpoint_busy` yield) and `lose` (the endpoint was lost:
-re-routed once before the first token, else `worker_lost`); a missed deadline `expire`s (a `fail`).
+re-routed once before the first token, else `worker_lost`); a missed deadline `expire`s (a `fail`);
+a request a higher class displaces before its first token is `evict`ed (a late `preempted` yield).
 Each settles first, then asks the request's owner (a door) to render the reply (`send_done`,
 `send_error`, `send_yield`): the doors render and never choose. A closed connection is `abandon`ed:
 its requests are settled and nothing is rendered.
@@ -31,17 +32,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from governor.accounting import Accounting, DeadlineOutcome, Outcome, outcome_of
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
+from governor.admission.displacement import Answer
 from governor.admission.limits import Grant
 from governor.latency import LatencyMetrics
 from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerLost, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 from govwire.vocab import YieldReason
+
+if TYPE_CHECKING:
+    from governor.admission.appointments import Appointment
 
 log = logging.getLogger("governor.lifecycle")
 
@@ -58,6 +63,7 @@ class Phase(Enum):
 _ADMITTED, _DISPATCHED, _STARTED, _SETTLED = Phase.ADMITTED, Phase.DISPATCHED, Phase.STARTED, Phase.SETTLED
 _EXECUTED, _FAILED, _YIELDED = Outcome.EXECUTED, Outcome.FAILED, Outcome.YIELDED
 _ENDPOINT_BUSY = YieldReason.ENDPOINT_BUSY.value
+_PREEMPTED = YieldReason.PREEMPTED.value
 
 
 class LifecycleError(RuntimeError):
@@ -87,8 +93,12 @@ class RequestOwner(Protocol):
     def send_error(self, request: InflightRequest, error: GovernorError) -> None:
         """Its final reply: failed, or rejected by its endpoint."""
 
-    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
-        """Its final reply: a yield after admission (its endpoint was full before it started)."""
+    def send_yield(
+        self, request: InflightRequest, retry_hint_ms: int, reason: str, appointment: Appointment | None = None
+    ) -> None:
+        """Its final reply: a yield after admission (its endpoint was full before it started, or
+        a higher class displaced it); with the appointment kept for its return, if one was booked
+        (the door recognises the client by what it re-sends, and renders the ticket)."""
 
     def flush(self) -> None: ...
 
@@ -182,6 +192,7 @@ class Lifecycle:
         self._clock = clock
         self._costs = costs
         self._timers = timers
+        admission.set_evictor(self)
 
     def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
         """Register a request `decide` granted. From here on whatever happens to it ends in `settle`
@@ -302,6 +313,26 @@ class Lifecycle:
             return
         self.settle(request, _YIELDED, _ENDPOINT_BUSY)
         request.owner.send_yield(request, retry_hint_ms, _ENDPOINT_BUSY)
+
+    def evict(self, grant: Grant) -> Answer:
+        """Displaced by a higher class before its first token (admission/displacement.py): told
+        to stop in its worker and settled now as a yield `preempted`, so its slot is free for the
+        newcomer in the same turn. Its client is answered by the returned callable once admission
+        has booked its hint (after the newcomer was charged), on the next turn of the loop: never
+        inside the decision that displaced it."""
+        request = cast(InflightRequest, grant.progress)
+        self.cancel(request)
+        self.settle(request, _YIELDED, _PREEMPTED)
+
+        def answer(retry_hint_ms: int, appointment: Appointment | None) -> None:
+            self._timers.call_later(0.0, self._answer_preempted, request, retry_hint_ms, appointment)
+
+        return answer
+
+    @staticmethod
+    def _answer_preempted(request: InflightRequest, retry_hint_ms: int, appointment: Appointment | None) -> None:
+        request.owner.send_yield(request, retry_hint_ms, _PREEMPTED, appointment)
+        request.owner.flush()  # a timer fired: no read will flush it
 
     def lose(self, request: InflightRequest, message: str) -> None:
         """Its endpoint was lost (the link dropped, or would not confirm a cancel): re-routed once

@@ -223,6 +223,15 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
         inflight.add_metric([priority.value], tally.inflight)
     yield ceiling
     yield inflight
+    preempted = CounterMetricFamily(
+        "governor_preempted",
+        "Admitted requests displaced before their first token by a higher class (yield `preempted`),"
+        " by their class and tenant.",
+        labels=["class", "tenant"],
+    )
+    for (priority_class, tenant_name), n in sorted(admission.displacement.total.items()):
+        preempted.add_metric([priority_class, tenant_name], n)
+    yield preempted
     groups: tuple[tuple[str, str, list[tuple[str, Tally]]], ...] = (
         ("tenant", "tenant", [(t.name, t.tally) for t in tenants]),
         ("class", "priority class", [(p.value, tally) for p, tally in state.accounting.classes.items()]),

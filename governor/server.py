@@ -146,6 +146,7 @@ RELOADABLE = (
     "sheddable_ceiling",
     "standard_ceiling",
     "priority_hold_s",
+    "preempt",
     "fleet_max_inflight",
     "fleet_max_qps",
     "fleet_qps_burst",
@@ -163,6 +164,7 @@ def apply_tenancy(admission: Admission, config: GovernorConfig, auth: TenantSecr
         config.tenant_share_from,
         config.ceiling_policy(),
         now,
+        preempt=config.preempt == "on",
     )
 
 

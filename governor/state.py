@@ -235,9 +235,13 @@ class ServerState:
     def _classes(self, now: float) -> dict[str, dict[str, Any]]:
         """Each priority class's ceiling now and its tally."""
         ceilings = self.admission.ceilings.current(now)
+        preempted: dict[str, int] = {}
+        for (priority_class, _), n in self.admission.displacement.total.items():
+            preempted[priority_class] = preempted.get(priority_class, 0) + n
         return {
             priority.value: {
                 "ceiling": ceilings[priority.value],
+                "preempted_total": preempted.get(priority.value, 0),
                 "inflight": tally.inflight,
                 "admitted_total": tally.admitted,
                 "executed_total": tally.executed,

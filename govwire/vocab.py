@@ -62,6 +62,7 @@ class YieldReason(StrEnum):
     ENDPOINT_TOKENS = "endpoint_tokens"  # an endpoint's tokens=N
     ENDPOINT_BUSY = "endpoint_busy"  # an OpenAI-compatible endpoint answered 429/503: its Retry-After
     DEADLINE = "deadline"  # the predicted time to first token exceeds the frame's deadline_ms
+    PREEMPTED = "preempted"  # admitted, then displaced before its first token by a higher class
     TENANT_INFLIGHT = "tenant_inflight"  # the tenant's max_inflight
     TENANT_QPS = "tenant_qps"  # the tenant's max_qps
     TENANT_TOKENS = "tenant_tokens"  # the tenant's max_inflight_tokens

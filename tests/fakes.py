@@ -171,6 +171,7 @@ def make_state(
     tenant_from_frame: bool = False,
     share_threshold: float = DEFAULT_SHARE_THRESHOLD,
     ceilings: CeilingPolicy | None = None,
+    preempt: bool = True,
     **token_caps: Any,
 ) -> ServerState:
     """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter;
@@ -184,7 +185,7 @@ def make_state(
     hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
     admission = Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), **token_caps)
     implicit = auth.tenants if auth is not None else frozenset()
-    admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock())
+    admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock(), preempt)
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
         admission=admission,

@@ -73,7 +73,7 @@ LAPSED_MEMORY_S = 30.0
 
 
 class Appointment:
-    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes")
+    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes", "displaced")
 
     def __init__(self, at: float, amount: float, book: AppointmentBook, tenant: Tenant | None, identity: int) -> None:
         self.at = at  # when the client was told to come back (monotonic seconds, whole ms of its hint)
@@ -83,6 +83,7 @@ class Appointment:
         self.identity = identity
         self.ticket = ""
         self.closes = 0.0  # the end of its window (`at` + half the grace)
+        self.displaced = False  # booked for a displaced request (displacement.py): its return is never displaced
 
     def opened(self, now: float) -> bool:
         """Whether its window has opened by `now`: `at` <= now + half the grace, the one test of

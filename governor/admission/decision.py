@@ -9,7 +9,10 @@ check. The order of the limits is the order of the reasons a client sees when se
 refuse: draining first, then the tenant's own caps, then the global concurrency, rate and token
 caps, then the tenant's fair share (fair_share.py), then the endpoint pool (which also routes),
 then the deadline (which predicts on the endpoint the pool chose). A refused tenant counts as
-contending for capacity, whichever limit refused it. `refund` undoes
+contending for capacity, whichever limit refused it. A frame of a higher class refused shared
+capacity closes the gates of the classes below it for a release gap (priority.py); one refused by
+the full in-flight cap may first displace a lower-class request that has not started
+(displacement.py), when that slot is all it lacks. `refund` undoes
 a grant whose frame turned out invalid, `release` frees what a running request held once it has
 ended and settles its token cost, `started` records its first token (the TTFT model, the release
 forecast and the adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
@@ -29,9 +32,10 @@ import math
 from collections.abc import Callable
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import AppointmentBook, Appointments
+from governor.admission.appointments import Appointment, AppointmentBook, Appointments
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
+from governor.admission.displacement import Displacement, Evictor
 from governor.admission.endpoint import Endpoint
 from governor.admission.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
 from governor.admission.hints import RetryHintEstimator
@@ -54,6 +58,27 @@ from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
+_INFLIGHT = YieldReason.INFLIGHT.value
+_GATING = frozenset(
+    reason.value
+    for reason in (
+        YieldReason.INFLIGHT,
+        YieldReason.QPS,
+        YieldReason.TOKENS,
+        YieldReason.TOKEN_RATE,
+        YieldReason.ENDPOINT_INFLIGHT,
+        YieldReason.ENDPOINT_QPS,
+        YieldReason.ENDPOINT_TOKENS,
+        YieldReason.ENDPOINT_BUSY,
+        YieldReason.FLEET_INFLIGHT,
+        YieldReason.FLEET_QPS,
+        YieldReason.FLEET_TOKENS,
+        YieldReason.FLEET_TOKEN_RATE,
+    )
+)
+"""The refusals of shared capacity: one of a higher-class frame closes the lower classes' gates
+(a tenant's own caps, a deadline or draining do not: the lower classes' restraint frees none)."""
+
 
 class Admission:
     __slots__ = (
@@ -74,7 +99,9 @@ class Admission:
         "max_inflight",
         "forecast",
         "appointments",
+        "displacement",
         "_sharing",
+        "_classes",
         "_every",
         "_limits",
         "_checks",
@@ -136,8 +163,11 @@ class Admission:
         self.tenant_caps = TenantCaps(forecast, hints)
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
+        self.ceilings.on_classes = self._activate  # the first frame of another class than standard
+        self.displacement = Displacement()
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
+        self._classes = False  # whether frames of several classes came: the gates and displacement apply
         self._every: tuple[Limit, ...] = (
             self.drain,
             self.tenant_caps,
@@ -149,6 +179,7 @@ class Admission:
             self.pool,
             self.deadline,
             forecast,
+            self.displacement,
         )
         self._limits: tuple[Limit, ...] = ()
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
@@ -180,7 +211,9 @@ class Admission:
             checked.append(self.fair)
         checked += (self.pool, self.deadline)
         charged = [limit for limit in (self.tenant_caps, self.tokens) if limit not in checked] + checked
-        self._limits = (*charged, self.forecast)
+        self._classes = self.ceilings.classes_seen
+        displacing = self._classes and self.displacement.armed
+        self._limits = (*charged, self.forecast, self.displacement) if displacing else (*charged, self.forecast)
         self._checks = tuple(limit.check for limit in checked)
         self._fits = tuple(budget.fits for budget in (self.tokens, self.token_rate) if budget in checked)
         if tenant_caps:
@@ -239,12 +272,20 @@ class Admission:
         share_threshold: float,
         ceilings: CeilingPolicy,
         now: float,
+        preempt: bool = True,
     ) -> None:
         """The tenant table (those with limits, and the names the token file gives), the
-        fair-share threshold and the class ceilings: at start, and live on SIGHUP."""
+        fair-share threshold, the class ceilings and whether higher classes displace requests
+        not started (`--preempt`): at start, and live on SIGHUP."""
         self.tenants.configure(tenants, implicit, now)
         self.fair.threshold = share_threshold
         self.ceilings.policy = ceilings
+        self.displacement.enabled = preempt
+        self._activate()
+
+    def set_evictor(self, evictor: Evictor) -> None:
+        """Who ends a displaced request (the lifecycle, once it exists)."""
+        self.displacement.evictor = evictor
         self._activate()
 
     def decide(self, now: float, ask: Ask = NO_ASK) -> Grant | Refusal:
@@ -261,6 +302,12 @@ class Admission:
         for check in self._checks:
             refusal = check(now, ask)
             if refusal is not None:
+                if self._classes:
+                    if refusal.reason == _INFLIGHT and self.displacement.armed:
+                        displaced = self._displace(now, ask, refusal)
+                        if displaced is not None:
+                            return displaced
+                    self._gate(now, ask, refusal)
                 if self._sharing:
                     self.fair.refused(ask.tenant, now, refusal)
                 return refusal
@@ -269,12 +316,95 @@ class Admission:
             limit.charge(grant, now)
         return grant
 
+    def _gate(self, now: float, ask: Ask, refusal: Refusal) -> None:
+        """A frame was refused capacity: the ceilings of the classes below its own apply for a
+        release gap, or until its appointment's window closes (priority.py)."""
+        if refusal.reason in _GATING:
+            appointment = refusal.appointment
+            due = appointment.closes if appointment is not None else -math.inf
+            self.ceilings.refused(ask.priority, now, self.hints.gap_s, due)
+
+    def _displace(self, now: float, ask: Ask, refusal: Refusal) -> Grant | Refusal | None:
+        """The frame `ask` was refused by the full in-flight cap: displace a request of a lower
+        class that has not started (displacement.py) when that is all it takes to admit it. The
+        victim is settled first (so in-flight never exceeds the cap), the frame decided again on
+        what it freed, and the victim's client then told when to come back, against the full cap.
+        None when there is no victim or another limit would still refuse the frame."""
+        displacement = self.displacement
+        victim = displacement.victim(now, ask)
+        if victim is None or not self._room_without(now, ask, victim):
+            return None
+        evictor = displacement.evictor
+        assert evictor is not None  # armed
+        booked = refusal.appointment
+        if booked is not None and booked is not ask.appointment:  # booked by the refusal being undone
+            booked.book.remove(booked)
+        refusal.appointment = None
+        displacement.displaced(victim, now, self.hints.gap_s)
+        answer = evictor.evict(victim)  # its capacity is back
+        decision: Grant | Refusal | None = None
+        for check in self._checks:
+            decision = check(now, ask)
+            if decision is not None:
+                break
+        if decision is None:
+            decision = Grant(ask)
+            for limit in self._limits:
+                limit.charge(decision, now)
+        answer(*self._rebook(now, victim))
+        return decision
+
+    def _room_without(self, now: float, ask: Ask, victim: Grant) -> bool:
+        """Whether, once `victim` has given back what it holds, the limits after the in-flight
+        cap would let `ask` in too (their checks read without running them: a check that refuses
+        books hints). Not across a fleet: its lease is not freed by a local victim."""
+        inflight = self.inflight
+        book = inflight.book
+        held = book.held(now, ask.appointment) if book is not None and book.entries else 0.0
+        if inflight.inflight + held > inflight.max_inflight * ask.ceiling or self.fleet is not None:
+            return False
+        cost, freed = ask.cost, victim.ask.cost
+        tokens = self.tokens
+        if tokens.max_tokens and tokens.held - freed + cost > tokens.max_tokens * ask.ceiling:
+            return False
+        for bucket, take in ((self.rate.bucket, 1.0), (self.token_rate.bucket, float(cost))):
+            if bucket is not None and bucket.level(now) - take < (1.0 - ask.ceiling) * bucket.burst:
+                return False
+        if self._sharing and not self.fair.admits_without(now, ask, victim):
+            return False
+        endpoint = victim.endpoint
+        if endpoint is None:
+            return True
+        budget = endpoint.limits.tokens
+        return (
+            endpoint.up
+            and endpoint.paused_until <= now
+            and not (budget and endpoint.tokens - freed + cost > budget)
+            and (endpoint.bucket is None or endpoint.bucket.level(now) >= 1.0)
+        )
+
+    def _rebook(self, now: float, victim: Grant) -> tuple[int, Appointment | None]:
+        """The displaced request's hint and appointment: as for a frame the full cap refuses now.
+        Its appointment is marked: when it comes back it is never displaced again."""
+        inflight = self.inflight
+        book = inflight.book
+        if book is None:
+            return self.hints.hint_ms(now), None
+        ask = victim.ask
+        deficit = max(1, inflight.inflight + 1 - int(inflight.max_inflight * ask.ceiling))
+        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0)
+        if appointment is not None:
+            appointment.displaced = True
+        return hint_ms, appointment
+
     def started(self, grant: Grant, ttft_s: float, now: float) -> None:
         """The request's first token came `ttft_s` after its admission: it waits no more on its
         endpoint, whose TTFT model learns the sample, as does the adaptive limit."""
         self._learn_ttft(grant, ttft_s)
         self.pool.started(grant)
         self.forecast.started(grant, now)
+        if self._classes:
+            self.displacement.started(grant)
         adaptive = self.adaptive
         if adaptive.policy.mode is AdaptiveMode.OFF:
             return

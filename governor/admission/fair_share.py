@@ -98,6 +98,24 @@ class FairShare:
             return None
         return self._refusal.at(self._hint_ms(now, tenant.service - lowest, weight))
 
+    def admits_without(self, now: float, ask: Ask, victim: Grant) -> bool:
+        """Whether `check` would pass `ask` once `victim` (dispatched, no token streamed) has given
+        back its slot and its cost, and its tenant's counter what it did not use (its prompt, as
+        the lifecycle settles it); read without touching any counter."""
+        tenant = ask.tenant
+        if tenant is None or self.usage(0, ask.cost - victim.ask.cost) <= self.threshold:
+            return True
+        owner = victim.ask.tenant
+        unused = victim.ask.cost - victim.ask.prompt_tokens
+        lowest = math.inf
+        for other in self.tenants:
+            if other.contending_until > now:
+                service = other.service - (unused / other.limits.weight if other is owner else 0.0)
+                if service < lowest:
+                    lowest = service
+        service = tenant.service - (unused / tenant.limits.weight if tenant is owner else 0.0)
+        return service <= lowest  # (a tenant joining is lifted only up to the lowest: the same test)
+
     def _hint_ms(self, now: float, gap: float, weight: float) -> int:
         """How long until the others' counters catch up by `gap`: contended capacity serves the
         contending tenants' total weight at the rate the held tokens drain (Little's law)."""

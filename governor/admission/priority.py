@@ -3,30 +3,37 @@
 A frame's `priority` is `critical`, `standard` (the default) or `sheddable`. Each class has a
 ceiling, a fraction of every cap (global and per tenant: requests, token budgets, rate buckets):
 a sheddable frame is admitted only while the admission keeps each cap under the sheddable
-ceiling (default 80%), a standard one under 95%, a critical one up to the hard cap. As saturation
-rises, sheddable traffic therefore yields first, then standard.
+ceiling (default 80%), a standard one under 95%, a critical one up to the hard cap.
 
-A ceiling holds headroom for the classes above it only while one of them is around: once a frame
-of a higher class was seen within `hold_s`. A governor that serves one class uses all of its
-capacity for it (a fraction of the caps held for nobody would be capacity lost); `hold_s` 0
-holds the headroom always.
+A ceiling is a gate, not a reservation: it applies only while a frame of a higher class is
+being turned away — one was refused within the last release gap (`gap_s`, the mean time between
+two releases at saturation; at least `hold_s`), or holds an appointment whose window has not
+closed. Then the next releases go to the higher class, and the classes below yield first. When
+no higher-class frame is short of capacity, every class may fill every cap: capacity held for
+nobody would be capacity lost (the Gateway API Inference Extension's priority holdback, rather
+than a fixed reservation). A critical frame that meets a full cap may also displace a request of
+a lower class that has not started (displacement.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from govwire.vocab import Priority
 
 _CRITICAL, _STANDARD, _SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priority.SHEDDABLE
 
+RANK: dict[Priority, int] = {_SHEDDABLE: 0, _STANDARD: 1, _CRITICAL: 2}
+"""The classes in order: a higher rank is admitted first and may displace a lower one."""
+
 
 @dataclass(frozen=True, slots=True)
 class CeilingPolicy:
     sheddable: float = 0.8
     standard: float = 0.95
-    hold_s: float = 60.0  # a ceiling applies while a higher class was seen this recently; 0 = always
+    hold_s: float = 0.0  # the least time a gate stays closed after a refusal (else one release gap)
 
     def __post_init__(self) -> None:
         if not 0 < self.sheddable <= self.standard <= 1:
@@ -40,36 +47,53 @@ class CeilingPolicy:
 
 
 class PriorityCeilings:
-    """The ceiling each frame gets, from its class and the classes seen lately. `ceiling` runs for
-    every generate frame: plain attributes, no dict."""
+    """The ceiling each frame gets, from its class and the higher-class frames refused lately.
+    `ceiling` runs for every generate frame: plain attributes, no dict."""
 
-    __slots__ = ("policy", "_critical_at", "_standard_at")
+    __slots__ = ("policy", "_critical_until", "_standard_until", "classes_seen", "on_classes")
 
     def __init__(self, policy: CeilingPolicy) -> None:
         self.policy = policy
-        self._critical_at = -math.inf  # when a critical frame came last
-        self._standard_at = -math.inf  # when a standard one did
+        self._critical_until = -math.inf  # the gate for the classes below critical is closed until then
+        self._standard_until = -math.inf  # ... and for sheddable, because of a standard frame
+        # Whether a frame of another class than standard ever came: until then nobody outranks
+        # anybody, and admission pays nothing for classes (`on_classes` tells it when one comes).
+        self.classes_seen = False
+        self.on_classes: Callable[[], None] | None = None
 
     def ceiling(self, priority: Priority, now: float) -> float:
-        """The fraction of each cap a frame of `priority` arriving `now` may fill (and note that it came)."""
+        """The fraction of each cap a frame of `priority` arriving `now` may fill."""
         if priority is _STANDARD:
-            self._standard_at = now
-            return self.policy.standard if self._holds(self._critical_at, now) else 1.0
+            return self.policy.standard if self._critical_until > now else 1.0
+        if not self.classes_seen:
+            self.classes_seen = True
+            if self.on_classes is not None:
+                self.on_classes()
         if priority is _CRITICAL:
-            self._critical_at = now
             return 1.0
-        higher = max(self._critical_at, self._standard_at)
-        return self.policy.sheddable if self._holds(higher, now) else 1.0
+        return self.policy.sheddable if max(self._critical_until, self._standard_until) > now else 1.0
 
-    def _holds(self, higher_seen: float, now: float) -> bool:
-        hold_s = self.policy.hold_s
-        return not hold_s or higher_seen > now - hold_s
+    def refused(self, priority: Priority, now: float, gap_s: float, due_until: float = -math.inf) -> None:
+        """A frame of `priority` was refused capacity at `now`: the gates of the classes below it
+        close for a release gap (at least `hold_s`), or until its appointment's window closes
+        (`due_until`), whichever is later."""
+        if priority is _SHEDDABLE:
+            return
+        until = now + max(gap_s, self.policy.hold_s)
+        if due_until > until:
+            until = due_until
+        if priority is _CRITICAL:
+            if until > self._critical_until:
+                self._critical_until = until
+        elif until > self._standard_until:
+            self._standard_until = until
 
     def current(self, now: float) -> dict[str, float]:
-        """Each class's ceiling now, without noting a frame (stats and metrics)."""
+        """Each class's ceiling now (stats and metrics)."""
         policy = self.policy
+        critical, standard = self._critical_until > now, self._standard_until > now
         return {
             _CRITICAL.value: 1.0,
-            _STANDARD.value: policy.standard if self._holds(self._critical_at, now) else 1.0,
-            _SHEDDABLE.value: policy.sheddable if self._holds(max(self._critical_at, self._standard_at), now) else 1.0,
+            _STANDARD.value: policy.standard if critical else 1.0,
+            _SHEDDABLE.value: policy.sheddable if critical or standard else 1.0,
         }

@@ -32,7 +32,7 @@ import httptools
 import orjson
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import identity_of
+from governor.admission.appointments import Appointment, identity_of
 from governor.admission.limits import Grant, Refusal
 from governor.doors.openai_api import (
     DONE_EVENT,
@@ -161,6 +161,7 @@ class _Exchange:
     chat: bool = False  # rendered as chat.completion(.chunk)s
     chunked: bool = True  # HTTP/1.1; an HTTP/1.0 stream is sent as it comes and ends with the connection
     headers_sent: bool = False
+    body: bytes = b""  # the request's body: what an SDK re-sends, recognised if it is told to come back
 
     def piece(self, data: bytes, last: bool = False) -> bytes:
         """Stream bytes in the response's framing."""
@@ -464,7 +465,8 @@ class HttpIngress:
         chunked = message.http11
         keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
         created = int(time.time())
-        self._exchange = _Exchange(request, str(model), stream, wants_usage(body), keep, created, chat, chunked)
+        usage = wants_usage(body)
+        self._exchange = _Exchange(request, str(model), stream, usage, keep, created, chat, chunked, body=raw)
         return b""
 
     def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
@@ -571,11 +573,19 @@ class HttpIngress:
             self._pending.append(response(status, error_body(status, error), exchange.keep_alive))
         self._next(exchange)
 
-    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
+    def send_yield(
+        self, request: InflightRequest, retry_hint_ms: int, reason: str, appointment: Appointment | None = None
+    ) -> None:
         exchange = self._end(request)
-        if exchange is not None:
-            self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive))
-            self._next(exchange)
+        if exchange is None:
+            return
+        ticket = None
+        if appointment is not None:
+            ticket = appointment.ticket
+            identity = identity_of(request.grant.ask.tenant, exchange.body)
+            self._state.admission.appointments.identify(appointment, identity)
+        self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive, ticket))
+        self._next(exchange)
 
     def _end(self, request: InflightRequest) -> _Exchange | None:
         exchange = self._exchange

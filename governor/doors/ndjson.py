@@ -19,7 +19,7 @@ from typing import Any, cast
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import identity_of
+from governor.admission.appointments import Appointment, identity_of
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
@@ -320,8 +320,17 @@ class Ingress:
     def send_error(self, request: InflightRequest, error: GovernorError) -> None:
         self._pending.append(encode_error(error))
 
-    def send_yield(self, request: InflightRequest, retry_hint_ms: int, reason: str) -> None:
-        self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason))
+    def send_yield(
+        self, request: InflightRequest, retry_hint_ms: int, reason: str, appointment: Appointment | None = None
+    ) -> None:
+        if appointment is None:
+            self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason))
+            return
+        generate = request.generate
+        if generate is not None:  # its return is recognised as a refused frame's is: by id and prompt
+            resent = (request.client_id, generate.prompt)
+            self._appointments.identify(appointment, identity_of(request.grant.ask.tenant, resent))
+        self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason, appointment.ticket))
 
     def flush(self) -> None:
         flush_pending(self._pending, self.write)

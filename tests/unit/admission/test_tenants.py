@@ -198,26 +198,46 @@ def test_past_the_threshold_the_tenant_ahead_yields_and_the_one_behind_gets_in()
     assert state.admission.inflight.inflight == 10 and replies(a_writes)[-1]["reason"] == "inflight"
 
 
-def test_class_ceilings_hold_headroom_only_while_a_higher_class_is_around() -> None:
+def test_class_ceilings_are_gates_closed_only_while_a_higher_class_is_refused() -> None:
+    # Fixed hints: no appointment keeps a slot for the refused critical frame, the gates alone act.
     clock = FakeClock()
-    state = make_state(max_inflight=10, clock=clock, ceilings=CeilingPolicy(0.5, 0.8, hold_s=5.0))
+    state = make_state(
+        max_inflight=10,
+        clock=clock,
+        ceilings=CeilingPolicy(0.5, 0.8, hold_s=5.0),
+        preempt=False,
+        hint_policy=RetryHintPolicy(adaptive=False),
+    )
     ingress, writes = make_ingress(state)
-    # Only sheddable traffic: no higher class to hold headroom for, so every slot is usable.
-    ingress.receive_data(b"".join(frame(f"s{i}", priority="sheddable") for i in range(3)))
-    ingress.receive_data(frame("c0", priority="critical"))
-    ingress.receive_data(b"".join(frame(f"x{i}", priority="sheddable") for i in range(3)))
-    assert state.admission.inflight.inflight == 5  # a critical frame came: sheddable stops at 50%
-    assert [r["reason"] for r in replies(writes)] == ["inflight"] * 2
-    ingress.receive_data(b"".join(frame(f"t{i}", priority="standard") for i in range(5)))
-    assert state.admission.inflight.inflight == 8  # standard stops at 80%
-    ingress.receive_data(b"".join(frame(f"c{i}", priority="critical") for i in range(1, 4)))
-    assert state.admission.inflight.inflight == 10  # critical goes to the hard cap
-    classes = state.accounting.classes
-    assert [classes[p].inflight for p in Priority] == [3, 3, 4]  # critical, standard, sheddable
-    assert classes[Priority.CRITICAL].yielded["inflight"] == 1
-    assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 0.5
-    clock.advance(5.1)  # no critical or standard frame for hold_s: the ceilings lift
+    admission = state.admission
+    # Sheddable and critical traffic with room for all: nobody is refused, every slot is usable.
+    ingress.receive_data(b"".join(frame(f"s{i}", priority="sheddable") for i in range(8)))
+    ingress.receive_data(b"".join(frame(f"c{i}", priority="critical") for i in range(2)))
+    assert admission.inflight.inflight == 10 and not replies(writes)
     assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 1.0
+    # A critical frame meets the full cap (no displacement: --preempt off): the gates close.
+    ingress.receive_data(frame("c2", priority="critical"))
+    assert [r["reason"] for r in replies(writes)] == ["inflight"]
+    assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 0.5
+    assert state.snapshot()["classes"]["standard"]["ceiling"] == 0.8
+    for request in [r for r in ingress.active.values() if r.client_id.startswith("s")][:3]:
+        finish(state, request)
+    assert admission.inflight.inflight == 7
+    # Three slots free, and still only for the classes above: sheddable stops at 50%, standard at 80%.
+    ingress.receive_data(frame("s8", priority="sheddable"))
+    ingress.receive_data(b"".join(frame(f"t{i}", priority="standard") for i in range(2)))
+    assert admission.inflight.inflight == 8 and "t0" in ingress.active and "t1" not in ingress.active
+    ingress.receive_data(b"".join(frame(f"c{i}", priority="critical") for i in range(3, 5)))
+    assert admission.inflight.inflight == 10  # critical goes to the hard cap
+    classes = state.accounting.classes
+    assert [classes[p].inflight for p in Priority] == [4, 1, 5]  # critical, standard, sheddable
+    # No higher-class refusal for hold_s: the gates open, whatever classes were seen.
+    clock.advance(5.1)
+    assert state.snapshot()["classes"]["sheddable"]["ceiling"] == 1.0
+    for request in list(ingress.active.values())[:2]:
+        finish(state, request)
+    ingress.receive_data(b"".join(frame(f"s{i}", priority="sheddable") for i in range(9, 11)))
+    assert admission.inflight.inflight == 10 and classes[Priority.SHEDDABLE].inflight >= 5
 
 
 # -- properties ------------------------------------------------------------------------------------
