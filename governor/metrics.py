@@ -211,6 +211,14 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
         lead.add_metric([tenant.name], max(0.0, tenant.service - lowest) if lowest < math.inf else 0.0)
     yield weight
     yield lead
+    guaranteed = GaugeMetricFamily(
+        "governor_tenant_guaranteed_inflight",
+        "Requests the tenant may hold past --max-inflight (its guaranteed_inflight); 0 = none.",
+        labels=["tenant"],
+    )
+    for tenant in tenants:
+        guaranteed.add_metric([tenant.name], tenant.limits.guaranteed_inflight)
+    yield guaranteed
     ceilings = admission.ceilings.current(now)
     ceiling = GaugeMetricFamily(
         "governor_class_ceiling", "Fraction of each cap the priority class may fill now.", labels=["class"]

@@ -73,10 +73,13 @@ LAPSED_MEMORY_S = 30.0
 
 
 class Appointment:
-    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes", "displaced")
+    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes", "displaced", "rank")
 
-    def __init__(self, at: float, amount: float, book: AppointmentBook, tenant: Tenant | None, identity: int) -> None:
+    def __init__(
+        self, at: float, amount: float, book: AppointmentBook, tenant: Tenant | None, identity: int, rank: int = 1
+    ) -> None:
         self.at = at  # when the client was told to come back (monotonic seconds, whole ms of its hint)
+        self.rank = rank  # its client's priority class (priority.RANK): it holds against its class and those below
         self.amount = amount  # what it was promised: 1 slot, or its token cost
         self.book = book
         self.tenant = tenant
@@ -103,6 +106,7 @@ class AppointmentBook:
         "entries",
         "times",
         "promised",
+        "ranks",
         "max_entries",
         "_cumulative",
     )
@@ -119,6 +123,7 @@ class AppointmentBook:
         self.entries: list[Appointment] = []
         self.times: list[float] = []  # each entry's `at`, in the same order: what forecasts read
         self.promised = 0.0  # the sum of the live appointments' amounts
+        self.ranks = [0, 0, 0]  # how many live appointments each class holds (sheddable, standard, critical)
         self.max_entries = max_entries
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
         registry.books.append(self)
@@ -138,14 +143,17 @@ class AppointmentBook:
         """Appointments whose window closed leave the book (lapsed: no-shows)."""
         entries = self.entries
         while entries and entries[0].closes <= now:
-            self.registry.lapse(entries.pop(0), now)
+            lapsed = entries.pop(0)
+            self.ranks[lapsed.rank] -= 1
+            self.registry.lapse(lapsed, now)
             del self.times[0]
             self._cumulative = None
 
-    def held(self, now: float, appointment: Appointment | None) -> float:
+    def held(self, now: float, appointment: Appointment | None, rank: int = 1) -> float:
         """What the appointments whose window is open hold now from the asker (who came back with
-        `appointment`, `Ask.appointment`): nothing from a holder in its own window (it may take
-        whatever the limit has free), else their sum."""
+        `appointment`, `Ask.appointment`, of class `rank`): nothing from a holder in its own window
+        (it may take whatever the limit has free), else the sum of those of its class and above:
+        a slot promised to a sheddable client does not keep a critical frame out."""
         if not self.entries:
             return 0.0
         self.sweep(now)
@@ -155,15 +163,17 @@ class AppointmentBook:
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
             return 0.0
+        if rank and sum(self.ranks[:rank]):  # some of them for a class below the asker's
+            return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank))
         if self.unit:
             return float(opened)
         return self.cumulative()[opened - 1]
 
-    def book(self, at: float, amount: float, tenant: Tenant | None, identity: int) -> Appointment | None:
+    def book(self, at: float, amount: float, tenant: Tenant | None, identity: int, rank: int = 1) -> Appointment | None:
         """Promise `amount` at `at`; None when the book is full."""
         if len(self.entries) >= self.max_entries:
             return None
-        appointment = Appointment(at, amount, self, tenant, identity)
+        appointment = Appointment(at, amount, self, tenant, identity, rank)
         self._insert(appointment)
         self.registry.issue(appointment)
         return appointment
@@ -180,12 +190,14 @@ class AppointmentBook:
         self.times.insert(index, appointment.at)
         self.entries.insert(index, appointment)
         self.promised += appointment.amount
+        self.ranks[appointment.rank] += 1
         self._cumulative = None
 
     def remove(self, appointment: Appointment) -> None:
         index = self.entries.index(appointment)
         del self.entries[index], self.times[index]
         self.promised -= appointment.amount
+        self.ranks[appointment.rank] -= 1
         self._cumulative = None
         self.registry.forget(appointment)
 
@@ -223,10 +235,12 @@ class AppointmentBook:
         identity: int,
         deficit: float,
         amount: float,
+        rank: int = 1,
     ) -> tuple[int, Appointment | None]:
         """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
-        be released before it fits, not counting the appointments."""
+        be released before it fits, not counting the appointments; `rank`: its class (a new
+        appointment comes after those of its class and above, before those of the classes below)."""
         # Runs for every frame the limit refuses: the sweep's test, `own` and `binding` inlined.
         registry = self.registry
         free_at = self.free_at
@@ -261,6 +275,9 @@ class AppointmentBook:
                 return int(registry.hints.policy.max_ms), None
             ahead = len(times)
             need = deficit + self.promised
+            if rank and sum(self.ranks[:rank]):  # the lower classes' appointments do not go first
+                ahead = sum(self.ranks[rank:])
+                need = deficit + sum(e.amount for e in entries if e.rank >= rank)
         release = free_at(now, need if need > 1.0 else 1.0, deficit, ahead)
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
@@ -283,7 +300,7 @@ class AppointmentBook:
         if own is not None:
             self.move(own, at)
             return hint_ms, own
-        return hint_ms, self.book(at, amount, tenant, identity)
+        return hint_ms, self.book(at, amount, tenant, identity, rank)
 
 
 def identity_of(tenant: Tenant | None, resent: object) -> int:

@@ -51,7 +51,7 @@ from governor.admission.limits import (
     TokenRate,
 )
 from governor.admission.pool import Pool
-from governor.admission.priority import CeilingPolicy, PriorityCeilings
+from governor.admission.priority import RANK, CeilingPolicy, PriorityCeilings
 from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
 from governor.admission.tenant import TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
@@ -278,6 +278,7 @@ class Admission:
         fair-share threshold, the class ceilings and whether higher classes displace requests
         not started (`--preempt`): at start, and live on SIGHUP."""
         self.tenants.configure(tenants, implicit, now)
+        self.inflight.guaranteed = self.tenants.guaranteed_inflight
         self.fair.threshold = share_threshold
         self.ceilings.policy = ceilings
         self.displacement.enabled = preempt
@@ -360,7 +361,7 @@ class Admission:
         books hints). Not across a fleet: its lease is not freed by a local victim."""
         inflight = self.inflight
         book = inflight.book
-        held = book.held(now, ask.appointment) if book is not None and book.entries else 0.0
+        held = book.held(now, ask.appointment, RANK[ask.priority]) if book is not None and book.entries else 0.0
         if inflight.inflight + held > inflight.max_inflight * ask.ceiling or self.fleet is not None:
             return False
         cost, freed = ask.cost, victim.ask.cost
@@ -392,7 +393,7 @@ class Admission:
             return self.hints.hint_ms(now), None
         ask = victim.ask
         deficit = max(1, inflight.inflight + 1 - int(inflight.max_inflight * ask.ceiling))
-        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0)
+        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, RANK[ask.priority])
         if appointment is not None:
             appointment.displaced = True
         return hint_ms, appointment

@@ -96,6 +96,8 @@ class FairShare:
             self._join(tenant, lowest)
         if tenant.service <= lowest or self.usage(1, ask.cost) <= self.threshold:
             return None
+        if tenant.inflight < tenant.limits.guaranteed_inflight:
+            return None  # within its guarantee: not held to its share
         return self._refusal.at(self._hint_ms(now, tenant.service - lowest, weight))
 
     def admits_without(self, now: float, ask: Ask, victim: Grant) -> bool:

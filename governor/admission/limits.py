@@ -23,6 +23,7 @@ from governor.admission.buckets import make_bucket, updated_bucket
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
+from governor.admission.priority import RANK as _RANK
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
@@ -166,15 +167,22 @@ class Draining:
 class InflightLimiter:
     """The hard cap on admitted, unfinished requests (`--max-inflight`): a non-blocking counting
     semaphore that never over-frees. Its refusals book appointments (appointments.py): the hint
-    is the forecast release of the slot this client will get, and that slot is kept for it."""
+    is the forecast release of the slot this client will get, and that slot is kept for it.
 
-    __slots__ = ("max_inflight", "inflight", "_hints", "_refusal", "book")
+    A tenant with a `guaranteed_inflight` allowance that holds fewer requests than it is admitted
+    past the cap (and past what appointments keep), by at most the sum of all guarantees
+    (`guaranteed`): a bursty tenant finds room at once whatever the others hold, at the price of
+    a larger batch for everyone while it does. Everyone else waits until in-flight is back under
+    the cap."""
+
+    __slots__ = ("max_inflight", "inflight", "guaranteed", "_hints", "_refusal", "book")
 
     def __init__(self, max_inflight: int, hints: RetryHintEstimator, book: AppointmentBook | None = None) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.max_inflight = max_inflight
         self.inflight = 0
+        self.guaranteed = 0  # the sum of the tenants' guaranteed_inflight
         self._hints = hints
         self._refusal = Refusal(YieldReason.INFLIGHT)
         self.book = book  # None: the estimator's hints, nothing kept (--retry-hint fixed)
@@ -188,15 +196,23 @@ class InflightLimiter:
         cap = self.max_inflight * ask.ceiling
         book = self.book
         if self.inflight + 1 <= cap and (
-            book is None or not book.entries or self.inflight + 1 + book.held(now, ask.appointment) <= cap
+            book is None
+            or not book.entries
+            or self.inflight + 1 + book.held(now, ask.appointment, _RANK[ask.priority]) <= cap
         ):
             return None  # (at the cap, what appointments hold cannot matter: not looked at)
+        if self.guaranteed and self.inflight < self.max_inflight + self.guaranteed:
+            tenant = ask.tenant
+            if tenant is not None and tenant.inflight < tenant.limits.guaranteed_inflight:
+                return None  # within its guarantee
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
         if book is None:
             refusal.hint_ms = self._hints.hint_ms(now, deficit)
             return refusal
-        refusal.hint_ms, refusal.appointment = book.refuse(now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0)
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, _RANK[ask.priority]
+        )
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -271,13 +287,15 @@ class TokenBudget:
     def check(self, now: float, ask: Ask) -> Refusal | None:
         deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
         book = self.book
-        if deficit <= 0 and (book is None or not book.entries or deficit + book.held(now, ask.appointment) <= 0):
+        if deficit <= 0 and (
+            book is None or not book.entries or deficit + book.held(now, ask.appointment, _RANK[ask.priority]) <= 0
+        ):
             return None
         refusal = self._refusal
         if book is None:
             return refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
         refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost
+            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, _RANK[ask.priority]
         )
         return refusal
 

@@ -36,13 +36,17 @@ class TenantLimits:
     max_inflight_tokens: int = 0
     max_tokens_per_s: float = 0.0
     tokens_burst: float = 0.0  # 0 = one second's worth
+    # While it holds fewer, it may be admitted past --max-inflight (limits.InflightLimiter).
+    guaranteed_inflight: int = 0
 
     def __post_init__(self) -> None:
         rates = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
         if not (0 < self.weight < math.inf):
             raise ValueError("weight must be finite and > 0")
-        if self.max_inflight < 0 or self.max_inflight_tokens < 0:
-            raise ValueError("max_inflight and max_inflight_tokens must be >= 0")
+        if self.max_inflight < 0 or self.max_inflight_tokens < 0 or self.guaranteed_inflight < 0:
+            raise ValueError("max_inflight, max_inflight_tokens and guaranteed_inflight must be >= 0")
+        if self.max_inflight and self.guaranteed_inflight > self.max_inflight:
+            raise ValueError("guaranteed_inflight cannot exceed the tenant's own max_inflight")
         if not all(math.isfinite(x) and x >= 0 for x in rates):
             raise ValueError("max_qps, qps_burst, max_tokens_per_s and tokens_burst must be finite and >= 0")
         if 0 < self.qps_burst < 1 or 0 < self.tokens_burst < 1:
@@ -159,4 +163,12 @@ class Tenants:
     @property
     def any_caps(self) -> bool:
         """Whether any tenant has a cap of its own (TenantCaps has something to check)."""
-        return any(t.limits != TenantLimits(weight=t.limits.weight) for t in self)
+        return any(
+            t.limits != TenantLimits(weight=t.limits.weight, guaranteed_inflight=t.limits.guaranteed_inflight)
+            for t in self
+        )
+
+    @property
+    def guaranteed_inflight(self) -> int:
+        """The sum of the tenants' guarantees: how far past --max-inflight they may take it."""
+        return sum(t.limits.guaranteed_inflight for t in self)

@@ -234,3 +234,31 @@ class DisplacementMachine(RuleBasedStateMachine):
 
 DisplacementMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 TestDisplacementMachine = DisplacementMachine.TestCase
+
+
+def test_an_appointment_holds_against_its_class_and_below_and_a_higher_class_books_ahead() -> None:
+    state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False)
+    ingress.receive_data(frame("s0", priority="sheddable") + frame("s1", priority="sheddable"))
+    ingress.receive_data(frame("c0", priority="critical"))
+    hints = {r["id"]: r["retry_hint_ms"] for r in replies(writes)}
+    assert hints["c0"] <= hints["s1"]  # booked ahead of the sheddable one's appointment
+    clock.advance(hints["s1"] / 1000)
+    finish(state, ingress.active["s0"])  # the slot frees in both windows
+    ingress.receive_data(frame("t0", priority="standard"))
+    assert "t0" not in ingress.active  # held for the appointments: the critical one ranks above it
+    ingress.receive_data(frame("c1", priority="critical"))
+    assert "c1" not in ingress.active  # held for c0's appointment (its own class)
+    ingress.receive_data(frame("c0", priority="critical"))
+    assert "c0" in ingress.active  # c0 came back: let in ahead of s1, whose slot comes next
+
+
+def test_a_slot_kept_for_a_sheddable_appointment_does_not_keep_a_critical_frame_out() -> None:
+    state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False)
+    ingress.receive_data(frame("s0", priority="sheddable") + frame("s1", priority="sheddable"))
+    (refused,) = replies(writes)
+    clock.advance(refused["retry_hint_ms"] / 1000)
+    finish(state, ingress.active["s0"])
+    ingress.receive_data(frame("s2", priority="sheddable"))
+    assert "s2" not in ingress.active  # kept for s1 against its own class
+    ingress.receive_data(frame("c0", priority="critical"))
+    assert "c0" in ingress.active  # but not against a higher one

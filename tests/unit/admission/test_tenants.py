@@ -254,6 +254,7 @@ class TenantMachine(RuleBasedStateMachine):
     )
     THRESHOLD = 0.5
     CEILINGS = CeilingPolicy(0.6, 0.85, hold_s=1.0)
+    GUARANTEED = 2  # plain's guaranteed_inflight
 
     def __init__(self) -> None:
         super().__init__()
@@ -265,7 +266,7 @@ class TenantMachine(RuleBasedStateMachine):
             upstream=self.upstream,
             timers=FakeTimers(self.clock),
             max_inflight_tokens=self.BUDGET,
-            tenants={"capped": self.CAPS, "plain": TenantLimits(weight=1.0)},
+            tenants={"capped": self.CAPS, "plain": TenantLimits(weight=1.0, guaranteed_inflight=self.GUARANTEED)},
             tenant_from_frame=True,
             share_threshold=self.THRESHOLD,
             ceilings=self.CEILINGS,
@@ -330,9 +331,10 @@ class TenantMachine(RuleBasedStateMachine):
         # Admitted: under its class's ceiling of every cap (when the ceiling applied).
         ceiling = request.grant.ask.ceiling
         assert ceiling in (1.0, self.CEILINGS.sheddable, self.CEILINGS.standard)
-        assert admission.inflight.inflight <= self.MAX_INFLIGHT * ceiling + 1e-9
-        assert admission.tokens.held <= self.BUDGET * ceiling + 1e-9
         tenant = request.grant.ask.tenant
+        if admission.inflight.inflight > self.MAX_INFLIGHT * ceiling + 1e-9:  # only within a guarantee
+            assert tenant is not None and tenant.name == "plain" and tenant.inflight <= self.GUARANTEED
+        assert admission.tokens.held <= self.BUDGET * ceiling + 1e-9
         assert tenant is not None and tenant.name == (who if who in ("capped", "plain") else DEFAULT_TENANT)
         if tenant.name == "capped":
             assert tenant.inflight <= self.CAPS.max_inflight * ceiling + 1e-9
@@ -357,7 +359,7 @@ class TenantMachine(RuleBasedStateMachine):
     def caps_hold_and_every_tenant_holds_what_its_live_requests_reserved(self) -> None:
         live = self.live()
         admission, acc = self.state.admission, self.state.accounting
-        assert admission.inflight.inflight == len(live) <= self.MAX_INFLIGHT
+        assert admission.inflight.inflight == len(live) <= self.MAX_INFLIGHT + self.GUARANTEED
         assert admission.tokens.held <= self.BUDGET
         for tenant in admission.tenants:
             mine = [r for r in live if r.grant.ask.tenant is tenant]
@@ -500,3 +502,41 @@ def test_a_tenants_own_cap_hints_the_forecast_release_of_its_own_requests() -> N
         assert not isinstance(refusal, Grant) and refusal.reason == "tenant_inflight"
         told.append(refusal.hint_ms)
     assert told == [300, 400, 700]  # its first request's end, its second's, the first slot's next round
+
+
+def test_a_guaranteed_tenant_is_admitted_past_the_full_cap_up_to_its_allowance() -> None:
+    # Fixed hints: no appointment keeps a slot for the refused frames, the allowance alone acts.
+    state = make_state(
+        max_inflight=4,
+        tenants={"a": TenantLimits(), "b": TenantLimits(guaranteed_inflight=2)},
+        tenant_from_frame=True,
+        hint_policy=RetryHintPolicy(adaptive=False),
+    )
+    ingress, writes = make_ingress(state)
+    admission = state.admission
+    ingress.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(5)))
+    assert admission.inflight.inflight == 4 and [r["reason"] for r in replies(writes)] == ["inflight"]
+    ingress.receive_data(b"".join(frame(f"b{i}", tenant="b") for i in range(3)))
+    assert admission.inflight.inflight == 6  # b's two, past the cap; its third waits like anyone
+    assert {r["id"]: r["reason"] for r in replies(writes)} == {"a4": "inflight", "b2": "inflight"}
+    tenant_b = admission.tenants.resolve("b")
+    assert tenant_b.inflight == 2
+    # Back under the cap only once in-flight is: a's next frames wait while b's two run.
+    a_requests = [r for r in ingress.active.values() if r.client_id.startswith("a")]
+    finish(state, a_requests[0])
+    ingress.receive_data(frame("a5", tenant="a"))
+    assert "a5" not in ingress.active and admission.inflight.inflight == 5
+    for request in [r for r in ingress.active.values() if r.client_id.startswith("b")]:
+        finish(state, request)
+    ingress.receive_data(frame("a6", tenant="a"))
+    assert "a6" in ingress.active and admission.inflight.inflight == 4
+    rows = {t["name"]: t for t in state.snapshot()["tenants"]}
+    assert (rows["b"]["guaranteed_inflight"], rows["a"]["guaranteed_inflight"]) == (2, 0)
+
+
+def test_guaranteed_inflight_parses_and_may_not_exceed_the_tenants_own_cap() -> None:
+    assert parse_tenant("b,guaranteed_inflight=3")[1].guaranteed_inflight == 3
+    with pytest.raises(ValueError, match="guaranteed_inflight cannot exceed"):
+        parse_tenant("b,max_inflight=2,guaranteed_inflight=3")
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_tenant("b,guaranteed_inflight=-1")
