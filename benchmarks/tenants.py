@@ -11,16 +11,20 @@ its user sees it.
 
 - capacity:  short prompts (32 tokens) in a closed loop of 8 clients: completed requests/s (C).
 - neighbour: tenant B offers 0.3 C; tenant A floods at 5 C. Both retry a yield after its hint
-             (until the run ends). B alone; A and B with no tenants configured (today: one
-             anonymous population); A and B as tenants of weight 1 each. B's goodput (completed/s)
-             and TTFT p99 against B alone. Bars: goodput >= 95%, TTFT p99 <= 1.5x.
+             (until the run ends). B alone; A and B with no tenants configured (one anonymous
+             population); A and B as tenants of weight 1 each; the same with B's
+             guaranteed_inflight (`--guarantee`, 4 by default). B's goodput (completed/s) and TTFT
+             p99 against B alone, A's completed/s. Bars: goodput >= 95%, TTFT p99 <= 2x by
+             default, <= 1.5x with the guarantee.
 - weights:   two backlogged tenants (16 closed-loop clients each, retrying), weights 3:1, A's
              prompts 32 tokens and B's 128: the token cost each was served (the governor's
              per-tenant settled tokens). Bar: A:B within 10% of 3:1.
 - classes:   open loop at 1.5 C, a third of the arrivals each critical, standard, sheddable, a yield
-             final; the same arrivals with no class. Per class the share of what it offered that
-             was admitted; completed requests/s against the classless run. Bars: critical >= 99%
-             admitted, sheddable takes most yields, throughput >= 0.95x.
+             final (a `preempted` one too: admitted, then displaced, it counts as not kept); the
+             same arrivals with no class; with `--class-flags`, more runs with those flags (e.g.
+             '--preempt off'). Per class the share of what it offered that was admitted and kept;
+             completed requests/s against the classless run. Bars: critical >= 99% admitted,
+             sheddable takes most yields, throughput >= 0.95x.
 """
 
 from __future__ import annotations
@@ -193,6 +197,12 @@ def neighbour_experiment(bench: Bench, capacity: float) -> str:
             "neighbour_tenants_05", [*tenants, "--tenant-share-from", "0.5"], both, retry=True
         ),
     }
+    guarantee = bench.args.guarantee
+    if guarantee:
+        flags = ["--tenant", "A", "--tenant", f"B,guaranteed_inflight={guarantee}"]
+        runs[f"A + B, tenants 1:1, B guaranteed_inflight={guarantee}"] = bench.run(
+            "neighbour_guaranteed", flags, both, retry=True
+        )
     solo_b = [o for o in runs["B alone"][0] if o.arrival.tenant == "B"]
     solo_rate = sum(o.status == "done" for o in solo_b) / runs["B alone"][1]
     solo_p99 = p99_ms(solo_b)
@@ -280,26 +290,34 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
     classes = ("critical", "standard", "sheddable")
     plan = [Arrival(t, "", rng.choice(classes), random_text(rng, SHORT)) for t in poisson(1.5 * capacity, seconds, rng)]
     classless = [Arrival(a.at, "", None, a.prompt) for a in plan]
-    with_classes, wall = bench.run("classes", [], plan, retry=False)
+    variants = {"classes": []} | {f"classes {' '.join(flags)}": flags for flags in bench.args.class_flags}
+    runs = {name: bench.run(name.replace(" ", "_"), flags, plan, retry=False) for name, flags in variants.items()}
     without, wall_without = bench.run("classless", [], classless, retry=False)
+    done_without = sum(o.status == "done" for o in without)
+    rate_without = done_without / wall_without
     rows = []
-    yields_total = sum(o.status == "yield" for o in with_classes)
-    for cls in classes:
-        mine = [o for o in with_classes if o.arrival.priority == cls]
-        admitted = sum(o.status != "yield" for o in mine)
-        yields = sum(o.status == "yield" for o in mine)
-        rows.append(
-            [
-                cls,
-                str(len(mine)),
-                f"{admitted / max(1, len(mine)):.1%}",
-                f"{yields / max(1, yields_total):.0%}",
-                fmt(p99_ms(mine)),
-            ]
-        )
-    done, done_without = (sum(o.status == "done" for o in run) for run in (with_classes, without))
+    for name, (outcomes, wall) in runs.items():
+        yields_total = sum(o.status == "yield" for o in outcomes)
+        preempted = sum("preempted" in o.reasons for o in outcomes)
+        for cls in classes:
+            mine = [o for o in outcomes if o.arrival.priority == cls]
+            admitted = sum(o.status != "yield" and "preempted" not in o.reasons for o in mine)
+            yields = sum(o.status == "yield" for o in mine)
+            rows.append(
+                [
+                    name if cls == classes[0] else "",
+                    cls,
+                    str(len(mine)),
+                    f"{admitted / max(1, len(mine)):.1%}",
+                    f"{yields / max(1, yields_total):.0%}",
+                    fmt(p99_ms(mine)),
+                ]
+            )
+        rate = sum(o.status == "done" for o in outcomes) / wall
+        rows.append(["", "all", str(len(outcomes)), f"{preempted} preempted", "", f"{rate / rate_without:.2f}x"])
     rows.append(
         [
+            "classless",
             "(no class)",
             str(len(without)),
             f"{sum(o.status != 'yield' for o in without) / len(without):.1%}",
@@ -307,11 +325,14 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
             fmt(p99_ms(without)),
         ]
     )
-    table = markdown_table(["class", "offered", "admitted", "share of all yields", "TTFT p99 ms"], rows)
-    rate, rate_without = done / wall, done_without / wall_without
+    headers = ["run", "class", "offered", "admitted (kept)", "share of all yields", "TTFT p99 ms / throughput"]
+    table = markdown_table(headers, rows)
+    summary = ", ".join(
+        f"{name} {sum(o.status == 'done' for o in outcomes) / wall:.2f}" for name, (outcomes, wall) in runs.items()
+    )
     return (
-        f"1.5 C = {1.5 * capacity:.2f} req/s for {seconds:g} s, a yield final.\n\n{table}\n\n"
-        f"completed/s {rate:.2f} with classes vs {rate_without:.2f} without ({rate / rate_without:.2f}x)\n"
+        f"1.5 C = {1.5 * capacity:.2f} req/s for {seconds:g} s, a yield final (a `preempted` one too).\n\n"
+        f"{table}\n\ncompleted/s: {summary}; classless {rate_without:.2f}\n"
     )
 
 
@@ -322,13 +343,26 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run")
+    parser.add_argument(
+        "--capacity", type=float, default=0.0, help="C in req/s instead of measuring it (to compare versions alike)"
+    )
+    parser.add_argument(
+        "--guarantee", type=int, default=4, help="neighbour: also a run with B guaranteed_inflight=N (0: none)"
+    )
+    parser.add_argument(
+        "--class-flags",
+        type=lambda text: text.split(),
+        action="append",
+        default=[],
+        help="classes: also a run with these governor flags (repeatable), e.g. '--preempt off'",
+    )
     args = parser.parse_args()
     print(f"# experiment 9 on {machine()}, model {args.model}", flush=True)
     bench = Bench(args)
     report = [f"machine: {machine()}; model {args.model}, dtype {args.dtype}, --max-inflight {MAX_INFLIGHT}\n"]
     try:
         chosen = args.experiments.split(",")
-        capacity = bench.capacity() if {"neighbour", "classes"} & set(chosen) else 0.0
+        capacity = args.capacity or (bench.capacity() if {"neighbour", "classes"} & set(chosen) else 0.0)
         if "neighbour" in chosen:
             report.append("### noisy neighbour\n\n" + neighbour_experiment(bench, capacity))
         if "weights" in chosen:

@@ -114,9 +114,11 @@ def _yields(before: dict[str, Any], after: dict[str, Any], seconds: float) -> st
 
 def _tenant_line(before: dict[str, Any], t: dict[str, Any], seconds: float) -> str:
     cap = t.get("max_inflight") or 0
+    guaranteed = t.get("guaranteed_inflight") or 0
     line = (
         f"  {t.get('name')} (weight {t.get('weight', 1.0):g}): "
-        f"{t.get('inflight', 0)}{f'/{cap}' if cap else ''} in flight, "
+        f"{t.get('inflight', 0)}{f'/{cap}' if cap else ''} in flight"
+        f"{f' ({guaranteed} guaranteed)' if guaranteed else ''}, "
         f"admitted {_delta(before, t, 'admitted_total') / seconds:.1f}/s, "
         f"executed {_delta(before, t, 'executed_total') / seconds:.1f}/s, "
         f"{_yields(before, t, seconds)}, "
@@ -157,9 +159,11 @@ def _tenants_lines(before: dict[str, Any], after: dict[str, Any], seconds: float
 def _class_line(name: str, before: dict[str, Any], c: dict[str, Any], seconds: float) -> str:
     ceiling = c.get("ceiling")
     at = "" if ceiling is None else f"ceiling {ceiling * 100:g}%, "
+    preempted = _delta(before, c, "preempted_total")
     return (
         f"  {name}: {at}{c.get('inflight', 0)} in flight, "
         f"admitted {_delta(before, c, 'admitted_total') / seconds:.1f}/s, {_yields(before, c, seconds)}"
+        + (f", {preempted / seconds:.1f}/s displaced before a first token" if preempted else "")
     )
 
 

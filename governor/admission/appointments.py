@@ -46,6 +46,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from governor.admission.priority import RANKS, STANDARD_RANK
+
 if TYPE_CHECKING:
     from governor.admission.hints import RetryHintEstimator
     from governor.admission.tenant import Tenant
@@ -76,10 +78,16 @@ class Appointment:
     __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes", "displaced", "rank")
 
     def __init__(
-        self, at: float, amount: float, book: AppointmentBook, tenant: Tenant | None, identity: int, rank: int = 1
+        self,
+        at: float,
+        amount: float,
+        book: AppointmentBook,
+        tenant: Tenant | None,
+        identity: int,
+        rank: int = STANDARD_RANK,
     ) -> None:
         self.at = at  # when the client was told to come back (monotonic seconds, whole ms of its hint)
-        self.rank = rank  # its client's priority class (priority.RANK): it holds against its class and those below
+        self.rank = rank  # its client's standing (Ask.rank): it holds against that rank and those below
         self.amount = amount  # what it was promised: 1 slot, or its token cost
         self.book = book
         self.tenant = tenant
@@ -123,7 +131,7 @@ class AppointmentBook:
         self.entries: list[Appointment] = []
         self.times: list[float] = []  # each entry's `at`, in the same order: what forecasts read
         self.promised = 0.0  # the sum of the live appointments' amounts
-        self.ranks = [0, 0, 0]  # how many live appointments each class holds (sheddable, standard, critical)
+        self.ranks = [0] * RANKS  # how many live appointments each rank holds (Ask.rank)
         self.max_entries = max_entries
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
         registry.books.append(self)
@@ -149,27 +157,34 @@ class AppointmentBook:
             del self.times[0]
             self._cumulative = None
 
-    def held(self, now: float, appointment: Appointment | None, rank: int = 1) -> float:
+    def held(self, now: float, appointment: Appointment | None, rank: int = STANDARD_RANK) -> float:
         """What the appointments whose window is open hold now from the asker (who came back with
-        `appointment`, `Ask.appointment`, of class `rank`): nothing from a holder in its own window
-        (it may take whatever the limit has free), else the sum of those of its class and above:
-        a slot promised to a sheddable client does not keep a critical frame out."""
+        `appointment`, `Ask.appointment`, of standing `rank`): the sum of those of its rank and
+        above — a slot promised to a sheddable client does not keep a critical frame out, nor one
+        promised to a tenant over its fair share a tenant below it. A holder in its own window
+        may take whatever is free but for what the appointments ranked above its own hold."""
         if not self.entries:
             return 0.0
         self.sweep(now)
-        own = self.own(appointment)
-        if not self.registry.binding or (own is not None and own.opened(now)):
+        if not self.registry.binding:
             return 0.0
+        own = self.own(appointment)
+        if own is not None and own.opened(now):
+            rank = own.rank + 1
+            if rank >= RANKS or not sum(self.ranks[rank:]):
+                return 0.0  # nobody outranks it: it may take whatever the limit has free
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
             return 0.0
-        if rank and sum(self.ranks[:rank]):  # some of them for a class below the asker's
+        if rank and sum(self.ranks[:rank]):  # some of them for a rank below the asker's
             return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank))
         if self.unit:
             return float(opened)
         return self.cumulative()[opened - 1]
 
-    def book(self, at: float, amount: float, tenant: Tenant | None, identity: int, rank: int = 1) -> Appointment | None:
+    def book(
+        self, at: float, amount: float, tenant: Tenant | None, identity: int, rank: int = STANDARD_RANK
+    ) -> Appointment | None:
         """Promise `amount` at `at`; None when the book is full."""
         if len(self.entries) >= self.max_entries:
             return None
@@ -235,12 +250,12 @@ class AppointmentBook:
         identity: int,
         deficit: float,
         amount: float,
-        rank: int = 1,
+        rank: int = STANDARD_RANK,
     ) -> tuple[int, Appointment | None]:
         """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
-        be released before it fits, not counting the appointments; `rank`: its class (a new
-        appointment comes after those of its class and above, before those of the classes below)."""
+        be released before it fits, not counting the appointments; `rank`: its standing (`Ask.rank`:
+        a new appointment comes after those of its rank and above, before those of lower ranks)."""
         # Runs for every frame the limit refuses: the sweep's test, `own` and `binding` inlined.
         registry = self.registry
         free_at = self.free_at
@@ -275,7 +290,7 @@ class AppointmentBook:
                 return int(registry.hints.policy.max_ms), None
             ahead = len(times)
             need = deficit + self.promised
-            if rank and sum(self.ranks[:rank]):  # the lower classes' appointments do not go first
+            if rank and sum(self.ranks[:rank]):  # the lower ranks' appointments do not go first
                 ahead = sum(self.ranks[rank:])
                 need = deficit + sum(e.amount for e in entries if e.rank >= rank)
         release = free_at(now, need if need > 1.0 else 1.0, deficit, ahead)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from governor.admission.priority import STANDARD_RANK
 from governor.latency import Histogram
 from govwire.request import DEFAULT_MAX_NEW_TOKENS, MAX_DEADLINE_MS
 from govwire.vocab import Priority
@@ -56,6 +57,7 @@ class Ask:
         "identity",
         "identity_unique",
         "appointment",
+        "rank",
     )
 
     def __init__(
@@ -87,6 +89,9 @@ class Ask:
         self.identity = 0
         self.identity_unique = False
         self.appointment: Appointment | None = None
+        # Where it stands among the appointments (appointments.py): its class, then whether its
+        # tenant is at or below its fair share (set by admission; standard, at its share: 3).
+        self.rank = STANDARD_RANK
 
     def __repr__(self) -> str:
         tenant = None if self.tenant is None else self.tenant.name

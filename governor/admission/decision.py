@@ -59,6 +59,8 @@ from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 _INFLIGHT = YieldReason.INFLIGHT.value
+_CLASS_RANK = {priority: 2 * rank + 1 for priority, rank in RANK.items()}
+"""`Ask.rank` of a frame of each class whose tenant is not over its share (cost.RANKS)."""
 _GATING = frozenset(
     reason.value
     for reason in (
@@ -295,6 +297,10 @@ class Admission:
         if ask is NO_ASK:
             ask = Ask()  # this decision sets its ceiling: never on the shared default
         ask.ceiling = self.ceilings.ceiling(ask.priority, now)
+        if self._sharing:
+            ask.rank = self._rank_of(now, ask)
+        elif self._classes:
+            ask.rank = _CLASS_RANK[ask.priority]
         appointments = self.appointments
         if appointments.by_ticket or appointments.lapsed:
             ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
@@ -316,6 +322,17 @@ class Admission:
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
+
+    def _rank_of(self, now: float, ask: Ask) -> int:
+        """Where the frame stands among the appointments (`Ask.rank`): its class, then whether its
+        tenant is at or below its fair share. A tenant below its share that meets the full cap
+        thus takes the next release (its appointment goes before those of tenants over their
+        share, and theirs do not keep it out), not the one after every client of theirs."""
+        tenant = ask.tenant
+        if tenant is None:
+            return _CLASS_RANK[ask.priority]
+        lowest, _, _ = self.fair.floor(now)
+        return _CLASS_RANK[ask.priority] - (tenant.service > lowest)
 
     def _gate(self, now: float, ask: Ask, refusal: Refusal) -> None:
         """A frame was refused capacity: the ceilings of the classes below its own apply for a
@@ -361,7 +378,7 @@ class Admission:
         books hints). Not across a fleet: its lease is not freed by a local victim."""
         inflight = self.inflight
         book = inflight.book
-        held = book.held(now, ask.appointment, RANK[ask.priority]) if book is not None and book.entries else 0.0
+        held = book.held(now, ask.appointment, ask.rank) if book is not None and book.entries else 0.0
         if inflight.inflight + held > inflight.max_inflight * ask.ceiling or self.fleet is not None:
             return False
         cost, freed = ask.cost, victim.ask.cost
@@ -393,7 +410,7 @@ class Admission:
             return self.hints.hint_ms(now), None
         ask = victim.ask
         deficit = max(1, inflight.inflight + 1 - int(inflight.max_inflight * ask.ceiling))
-        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, RANK[ask.priority])
+        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, ask.rank)
         if appointment is not None:
             appointment.displaced = True
         return hint_ms, appointment

@@ -23,7 +23,6 @@ from governor.admission.buckets import make_bucket, updated_bucket
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
-from governor.admission.priority import RANK as _RANK
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
@@ -196,9 +195,7 @@ class InflightLimiter:
         cap = self.max_inflight * ask.ceiling
         book = self.book
         if self.inflight + 1 <= cap and (
-            book is None
-            or not book.entries
-            or self.inflight + 1 + book.held(now, ask.appointment, _RANK[ask.priority]) <= cap
+            book is None or not book.entries or self.inflight + 1 + book.held(now, ask.appointment, ask.rank) <= cap
         ):
             return None  # (at the cap, what appointments hold cannot matter: not looked at)
         if self.guaranteed and self.inflight < self.max_inflight + self.guaranteed:
@@ -211,7 +208,7 @@ class InflightLimiter:
             refusal.hint_ms = self._hints.hint_ms(now, deficit)
             return refusal
         refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, _RANK[ask.priority]
+            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, ask.rank
         )
         return refusal
 
@@ -288,14 +285,14 @@ class TokenBudget:
         deficit = self.held + ask.cost - self.max_tokens * ask.ceiling
         book = self.book
         if deficit <= 0 and (
-            book is None or not book.entries or deficit + book.held(now, ask.appointment, _RANK[ask.priority]) <= 0
+            book is None or not book.entries or deficit + book.held(now, ask.appointment, ask.rank) <= 0
         ):
             return None
         refusal = self._refusal
         if book is None:
             return refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
         refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, _RANK[ask.priority]
+            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, ask.rank
         )
         return refusal
 

@@ -28,6 +28,13 @@ _CRITICAL, _STANDARD, _SHEDDABLE = Priority.CRITICAL, Priority.STANDARD, Priorit
 RANK: dict[Priority, int] = {_SHEDDABLE: 0, _STANDARD: 1, _CRITICAL: 2}
 """The classes in order: a higher rank is admitted first and may displace a lower one."""
 
+RANKS = 6
+"""`Ask.rank`s: 2 x the class's `RANK`, plus 1 unless its tenant is over its fair share while
+another contends. Appointments keep capacity against their rank and those below (appointments.py)."""
+
+STANDARD_RANK = 3
+"""`Ask.rank` of a standard frame whose tenant is not over its share."""
+
 
 @dataclass(frozen=True, slots=True)
 class CeilingPolicy:

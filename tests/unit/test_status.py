@@ -212,7 +212,8 @@ def test_tenants_and_classes_show_their_rates_over_the_interval() -> None:
     after = with_tenancy(
         [
             tenant("default"),
-            tenant("acme", weight=2.0, max_inflight=4, inflight=3, admitted_total=124, executed_total=112,
+            tenant("acme", weight=2.0, max_inflight=4, guaranteed_inflight=2, inflight=3, admitted_total=124,
+                   executed_total=112,
                    yielded_total=16, yielded_by_reason={"tenant_share": 13, "inflight": 2, "tenant_qps": 1},
                    tokens_settled_total=6660, contending=True, service_lead=120.5),
             tenant("globex", inflight=1, admitted_total=4, executed_total=2, yielded_total=12,
@@ -220,13 +221,13 @@ def test_tenants_and_classes_show_their_rates_over_the_interval() -> None:
         ],
         critical=priority_class(1.0, inflight=1, admitted_total=14, yielded_total=2,
                                 yielded_by_reason={"inflight": 2}),
-        standard=priority_class(0.95, inflight=3, admitted_total=114, yielded_total=40,
+        standard=priority_class(0.95, inflight=3, admitted_total=114, yielded_total=40, preempted_total=4,
                                 yielded_by_reason={"tenant_share": 13, "tenant_inflight": 12, "inflight": 1}),
     )  # fmt: skip
     text = render_status(before, after, 2.0)
     assert (
         "tenants: 3 (named by auth, fair shares past 80% of the caps)\n"
-        "  acme (weight 2): 3/4 in flight, admitted 12.0/s, executed 11.0/s,"
+        "  acme (weight 2): 3/4 in flight (2 guaranteed), admitted 12.0/s, executed 11.0/s,"
         " yielded 3.0/s (tenant_share 1.5/s, inflight 1.0/s, tenant_qps 0.5/s), settled 830 tokens/s,"
         " contending (lead 120.5)\n"
         "  globex (weight 1): 1 in flight, admitted 2.0/s, executed 1.0/s,"
@@ -235,7 +236,8 @@ def test_tenants_and_classes_show_their_rates_over_the_interval() -> None:
         "priority classes:\n"
         "  critical: ceiling 100%, 1 in flight, admitted 2.0/s, yielded 1.0/s (inflight 1.0/s)\n"
         "  standard: ceiling 95%, 3 in flight, admitted 12.0/s,"
-        " yielded 13.0/s (tenant_share 6.5/s, tenant_inflight 6.0/s, inflight 0.5/s)\n"
+        " yielded 13.0/s (tenant_share 6.5/s, tenant_inflight 6.0/s, inflight 0.5/s),"
+        " 2.0/s displaced before a first token\n"
         "workers:"
     ) in text
     assert "sheddable" not in text  # a class that saw no traffic has no line

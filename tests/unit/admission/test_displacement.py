@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from governor.admission.cost import Ask
 from governor.admission.displacement import Displacement
+from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
@@ -44,7 +45,8 @@ def finish(state: ServerState, request: InflightRequest) -> None:
 def setup(max_inflight: int = 4, preempt: bool = True) -> tuple[ServerState, FakeClock, FakeTimers, Any, Any]:
     clock = FakeClock()
     timers = FakeTimers(clock)
-    state = make_state(max_inflight=max_inflight, clock=clock, timers=timers, preempt=preempt)
+    hints = RetryHintPolicy(jitter=0.0)  # exact hints: comparable across clients
+    state = make_state(max_inflight=max_inflight, clock=clock, timers=timers, preempt=preempt, hint_policy=hints)
     state.admission.hints.observe_service_time(1.0)  # a release gap of 1 s / the cap
     ingress, writes = make_ingress(state)
     return state, clock, timers, ingress, writes

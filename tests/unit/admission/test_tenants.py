@@ -46,6 +46,12 @@ def finish(state: ServerState, request: InflightRequest, prompt_tokens: int = 1,
     )
 
 
+def finish_as_reserved(state: ServerState, request: InflightRequest) -> None:
+    """It ends having used what it reserved: its tenant's fair-share counter is not corrected."""
+    ask = request.grant.ask
+    finish(state, request, ask.prompt_tokens, ask.max_new_tokens)
+
+
 # -- identity --------------------------------------------------------------------------------------
 
 
@@ -540,3 +546,37 @@ def test_guaranteed_inflight_parses_and_may_not_exceed_the_tenants_own_cap() -> 
         parse_tenant("b,max_inflight=2,guaranteed_inflight=3")
     with pytest.raises(ValueError, match=">= 0"):
         parse_tenant("b,guaranteed_inflight=-1")
+
+
+def test_a_tenant_below_its_share_is_booked_ahead_of_one_over_it_and_its_slot_kept_from_it() -> None:
+    clock = FakeClock()
+    state = make_state(
+        max_inflight=4,
+        clock=clock,
+        tenants={"a": TenantLimits(), "b": TenantLimits()},
+        tenant_from_frame=True,
+        share_threshold=0.5,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+    )
+    state.admission.hints.observe_service_time(1.0)
+    ingress, writes = make_ingress(state)
+    for i in range(4):  # admitted 0.1 s apart: they end 0.1 s apart (a service time of 1 s each)
+        ingress.receive_data(frame(f"a{i}", tenant="a"))
+        clock.advance(0.1)
+    ingress.receive_data(frame("b0", tenant="b"))  # the cap is full: b contends, lifted to a's counter
+    finish_as_reserved(state, ingress.active["a0"])
+    ingress.receive_data(frame("a4", tenant="a"))  # a takes the slot: now over its share
+    a_tenant, b_tenant = (state.admission.tenants.resolve(n) for n in "ab")
+    assert a_tenant.service > b_tenant.service
+    ingress.receive_data(frame("a5", tenant="a") + frame("a6", tenant="a"))
+    ingress.receive_data(frame("b1", tenant="b"))
+    yields = {r["id"]: r for r in replies(writes) if r["status"] == "yield"}
+    hints = {rid: r["retry_hint_ms"] for rid, r in yields.items()}
+    assert hints["b1"] == hints["a5"] < hints["a6"]  # b takes the next release, before a's clients
+    # That release comes: a5, back first in the same window, does not take it from b1.
+    clock.advance(hints["b1"] / 1000)
+    finish_as_reserved(state, ingress.active["a1"])
+    ingress.receive_data(frame("a5", tenant="a", retry_ticket=yields["a5"]["retry_ticket"]))
+    assert "a5" not in ingress.active
+    ingress.receive_data(frame("b1", tenant="b", retry_ticket=yields["b1"]["retry_ticket"]))
+    assert "b1" in ingress.active
