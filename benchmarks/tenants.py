@@ -11,7 +11,7 @@ its user sees it.
 
 - capacity:  short prompts (32 tokens) in a closed loop of 8 clients: completed requests/s (C).
 - neighbour: tenant B offers 0.3 C; tenant A floods at 5 C. Both retry a yield after its hint
-             (until the run ends). B alone; A and B with no tenants configured (one anonymous
+             (until the run ends), sending its ticket back. B alone; A and B with no tenants configured (one anonymous
              population); A and B as tenants of weight 1 each; the same with B's
              guaranteed_inflight (`--guarantee`, 4 by default). B's goodput (completed/s) and TTFT
              p99 against B alone, A's completed/s. Bars: goodput >= 95%, TTFT p99 <= 2x by
@@ -20,7 +20,8 @@ its user sees it.
              prompts 32 tokens and B's 128: the token cost each was served (the governor's
              per-tenant settled tokens). Bar: A:B within 10% of 3:1.
 - classes:   open loop at 1.5 C, a third of the arrivals each critical, standard, sheddable, a yield
-             final (a `preempted` one too: admitted, then displaced, it counts as not kept); the
+             final but a `preempted` one (admitted, then displaced: not kept, and retried at its
+             hint with its ticket, as an SDK retries a 429); the
              same arrivals with no class; with `--class-flags`, more runs with those flags (e.g.
              '--preempt off'). Per class the share of what it offered that was admitted and kept;
              completed requests/s against the classless run. Bars: critical >= 99% admitted,
@@ -82,26 +83,33 @@ def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:
         times.append(t)
 
 
-async def one(client: AsyncClient, a: Arrival, t0: float, retry_until: float | None) -> Outcome:
-    """Send `a` at its time; with `retry_until`, a yield is retried after its hint until then."""
+async def one(client: AsyncClient, a: Arrival, t0: float, retry_until: float | None, victim_until: float) -> Outcome:
+    """Send `a` at its time; with `retry_until`, a yield is retried after its hint until then. A
+    `preempted` yield (admitted, then displaced before its first token) is retried until
+    `victim_until` whatever `retry_until` says, as a client that saw its request accepted does
+    (the OpenAI SDKs retry a 429). A retry sends the yield's ticket back and comes at the hint
+    exactly when there is one, else with up to 20% jitter added (protocol.md)."""
     await asyncio.sleep(max(0.0, t0 + a.at - time.perf_counter()))
     sent = time.perf_counter()
     attempts = 0
     reasons: list[str] = []
+    ticket: dict[str, str] = {}
     while True:
         attempts += 1
         first: float | None = None
         try:
             async with client.stream(
                 a.prompt, max_new_tokens=MAX_NEW, tenant=a.tenant or None, priority=a.priority,
-                temperature=0.0, stop_on_eos=False,
+                temperature=0.0, stop_on_eos=False, **ticket,
             ) as stream:  # fmt: skip
                 async for _ in stream:
                     first = first or time.perf_counter()
         except Yielded as exc:
             reasons.append(exc.reason)
-            wait = exc.retry_hint_ms / 1000 * random.uniform(1.0, 1.2)
-            if retry_until is None or time.perf_counter() + wait > retry_until:
+            ticket = {"retry_ticket": exc.retry_ticket} if exc.retry_ticket else {}
+            wait = exc.retry_hint_ms / 1000 * (1.0 if ticket else random.uniform(1.0, 1.2))
+            until = victim_until if "preempted" in reasons else retry_until
+            if until is None or time.perf_counter() + wait > until:
                 return Outcome(a, "yield", attempts, None, tuple(reasons))
             await asyncio.sleep(wait)
             continue
@@ -115,7 +123,7 @@ async def drive(port: int, plan: list[Arrival], retry: bool, seconds: float) -> 
         await client.connect()
         t0 = time.perf_counter()
         retry_until = t0 + seconds if retry else None
-        outcomes = await asyncio.gather(*(one(client, a, t0, retry_until) for a in plan))
+        outcomes = await asyncio.gather(*(one(client, a, t0, retry_until, t0 + seconds) for a in plan))
         return list(outcomes), time.perf_counter() - t0
 
 
@@ -302,13 +310,15 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
         for cls in classes:
             mine = [o for o in outcomes if o.arrival.priority == cls]
             admitted = sum(o.status != "yield" and "preempted" not in o.reasons for o in mine)
+            completed_after = sum(o.status == "done" and "preempted" in o.reasons for o in mine)
+            retried = f" (+{completed_after} on retry)" if completed_after else ""
             yields = sum(o.status == "yield" for o in mine)
             rows.append(
                 [
                     name if cls == classes[0] else "",
                     cls,
                     str(len(mine)),
-                    f"{admitted / max(1, len(mine)):.1%}",
+                    f"{admitted / max(1, len(mine)):.1%}{retried}",
                     f"{yields / max(1, yields_total):.0%}",
                     fmt(p99_ms(mine)),
                 ]

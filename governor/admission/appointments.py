@@ -115,6 +115,7 @@ class AppointmentBook:
         "times",
         "promised",
         "ranks",
+        "mixed",
         "max_entries",
         "_cumulative",
     )
@@ -132,6 +133,7 @@ class AppointmentBook:
         self.times: list[float] = []  # each entry's `at`, in the same order: what forecasts read
         self.promised = 0.0  # the sum of the live appointments' amounts
         self.ranks = [0] * RANKS  # how many live appointments each rank holds (Ask.rank)
+        self.mixed = 0  # how many of them are of another rank than standard (0: ranks play no part)
         self.max_entries = max_entries
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
         registry.books.append(self)
@@ -152,7 +154,7 @@ class AppointmentBook:
         entries = self.entries
         while entries and entries[0].closes <= now:
             lapsed = entries.pop(0)
-            self.ranks[lapsed.rank] -= 1
+            self._unrank(lapsed)
             self.registry.lapse(lapsed, now)
             del self.times[0]
             self._cumulative = None
@@ -176,7 +178,7 @@ class AppointmentBook:
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
             return 0.0
-        if rank and sum(self.ranks[:rank]):  # some of them for a rank below the asker's
+        if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # some ranked below the asker
             return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank))
         if self.unit:
             return float(opened)
@@ -206,15 +208,22 @@ class AppointmentBook:
         self.entries.insert(index, appointment)
         self.promised += appointment.amount
         self.ranks[appointment.rank] += 1
+        if appointment.rank != STANDARD_RANK:
+            self.mixed += 1
         self._cumulative = None
 
     def remove(self, appointment: Appointment) -> None:
         index = self.entries.index(appointment)
         del self.entries[index], self.times[index]
         self.promised -= appointment.amount
-        self.ranks[appointment.rank] -= 1
+        self._unrank(appointment)
         self._cumulative = None
         self.registry.forget(appointment)
+
+    def _unrank(self, appointment: Appointment) -> None:
+        self.ranks[appointment.rank] -= 1
+        if appointment.rank != STANDARD_RANK:
+            self.mixed -= 1
 
     def regrace(self) -> None:
         """The grace changed (reload): every window is re-cut around its appointment."""
@@ -290,7 +299,7 @@ class AppointmentBook:
                 return int(registry.hints.policy.max_ms), None
             ahead = len(times)
             need = deficit + self.promised
-            if rank and sum(self.ranks[:rank]):  # the lower ranks' appointments do not go first
+            if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # lower ranks do not go first
                 ahead = sum(self.ranks[rank:])
                 need = deficit + sum(e.amount for e in entries if e.rank >= rank)
         release = free_at(now, need if need > 1.0 else 1.0, deficit, ahead)

@@ -358,7 +358,7 @@ class Admission:
         if booked is not None and booked is not ask.appointment:  # booked by the refusal being undone
             booked.book.remove(booked)
         refusal.appointment = None
-        displacement.displaced(victim, now, self.hints.gap_s)
+        displacement.displaced(victim, now, self.hints.gap_s, ask.priority)
         answer = evictor.evict(victim)  # its capacity is back
         decision: Grant | Refusal | None = None
         for check in self._checks:

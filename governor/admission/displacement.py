@@ -16,8 +16,9 @@ at its next step boundary, as with an expired deadline).
 The rules (vLLM's and SGLang's: never break a stream): never a request that streamed a token,
 never between equal classes (no ping-pong), never a request twice (it is settled; a victim that
 comes back with its appointment is not a candidate again), never a critical request, and at most
-one displacement per release gap, so that a burst of critical frames cannot empty the lower
-classes faster than the engine frees slots. `--preempt off` turns it off.
+one displacement per release gap by each class, so that a burst of critical frames cannot empty
+the lower classes faster than the engine frees slots (and standard frames displacing sheddable
+work do not use up the turn of a critical frame). `--preempt off` turns it off.
 
 This module keeps the candidates, in admission order per class; Admission.decide asks for a
 victim and the lifecycle (its `Evictor`) ends it.
@@ -62,7 +63,7 @@ class Displacement:
         self.total: dict[tuple[str, str], int] = {}  # displaced requests by (class, tenant)
         # By class rank (sheddable, standard): the displaceable requests, oldest first.
         self._waiting: tuple[dict[int, Grant], ...] = ({}, {})
-        self._next_at = -math.inf  # the earliest time of the next displacement
+        self._next_at = [-math.inf] * len(RANK)  # by the displacing class: the earliest time of its next
 
     @property
     def armed(self) -> bool:
@@ -70,21 +71,23 @@ class Displacement:
 
     def victim(self, now: float, ask: Ask) -> Grant | None:
         """The request `ask` may displace now: the newest of the lowest class below its own that
-        has not started; None when there is none, or the last displacement was under a release
-        gap ago."""
-        if now < self._next_at:
+        has not started; None when there is none, or the last displacement by its class was
+        under a release gap ago."""
+        own = RANK[ask.priority]
+        if now < self._next_at[own]:
             return None
         waiting = self._waiting
-        for rank in range(min(RANK[ask.priority], len(waiting))):
+        for rank in range(min(own, len(waiting))):
             grants = waiting[rank]
             if grants:
                 return grants[next(reversed(grants))]
         return None
 
-    def displaced(self, grant: Grant, now: float, gap_s: float) -> None:
-        """`grant` is being displaced: no longer a candidate; the next one waits a release gap."""
+    def displaced(self, grant: Grant, now: float, gap_s: float, by: Priority) -> None:
+        """`grant` is being displaced by a frame of class `by`: no longer a candidate; the next
+        displacement by that class waits a release gap."""
         self._forget(grant)
-        self._next_at = now + gap_s
+        self._next_at[RANK[by]] = now + gap_s
         ask = grant.ask
         key = (ask.priority.value, ask.tenant.name if ask.tenant is not None else DEFAULT_TENANT)
         self.total[key] = self.total.get(key, 0) + 1

@@ -149,9 +149,9 @@ def test_victim_order_is_lowest_class_then_newest() -> None:
         displacement.charge(grants[name], 0.0)
     critical, standard = Ask(priority=Priority.CRITICAL), Ask(priority=Priority.STANDARD)
     assert displacement.victim(0.0, critical) is grants["s1"]
-    displacement.displaced(grants["s1"], 0.0, 0.5)
+    displacement.displaced(grants["s1"], 0.0, 0.5, Priority.CRITICAL)
     assert displacement.victim(0.4, critical) is None  # a release gap has not passed
-    assert displacement.victim(0.5, standard) is grants["s0"]
+    assert displacement.victim(0.4, standard) is grants["s0"]  # (a gap for each displacing class)
     displacement.started(grants["s0"])
     assert displacement.victim(0.5, standard) is None  # standard never displaces standard
     assert displacement.victim(0.5, critical) is grants["t0"]
