@@ -93,20 +93,20 @@ async def one(client: AsyncClient, a: Arrival, t0: float, retry_until: float | N
     sent = time.perf_counter()
     attempts = 0
     reasons: list[str] = []
-    ticket: dict[str, str] = {}
+    ticket: str | None = None
     while True:
         attempts += 1
         first: float | None = None
         try:
             async with client.stream(
                 a.prompt, max_new_tokens=MAX_NEW, tenant=a.tenant or None, priority=a.priority,
-                temperature=0.0, stop_on_eos=False, **ticket,
+                temperature=0.0, stop_on_eos=False, retry_ticket=ticket,
             ) as stream:  # fmt: skip
                 async for _ in stream:
                     first = first or time.perf_counter()
         except Yielded as exc:
             reasons.append(exc.reason)
-            ticket = {"retry_ticket": exc.retry_ticket} if exc.retry_ticket else {}
+            ticket = exc.retry_ticket
             wait = exc.retry_hint_ms / 1000 * (1.0 if ticket else random.uniform(1.0, 1.2))
             until = victim_until if "preempted" in reasons else retry_until
             if until is None or time.perf_counter() + wait > until:
@@ -341,7 +341,8 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
         f"{name} {sum(o.status == 'done' for o in outcomes) / wall:.2f}" for name, (outcomes, wall) in runs.items()
     )
     return (
-        f"1.5 C = {1.5 * capacity:.2f} req/s for {seconds:g} s, a yield final (a `preempted` one too).\n\n"
+        f"1.5 C = {1.5 * capacity:.2f} req/s for {seconds:g} s, a yield final"
+        " (a `preempted` one is retried at its hint).\n\n"
         f"{table}\n\ncompleted/s: {summary}; classless {rate_without:.2f}\n"
     )
 

@@ -128,10 +128,13 @@ class AsyncClient:
         max_new_tokens: int = 16,
         tenant: str | None = None,
         priority: str | None = None,
+        retry_ticket: str | None = None,
         **sampling: Any,
     ) -> AsyncStream:
+        """Stream a generate's tokens, then its `Result`; `retry_ticket`: the ticket of a yield this
+        request retries (the client sends its own retries' tickets itself)."""
         fields = {"max_new_tokens": max_new_tokens, "stream": True, **identity(tenant, priority), **sampling}
-        return AsyncStream(self._tokens(prompt, fields))
+        return AsyncStream(self._tokens(prompt, fields, retry_ticket))
 
     def submit(
         self,
@@ -184,9 +187,10 @@ class AsyncClient:
 
     # -- internals ------------------------------------------------------------------------------------
 
-    async def _tokens(self, prompt: str, fields: dict[str, Any]) -> AsyncGenerator[Token | Result, None]:
+    async def _tokens(
+        self, prompt: str, fields: dict[str, Any], ticket: str | None = None
+    ) -> AsyncGenerator[Token | Result, None]:
         attempts = self._retries.start()
-        ticket: str | None = None
         while True:
             await self.connect()
             rid, frame = self._session.generate(prompt, fields, ticket)
