@@ -96,9 +96,9 @@ class GovernorConfig:
         0.95, "fraction of each cap standard frames may fill while critical ones are around"
     )
     priority_hold_s: float = option(
-        0.0,
-        "a class ceiling applies this long (at least; else one release gap) after a higher-class frame"
-        " was refused capacity, or until its appointment is due",
+        1.0,
+        "a class ceiling applies this long (at least one release gap) after a higher-class frame was"
+        " refused capacity, or until its appointment is due",
     )
     preempt: Literal["on", "off"] = option(
         "on",

@@ -10,7 +10,7 @@ refuse: draining first, then the tenant's own caps, then the global concurrency,
 caps, then the tenant's fair share (fair_share.py), then the endpoint pool (which also routes),
 then the deadline (which predicts on the endpoint the pool chose). A refused tenant counts as
 contending for capacity, whichever limit refused it. A frame of a higher class refused shared
-capacity closes the gates of the classes below it for a release gap (priority.py); one refused by
+capacity closes the gates of the classes below it for a while (priority.py); one refused by
 the full in-flight cap may first displace a lower-class request that has not started
 (displacement.py), when that slot is all it lacks. `refund` undoes
 a grant whose frame turned out invalid, `release` frees what a running request held once it has
@@ -335,8 +335,8 @@ class Admission:
         return _CLASS_RANK[ask.priority] - (tenant.service > lowest)
 
     def _gate(self, now: float, ask: Ask, refusal: Refusal) -> None:
-        """A frame was refused capacity: the ceilings of the classes below its own apply for a
-        release gap, or until its appointment's window closes (priority.py)."""
+        """A frame was refused capacity: the ceilings of the classes below its own apply for
+        `--priority-hold-s`, or until its appointment's window closes (priority.py)."""
         if refusal.reason in _GATING:
             appointment = refusal.appointment
             due = appointment.closes if appointment is not None else -math.inf

@@ -6,10 +6,13 @@ a sheddable frame is admitted only while the admission keeps each cap under the 
 ceiling (default 80%), a standard one under 95%, a critical one up to the hard cap.
 
 A ceiling is a gate, not a reservation: it applies only while a frame of a higher class is
-being turned away — one was refused within the last release gap (`gap_s`, the mean time between
-two releases at saturation; at least `hold_s`), or holds an appointment whose window has not
-closed. Then the next releases go to the higher class, and the classes below yield first. When
-no higher-class frame is short of capacity, every class may fill every cap: capacity held for
+being turned away — one was refused within the last `hold_s` (1 s by default; at least a release
+gap, the mean time between two releases at saturation), or holds an appointment whose window has
+not closed. Then the next releases go to the higher class, and the classes below yield first.
+A second rather than one release gap because a refused client that does not come back (an
+open-loop caller) leaves no appointment behind: held one gap, the gate would reopen before the
+next critical frame comes (docs/BENCHMARKS.md experiment 9 measures both). When no higher-class
+frame is short of capacity, every class may fill every cap: capacity held for
 nobody would be capacity lost (the Gateway API Inference Extension's priority holdback, rather
 than a fixed reservation). A critical frame that meets a full cap may also displace a request of
 a lower class that has not started (displacement.py).
@@ -40,7 +43,7 @@ STANDARD_RANK = 3
 class CeilingPolicy:
     sheddable: float = 0.8
     standard: float = 0.95
-    hold_s: float = 0.0  # the least time a gate stays closed after a refusal (else one release gap)
+    hold_s: float = 1.0  # how long a gate stays closed after a refusal (at least one release gap)
 
     def __post_init__(self) -> None:
         if not 0 < self.sheddable <= self.standard <= 1:
@@ -82,7 +85,7 @@ class PriorityCeilings:
 
     def refused(self, priority: Priority, now: float, gap_s: float, due_until: float = -math.inf) -> None:
         """A frame of `priority` was refused capacity at `now`: the gates of the classes below it
-        close for a release gap (at least `hold_s`), or until its appointment's window closes
+        close for `hold_s` (at least a release gap), or until its appointment's window closes
         (`due_until`), whichever is later."""
         if priority is _SHEDDABLE:
             return
