@@ -25,6 +25,7 @@ from governor.links.upstream import Upstream
 from governor.links.worker_link import WorkerLink
 from governor.state import ServerState
 from govwire.messages import STATS_HELP
+from govwire.vocab import Priority
 
 _HISTOGRAM_HELP = {
     "admission_decision": (
@@ -237,8 +238,13 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
         " by their class and tenant.",
         labels=["class", "tenant"],
     )
-    for (priority_class, tenant_name), n in sorted(admission.displacement.total.items()):
-        preempted.add_metric([priority_class, tenant_name], n)
+    # Every class that can be displaced, for every tenant of the table, from the first scrape (0
+    # until one is): rate() and the alert see the series before the first displacement.
+    # A tenant dropped by a reload keeps its series, so the counter never goes back.
+    total = admission.displacement.total
+    keys = {(p.value, t.name) for p in (Priority.SHEDDABLE, Priority.STANDARD) for t in tenants} | total.keys()
+    for priority_class, tenant_name in sorted(keys):
+        preempted.add_metric([priority_class, tenant_name], total.get((priority_class, tenant_name), 0))
     yield preempted
     groups: tuple[tuple[str, str, list[tuple[str, Tally]]], ...] = (
         ("tenant", "tenant", [(t.name, t.tally) for t in tenants]),
