@@ -225,7 +225,13 @@ class ReleaseForecast:
         first = None if progress is None else progress.t_first_token
         expected = grant.ask.max_new_tokens * self.length_ratio
         left = expected - seen if expected - seen >= 1.0 else 1.0
-        if progress is not None and first is not None and seen >= 2 and (seen >= OWN_RATE_AFTER or step is None):
+        if (
+            progress is not None
+            and first is not None
+            and seen >= 2
+            and progress.t_last_token > first  # tokens that came in one read tell no pace
+            and (seen >= OWN_RATE_AFTER or step is None)
+        ):
             step = (progress.t_last_token - first) / (seen - 1)  # its own pace
         if step is None:
             if service_s is None:
