@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
-import httpx
-
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.admission.priority import CeilingPolicy
 from governor.admission.tenant import TenantLimits, parse_tenant
@@ -378,8 +376,12 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
     limits = EndpointLimits(**values)  # type: ignore[arg-type]
     if not is_http:
         return parse_address(address), limits
-    url = httpx.URL(address)
-    if not url.host:
+    try:
+        url = urlsplit(address)
+        url.port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError as exc:
+        raise ValueError(f"{address!r} is not an http(s) URL: {exc}") from None
+    if not url.hostname:
         raise ValueError(f"{address!r} is not an http(s) URL with a host")
     if not target.get("model"):
         raise ValueError("an OpenAI-compatible endpoint needs model=NAME (the model its requests name)")

@@ -75,7 +75,7 @@ class RequestOwner(Protocol):
     HTTP `HttpIngress`). It only renders: the lifecycle has settled a request before it asks for
     its final reply, and has counted a token (`token`) before it is rendered. Whoever made it
     render calls `flush` once it is done: a worker link after each read, the OpenAI link after
-    each chunk or ending, a deadline's timer, the drain."""
+    each read or ending, a deadline's timer, the drain."""
 
     active: dict[str, InflightRequest]
 
@@ -83,9 +83,12 @@ class RequestOwner(Protocol):
         """A worker's token frame, `rest` being its bytes after the id (codec.TOKEN_FRAME_HEAD):
         the hot path, re-addressed as bytes by the NDJSON door."""
 
-    def send_text(self, request: InflightRequest, text: str) -> None:
-        """Generated text from an endpoint that streams text (an OpenAI-compatible server);
-        `request.tokens_seen` already counts it."""
+    def relay_event(self, request: InflightRequest, text: str, event: bytes, usage: bool, only_usage: bool) -> None:
+        """One server-sent event of an OpenAI-compatible endpoint's stream: `event` its data as the
+        endpoint sent it, `text` the text it carries (already counted in `request.tokens_seen`; ""
+        for a role, finish or usage chunk), `usage` whether it carries the usage counts and
+        `only_usage` whether that is all it carries. The HTTP door relays the bytes to a client
+        that speaks the same format; the NDJSON door renders the text."""
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:
         """Its final reply: executed."""

@@ -161,6 +161,8 @@ class _Exchange:
     chat: bool = False  # rendered as chat.completion(.chunk)s
     chunked: bool = True  # HTTP/1.1; an HTTP/1.0 stream is sent as it comes and ends with the connection
     headers_sent: bool = False
+    relayed: bool = False  # an OpenAI-compatible endpoint's events went out as they came
+    usage_sent: bool = False  # one of them carried the usage
     body: bytes = b""  # the request's body: what an SDK re-sends, recognised if it is told to come back
 
     def piece(self, data: bytes, last: bool = False) -> bytes:
@@ -530,21 +532,36 @@ class HttpIngress:
             if exchange.chunked:
                 headers.append((b"transfer-encoding", b"chunked"))
             self._pending.append(status_line(200, headers, exchange.keep_alive))
-            if exchange.chat:
+            if exchange.chat and not exchange.relayed:  # a relayed chat stream has the endpoint's
                 rid = exchange.request.client_id
                 role = chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)
                 self._pending.append(exchange.piece(role))
 
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        text = orjson.loads(b'{"id":0' + rest).get("text", "")
-        self.send_text(request, text if type(text) is str else str(text))
-
-    def send_text(self, request: InflightRequest, text: str) -> None:
+        """A worker's token: rendered as a completion (or chat) chunk of our own."""
         exchange = self._exchange
         if exchange is not None and exchange.request is request and exchange.stream:
+            text = orjson.loads(b'{"id":0' + rest).get("text", "")
             self._head(exchange)
             event = chat_chunk_event if exchange.chat else chunk_event
-            self._pending.append(exchange.piece(event(request.client_id, exchange.model, exchange.created, text)))
+            chunk = event(request.client_id, exchange.model, exchange.created, text if type(text) is str else str(text))
+            self._pending.append(exchange.piece(chunk))
+
+    def relay_event(self, request: InflightRequest, text: str, event: bytes, usage: bool, only_usage: bool) -> None:
+        """An OpenAI-compatible endpoint's event, relayed as its bytes: the request and the
+        endpoint speak the same format (completions or chat, as the request came), so nothing is
+        re-encoded (the chunks carry the endpoint's id). A usage chunk goes only to a client that
+        asked for usage."""
+        exchange = self._exchange
+        if exchange is None or exchange.request is not request or not exchange.stream:
+            return
+        if usage:
+            if only_usage and not exchange.usage:
+                return
+            exchange.usage_sent = True
+        exchange.relayed = True
+        self._head(exchange)
+        self._pending.append(exchange.piece(b"data: " + event + b"\n\n"))
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:
         exchange = self._end(request)
@@ -553,9 +570,14 @@ class HttpIngress:
         rid, model, created = request.client_id, exchange.model, exchange.created
         if exchange.stream:
             self._head(exchange)
-            event = chat_chunk_event if exchange.chat else chunk_event
-            final = event(rid, model, created, "", completion.finish_reason)
-            usage = usage_event(rid, model, created, completion, exchange.chat) if exchange.usage else b""
+            usage = b""
+            if exchange.usage and not exchange.usage_sent:  # estimated where the endpoint gave none
+                usage = usage_event(rid, model, created, completion, exchange.chat)
+            if exchange.relayed:  # the endpoint's finish chunk went through
+                final = b""
+            else:
+                event = chat_chunk_event if exchange.chat else chunk_event
+                final = event(rid, model, created, "", completion.finish_reason)
             self._pending.append(exchange.piece(final + usage + DONE_EVENT, last=True))
         else:
             render = chat_response if exchange.chat else completion_response

@@ -302,9 +302,10 @@ class Ingress:
         if request.stream:
             self._pending.append(readdress_token(rest, request.client_id))
 
-    def send_text(self, request: InflightRequest, text: str) -> None:
-        """Text from an endpoint that streams text: a token frame with no token id."""
-        if request.stream:
+    def relay_event(self, request: InflightRequest, text: str, event: bytes, usage: bool, only_usage: bool) -> None:
+        """An OpenAI-compatible endpoint's event: its text as a token frame with no token id
+        (an event without text renders nothing; the usage comes with `done`)."""
+        if text and request.stream:
             self._pending.append(encode_token(request.client_id, request.tokens_seen - 1, None, text))
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:

@@ -1,19 +1,24 @@
 """A link to an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, TGI, `transformers serve`).
 
-Each admitted request becomes one streaming `POST {base}/completions` on a pooled httpx client
-(openai_stream.py maps the fields); each chunk with text is counted by the lifecycle and relayed to
-the request's owner as text, the end finishes it with the server's usage counts. What the server
-answers maps onto the lifecycle's endings (lifecycle.py), as a worker link's replies do:
+Each admitted request becomes one streaming `POST {base}/completions` (or `/chat/completions`) on
+a pooled keep-alive connection (http_client.py; openai_stream.py maps the fields). Its body is
+read as server-sent events (sse.py) straight from the parser's callbacks: each chunk with text is
+counted by the lifecycle and handed to the request's owner with its event's bytes (the HTTP front
+door relays them as they came, the NDJSON door renders the text), and the owner is flushed once
+per read, however many chunks it brought. The end finishes the request with the server's usage.
+What the server answers maps onto the lifecycle's endings (lifecycle.py), as a worker link's
+replies do:
 
 - 429 or 503: the endpoint is full. It is paused for its Retry-After (admission routes around it,
   admission/pool.py) and the request is re-routed once or answered with a yield (`endpoint_busy`).
-- A connection that cannot be made or breaks: the endpoint is lost, as when a worker link drops:
-  down until a health check passes, its request re-routed once before the first token, else
-  `worker_lost`.
+- A connection that cannot be made or breaks, or bytes that are not HTTP: the endpoint is lost,
+  as when a worker link drops: down until a health check passes, its request re-routed once
+  before the first token, else `worker_lost`. A connect timeout or a stream silent for the stall
+  timeout loses that request only.
 - Another 4xx: the server refused the request itself (`bad_frame`, with its message); another
   5xx or a malformed stream: `internal`.
-- A cancel (client gone, deadline, drain) cancels the request's task, which closes its stream:
-  the server sees the disconnect and stops generating.
+- A cancel (client gone, deadline, drain) closes the request's connection: the server sees the
+  disconnect and stops generating; the request is answered `cancelled` on the next loop turn.
 
 Health: `GET /health` at the server's root (vLLM, SGLang, TGI, llama.cpp and transformers serve
 all have it), or `GET {base}/models` where that is 404, every ping interval; up at the first
@@ -24,18 +29,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-import httpx
-from httpx_sse import EventSource, SSEError
+import orjson
 
 from governor.admission.endpoint import Endpoint, OpenAITarget
 from governor.admission.limits import hint_of
 from governor.lifecycle import InflightRequest, Lifecycle
 from governor.links.health import HealthPolicy
-from governor.links.openai_stream import UpstreamProtocolError, completion_body, read_chunk, retry_after_s
+from governor.links.http_client import (
+    Call,
+    ConnectTimeout,
+    HttpClientError,
+    HttpPool,
+    StallTimeout,
+    request_head,
+)
+from governor.links.openai_stream import (
+    Chunk,
+    UpstreamProtocolError,
+    Usage,
+    completion_body,
+    read_chunk,
+    retry_after_s,
+)
+from governor.links.sse import SseDecoder, SseError
 from govwire.auth import SharedSecret
 from govwire.errors import BadFrame, GovernorError, InternalError
 from govwire.messages import Completion
@@ -46,6 +68,7 @@ log = logging.getLogger("governor.openai_link")
 
 DEFAULT_BUSY_S = 1.0  # the pause after a 429/503 that names no Retry-After
 ERROR_PREVIEW_BYTES = 512  # of an error response's body, quoted in the client's error
+_DONE = b"[DONE]"
 T = TypeVar("T")
 
 
@@ -53,19 +76,23 @@ class OpenAILink:
     kind = "openai"
     lifecycle: Lifecycle  # where its requests' answers go (Upstream.bind)
 
-    def __init__(
-        self, target: OpenAITarget, endpoint: Endpoint, transport: httpx.AsyncBaseTransport | None = None
-    ) -> None:
+    def __init__(self, target: OpenAITarget, endpoint: Endpoint) -> None:
         self.target = target
-        self._transport = transport  # httpx's own (TCP) unless a test passes a mock
         self.address = str(target)
         self.endpoint = endpoint
+        url = urlsplit(target.base_url)
+        self._tls = url.scheme == "https"
+        self._host = url.hostname or ""
+        self._port = url.port or (443 if self._tls else 80)
+        self._host_header = url.netloc.rpartition("@")[2].encode("idna")
+        self._base_path = url.path.rstrip("/").encode()
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # never spawned by the governor
         self.kill_worker = None
-        self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._client: httpx.AsyncClient | None = None
-        self._health_url = target.root + "/health"  # or {base}/models, where /health is 404
+        self._relays: dict[str, _Relay] = {}
+        self._pool: HttpPool | None = None  # made by `maintain`, with the health policy's timeouts
+        self._headers = b""  # the request headers every request carries (the API key's, if any)
+        self._health_path = b"/health"  # or {base}/models, where /health is 404
         self.busy_total = 0  # 429/503 answers
         self.last_error = ""  # why the last health check or request failed, for `stats`
 
@@ -81,117 +108,46 @@ class OpenAILink:
             "engine": {},
         }
 
-    def _http(self, health_timeout_s: float, stall_timeout_s: float) -> httpx.AsyncClient:
+    def _open(self, health: HealthPolicy) -> HttpPool:
         key_file = self.target.api_key_file
-        headers = {"authorization": f"Bearer {SharedSecret.read(key_file).token.decode()}"} if key_file else {}
-        return httpx.AsyncClient(
-            # The governor's caps bound the connections; the pool must never queue a request.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            # read: the longest silence of a stream (the stall timeout); connect: the ping timeout.
-            timeout=httpx.Timeout(stall_timeout_s, connect=health_timeout_s, pool=None),
-            headers=headers,
-            transport=self._transport,
-            trust_env=False,  # never route loopback traffic through a proxy from the environment
+        self._headers = b"authorization: Bearer %s\r\n" % SharedSecret.read(key_file).token if key_file else b""
+        self._health_path = b"/health"
+        # connect: the ping timeout; a stream silent for the stall timeout is lost.
+        return HttpPool(
+            self._host,
+            self._port,
+            health.ping_timeout_s,
+            health.stall_timeout_s,
+            ssl.create_default_context() if self._tls else None,
         )
 
     # -- requests ---------------------------------------------------------------------------------
 
     def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
         path, body = completion_body(generate, self.target.model)  # BadFrame for fields it cannot take
-        if self._client is None:
+        pool = self._pool
+        if pool is None:
             raise BadFrame("endpoint not started", generate.id)  # only before `maintain` runs
+        payload = orjson.dumps(body)
+        head = request_head(
+            b"POST",
+            self._base_path + path.encode(),
+            self._host_header,
+            b"content-type: application/json\r\naccept: text/event-stream\r\n" + self._headers,
+            len(payload),
+        )
         self.inflight[uid] = request
-        task = asyncio.get_running_loop().create_task(self._stream(uid, request, path, body))
-        task.add_done_callback(lambda _: self._ended(uid, request))
-        self._tasks[uid] = task
-
-    def _ended(self, uid: str, request: InflightRequest) -> None:
-        """The request's task is over. A task cancelled before its first step never ran `_stream`
-        (not even its handlers): answered here, as cancelled, with nothing generated."""
-        self._tasks.pop(uid, None)
-        if self._current(uid, request):
-            self._finish(uid, request, [], FinishReason.CANCELLED, None)
+        relay = self._relays[uid] = _Relay(self, uid, request)
+        relay.call = pool.start(head + payload, relay)
 
     def cancel(self, uid: str) -> None:
-        task = self._tasks.get(uid)
-        if task is not None:
-            task.cancel()
+        relay = self._relays.get(uid)
+        if relay is not None:
+            relay.cancel()
 
     def _current(self, uid: str, request: InflightRequest) -> bool:
         """Still ours to answer (not settled by a deadline, a disconnect or a re-route since)."""
         return self.inflight.get(uid) is request
-
-    async def _stream(self, uid: str, request: InflightRequest, path: str, body: dict[str, Any]) -> None:
-        assert self._client is not None
-        owner = request.owner
-        parts: list[str] = []
-        finish: FinishReason | None = None
-        usage = None
-        try:
-            async with self._client.stream("POST", self.target.base_url + path, json=body) as response:
-                status = response.status_code
-                if status in (429, 503):
-                    self._busy(uid, request, response.headers)
-                    return
-                if status != 200:
-                    preview = (await self._preview(response)).decode("utf-8", "replace")
-                    self.last_error = f"HTTP {status}"
-                    cls = BadFrame if 400 <= status < 500 else InternalError
-                    message = f"endpoint {self.address} answered {status}: {preview}"
-                    self._fail(uid, request, cls(message, request.client_id))
-                    return
-                ended = False  # by [DONE] or a finish_reason: a stream cut before either was lost
-                async for event in EventSource(response).aiter_sse():
-                    if event.data == "[DONE]":
-                        ended = True
-                        break
-                    if not event.data:
-                        continue
-                    chunk = read_chunk(event.data)
-                    ended = ended or chunk.finish_reason is not None
-                    finish = chunk.finish_reason or finish
-                    usage = chunk.usage or usage
-                    if chunk.text:
-                        if not self._current(uid, request):
-                            return
-                        parts.append(chunk.text)
-                        self.lifecycle.token(request)
-                        owner.send_text(request, chunk.text)
-                        owner.flush()
-                if not ended:
-                    raise httpx.RemoteProtocolError("the stream ended without [DONE] or a finish_reason")
-        except asyncio.CancelledError:  # our cancel: the stream is closed, the server stops
-            self._finish(uid, request, parts, FinishReason.CANCELLED, usage)
-            return
-        except SSEError as exc:  # (a TransportError) a 200 that is not an event stream
-            self._protocol_error(uid, request, str(exc))
-            return
-        except httpx.TransportError as exc:
-            self._lost(uid, request, exc)
-            return
-        except UpstreamProtocolError as exc:
-            self._protocol_error(uid, request, str(exc))
-            return
-        except Exception:  # a bug of ours: this request fails, never silently and never the others
-            log.exception("event=internal_error where=openai_link endpoint=%s", self.address)
-            self._fail(uid, request, InternalError("internal error relaying the endpoint's answer", request.client_id))
-            return
-        self._finish(uid, request, parts, finish or FinishReason.EOS, usage)
-
-    @staticmethod
-    async def _preview(response: httpx.Response) -> bytes:
-        """The start of an error response's body, read no further."""
-        head = b""
-        async for data in response.aiter_bytes():
-            head += data
-            if len(head) >= ERROR_PREVIEW_BYTES:
-                break
-        return head[:ERROR_PREVIEW_BYTES]
-
-    def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
-        self.last_error = why
-        log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, why)
-        self._fail(uid, request, InternalError(f"endpoint {self.address}: {why}", request.client_id))
 
     def _fail(self, uid: str, request: InflightRequest, error: GovernorError) -> None:
         self._end(uid, request, self.lifecycle.fail, error)
@@ -199,12 +155,15 @@ class OpenAILink:
     def _end(self, uid: str, request: InflightRequest, ending: Callable[[InflightRequest, T], None], arg: T) -> None:
         """End a request through the lifecycle's `ending` (finish, fail, busy, lose), if it is
         still ours: not settled by a deadline, a disconnect or a re-route since. Then flush its
-        owner (this runs in the request's own task, outside any read)."""
+        owner (this runs in a read of the upstream's connection, or a timer: never a client's read)."""
+        self._relays.pop(uid, None)
         if self._current(uid, request):
             ending(request, arg)
             request.owner.flush()
 
-    def _finish(self, uid: str, request: InflightRequest, parts: list[str], finish: FinishReason, usage: Any) -> None:
+    def _finish(
+        self, uid: str, request: InflightRequest, parts: list[str], finish: FinishReason, usage: Usage | None
+    ) -> None:
         # Without usage (a server that ignores stream_options) the counts are estimates: the
         # prompt as admission estimated it, and one token per chunk with text.
         prompt_tokens = usage.prompt_tokens if usage is not None else request.grant.ask.prompt_tokens
@@ -215,8 +174,13 @@ class OpenAILink:
         )
         self._end(uid, request, self.lifecycle.finish, completion)
 
-    def _busy(self, uid: str, request: InflightRequest, headers: httpx.Headers) -> None:
-        wait_s = retry_after_s(dict(headers.items()))
+    def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
+        self.last_error = why
+        log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, why)
+        self._fail(uid, request, InternalError(f"endpoint {self.address}: {why}", request.client_id))
+
+    def _busy(self, uid: str, request: InflightRequest, headers: dict[bytes, bytes]) -> None:
+        wait_s = retry_after_s({k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()})
         wait_s = DEFAULT_BUSY_S if wait_s is None else wait_s
         now = time.monotonic()
         self.endpoint.paused_until = max(self.endpoint.paused_until, now + wait_s)
@@ -224,14 +188,16 @@ class OpenAILink:
         log.info("event=endpoint_busy endpoint=%s retry_after_s=%.3f", self.address, wait_s)
         self._end(uid, request, self.lifecycle.busy, hint_of(wait_s))
 
-    def _lost(self, uid: str, request: InflightRequest, exc: httpx.TransportError) -> None:
-        """The connection failed: the endpoint goes down until a health check passes, and the request
-        is re-routed once (before its first token) or fails with `worker_lost`."""
-        why = f"{type(exc).__name__}: {exc}"
+    def _lost(self, uid: str, request: InflightRequest, error: HttpClientError) -> None:
+        """The exchange failed: the endpoint goes down until a health check passes (unless the
+        failure was one stream's silence or a slow connect), and the request is re-routed once
+        (before its first token) or fails with `worker_lost`."""
+        why = f"{type(error).__name__}: {error}"
         self.last_error = why
-        if isinstance(exc, httpx.TimeoutException) and not isinstance(exc, httpx.ConnectTimeout):
+        timed_out = isinstance(error, StallTimeout | ConnectTimeout)
+        if isinstance(error, StallTimeout):
             log.error("event=worker_unresponsive worker=%s why=%r", self.address, why)
-        if self.endpoint.up and not isinstance(exc, httpx.TimeoutException):
+        if self.endpoint.up and not timed_out:
             # The server is gone (refused, reset, cut mid-stream): down until a health check
             # passes. One stream's silence is that request's loss, not the endpoint's.
             self.endpoint.up = False
@@ -242,12 +208,12 @@ class OpenAILink:
 
     async def maintain(self, health: HealthPolicy) -> None:
         """Check the server every ping interval; up while it answers."""
-        self._client = self._http(health.ping_timeout_s, health.stall_timeout_s)
+        self._pool = self._open(health)
         try:
             await self._watch(health)
         finally:
-            client, self._client = self._client, None
-            await client.aclose()
+            pool, self._pool = self._pool, None
+            pool.close()
 
     async def _watch(self, health: HealthPolicy) -> None:
         failures_logged = 0
@@ -271,23 +237,228 @@ class OpenAILink:
 
     async def _check(self, timeout_s: float) -> str | None:
         """None when healthy, else why not."""
-        assert self._client is not None
+        status = await self._get(self._health_path, timeout_s)
+        models = self._base_path + b"/models"
+        if status == 404 and self._health_path != models:
+            self._health_path = models
+            status = await self._get(models, timeout_s)
+        if isinstance(status, str):
+            return status
+        return None if status == 200 else f"health check answered {status}"
+
+    async def _get(self, path: bytes, timeout_s: float) -> int | str:
+        """The status of a `GET`, or why there is none."""
+        assert self._pool is not None
+        probe = _Probe()
+        call = self._pool.start(request_head(b"GET", path, self._host_header, self._headers, None), probe, timeout_s)
         try:
-            response = await self._client.get(self._health_url, timeout=timeout_s)
-            models_url = self.target.base_url + "/models"
-            if response.status_code == 404 and self._health_url != models_url:
-                self._health_url = models_url
-                return await self._check(timeout_s)
-        except httpx.HTTPError as exc:
-            return f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # never let one odd answer stop the health checks for good
-            log.exception("event=internal_error where=health_check endpoint=%s", self.address)
-            return f"{type(exc).__name__}: {exc}"
-        if response.status_code != 200:
-            return f"health check answered {response.status_code}"
-        return None
+            async with asyncio.timeout(timeout_s):
+                return await probe.answer
+        except TimeoutError:
+            call.abort()
+            return f"StallTimeout: no answer within {timeout_s:g} s"
 
     def close(self) -> None:
-        """Cancel what is in flight (each answers `cancelled`); the client closes with `maintain`."""
-        for task in list(self._tasks.values()):
-            task.cancel()
+        """Cancel what is in flight (each answers `cancelled`); the pool closes with `maintain`."""
+        for relay in list(self._relays.values()):
+            relay.cancel()
+
+
+class _Probe:
+    """A health check's response: its status once it ended, its body dropped."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[int | str] = asyncio.get_running_loop().create_future()
+        self._status = 0
+
+    def response_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        self._status = status
+
+    def response_body(self, data: bytes) -> None:
+        pass
+
+    def response_end(self) -> None:
+        if not self.answer.done():
+            self.answer.set_result(self._status)
+
+    def response_failed(self, error: HttpClientError) -> None:
+        if not self.answer.done():
+            self.answer.set_result(f"{type(error).__name__}: {error}")
+
+    def read_done(self) -> None:
+        pass
+
+
+class _Relay:
+    """One admitted request's streamed response (an http_client.ResponseHandler): its events
+    become tokens and the request's ending. Until its first text, the events without text (a
+    chat stream's role chunk) are held: a request re-routed before its first token shows its
+    client nothing of the endpoint it left."""
+
+    __slots__ = (
+        "_decoder",
+        "_ended",
+        "_finish",
+        "_held",
+        "_preview",
+        "_status",
+        "_usage",
+        "_wrote",
+        "call",
+        "done",
+        "link",
+        "parts",
+        "request",
+        "uid",
+    )
+
+    def __init__(self, link: OpenAILink, uid: str, request: InflightRequest) -> None:
+        self.link, self.uid, self.request = link, uid, request
+        self.call: Call | None = None
+        self.done = False  # answered (or cancelled): nothing more from this response matters
+        self.parts: list[str] = []
+        self._status = 0
+        self._decoder = SseDecoder()
+        self._ended = False  # by [DONE] or a finish_reason: a stream cut before either was lost
+        self._finish: FinishReason | None = None
+        self._usage: Usage | None = None
+        self._held: list[tuple[bytes, bool, bool]] = []  # events without text before the first token
+        self._preview = b""
+        self._wrote = False  # chunks went to the owner in this read: flush it
+
+    def cancel(self) -> None:
+        """Close the stream (the server stops) and answer `cancelled` on the next loop turn,
+        outside whoever asked (the lifecycle's cancel, a shed connection, the drain)."""
+        if self.done:
+            return
+        self.done = True
+        if self.call is not None:
+            self.call.abort()
+        asyncio.get_running_loop().call_soon(
+            self.link._finish, self.uid, self.request, self.parts, FinishReason.CANCELLED, self._usage
+        )
+
+    def _stop(self) -> bool:
+        """Done with this response: its connection is closed unless it already ended."""
+        self.done = True
+        if self.call is not None:
+            self.call.abort()
+        return True
+
+    # -- http_client.ResponseHandler --------------------------------------------------------------
+
+    def response_head(self, status: int, headers: dict[bytes, bytes]) -> None:
+        if self.done:
+            return
+        self._status = status
+        link, uid, request = self.link, self.uid, self.request
+        if status == 429 or status == 503:
+            self.done = True  # its body is read and dropped; the connection is kept
+            link._busy(uid, request, headers)
+        elif status == 200:
+            kind = headers.get(b"content-type", b"")
+            if not kind.startswith(b"text/event-stream"):
+                self._stop()
+                why = f"expected a text/event-stream response, got content-type {kind.decode('latin-1')[:100]!r}"
+                link._protocol_error(uid, request, why)
+
+    def response_body(self, data: bytes) -> None:
+        if self.done:
+            return
+        if self._status != 200:
+            self._preview += data[: ERROR_PREVIEW_BYTES - len(self._preview)]
+            if len(self._preview) >= ERROR_PREVIEW_BYTES:
+                self._stop()
+                self._refused()
+            return
+        link, uid, request = self.link, self.uid, self.request
+        if not link._current(uid, request):  # settled meanwhile (deadline, disconnect): stop it
+            self._stop()
+            link._relays.pop(uid, None)
+            return
+        try:
+            events = self._decoder.feed(data)
+            for event in events:
+                if event == _DONE:
+                    self._ended = True
+                    self.done = True
+                    self._answer()
+                    return
+                self._chunk(read_chunk(event), event)
+        except (UpstreamProtocolError, SseError) as exc:
+            self._stop()
+            link._protocol_error(uid, request, str(exc))
+
+    def _chunk(self, chunk: Chunk, event: bytes) -> None:
+        if chunk.finish_reason is not None:
+            self._ended = True
+            self._finish = chunk.finish_reason
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        request = self.request
+        if chunk.text:
+            self.parts.append(chunk.text)
+            self.link.lifecycle.token(request)
+            if self._held:
+                self._release_held()
+            request.owner.relay_event(request, chunk.text, event, chunk.usage is not None, False)
+            self._wrote = True
+            return
+        usage = chunk.usage is not None
+        only_usage = usage and chunk.finish_reason is None
+        if request.tokens_seen:
+            request.owner.relay_event(request, "", event, usage, only_usage)
+            self._wrote = True
+        else:
+            self._held.append((event, usage, only_usage))
+
+    def _release_held(self) -> None:
+        request = self.request
+        for event, usage, only_usage in self._held:
+            request.owner.relay_event(request, "", event, usage, only_usage)
+        self._held.clear()
+
+    def _answer(self) -> None:
+        """The stream ended well: what was held goes out, then the request finishes."""
+        request = self.request
+        if self._held and self.link._current(self.uid, request):
+            self._release_held()
+        self.link._finish(self.uid, request, self.parts, self._finish or FinishReason.EOS, self._usage)
+
+    def _refused(self) -> None:
+        """A status other than 200, 429 and 503: the server's own words go to the client."""
+        preview = self._preview.decode("utf-8", "replace")
+        link, status = self.link, self._status
+        link.last_error = f"HTTP {status}"
+        cls = BadFrame if 400 <= status < 500 else InternalError
+        message = f"endpoint {link.address} answered {status}: {preview}"
+        link._fail(self.uid, self.request, cls(message, self.request.client_id))
+
+    def response_end(self) -> None:
+        if self.done:
+            self.link._relays.pop(self.uid, None)
+            return
+        self.done = True
+        if self._status != 200:
+            self._refused()
+        elif self._ended:
+            self._answer()
+        else:
+            self.link._lost(self.uid, self.request, StreamCut("the stream ended without [DONE] or a finish_reason"))
+
+    def response_failed(self, error: HttpClientError) -> None:
+        if self.done:
+            self.link._relays.pop(self.uid, None)
+            return
+        self.done = True
+        self.link._lost(self.uid, self.request, error)
+
+    def read_done(self) -> None:
+        if self._wrote:
+            self._wrote = False
+            if not self.done:  # else its ending flushed it
+                self.request.owner.flush()
+
+
+class StreamCut(HttpClientError):
+    """A response that ended (by its length or chunking) before its stream did."""

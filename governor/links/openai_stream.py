@@ -80,7 +80,7 @@ def _count(value: object, name: str) -> int:
     return value
 
 
-def read_chunk(data: str) -> Chunk:
+def read_chunk(data: bytes | str) -> Chunk:
     """Parse one SSE `data:` payload of a streaming completion (not `[DONE]`)."""
     try:
         obj = orjson.loads(data)

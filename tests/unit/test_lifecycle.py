@@ -31,7 +31,7 @@ class Owner:
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
         self.rendered.append(("token", rest))
 
-    def send_text(self, request: InflightRequest, text: str) -> None:
+    def relay_event(self, request: InflightRequest, text: str, event: bytes, usage: bool, only_usage: bool) -> None:
         self.rendered.append(("text", text))
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:

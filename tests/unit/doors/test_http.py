@@ -9,6 +9,7 @@ from typing import Any
 
 import httptools
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +20,9 @@ from governor.doors.http import HttpIngress, HttpLimits
 from governor.state import ServerState
 from govwire.codec import encode_token
 from govwire.errors import BadFrame
+from govwire.messages import Completion
 from govwire.request import IntegrityMode
+from govwire.vocab import FinishReason
 from tests.fakes import FakeClock, FakeTransportWrites, FakeUpstream, done_frame, make_state
 
 
@@ -135,6 +138,34 @@ def test_a_stream_sends_its_head_with_the_first_token_then_events_and_done() -> 
     assert chunks[0]["choices"][0]["text"] == "Hi"
     assert chunks[1]["choices"][0]["finish_reason"] == "length"
     assert chunks[2]["choices"] == [] and chunks[2]["usage"]["completion_tokens"] == 1
+
+
+@pytest.mark.parametrize("wants_usage", [False, True])
+def test_an_openai_endpoints_events_are_relayed_as_they_came(wants_usage: bool) -> None:
+    """What an OpenAI-compatible link hands over goes out byte for byte: no re-encoding, a usage
+    chunk only to a client that asked, its finish chunk instead of ours, then [DONE]."""
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    options = {"stream_options": {"include_usage": True}} if wants_usage else {}
+    client.send(post(completion(stream=True, **options)))
+    (uid,) = upstream.dispatched
+    request = client.core.active[next(iter(client.core.active))]
+    theirs = [
+        b'{"id":"up-1","choices":[{"text":"Hi"}]}',
+        b'{"id":"up-1","choices":[{"text":"","finish_reason":"stop"}]}',
+    ]
+    usage = b'{"id":"up-1","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    state.lifecycle.token(request)
+    client.core.relay_event(request, "Hi", theirs[0], False, False)
+    client.core.relay_event(request, "", theirs[1], False, False)
+    client.core.relay_event(request, "", usage, True, True)
+    state.lifecycle.finish(request, Completion("Hi", 1, 1, FinishReason.EOS, 0.0))
+    client.core.flush()
+    (streamed,) = client.responses()
+    events = [e for e in streamed.body.split(b"\n\n") if e]
+    expected = [b"data: " + e for e in theirs] + ([b"data: " + usage] if wants_usage else []) + [b"data: [DONE]"]
+    assert events == expected and balanced(state)
 
 
 def test_a_busy_endpoint_before_the_first_token_is_a_late_429_and_balances() -> None:
