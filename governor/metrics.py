@@ -35,6 +35,10 @@ _HISTOGRAM_HELP = {
     "queue_wait": "Time an admitted request waited inside the worker before its prefill started.",
     "time_to_first_token": "Time from an admitted frame to its first token, measured at the governor.",
     "request_duration": "Time from frame arrival to the final reply, for requests dispatched to a worker.",
+    "event_loop_lag": (
+        "How late the event loop ran a timer (sampled every 50 ms): the longest a ready read, token or"
+        " timer waited behind the work of the turn before it."
+    ),
 }
 
 

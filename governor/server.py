@@ -28,6 +28,7 @@ from governor.doors.connection import ConnectionLimits, GovernorProtocol
 from governor.doors.http import HttpIngress, HttpLimits
 from governor.fleet.lease import FleetLease
 from governor.fleet.member import FleetMember
+from governor.latency import sample_loop_lag
 from governor.lifecycle import Phase
 from governor.links.health import HealthPolicy
 from governor.links.openai_link import OpenAILink
@@ -337,6 +338,8 @@ class Server:
         stack.callback(_close_connections, state)  # before the links close: their requests settle first
         sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
         stack.callback(sweeper.cancel)
+        lag_sampler = asyncio.create_task(sample_loop_lag(state.latency.event_loop_lag, loop.time))
+        stack.callback(lag_sampler.cancel)
         if config.metrics_port:
             metrics = MetricsEndpoint(build_registry(state, upstream), upstream.not_ready)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)

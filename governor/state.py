@@ -41,7 +41,12 @@ class ClientCore(Protocol):
     @property
     def buffered_bytes(self) -> int: ...
 
-    def receive_data(self, data: bytes) -> None: ...
+    def receive_data(self, data: bytes) -> bool:
+        """Answer what the read completes, or its first slice: True when more waits for `resume`."""
+
+    def resume(self) -> bool:
+        """Answer the next slice held back (the adapter calls it on a later turn of the loop, its
+        reading paused meanwhile): True while more waits."""
 
     def fail_internal(self) -> None: ...
 

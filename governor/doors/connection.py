@@ -55,6 +55,7 @@ class GovernorProtocol(asyncio.Protocol):
         "protocol",
         "_writing_paused",
         "_backlogged",
+        "_slicing",
         "_closing_since",
     )
 
@@ -77,6 +78,7 @@ class GovernorProtocol(asyncio.Protocol):
         # requests as may be pipelined wait: it resumes only when neither holds.
         self._writing_paused = False
         self._backlogged = False
+        self._slicing = False  # the core holds frames of a read back for later turns of the loop
         self._closing_since: float | None = None  # closed gracefully, its last bytes not yet out
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -98,13 +100,35 @@ class GovernorProtocol(asyncio.Protocol):
         if ingress is None or transport is None:
             return  # refused or shed; the transport is closing
         try:
-            ingress.receive_data(data)
+            more = ingress.receive_data(data)
         except Exception:
             # A bug of ours must cost this one connection, never the server.
             log.exception("event=internal_error where=data_received")
             ingress.fail_internal()
             transport.close()
             return
+        self._answered(ingress, more)
+
+    def _next_slice(self) -> None:
+        """A later turn of the loop: the core answers the next slice of frames it held back."""
+        ingress, transport = self._ingress, self._transport
+        if ingress is None or transport is None or transport.is_closing():
+            return
+        try:
+            more = ingress.resume()
+        except Exception:
+            log.exception("event=internal_error where=next_slice")
+            ingress.fail_internal()
+            transport.close()
+            return
+        self._answered(ingress, more)
+
+    def _answered(self, ingress: ClientCore, more: bool) -> None:
+        if more != self._slicing:  # not read while frames wait: they bound what one client holds
+            self._slicing = more
+            self._set_reading()
+        if more:
+            asyncio.get_running_loop().call_soon(self._next_slice)
         if ingress.closing is not None:
             self.shed(ingress.closing)  # the refusal is written; close after it
             return
@@ -124,8 +148,12 @@ class GovernorProtocol(asyncio.Protocol):
         # The client closed (or half-closed) its side: it is treated as gone. Its slots are freed and
         # its requests cancelled now, not when our side has flushed (a full write buffer can take
         # long); returning None then closes our side once the replies already written are out.
-        if self._ingress is not None:
-            self._ingress.connection_lost()
+        # Frames it sent before closing that still wait for their slice are answered first.
+        ingress = self._ingress
+        if ingress is not None:
+            while self._slicing and ingress.closing is None:
+                self._slicing = ingress.resume()
+            ingress.connection_lost()
         return None
 
     def pause_writing(self) -> None:
@@ -144,7 +172,7 @@ class GovernorProtocol(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
-        if self._writing_paused or self._backlogged:
+        if self._writing_paused or self._backlogged or self._slicing:
             transport.pause_reading()
         else:
             transport.resume_reading()

@@ -223,9 +223,11 @@ class HttpIngress:
 
     # -- bytes in ---------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> None:
+    def receive_data(self, data: bytes) -> bool:
+        """Answer what the read completes (pipelined requests beyond `max_pipelined` stop the
+        reading instead: `backlogged`); never holds a slice back."""
         if self.closing is not None or self.finished or self._broken is not None or self._last_read:
-            return  # nothing after a request the parser gave up on, or after `connection: close`
+            return False  # nothing after a request the parser gave up on, or after `connection: close`
         now = self._state.clock()
         self.last_line_at = now
         self._began = False
@@ -245,6 +247,10 @@ class HttpIngress:
                 self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
         self._advance(now)
         self.flush()
+        return False
+
+    def resume(self) -> bool:
+        return False
 
     # httptools callbacks (its parser calls these while feed_data runs)
 

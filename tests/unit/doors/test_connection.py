@@ -7,6 +7,7 @@ from typing import Any
 from unittest.mock import ANY
 
 from governor.doors.connection import ConnectionLimits, GovernorProtocol
+from governor.doors.ndjson import FRAMES_PER_TURN
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.auth import TenantSecrets
@@ -58,6 +59,32 @@ def test_eof_settles_in_flight_requests_at_once() -> None:
     assert state.admission.inflight.inflight == 0
     assert upstream.sent_frames == [{"id": "1", "op": "cancel"}]
     assert state.accounting.failed["client_disconnected"] == 1
+
+
+def test_a_flood_in_one_read_is_answered_over_later_turns_and_not_read_meanwhile() -> None:
+    async def scenario() -> None:
+        protocol, transport, state = connect(FakeUpstream(), max_inflight=1)
+        n = 3 * FRAMES_PER_TURN
+        protocol.data_received(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(n)))
+        assert len(transport.replies()) == FRAMES_PER_TURN - 1 and not transport.reading
+        for _ in range(5):
+            await asyncio.sleep(0)  # other connections' reads and the workers' tokens run between
+        assert len(transport.replies()) == n - 1 and transport.reading
+        assert state.accounting.unbalanced_by(1) == 0
+
+    asyncio.run(scenario())
+
+
+def test_eof_answers_the_frames_still_waiting_for_their_turn_first() -> None:
+    async def scenario() -> None:
+        protocol, transport, state = connect(FakeUpstream(), max_inflight=1)
+        n = 2 * FRAMES_PER_TURN
+        protocol.data_received(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(n)))
+        assert protocol.eof_received() is None
+        assert len(transport.replies()) == n - 1 and state.accounting.received == n
+        assert state.admission.inflight.inflight == 0 and state.accounting.unbalanced_by(0) == 0
+
+    asyncio.run(scenario())
 
 
 def test_full_write_buffer_pauses_reading_until_it_drains() -> None:

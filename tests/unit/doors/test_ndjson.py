@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from governor.accounting import Outcome
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
-from governor.doors.ndjson import Ingress
+from governor.doors.ndjson import FRAMES_PER_TURN, Ingress
 from governor.lifecycle import LifecycleError, Phase
 from govwire.codec import encode, encode_token, generate_frame
 from govwire.request import IntegrityMode
@@ -33,6 +33,23 @@ def test_yield_is_written_in_the_same_call_and_byte_exact() -> None:
     assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":50,"reason":"inflight"}\n']
     assert state.admission.inflight.inflight == 1
     assert state.accounting.yielded["inflight"] == 1
+
+
+def test_a_read_of_many_frames_is_answered_in_slices_in_order() -> None:
+    """At most FRAMES_PER_TURN frames per call: the rest wait for `resume`, in order, one write
+    per slice, every frame counted once."""
+    state = make_state(max_inflight=1)
+    ingress, writes = make_ingress(state)
+    n = 3 * FRAMES_PER_TURN + 5
+    assert ingress.receive_data(b"".join(frame(f"r{i}") for i in range(n))) is True
+    assert len(replies(writes)) == FRAMES_PER_TURN - 1  # the first was admitted: its reply comes later
+    slices, more = 1, True
+    while more:
+        more = ingress.resume()
+        slices += 1
+    assert slices == 4 and not ingress.resume() and len(writes.chunks) == 4
+    assert [r["id"] for r in replies(writes)] == [f"r{i}" for i in range(1, n)]
+    assert state.accounting.received == n and state.accounting.unbalanced_by(1) == 0
 
 
 def test_replies_for_one_read_leave_in_one_write() -> None:
