@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
-	bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
+	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -97,6 +97,20 @@ bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, deco
 	$(PY) -m benchmarks.gpu
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
+bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
+	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || { \
+		if ! command -v apt-get >/dev/null; then echo "install nginx, haproxy and wrk: no apt-get here" >&2; exit 1; fi; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+		$$sudo apt-get update -qq && \
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			nginx-light haproxy wrk util-linux >/dev/null; }
+	$(PY) -m benchmarks.anchors refusals --json anchors-refusals.json
+	$(PY) -m benchmarks.anchors admitted --json anchors-admitted.json
+	$(PY) -m benchmarks.anchors isolation --burn-control --rates 0 100000 -1 --json anchors-isolation.json
+
+bench-link-clients: $(STAMP)  ## the OpenAI-compatible link's HTTP client beside httpx and aiohttp, relaying the same streams
+	$(PY) -m benchmarks.openai_link_clients
+
 bench-burst: $(STAMP)  ## experiment 1: a prefill-heavy burst, unlimited vs --max-inflight 64
 	$(PY) -m benchmarks.burst --repeats 3
 
