@@ -48,6 +48,8 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from benchmarks.common import free_port, wait_for_port
+
 ROOT = Path.cwd()
 PY = sys.executable
 SERVER_CORE, LOAD_CORE = "0", "1"
@@ -62,23 +64,6 @@ STARTED: list[Popen] = []
 
 
 # -- processes ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {port}")
 
 
 def start(argv: list[str], core: str, log: Path | None = None, **kw: Any) -> Popen:
@@ -373,7 +358,7 @@ def start_governor(core: str, flags: list[str], worker: list[str] | None, log: P
     if worker is not None:
         argv += ["--", *worker]
     proc = start(argv, core, log)
-    wait_port(port)
+    wait_for_port(port)
     deadline = time.monotonic() + 60
     while not gov_stats(port)["workers"][0]["up"]:
         if time.monotonic() > deadline:
@@ -392,7 +377,7 @@ def refusing_governor(d: Path) -> tuple[Popen, int, int, socket.socket]:
     proc, port = start_governor(
         SERVER_CORE, flags, ["--engine", "echo", "--token-delay-ms", "1000"], d / "governor-refusing.log"
     )
-    wait_port(http_port)
+    wait_for_port(http_port)
     with Client("127.0.0.1", port) as client:
         for _ in range(20):  # service times observed: the hint runs its adaptive path
             client.generate("")
@@ -429,7 +414,7 @@ def run_refusals(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     haproxy = start(["haproxy", "-db", "-f", str(hd / "haproxy.cfg")], SERVER_CORE, hd / "stdout.log")
     gov, gov_port, gov_http, holder = refusing_governor(d)
     for p in ports.values():
-        wait_port(p)
+        wait_for_port(p)
     targets = {
         "governor_http": (gov_http, gov.pid),
         "nginx_return": (ports["nginx_return"], nginx.pid),
@@ -482,7 +467,7 @@ def run_ndjson(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     bare_port = free_port()
     bare = start([PY, "-m", "benchmarks.bare_server", str(bare_port)], SERVER_CORE, d / "bare.log")
     gov, gov_port, _, holder = refusing_governor(d)
-    wait_port(bare_port)
+    wait_for_port(bare_port)
     results: dict[str, Any] = {}
     try:
         for conns, window in ((4, 1024), (32, 64)):
@@ -547,8 +532,8 @@ def run_admitted(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     up_conf, px_conf = write_admitted_confs(d / f"admitted-{a.tokens}", port_u, port_p, a.tokens)
     upstream = start(["nginx", "-p", str(up_conf.parent), "-c", str(up_conf)], LOAD_CORE)
     proxy = start(["nginx", "-p", str(px_conf.parent), "-c", str(px_conf)], SERVER_CORE)
-    wait_port(port_u)
-    wait_port(port_p)
+    wait_for_port(port_u)
+    wait_for_port(port_p)
     gov_u_http = free_port()
     gov_u, _ = start_governor(
         SERVER_CORE,
@@ -570,7 +555,7 @@ def run_admitted(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         LOAD_CORE,
         d / "echo-worker.log",
     )
-    wait_port(port_w)
+    wait_for_port(port_w)
     gov_w_http = free_port()
     gov_w, _ = start_governor(
         SERVER_CORE,
@@ -587,8 +572,8 @@ def run_admitted(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         None,
         d / "governor-echo.log",
     )
-    wait_port(gov_u_http)
-    wait_port(gov_w_http)
+    wait_for_port(gov_u_http)
+    wait_for_port(gov_w_http)
     targets = {
         "direct_upstream": (port_u, upstream.pid),
         "nginx_proxy": (port_p, proxy.pid),
@@ -658,7 +643,7 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         LOAD_CORE,
         d / "iso-worker.log",
     )
-    wait_port(port_w)
+    wait_for_port(port_w)
     gov, port = start_governor(
         SERVER_CORE,
         [

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
-from benchmarks.anchors import free_port, wait_port
+from benchmarks.common import free_port, wait_for_port
 
 CLIENTS = ("httpx", "aiohttp", "governor")
 
@@ -77,7 +77,7 @@ def start_upstream(port: int, tokens: int) -> subprocess.Popen[bytes]:
     assert proc.stdin is not None
     proc.stdin.write(canned_body(tokens))
     proc.stdin.close()
-    wait_port(port)
+    wait_for_port(port)
     return proc
 
 
