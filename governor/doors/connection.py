@@ -96,39 +96,35 @@ class GovernorProtocol(asyncio.Protocol):
         state.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
-        ingress, transport = self._ingress, self._transport
-        if ingress is None or transport is None:
-            return  # refused or shed; the transport is closing
-        try:
-            more = ingress.receive_data(data)
-        except Exception:
-            # A bug of ours must cost this one connection, never the server.
-            log.exception("event=internal_error where=data_received")
-            ingress.fail_internal()
-            transport.close()
-            return
-        self._answered(ingress, more)
+        ingress = self._ingress
+        if ingress is not None:
+            self._step(ingress, False, ingress.receive_data, data)
 
     def _next_slice(self) -> None:
         """A later turn of the loop: the core answers the next slice of frames it held back."""
         ingress, transport = self._ingress, self._transport
-        if ingress is None or transport is None or transport.is_closing():
-            return
+        if ingress is not None and transport is not None and not transport.is_closing():
+            self._step(ingress, True, ingress.resume)
+
+    def _step(self, ingress: ClientCore, chained: bool, step: Callable[..., bool], *args: bytes) -> None:
+        """Run one step of the core (a read, or with `chained` the next slice of one) and act on
+        what it left: frames held back for a later turn, a connection to shed, bytes it buffers."""
+        transport = self._transport
+        if transport is None:
+            return  # refused or shed; the transport is closing
         try:
-            more = ingress.resume()
+            more = step(*args)
         except Exception:
-            log.exception("event=internal_error where=next_slice")
+            # A bug of ours must cost this one connection, never the server.
+            log.exception("event=internal_error where=%s", "next_slice" if chained else "data_received")
             ingress.fail_internal()
             transport.close()
             return
-        self._answered(ingress, more)
-
-    def _answered(self, ingress: ClientCore, more: bool) -> None:
-        if more != self._slicing:  # not read while frames wait: they bound what one client holds
+        if more and (chained or not self._slicing):  # one chain of slices, one slice per turn
+            asyncio.get_running_loop().call_soon(self._next_slice)
+        if more != self._slicing:
             self._slicing = more
             self._set_reading()
-        if more:
-            asyncio.get_running_loop().call_soon(self._next_slice)
         if ingress.closing is not None:
             self.shed(ingress.closing)  # the refusal is written; close after it
             return

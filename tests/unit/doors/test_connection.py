@@ -75,6 +75,22 @@ def test_a_flood_in_one_read_is_answered_over_later_turns_and_not_read_meanwhile
     asyncio.run(scenario())
 
 
+def test_a_read_that_lands_while_frames_wait_queues_behind_them_one_slice_per_turn() -> None:
+    async def scenario() -> None:
+        protocol, transport, _ = connect(FakeUpstream(), max_inflight=1)
+        frames = [encode(generate_frame(f"r{i}", "x")) for i in range(4 * FRAMES_PER_TURN)]
+        protocol.data_received(b"".join(frames[: 2 * FRAMES_PER_TURN]))
+        protocol.data_received(b"".join(frames[2 * FRAMES_PER_TURN :]))  # (a transport may still deliver)
+        answered = [len(transport.replies())]
+        for _ in range(4):
+            await asyncio.sleep(0)
+            answered.append(len(transport.replies()))
+        assert [b - a for a, b in zip(answered, answered[1:], strict=False)] == [FRAMES_PER_TURN] * 3 + [0]
+        assert [r["id"] for r in transport.replies()] == [f"r{i}" for i in range(1, 4 * FRAMES_PER_TURN)]
+
+    asyncio.run(scenario())
+
+
 def test_eof_answers_the_frames_still_waiting_for_their_turn_first() -> None:
     async def scenario() -> None:
         protocol, transport, state = connect(FakeUpstream(), max_inflight=1)
