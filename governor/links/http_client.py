@@ -102,10 +102,6 @@ class HttpPool:
         call.send()
         return call
 
-    @property
-    def idle(self) -> int:
-        return len(self._idle)
-
     def _take_idle(self) -> HttpConnection | None:
         while self._idle:
             connection, _ = self._idle.popitem()

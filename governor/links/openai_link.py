@@ -331,19 +331,16 @@ class _Relay:
         outside whoever asked (the lifecycle's cancel, a shed connection, the drain)."""
         if self.done:
             return
-        self.done = True
-        if self.call is not None:
-            self.call.abort()
+        self._stop()
         asyncio.get_running_loop().call_soon(
             self.link._finish, self.uid, self.request, self.parts, FinishReason.CANCELLED, self._usage
         )
 
-    def _stop(self) -> bool:
+    def _stop(self) -> None:
         """Done with this response: its connection is closed unless it already ended."""
         self.done = True
         if self.call is not None:
             self.call.abort()
-        return True
 
     # -- http_client.ResponseHandler --------------------------------------------------------------
 
