@@ -92,5 +92,6 @@ def test_a_graphed_decode_step_synchronises_once(loaded_fp32: LoadedModel) -> No
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert not any(isinstance(e, FinishEvent) for e in events)
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    # torch also warns, once, that the debug mode is a prototype: count only the operations it caught.
+    syncs = [w for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     assert len(syncs) == 1, [str(w.message) for w in syncs]  # the .tolist() of the sampled tokens
