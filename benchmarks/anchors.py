@@ -665,7 +665,14 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
 
     def measure(r: int, label: str, rate: int, load: Popen | None, storm: bool) -> dict[str, Any]:
         quiet = wait_quiet() if load is None else None
-        cpu0, y0, t0, c0 = cpu_s(gov.pid), gov_stats(port)["yielded_total"], time.perf_counter(), core_times()
+        stats0 = gov_stats(port)
+        cpu0, y0, x0, t0, c0 = (
+            cpu_s(gov.pid),
+            stats0["yielded_total"],
+            stats0["executed_total"],
+            time.perf_counter(),
+            core_times(),
+        )
         jpath = d / f"iso_bench_{label}_{r}.json"
         subprocess.run(
             [
@@ -703,7 +710,8 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         busy = core_busy(c0, core_times())
         gov_cpu = cpu_s(gov.pid) - cpu0
-        yielded = gov_stats(port)["yielded_total"] - y0
+        stats1 = gov_stats(port)
+        yielded = stats1["yielded_total"] - y0
         load_res = None
         if load is not None:
             load.send_signal(signal.SIGTERM)
@@ -722,6 +730,8 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             "storm_target": rate,
             "quiet_before": quiet,
             "storm_refusals_per_s": yielded / wall,
+            # the storm's own frames admitted (its tenant's one slot, 16 tokens each): work the governor does too
+            "storm_admitted_per_s": (stats1["executed_total"] - x0 - summ["requests"]) / wall,
             "storm_client": load_res,
             "governor_cpu_share": gov_cpu / wall,
             "core_busy": busy,
@@ -737,7 +747,8 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
         }
         results["rounds"].append(row)
         print(
-            f"round {r + 1} {label:>12}: refusals {row['storm_refusals_per_s']:,.0f}/s, governor CPU"
+            f"round {r + 1} {label:>12}: refusals {row['storm_refusals_per_s']:,.0f}/s (storm admitted"
+            f" {row['storm_admitted_per_s']:,.0f}/s), governor CPU"
             f" {row['governor_cpu_share']:.0%}, cores {busy.get('cpu0', 0):.0%}/{busy.get('cpu1', 0):.0%},"
             f" admitted TTFT p50 {row['ttft_p50_ms']:.3f} / p99 {row['ttft_p99_ms']:.3f} ms (governor-side"
             f" p50 {row['server_ttft_p50_ms']} / p99 {row['server_ttft_p99_ms']}), {row['executed_rps']:,.0f}"

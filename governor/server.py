@@ -26,6 +26,7 @@ from governor.config import GovernorConfig, parse_endpoint
 from governor.config_file import reload_config
 from governor.doors.connection import ConnectionLimits, GovernorProtocol
 from governor.doors.http import HttpIngress, HttpLimits
+from governor.doors.turns import TurnQueue
 from governor.fleet.lease import FleetLease
 from governor.fleet.member import FleetMember
 from governor.latency import sample_loop_lag
@@ -345,13 +346,15 @@ class Server:
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
         limits = connection_limits(config)
+        turns = TurnQueue()  # one per loop: the frames every connection holds, a turn's worth per turn
         listener = await loop.create_server(
-            lambda: GovernorProtocol(state, limits), config.host, config.port, backlog=1024
+            lambda: GovernorProtocol(state, limits, turns), config.host, config.port, backlog=1024
         )
         stack.callback(listener.close)
         listeners = [listener]
         if config.http_port:
-            listeners.append(await self._open_front_door(state, served_models(upstream, config.served_model), limits))
+            models = served_models(upstream, config.served_model)
+            listeners.append(await self._open_front_door(state, models, limits, turns))
             stack.callback(listeners[-1].close)
         log.info(
             "event=listening host=%s port=%d http_port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
@@ -365,7 +368,9 @@ class Server:
         )
         return state, listeners
 
-    async def _open_front_door(self, state: ServerState, models: list[str], limits: ConnectionLimits) -> asyncio.Server:
+    async def _open_front_door(
+        self, state: ServerState, models: list[str], limits: ConnectionLimits, turns: TurnQueue
+    ) -> asyncio.Server:
         """The OpenAI-compatible HTTP listener: the same state, admission and connection limits as
         the NDJSON port, an HTTP core per connection."""
         config = self.config
@@ -380,7 +385,10 @@ class Server:
 
         loop = asyncio.get_running_loop()
         return await loop.create_server(
-            lambda: GovernorProtocol(state, limits, http_core, "http"), config.host, config.http_port, backlog=1024
+            lambda: GovernorProtocol(state, limits, turns, http_core, "http"),
+            config.host,
+            config.http_port,
+            backlog=1024,
         )
 
     async def _join_fleet(self, state: ServerState, stack: contextlib.AsyncExitStack) -> None:

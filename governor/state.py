@@ -41,12 +41,16 @@ class ClientCore(Protocol):
     @property
     def buffered_bytes(self) -> int: ...
 
-    def receive_data(self, data: bytes) -> bool:
-        """Answer what the read completes, or its first slice: True when more waits for `resume`."""
+    @property
+    def held_frames(self) -> int:
+        """Frames of earlier reads waiting for `resume` (the adapter stops reading meanwhile)."""
 
-    def resume(self) -> bool:
-        """Answer the next slice held back (the adapter calls it on a later turn of the loop, its
-        reading paused meanwhile): True while more waits."""
+    def receive_data(self, data: bytes) -> None:
+        """Answer what the read completes, or its first slice (the rest is held)."""
+
+    def resume(self, budget: int) -> None:
+        """Answer up to `budget` of the frames held back (on a later turn of the loop, see
+        doors/turns.py)."""
 
     def fail_internal(self) -> None: ...
 

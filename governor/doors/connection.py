@@ -20,6 +20,7 @@ from typing import cast
 
 from governor.accounting import CONNECTION_SHED, ShedReason
 from governor.doors.ndjson import Ingress
+from governor.doors.turns import FRAMES_PER_TURN, TurnQueue
 from governor.state import ClientCore, ServerState
 from govwire.errors import BufferFull, GovernorError, TooManyConnections
 
@@ -52,6 +53,7 @@ class GovernorProtocol(asyncio.Protocol):
         "_buffered",
         "_peer",
         "_make_core",
+        "_turns",
         "protocol",
         "_writing_paused",
         "_backlogged",
@@ -63,12 +65,14 @@ class GovernorProtocol(asyncio.Protocol):
         self,
         state: ServerState,
         limits: ConnectionLimits,
+        turns: TurnQueue,
         make_core: CoreFactory = ndjson_core,
         protocol: str = "ndjson",
     ) -> None:
         self._state = state
         self.limits = limits
         self._make_core = make_core
+        self._turns = turns  # shared by every connection of the loop
         self.protocol = protocol  # the front door: "ndjson" or "http"
         self._transport: asyncio.Transport | None = None
         self._ingress: ClientCore | None = None
@@ -100,30 +104,36 @@ class GovernorProtocol(asyncio.Protocol):
         if ingress is not None:
             self._step(ingress, False, ingress.receive_data, data)
 
-    def _next_slice(self) -> None:
-        """A later turn of the loop: the core answers the next slice of frames it held back."""
+    def next_slice(self, budget: int) -> tuple[int, bool]:
+        """The turn queue's call (doors/turns.py): the core answers up to `budget` frames it held."""
         ingress, transport = self._ingress, self._transport
-        if ingress is not None and transport is not None and not transport.is_closing():
-            self._step(ingress, True, ingress.resume)
+        if ingress is None or transport is None or transport.is_closing() or not self._slicing:
+            self._slicing = False
+            return 0, False
+        held = ingress.held_frames
+        self._step(ingress, True, ingress.resume, budget)
+        return held - ingress.held_frames, self._slicing
 
-    def _step(self, ingress: ClientCore, chained: bool, step: Callable[..., bool], *args: bytes) -> None:
-        """Run one step of the core (a read, or with `chained` the next slice of one) and act on
-        what it left: frames held back for a later turn, a connection to shed, bytes it buffers."""
+    def _step(self, ingress: ClientCore, chained: bool, step: Callable[..., None], *args: bytes | int) -> None:
+        """Run one step of the core (a read, or with `chained` a slice of the frames it held) and
+        act on what it left: frames held for later turns, a connection to shed, bytes it buffers."""
         transport = self._transport
         if transport is None:
             return  # refused or shed; the transport is closing
         try:
-            more = step(*args)
+            step(*args)
         except Exception:
             # A bug of ours must cost this one connection, never the server.
             log.exception("event=internal_error where=%s", "next_slice" if chained else "data_received")
             ingress.fail_internal()
             transport.close()
+            self._slicing = False
             return
-        if more and (chained or not self._slicing):  # one chain of slices, one slice per turn
-            asyncio.get_running_loop().call_soon(self._next_slice)
+        more = ingress.held_frames > 0
         if more != self._slicing:
             self._slicing = more
+            if more and not chained:  # (a chained step is already in the queue)
+                self._turns.add(self)
             self._set_reading()
         if ingress.closing is not None:
             self.shed(ingress.closing)  # the refusal is written; close after it
@@ -147,8 +157,9 @@ class GovernorProtocol(asyncio.Protocol):
         # Frames it sent before closing that still wait for their slice are answered first.
         ingress = self._ingress
         if ingress is not None:
-            while self._slicing and ingress.closing is None:
-                self._slicing = ingress.resume()
+            while ingress.held_frames and ingress.closing is None:
+                ingress.resume(FRAMES_PER_TURN)
+            self._slicing = False  # (the queue drops it at its turn)
             ingress.connection_lost()
         return None
 
@@ -265,6 +276,11 @@ class GovernorProtocol(asyncio.Protocol):
     @property
     def buffered_bytes(self) -> int:
         return self._buffered
+
+    @property
+    def held_frames(self) -> int:
+        """Frames the core holds for later turns (the turn queue's measure of its next slice)."""
+        return 0 if self._ingress is None else self._ingress.held_frames
 
     def close(self) -> None:
         if self._transport is not None:

@@ -223,11 +223,14 @@ class HttpIngress:
 
     # -- bytes in ---------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> bool:
-        """Answer what the read completes (pipelined requests beyond `max_pipelined` stop the
-        reading instead: `backlogged`); never holds a slice back."""
+    held_frames = 0
+    """Requests are never held for a later turn: pipelined requests beyond `max_pipelined` stop
+    the reading instead (`backlogged`)."""
+
+    def receive_data(self, data: bytes) -> None:
+        """Answer what the read completes."""
         if self.closing is not None or self.finished or self._broken is not None or self._last_read:
-            return False  # nothing after a request the parser gave up on, or after `connection: close`
+            return  # nothing after a request the parser gave up on, or after `connection: close`
         now = self._state.clock()
         self.last_line_at = now
         self._began = False
@@ -247,10 +250,9 @@ class HttpIngress:
                 self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
         self._advance(now)
         self.flush()
-        return False
 
-    def resume(self) -> bool:
-        return False
+    def resume(self, budget: int) -> None:
+        """Nothing is held (`held_frames`)."""
 
     # httptools callbacks (its parser calls these while feed_data runs)
 

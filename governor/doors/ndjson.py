@@ -5,9 +5,10 @@ is answered with a `yield` right here, synchronously: no task, no queue. Admitte
 integrity are checked and it moves through the lifecycle (lifecycle.py), which its link drives
 with the endpoint's answers and which ends it; this door renders what the lifecycle decided
 (`worker_token`, `send_*`). The complete lines of a read are answered in slices of at most
-`FRAMES_PER_TURN`: the first inside `receive_data`, each next one in a later turn of the event
-loop (`resume`, which the transport adapter schedules while it stops reading the connection), so a
-connection flooding frames cannot hold the loop for a whole read while other connections' frames
+`FRAMES_PER_TURN`: the first inside `receive_data`, the rest in later turns of the event loop
+(`resume`, which the connection's turn queue calls, see turns.py). A connection whose last
+`DEFER_AFTER_REFUSED` frames were all refused answers nothing inside `receive_data`: its frames all
+wait for the queue, so a storm of refusals cannot hold the loop while other connections' frames
 and the workers' tokens wait. The replies of a slice leave in one write.
 """
 
@@ -25,6 +26,7 @@ from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments import Appointment, identity_of
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, flush_pending
+from governor.doors.turns import FRAMES_PER_TURN
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
@@ -60,9 +62,9 @@ log = logging.getLogger("governor.ingress")
 
 AUTH_TIMEOUT_S = 10.0  # with auth on, a connection that has not authenticated by then is closed
 
-FRAMES_PER_TURN = 64
-"""Frames one connection has decided per turn of the event loop. At ~4 µs a refused frame, a slice
-holds the loop for ~0.25 ms; a 64 KiB read of short frames (~400) takes seven turns."""
+DEFER_AFTER_REFUSED = 16
+"""Refused frames in a row after which a connection's reads wait for the turn queue. A client that
+honours its hints is refused a few times at most before it gets in (which resets the count)."""
 
 # Read for every frame: a module global is cheaper than the enum's attribute.
 _GENERATE = Op.GENERATE
@@ -103,6 +105,7 @@ class Ingress:
         "last_line_at",
         "_opened_at",
         "_held",
+        "_refused_in_a_row",
     )
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
@@ -127,6 +130,7 @@ class Ingress:
         self._splitter = LineSplitter(first_cap)
         self._max_frame_bytes = max_frame_bytes
         self._held: list[Item] = []  # complete lines of a read, waiting for their slice (`resume`)
+        self._refused_in_a_row = 0  # generate frames refused since the last admitted one
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
         self.closing: ShedReason | None = None  # refused: answer nothing more, the adapter sheds the connection
@@ -140,27 +144,36 @@ class Ingress:
 
     # -- client side ------------------------------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> bool:
-        """Answer the read's first slice of frames; True when more wait for `resume`."""
+    @property
+    def held_frames(self) -> int:
+        """Complete lines of earlier reads waiting for their turn (`resume`)."""
+        return len(self._held)
+
+    def receive_data(self, data: bytes) -> None:
+        """Answer the read's first slice of frames; the rest, if any, wait for `resume`. A
+        connection refused `DEFER_AFTER_REFUSED` times in a row answers nothing here."""
         if self.closing:
-            return False
+            return
         if not self.authenticated:
             data = self._open(data)
         lines = self._splitter.feed(data)
-        if self._held:  # (read while a slice was still waiting: they queue behind it)
-            self._held += lines
-            return True
-        return self._answer(lines)
+        if self._held or self._refused_in_a_row >= DEFER_AFTER_REFUSED:
+            self._held += lines  # (and behind the frames still waiting)
+            if self._pending:
+                self.flush()  # the reply to an auth frame
+        else:
+            self._answer(lines, FRAMES_PER_TURN)
 
-    def resume(self) -> bool:
-        """Answer the next slice of the frames held back; True while more wait."""
+    def resume(self, budget: int) -> None:
+        """Answer the next `budget` frames held back."""
         lines, self._held = self._held, []
-        return self._answer(lines) if lines and not self.closing else False
+        if lines and not self.closing:
+            self._answer(lines, budget)
 
-    def _answer(self, lines: list[Item]) -> bool:
-        if len(lines) > FRAMES_PER_TURN:
-            self._held = lines[FRAMES_PER_TURN:]
-            lines = lines[:FRAMES_PER_TURN]
+    def _answer(self, lines: list[Item], budget: int) -> None:
+        if len(lines) > budget:
+            self._held = lines[budget:]
+            lines = lines[:budget]
         # One clock reading per slice serves every frame in it: they are decided together.
         started = perf_counter()
         now = self._state.clock()
@@ -183,7 +196,6 @@ class Ingress:
             self.flush()
         if self.closing:
             self._held = []
-        return bool(self._held)
 
     def _handle_frame(self, line: bytes, now: float) -> bytes:
         """Answer one frame."""
@@ -224,6 +236,7 @@ class Ingress:
             return self._reject(exc)
         self._decided += 1
         if type(decision) is Refusal:
+            self._refused_in_a_row += 1
             # The hot path under overload: decided and encoded here, written with this read's replies.
             self._accounting.frame_yielded(decision.reason, ask)
             appointment = decision.appointment
@@ -235,6 +248,7 @@ class Ingress:
         return self._admit(obj, rid, now, cast(Grant, decision))
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
+        self._refused_in_a_row = 0
         admitted = admit_and_dispatch(
             self._lifecycle, self, rid, grant, now, partial(checked_request, obj, self._state.limits)
         )

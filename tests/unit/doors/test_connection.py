@@ -7,7 +7,8 @@ from typing import Any
 from unittest.mock import ANY
 
 from governor.doors.connection import ConnectionLimits, GovernorProtocol
-from governor.doors.ndjson import FRAMES_PER_TURN
+from governor.doors.ndjson import DEFER_AFTER_REFUSED
+from governor.doors.turns import FRAMES_PER_TURN, TurnQueue
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.auth import TenantSecrets
@@ -18,8 +19,10 @@ from tests.fakes import FakeTransport, FakeUpstream, make_state
 LIMITS = ConnectionLimits(max_frame_bytes=4096)
 
 
-def attach(state: ServerState, limits: ConnectionLimits = LIMITS) -> tuple[GovernorProtocol, FakeTransport]:
-    protocol = GovernorProtocol(state, limits)
+def attach(
+    state: ServerState, limits: ConnectionLimits = LIMITS, turns: TurnQueue | None = None
+) -> tuple[GovernorProtocol, FakeTransport]:
+    protocol = GovernorProtocol(state, limits, TurnQueue() if turns is None else turns)
     transport = FakeTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
     return protocol, transport
@@ -87,6 +90,50 @@ def test_a_read_that_lands_while_frames_wait_queues_behind_them_one_slice_per_tu
             answered.append(len(transport.replies()))
         assert [b - a for a, b in zip(answered, answered[1:], strict=False)] == [FRAMES_PER_TURN] * 3 + [0]
         assert [r["id"] for r in transport.replies()] == [f"r{i}" for i in range(1, 4 * FRAMES_PER_TURN)]
+
+    asyncio.run(scenario())
+
+
+def test_frames_held_by_many_connections_are_answered_a_turns_worth_per_turn_in_all() -> None:
+    """Four connections each hold a read's worth of frames: the queue answers FRAMES_PER_TURN a
+    turn over all of them, each connection's in order, and reads them again once done."""
+
+    async def scenario() -> None:
+        state, turns = make_state(max_inflight=1, upstream=FakeUpstream()), TurnQueue()
+        clients = [attach(state, turns=turns) for _ in range(4)]
+        for c, (protocol, _) in enumerate(clients):
+            read = [encode(generate_frame(f"c{c}r{i}", "x")) for i in range(FRAMES_PER_TURN + 40)]
+            protocol.data_received(b"".join(read))  # its first slice is answered inside the read
+
+        def answered() -> int:
+            return sum(len(t.replies()) for _, t in clients)
+
+        counts = [answered()]
+        while len(turns):
+            await asyncio.sleep(0)
+            counts.append(answered())
+        steps = [b - a for a, b in zip(counts, counts[1:], strict=False)]
+        assert all(0 < s <= FRAMES_PER_TURN for s in steps) and len(steps) >= 4 * 40 / FRAMES_PER_TURN
+        assert counts[-1] == 4 * (FRAMES_PER_TURN + 40) - 1
+        for _, transport in clients:
+            ids = [r["id"] for r in transport.replies()]
+            assert ids == sorted(ids, key=lambda i: int(i.split("r")[1])) and transport.reading
+        assert state.accounting.unbalanced_by(1) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_refused_again_and_again_is_answered_in_the_queue_not_in_its_read() -> None:
+    async def scenario() -> None:
+        turns = TurnQueue()
+        protocol, transport = attach(make_state(max_inflight=1, upstream=FakeUpstream()), turns=turns)
+        protocol.data_received(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(DEFER_AFTER_REFUSED + 1)))
+        assert len(transport.replies()) == DEFER_AFTER_REFUSED and transport.reading
+        protocol.data_received(encode(generate_frame("storm", "x")))
+        assert len(transport.replies()) == DEFER_AFTER_REFUSED and not transport.reading and len(turns) == 1
+        await asyncio.sleep(0)
+        assert transport.replies()[-1] == {"id": "storm", "status": "yield", "retry_hint_ms": ANY, "reason": ANY}
+        assert transport.reading and not len(turns)
 
     asyncio.run(scenario())
 

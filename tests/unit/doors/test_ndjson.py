@@ -11,7 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from governor.accounting import Outcome
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
-from governor.doors.ndjson import FRAMES_PER_TURN, Ingress
+from governor.doors.ndjson import DEFER_AFTER_REFUSED, Ingress
+from governor.doors.turns import FRAMES_PER_TURN
 from governor.lifecycle import LifecycleError, Phase
 from govwire.codec import encode, encode_token, generate_frame
 from govwire.request import IntegrityMode
@@ -41,15 +42,42 @@ def test_a_read_of_many_frames_is_answered_in_slices_in_order() -> None:
     state = make_state(max_inflight=1)
     ingress, writes = make_ingress(state)
     n = 3 * FRAMES_PER_TURN + 5
-    assert ingress.receive_data(b"".join(frame(f"r{i}") for i in range(n))) is True
+    ingress.receive_data(b"".join(frame(f"r{i}") for i in range(n)))
     assert len(replies(writes)) == FRAMES_PER_TURN - 1  # the first was admitted: its reply comes later
-    slices, more = 1, True
-    while more:
-        more = ingress.resume()
+    assert ingress.held_frames == n - FRAMES_PER_TURN
+    slices = 1
+    while ingress.held_frames:
+        ingress.resume(FRAMES_PER_TURN)
         slices += 1
-    assert slices == 4 and not ingress.resume() and len(writes.chunks) == 4
+    assert slices == 4 and len(writes.chunks) == 4
     assert [r["id"] for r in replies(writes)] == [f"r{i}" for i in range(1, n)]
     assert state.accounting.received == n and state.accounting.unbalanced_by(1) == 0
+
+
+def test_a_connection_refused_again_and_again_waits_for_its_turn_until_one_frame_gets_in() -> None:
+    """After DEFER_AFTER_REFUSED refusals in a row a read is only held (the turn queue answers it
+    later); an admitted frame makes the connection's reads answered at once again."""
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, upstream=upstream)
+    holder, _ = make_ingress(state)
+    holder.receive_data(frame("held"))
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(b"".join(frame(f"r{i}") for i in range(DEFER_AFTER_REFUSED)))
+    assert len(replies(writes)) == DEFER_AFTER_REFUSED and ingress.held_frames == 0
+    ingress.receive_data(frame("late"))
+    assert len(replies(writes)) == DEFER_AFTER_REFUSED and ingress.held_frames == 1
+    ingress.receive_data(frame("later"))  # behind it
+    ingress.resume(1)
+    assert replies(writes)[-1]["id"] == "late" and ingress.held_frames == 1
+    ingress.resume(FRAMES_PER_TURN)
+    upstream.worker_sends(done_frame("1", "x", "eos"))  # the held slot frees
+    ingress.receive_data(frame("late"))  # retried: still held first, then admitted at its turn
+    assert ingress.held_frames == 1 and "late" not in ingress.active
+    ingress.resume(FRAMES_PER_TURN)
+    assert ingress.held_frames == 0 and "late" in ingress.active
+    ingress.receive_data(frame("now"))  # admitted once: answered inside the read again
+    assert replies(writes)[-1]["id"] == "now" and replies(writes)[-1]["status"] == "yield"
+    assert state.accounting.unbalanced_by(1) == 0
 
 
 def test_replies_for_one_read_leave_in_one_write() -> None:
