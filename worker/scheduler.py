@@ -5,7 +5,10 @@ decoding, plus prompt chunks of sequences that are prefilling. Prefill and decod
 forward (the weights are read once for both, and on CPU a larger matrix multiply is more
 efficient), while `max_prefill_tokens` caps the prompt tokens per step so that a long prompt
 delays the running sequences' next token by a bounded amount: a longer prompt is split into
-chunks over several steps. Sequences join at any step boundary and leave the moment they finish.
+chunks over several steps (Sarathi-Serve's stall-free batching). New prompts take the budget before
+prompts already under way, which keep at least half of it: a short request arriving during a long
+prompt's prefill starts at the next step, and the long prompt still advances every step. Sequences
+join at any step boundary and leave the moment they finish.
 
 Three knobs shape a step, after the token budget:
 - `max_batch_size` is the decode batch: most decoding sequences per step (a sequence whose
@@ -120,7 +123,8 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self, now: float) -> list[Chunk]:
-        """The next step's chunks: decodes first, then prompt chunks up to the prefill budget."""
+        """The next step's chunks: decodes first, then prompt chunks up to the prefill budget (new
+        prompts before those under way, which keep half of it)."""
         config = self.config
         self._steps += 1
         decoding = [seq for seq in self.running if not seq.is_prefilling]
@@ -143,10 +147,14 @@ class Scheduler:
             for seq in chosen
             if seq.status is SequenceStatus.RUNNING
         ]
+        # The prompt budget: new prompts first, so a short request that arrives while a long
+        # prompt is being prefilled starts at the next step instead of after the long one's last
+        # chunk; but prompts already under way keep at least half of it, so a stream of new ones
+        # cannot starve them.
         budget = config.max_prefill_tokens
-        for seq in self.running:
-            if budget and seq.is_prefilling:
-                budget -= self._add_prefill_chunk(chunks, seq, budget)
+        underway = [seq for seq in self.running if seq.is_prefilling]
+        kept = min(budget // 2, sum(seq.num_tokens - seq.num_computed for seq in underway))
+        budget -= kept
         admitted = 0
         waiting = self.waiting
         while (
@@ -168,6 +176,10 @@ class Scheduler:
             self.running.append(seq)
             admitted += 1
             budget -= self._add_prefill_chunk(chunks, seq, budget)
+        budget += kept
+        for seq in underway:
+            if budget:
+                budget -= self._add_prefill_chunk(chunks, seq, budget)
         for chunk in chunks:
             chunk.seq.last_step = self._steps
         return chunks

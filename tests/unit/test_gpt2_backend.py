@@ -11,8 +11,9 @@ import pytest
 
 from govwire.errors import GovernorError
 from govwire.messages import Completion
+from govwire.options import ConfigError
 from govwire.request import GenerateRequest
-from worker.backends.gpt2 import GPT2Backend
+from worker.backends.gpt2 import PREFILL_TOKENS, GPT2Backend
 from worker.config import WorkerConfig
 from worker.loading import ModelLoadError
 from worker.tokenizer import HFTokenizer, Tokenizer
@@ -274,3 +275,19 @@ def test_the_tokenizer_thread_runs_at_the_configured_niceness(tiny_gpt2_dir: Pat
         await backend.close()
 
     asyncio.run(scenario())
+
+
+def test_the_prompt_budget_defaults_to_the_devices_and_an_explicit_one_is_kept(tiny_gpt2_dir: Path) -> None:
+    async def budget(**fields: int) -> int:
+        backend = GPT2Backend(WorkerConfig(model=str(tiny_gpt2_dir), device="cpu", kv_cache_tokens=1024, **fields))
+        await backend.start()
+        try:
+            assert backend._engine is not None
+            return backend._engine.scheduler.config.max_prefill_tokens
+        finally:
+            await backend.close()
+
+    assert asyncio.run(budget()) == PREFILL_TOKENS["cpu"] == 64
+    assert asyncio.run(budget(max_prefill_tokens=300)) == 300
+    with pytest.raises(ConfigError, match="max-prefill-tokens"):
+        WorkerConfig(max_prefill_tokens=-1)

@@ -48,6 +48,31 @@ def test_a_long_prompt_is_chunked_while_running_sequences_keep_decoding() -> Non
     assert long.output_ids == [1] and not long.is_prefilling
 
 
+def test_a_short_prompt_arriving_during_a_long_prefill_starts_at_the_next_step() -> None:
+    """New prompts take the prompt budget first; the prompt under way keeps at least half of it,
+    so a stream of short prompts slows a long one down but never stops it."""
+    s = Scheduler(SchedulerConfig(max_batch_size=8, max_prefill_tokens=16, kv_cache_tokens=4000))
+    long = seq(100, name="long")
+    s.add(long)
+    run(s, s.schedule(0.0))
+    assert long.num_computed == 16
+    progress = []
+    for i in range(4):
+        s.add(seq(6, name=f"short{i}"))
+        chunks = s.schedule(0.0)
+        by_name = {c.seq.request_id: (c.start, c.end) for c in chunks if c.seq.request_id in ("long", f"short{i}")}
+        progress.append(by_name)
+        run(s, chunks)
+    assert [p[f"short{i}"] for i, p in enumerate(progress)] == [(0, 6)] * 4  # each whole, at once
+    assert [p["long"][1] - p["long"][0] for p in progress] == [10] * 4  # the rest of the budget
+    flood = [seq(16, name=f"big{i}") for i in range(3)]  # new prompts that would take it all
+    for f in flood:
+        s.add(f)
+    before = long.num_computed
+    run(s, s.schedule(0.0))
+    assert long.num_computed - before == 8  # half the budget, kept
+
+
 def test_admissions_per_step_and_batch_size_are_capped() -> None:
     s = Scheduler(SchedulerConfig(max_batch_size=3, prefill_max_batch_size=2, max_prefill_tokens=100))
     for i in range(5):

@@ -48,6 +48,13 @@ from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 from worker.tokenizer import Tokenizer
 
+PREFILL_TOKENS = {"cuda": 2048, "cpu": 64}
+"""The prompt tokens of a step under `--max-prefill-tokens 0`. On the CPU a prompt token costs ~0.6 ms
+(GPT-2 small, 2 threads), so a 64-token chunk adds ~40 ms to a step: running streams slow down
+while a long prompt goes through in chunks instead of stopping for all of it at once (2048 stalled
+them ~0.55 s per 896-token prompt, docs/BENCHMARKS.md 5). On a GPU a 2,048-token chunk takes a
+few milliseconds."""
+
 log = logging.getLogger("worker.gpt2")
 
 
@@ -148,7 +155,7 @@ class GPT2Backend:
         scheduling = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
-            max_prefill_tokens=config.max_prefill_tokens,
+            max_prefill_tokens=config.max_prefill_tokens or PREFILL_TOKENS[device.type],
             kv_cache_tokens=config.kv_cache_tokens,
             max_running=config.max_running,
             kv_block_size=config.kv_block_size,
