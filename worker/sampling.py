@@ -33,6 +33,10 @@ class SampledRows:
 
 def sample(logits: Tensor, sampled: SampledRows | None) -> Tensor:
     """One token id per row of `logits` [n, V], as a device tensor [n] (int64)."""
+    if logits.device.type == "cpu" and logits.dtype != torch.float32:
+        # torch's CPU argmax has no vectorised 16-bit path: over [32, 50257] bfloat16 logits it
+        # took 2.6 ms, 10% of a decode step; widening first (exact) and taking it in float32, 0.5.
+        logits = logits.float()
     tokens = logits.argmax(dim=-1)
     if sampled is None:
         return tokens

@@ -80,3 +80,15 @@ def test_a_vanishing_temperature_samples_the_argmax_instead_of_failing() -> None
     # Dividing raw logits by 1e-300 overflows to inf; inf - inf is NaN, which no draw survives.
     logits = torch.tensor([[1.0, 3.0, 2.0]])
     assert set(draw(logits, 20, temperature=1e-300)) == {1}
+
+
+def test_greedy_over_16_bit_logits_is_the_argmax_of_their_exact_float32_values() -> None:
+    """On the CPU 16-bit logits are widened before the argmax (torch's 16-bit argmax is slow
+    there): the widening is exact, so the tokens are the 16-bit argmax, ties to the first index."""
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.bfloat16, torch.float16):
+        logits = torch.randn(8, 1000, generator=g).to(dtype)
+        logits[3, 10] = logits[3, 20] = logits[3].max() + 1  # a tie: the first index wins
+        tokens = sample(logits, None)
+        assert tokens.tolist() == logits.float().argmax(dim=-1).tolist()
+        assert tokens[3].item() == 10 and tokens.dtype == torch.int64
