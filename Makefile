@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-experiments \
+.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
@@ -95,6 +95,9 @@ bench-tokenize: $(STAMP)  ## inter-token latency of 16 streams while a 1 MiB pro
 
 bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, decode step and kernel launches
 	$(PY) -m benchmarks.gpu
+
+bench-llamacpp: $(STAMP)  ## llama.cpp's server beside the served engine (builds llama-server once, ~6 min)
+	$(PY) -m benchmarks.llamacpp
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
