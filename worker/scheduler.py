@@ -153,7 +153,7 @@ class Scheduler:
         # cannot starve them.
         budget = config.max_prefill_tokens
         underway = [seq for seq in self.running if seq.is_prefilling]
-        kept = min(budget // 2, sum(seq.num_tokens - seq.num_computed for seq in underway))
+        kept = min(max(1, budget // 2), sum(seq.num_tokens - seq.num_computed for seq in underway))
         budget -= kept
         admitted = 0
         waiting = self.waiting

@@ -15,8 +15,11 @@ connection's read ran in the same turn.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from typing import Protocol
+
+log = logging.getLogger("governor.protocol")
 
 FRAMES_PER_TURN = 64
 """Frames decided per turn of the event loop, by one connection's read and by the queue. At ~4 µs
@@ -31,6 +34,8 @@ class Sliced(Protocol):
 
     def next_slice(self, budget: int) -> tuple[int, bool]:
         """Answer up to `budget` held frames: how many it answered, and whether more are held."""
+
+    def close(self) -> None: ...
 
 
 class TurnQueue:
@@ -56,16 +61,25 @@ class TurnQueue:
     def _turn(self) -> None:
         waiting = self._waiting
         budget = FRAMES_PER_TURN
-        for _ in range(len(waiting)):  # each at most once a turn
-            connection = waiting[0]
-            if budget < min(connection.held_frames, FRAMES_PER_TURN):
-                break  # its slice goes whole, first in the next turn: one write for it, not two
-            waiting.popleft()
-            answered, more = connection.next_slice(budget)
-            budget -= answered
-            if more:
-                waiting.append(connection)
-        if waiting and self._loop is not None:
-            self._loop.call_soon(self._turn)
-        else:
-            self._loop = None
+        try:
+            for _ in range(len(waiting)):  # each at most once a turn
+                connection = waiting[0]
+                if budget < min(connection.held_frames, FRAMES_PER_TURN):
+                    break  # its slice goes whole, first in the next turn: one write for it, not two
+                waiting.popleft()
+                try:
+                    answered, more = connection.next_slice(budget)
+                except Exception:
+                    # A bug of ours costs that connection (closed, out of the queue), never the
+                    # other connections' turns.
+                    log.exception("event=internal_error where=turn_queue")
+                    connection.close()
+                    continue
+                budget -= answered
+                if more:
+                    waiting.append(connection)
+        finally:
+            if waiting and self._loop is not None:
+                self._loop.call_soon(self._turn)
+            else:
+                self._loop = None

@@ -282,3 +282,28 @@ def test_an_auth_frame_needs_no_id_even_after_the_connection_is_open() -> None:
     protocol.data_received(b'{"op":"auth","token":"whatever"}\n{"id":"x","op":"auth"}\n')
     assert transport.replies() == [{"id": None, "status": "authenticated"}, {"id": "x", "status": "authenticated"}]
     assert state.accounting.received == 0
+
+
+def test_a_connection_that_fails_in_its_turn_is_closed_and_the_others_keep_their_turns() -> None:
+    class Broken:
+        held_frames = 5
+        closed = False
+
+        def next_slice(self, budget: int) -> tuple[int, bool]:
+            raise RuntimeError("a bug")
+
+        def close(self) -> None:
+            self.closed = True
+
+    async def scenario() -> None:
+        state, turns = make_state(max_inflight=1, upstream=FakeUpstream()), TurnQueue()
+        broken = Broken()
+        turns.add(broken)
+        protocol, transport = attach(state, turns=turns)
+        protocol.data_received(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(FRAMES_PER_TURN + 5)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert broken.closed and not len(turns)
+        assert len(transport.replies()) == FRAMES_PER_TURN + 4 and transport.reading
+
+    asyncio.run(scenario())
