@@ -28,6 +28,8 @@ MAX_DECLARED_TOKENS = 2**31 - 1  # a declared prompt_tokens is a claim: bounded,
 MAX_DEADLINE_MS = 86_400_000  # a day: a longer wait for a first token is no deadline
 _is_hex64 = re.compile(r"[0-9a-f]{64}").fullmatch
 MAX_TENANT_CHARS = 64
+MAX_MESSAGES = 1024
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 is_tenant_name = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_TENANT_CHARS}}}").fullmatch
 """A tenant's name: it is a metric label and a log field, so a plain bounded word."""
 _PRIORITIES = frozenset(p.value for p in Priority)
@@ -75,11 +77,34 @@ def frame_op(obj: Any) -> Op:
     raise UnknownOp(f"unknown op {op[:64]!r}; expected one of {_OP_NAMES}", rid)
 
 
+def chat_messages(raw: Any, rid: str | None) -> list[dict[str, str]]:
+    """A chat's `messages`, checked and with text parts joined: [{role, content}], content a str.
+    Text only: a list of parts must be all text (no images, no tool calls)."""
+    if type(raw) is not list or not 0 < len(raw) <= MAX_MESSAGES:
+        raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", rid)
+    messages: list[dict[str, str]] = []
+    for i, message in enumerate(raw):
+        role = message.get("role") if type(message) is dict else None
+        if type(role) is not str or role not in CHAT_ROLES or set(message) - {"role", "content", "name"}:
+            raise BadFrame(f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", rid)
+        content = message.get("content")
+        if type(content) is list and all(type(p) is dict and p.get("type") == "text" for p in content):
+            content = "".join(str(p.get("text", "")) for p in content)
+        if type(content) is not str:
+            raise BadFrame(f"messages[{i}].content must be text", rid)
+        messages.append({"role": role, "content": content})
+    return messages
+
+
 def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
-    """Type and range checks of a generate frame's fields. Raises `BadFrame` naming the field."""
+    """Type and range checks of a generate frame's fields. Raises `BadFrame` naming the field.
+    A chat's `messages` are left normalised in `obj` (see `chat_messages`)."""
     rid = obj["id"]
     if type(obj.get("prompt")) is not str:
         raise BadFrame("prompt must be a string", rid)
+    v = obj.get("messages")
+    if v is not None:
+        obj["messages"] = chat_messages(v, rid)
     n = obj.get("max_new_tokens")
     if n is not None and not (is_int(n) and 1 <= n <= limits.max_new_tokens):
         raise BadFrame(f"max_new_tokens must be an integer in [1, {limits.max_new_tokens}]", rid)
@@ -172,8 +197,8 @@ class GenerateRequest:
     stop_on_eos: bool = True
     stream: bool = True
     ack: bool = False  # answer `accepted` once admitted; a client-side option, not forwarded
-    # A chat request from the HTTP front door (its `prompt` is then the messages' text, for the
-    # cost estimate): only an OpenAI-compatible endpoint can take it. Never read from a frame.
+    # A chat: what the model is given, rendered by the worker's chat template (an OpenAI-compatible
+    # endpoint gets them as they are); `prompt` is then the messages' text, for the cost estimate.
     messages: list[dict[str, str]] | None = None
 
     @classmethod
@@ -191,10 +216,11 @@ class GenerateRequest:
             stop_on_eos=_field(obj, "stop_on_eos", True),
             ack=_field(obj, "ack", False),
             stream=_field(obj, "stream", True),
+            messages=obj.get("messages"),
         )
 
     def to_frame(self) -> dict[str, Any]:
-        return {
+        frame = {
             "id": self.id,
             "op": Op.GENERATE.value,
             "prompt": self.prompt,
@@ -206,3 +232,6 @@ class GenerateRequest:
             "stop_on_eos": self.stop_on_eos,
             "stream": self.stream,
         }
+        if self.messages is not None:
+            frame["messages"] = self.messages
+        return frame

@@ -6,11 +6,22 @@ import copy
 from typing import Any, Protocol
 
 
+def default_chat_prompt(messages: list[dict[str, str]]) -> str:
+    """The prompt a chat becomes for a model whose tokenizer has no chat template (GPT-2 has
+    none): one line per message, `Role: content`, then `Assistant:` for the model to go on from."""
+    lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "Assistant:"])
+
+
 class Tokenizer(Protocol):
     eos_token_id: int
     vocab_size: int  # ids it can produce: 0 .. vocab_size - 1
 
     def encode(self, text: str) -> list[int]: ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """A chat's messages as the prompt text this model expects."""
+        ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -34,6 +45,9 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        return default_chat_prompt(messages)
+
     def decode(self, ids: list[int]) -> str:
         eos = self.eos_token_id
         return bytes(i & 0xFF for i in ids if i != eos).decode("utf-8", errors="replace")
@@ -54,6 +68,14 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """By the checkpoint's own chat template when it has one (`tokenizer_config.json`'s
+        `chat_template`), as transformers and vLLM do; else `default_chat_prompt`."""
+        if getattr(self._tokenizer, "chat_template", None):
+            text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return str(text)
+        return default_chat_prompt(messages)
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False))

@@ -99,8 +99,7 @@ _YIELD_HEAD = (
     b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
 )
 _YIELD_BODY = (
-    b'{"error":{"message":"yielded (%s): retry in %d ms","type":"%s","param":null,'
-    b'"code":"%s","reason":"%s","retry_hint_ms":%d}}'
+    b'{"error":{"message":"yielded: %s","type":"%s","param":null,"code":"%s","reason":"%s","retry_hint_ms":%d}}'
 )
 
 
@@ -398,8 +397,8 @@ class HttpIngress:
         return None
 
     def _completions(self, message: _Message, now: float, chat: bool = False) -> bytes:
-        """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (which only an
-        OpenAI-compatible endpoint can take: a worker endpoint refuses it `bad_frame`)."""
+        """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (an OpenAI-compatible
+        endpoint gets the messages as they are, a worker renders them with its chat template)."""
         state = self._state
         accounting = state.accounting
         keep = message.keep_alive
@@ -516,7 +515,7 @@ class HttpIngress:
         booked appointment's ticket goes in a `retry-ticket` header (the retry sends it back)."""
         status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
         word = reason.encode()
-        body = _YIELD_BODY % (word, hint_ms, kind, word, word, hint_ms)
+        body = _YIELD_BODY % (word, kind, word, word, hint_ms)
         close = b"" if keep else b"connection: close\r\n"
         extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
         return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), extra, close) + body

@@ -18,6 +18,7 @@ import orjson
 
 from govwire.errors import BadFrame, GovernorError
 from govwire.messages import Completion
+from govwire.request import chat_messages
 from govwire.vocab import ErrorCode, FinishReason, Op
 
 DONE_EVENT = b"data: [DONE]\n\n"
@@ -103,29 +104,13 @@ _CHAT_NEUTRAL = {
     "top_logprobs": (None, 0),
 }
 _CHAT_KNOWN = (_KNOWN - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "max_completion_tokens", "top_logprobs"}
-_ROLES = frozenset({"system", "developer", "user", "assistant"})
-MAX_MESSAGES = 1024
 
 
 def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
     """A chat completions body as a generate frame, whose `prompt` is the messages' text (what the
-    cost is estimated from), and the messages themselves. Text content only: a list of parts
-    must be all text, and tool calls are refused."""
+    cost is estimated from), and the messages themselves (`govwire.request.chat_messages`)."""
     _check_fields(body, _CHAT_KNOWN, _CHAT_NEUTRAL, request_id)
-    raw = body.get("messages")
-    if type(raw) is not list or not 0 < len(raw) <= MAX_MESSAGES:
-        raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", request_id)
-    messages: list[dict[str, str]] = []
-    for i, message in enumerate(raw):
-        role = message.get("role") if type(message) is dict else None
-        if type(role) is not str or role not in _ROLES or set(message) - {"role", "content", "name"}:
-            raise BadFrame(f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", request_id)
-        content = message.get("content")
-        if type(content) is list and all(type(p) is dict and p.get("type") == "text" for p in content):
-            content = "".join(str(p.get("text", "")) for p in content)
-        if type(content) is not str:
-            raise BadFrame(f"messages[{i}].content must be text", request_id)
-        messages.append({"role": message["role"], "content": content})
+    messages = chat_messages(body.get("messages"), request_id)
     completion_like = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens", "top_logprobs")}
     completion_like["prompt"] = "\n".join(m["content"] for m in messages)
     if body.get("max_completion_tokens") is not None:

@@ -29,7 +29,7 @@ from governor.links.health import HealthPolicy
 from govwire.address import Address, open_connection
 from govwire.auth import SharedSecret
 from govwire.codec import TOKEN_FRAME_HEAD, TOKEN_FRAME_STATUS, encode, encode_cancel, encode_ping
-from govwire.errors import BadFrame, InternalError, error_from_code
+from govwire.errors import InternalError, error_from_code
 from govwire.framing import TOO_LARGE, LineSplitter
 from govwire.messages import Completion, EngineStats
 from govwire.request import GenerateRequest
@@ -146,9 +146,8 @@ class WorkerLink(asyncio.Protocol):
         return bool(self.inflight) and now - self.last_progress_at > timeout_s
 
     def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
-        """Send an admitted request under the governor's `uid`."""
-        if generate.messages is not None:
-            raise BadFrame("chat messages need an OpenAI-compatible endpoint; this one is a worker", generate.id)
+        """Send an admitted request under the governor's `uid` (a chat with its messages: the
+        worker renders them with its chat template)."""
         if not self.inflight:
             self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
         self.inflight[uid] = request

@@ -12,15 +12,18 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import orjson
 import pytest
+from transformers import AutoTokenizer
 
 from tests.integration.conftest import Governor
 from tests.integration.test_gpt2_worker import gpt2_governor
 from tests.redis_server import free_port
+from worker.tokenizer import default_chat_prompt
 
 pytestmark = pytest.mark.integration
 
@@ -80,9 +83,29 @@ def test_the_openai_sdk_streams_and_completes_through_the_gpt2_worker(
         metrics = gov.metrics()
         assert metrics[("governor_protocol_received_total", (("protocol", "http"),))] == 2
         assert ("governor_protocol_connections", (("protocol", "http"),)) in metrics
-        # Chat needs an OpenAI-compatible endpoint: a worker refuses it by name, the slot freed.
-        with pytest.raises(openai.BadRequestError, match="chat messages need an OpenAI-compatible endpoint"):
-            client.chat.completions.create(model="gpt2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        # Chat through the worker: the messages rendered by the tokenizer's chat template (GPT-2's
+        # has none: the default one), whole and streamed, admitted and counted like completions.
+        messages: list[Any] = [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]},
+        ]
+        chat = client.chat.completions.create(
+            model="gpt2", messages=messages, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+        )
+        plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The quick brown fox"}]
+        rendered = default_chat_prompt(plain)
+        prompt_tokens = len(AutoTokenizer.from_pretrained(tiny_gpt2_dir).encode(rendered, add_special_tokens=False))
+        assert chat.usage is not None and chat.usage.prompt_tokens == prompt_tokens
+        assert chat.usage.completion_tokens == 4 and chat.choices[0].message.role == "assistant"
+        pieces = client.chat.completions.create(
+            model="gpt2", messages=messages, max_tokens=4, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in pieces if c.choices) == chat.choices[0].message.content
+        with pytest.raises(openai.BadRequestError, match="messages\\[0\\] must be"):
+            client.chat.completions.create(model="gpt2", messages=[{"role": "robot", "content": "hi"}], max_tokens=2)
+        gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="settled")
+        assert gov.stats()["executed_total"] == 4
+        balanced(gov)
     # The NDJSON port serves the same pool at the same time.
     c = gov.conn()
     c.send("n", "hello", max_new_tokens=2)

@@ -6,9 +6,10 @@ from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
 from worker.loading import load_hf_model
-from worker.tokenizer import ByteTokenizer, IncrementalDetokenizer, Tokenizer
+from worker.tokenizer import ByteTokenizer, HFTokenizer, IncrementalDetokenizer, Tokenizer, default_chat_prompt
 
 BYTES = ByteTokenizer(vocab_size=257, eos_token_id=256)
 
@@ -48,3 +49,17 @@ def test_a_byte_level_bpe_tokenizer_streams_unbroken(tiny_gpt2_dir: Path) -> Non
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
     assert any(p == "" for p in pieces)  # some token did end inside a character
+
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+
+
+def test_a_chat_without_a_template_gets_the_documented_default() -> None:
+    assert BYTES.render_chat(CHAT) == "System: Be brief.\nUser: Hello\nAssistant:"
+
+
+def test_a_chat_template_in_the_checkpoint_is_used(tiny_gpt2_dir: Path) -> None:
+    hf = AutoTokenizer.from_pretrained(str(tiny_gpt2_dir))
+    assert HFTokenizer(hf).render_chat(CHAT) == default_chat_prompt(CHAT)  # GPT-2 has none
+    hf.chat_template = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>"
+    assert HFTokenizer(hf).render_chat(CHAT) == "<|system|>Be brief.<|user|>Hello<|assistant|>"

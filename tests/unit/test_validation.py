@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 import orjson
@@ -151,3 +152,32 @@ def test_every_error_code_has_its_error_class_and_comes_back_typed() -> None:
     assert set(ERRORS_BY_CODE) == {code.value for code in ErrorCode}
     for code, cls in ERRORS_BY_CODE.items():
         assert type(error_from_code(code, "m")) is cls and cls.code == code
+
+
+def test_a_chats_messages_are_checked_normalised_and_forwarded() -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+    ]
+    frame = good(messages=messages)
+    validate_frame(frame, LIMITS)
+    request = GenerateRequest.from_frame(frame, LIMITS)
+    assert request.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert request.to_frame()["messages"] == request.messages
+    assert "messages" not in GenerateRequest.from_frame(good(), LIMITS).to_frame()
+
+
+@pytest.mark.parametrize(
+    ("messages", "names"),
+    [
+        ([], "messages must be a list"),
+        ("hi", "messages must be a list"),
+        ([{"role": "robot", "content": "x"}], "messages[0] must be"),
+        ([{"role": "user", "content": "x", "extra": 1}], "messages[0] must be"),
+        ([{"role": "user", "content": "x"}, {"role": "user", "content": 3}], "messages[1].content must be text"),
+        ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages[0].content must be text"),
+    ],
+)
+def test_bad_messages_are_a_bad_frame_naming_the_field(messages: Any, names: str) -> None:
+    with pytest.raises(BadFrame, match=re.escape(names)):
+        validate_frame(good(messages=messages), LIMITS)

@@ -231,7 +231,9 @@ class GPT2Backend:
                 self._post(_Tokenized(item, None))
                 continue
             try:
-                self._post(_Tokenized(item, tokenizer.encode(item.request.prompt)))
+                request = item.request
+                text = request.prompt if request.messages is None else tokenizer.render_chat(request.messages)
+                self._post(_Tokenized(item, tokenizer.encode(text)))
             except Exception as exc:  # that request fails, nothing else
                 log.exception("event=tokenize_failed")
                 self._post(_Tokenized(item, None, exc))

@@ -102,6 +102,8 @@ def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
     assert refused.headers["retry-after-ms"] == "1500" and refused.headers["retry-after"] == "2"
     error = orjson.loads(refused.body)["error"]
     assert error["code"] == "inflight" and error["retry_hint_ms"] == 1500 and error["type"] == "rate_limit_error"
+    # One message per reason (load generators group errors by it); the wait is in the fields.
+    assert error["message"] == "yielded: inflight"
     assert state.accounting.yielded["inflight"] == 1 and balanced(state)
 
 
@@ -242,7 +244,7 @@ def test_a_request_rerouted_to_an_endpoint_that_cannot_take_it_still_gets_its_an
     class RefusingSecond(FakeUpstream):
         def dispatch(self, request: Any, generate: Any) -> None:
             if self.dispatched:
-                raise BadFrame("chat messages need an OpenAI-compatible endpoint", request.client_id)
+                raise BadFrame("this endpoint cannot take the request", request.client_id)
             super().dispatch(request, generate)
 
     clock = FakeClock()
