@@ -11,6 +11,8 @@ DECISION_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 1e-3, 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # The event loop's lag: how late a timer runs, from a fraction of a millisecond to a stalled second.
 LAG_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 1.0)
+# The hints handed out with yields: from a millisecond to the 10-s default clamp and beyond.
+HINT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LAG_SAMPLE_S = 0.05
 """How often the loop's lag is sampled (`sample_loop_lag`)."""
 
@@ -46,7 +48,14 @@ class Histogram:
 
 
 class LatencyMetrics:
-    __slots__ = ("admission_decision", "queue_wait", "time_to_first_token", "request_duration", "event_loop_lag")
+    __slots__ = (
+        "admission_decision",
+        "queue_wait",
+        "time_to_first_token",
+        "request_duration",
+        "event_loop_lag",
+        "retry_hints",
+    )
 
     def __init__(self) -> None:
         self.admission_decision = Histogram(DECISION_BUCKETS)
@@ -54,6 +63,14 @@ class LatencyMetrics:
         self.time_to_first_token = Histogram(LATENCY_BUCKETS)
         self.request_duration = Histogram(LATENCY_BUCKETS)
         self.event_loop_lag = Histogram(LAG_BUCKETS)
+        self.retry_hints: dict[str, Histogram] = {}  # by yield reason, as they are first handed out
+
+    def retry_hint(self, reason: str, hint_ms: int) -> None:
+        """A yield went out with this hint."""
+        histogram = self.retry_hints.get(reason)
+        if histogram is None:
+            histogram = self.retry_hints[reason] = Histogram(HINT_BUCKETS)
+        histogram.observe(hint_ms / 1000)
 
 
 async def sample_loop_lag(lag: Histogram, clock: Callable[[], float], interval_s: float = LAG_SAMPLE_S) -> None:

@@ -315,6 +315,7 @@ class Lifecycle:
         if self.reroute(request):
             return
         self.settle(request, _YIELDED, _ENDPOINT_BUSY)
+        self._latency.retry_hint(_ENDPOINT_BUSY, retry_hint_ms)
         request.owner.send_yield(request, retry_hint_ms, _ENDPOINT_BUSY)
 
     def evict(self, grant: Grant) -> Answer:
@@ -328,6 +329,7 @@ class Lifecycle:
         self.settle(request, _YIELDED, _PREEMPTED)
 
         def answer(retry_hint_ms: int, appointment: Appointment | None) -> None:
+            self._latency.retry_hint(_PREEMPTED, retry_hint_ms)
             self._timers.call_later(0.0, self._answer_preempted, request, retry_hint_ms, appointment)
 
         return answer

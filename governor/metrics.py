@@ -19,13 +19,15 @@ from governor.admission.appointments import OUTCOMES
 from governor.admission.tally import Tally
 from governor.fleet.lease import RESOURCES
 from governor.fleet.member import FleetMember
-from governor.latency import Histogram
+from governor.latency import HINT_BUCKETS, Histogram
 from governor.links.openai_link import OpenAILink
 from governor.links.upstream import Upstream
 from governor.links.worker_link import WorkerLink
 from governor.state import ServerState
 from govwire.messages import STATS_HELP
-from govwire.vocab import Priority
+from govwire.vocab import Priority, YieldReason
+
+_NO_HINTS = Histogram(HINT_BUCKETS)  # a reason that has handed out no hint yet
 
 _HISTOGRAM_HELP = {
     "admission_decision": (
@@ -451,6 +453,15 @@ class GovernorCollector(Collector):
             yield HistogramMetricFamily(
                 f"governor_{attr}_seconds", help_text, buckets=h.cumulative(), sum_value=h.total
             )
+        hints = HistogramMetricFamily(
+            "governor_retry_hint_seconds",
+            "The retry hints handed out with yields (retry_hint_ms, retry-after-ms), by the reason of the yield.",
+            labels=["reason"],
+        )
+        for reason in YieldReason:  # every series from the first scrape
+            h = s.latency.retry_hints.get(reason) or _NO_HINTS
+            hints.add_metric([reason.value], h.cumulative(), h.total)
+        yield hints
 
 
 def build_registry(state: ServerState, upstream: Upstream) -> CollectorRegistry:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import logging
 import os
@@ -15,6 +16,8 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+
+from prometheus_client.exposition import generate_latest
 
 from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission.cost import CostModel
@@ -341,8 +344,9 @@ class Server:
         stack.callback(sweeper.cancel)
         lag_sampler = asyncio.create_task(sample_loop_lag(state.latency.event_loop_lag, loop.time))
         stack.callback(lag_sampler.cancel)
+        registry = build_registry(state, upstream)  # scraped on --metrics-port and the front door's /metrics
         if config.metrics_port:
-            metrics = MetricsEndpoint(build_registry(state, upstream), upstream.not_ready)
+            metrics = MetricsEndpoint(registry, upstream.not_ready)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
         limits = connection_limits(config)
@@ -354,7 +358,8 @@ class Server:
         listeners = [listener]
         if config.http_port:
             models = served_models(upstream, config.served_model)
-            listeners.append(await self._open_front_door(state, models, limits, turns))
+            exposition = functools.partial(generate_latest, registry)
+            listeners.append(await self._open_front_door(state, models, limits, turns, exposition))
             stack.callback(listeners[-1].close)
         log.info(
             "event=listening host=%s port=%d http_port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
@@ -369,7 +374,12 @@ class Server:
         return state, listeners
 
     async def _open_front_door(
-        self, state: ServerState, models: list[str], limits: ConnectionLimits, turns: TurnQueue
+        self,
+        state: ServerState,
+        models: list[str],
+        limits: ConnectionLimits,
+        turns: TurnQueue,
+        metrics: Callable[[], bytes],
     ) -> asyncio.Server:
         """The OpenAI-compatible HTTP listener: the same state, admission and connection limits as
         the NDJSON port, an HTTP core per connection."""
@@ -381,7 +391,7 @@ class Server:
         )
 
         def http_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
-            return HttpIngress(state, write, http_limits, models, protocol.pause_reading, protocol.finish)
+            return HttpIngress(state, write, http_limits, models, protocol.pause_reading, protocol.finish, metrics)
 
         loop = asyncio.get_running_loop()
         return await loop.create_server(

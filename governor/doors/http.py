@@ -30,6 +30,7 @@ from typing import Any
 import http_sfv
 import httptools
 import orjson
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments import Appointment, identity_of
@@ -91,6 +92,7 @@ _JSON = b"application/json"
 _HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest", b"retry-ticket"})
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
+_EXPOSITION = CONTENT_TYPE_LATEST.encode()
 
 
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
@@ -184,8 +186,12 @@ class HttpIngress:
         models: list[str],
         on_backlog: Callable[[bool], None] = lambda paused: None,
         on_close: Callable[[ShedReason | None], None] = lambda reason: None,
+        metrics: Callable[[], bytes] | None = None,
     ) -> None:
         self._state = state
+        # GET /metrics: the same exposition as --metrics-port (aiperf and others scrape the API's
+        # base URL, where vLLM, TGI and SGLang serve it); no auth, as on the metrics port.
+        self._metrics = metrics
         self._limits = limits
         self._models = models
         self._on_backlog = on_backlog
@@ -373,6 +379,13 @@ class HttpIngress:
             if message.method != b"POST":
                 return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
             return self._completions(message, now, chat=True)
+        if path == b"/metrics" and self._metrics is not None:
+            if message.method != b"GET":
+                return self._plain(405, "use GET", keep, [(b"allow", b"GET")])
+            body = self._metrics()
+            return (
+                status_line(200, [(b"content-type", _EXPOSITION), (b"content-length", b"%d" % len(body))], keep) + body
+            )
         if path == b"/health":
             up = any(e.up for e in self._state.admission.pool.endpoints)
             return response(200 if up else 503, b'{"status":"%s"}' % (b"ok" if up else b"no endpoint up"), keep)
@@ -446,6 +459,7 @@ class HttpIngress:
             return self._rejected(exc, keep)
         if type(decision) is Refusal:
             accounting.frame_yielded(decision.reason, ask)
+            state.latency.retry_hint(decision.reason, decision.hint_ms)
             appointment = decision.appointment
             if appointment is None:
                 return self._yield(decision.hint_ms, decision.reason, keep)

@@ -89,6 +89,7 @@ class Ingress:
         "_ask",
         "_appointments",
         "_decisions",
+        "_hints",
         "_decided",
         "_accounting",
         "_lifecycle",
@@ -115,6 +116,7 @@ class Ingress:
         self._ask = state.costs.ask
         self._appointments = state.admission.appointments
         self._decisions = state.latency.admission_decision
+        self._hints = state.latency.retry_hint
         self._decided = 0  # generate frames decided during the current read
         self._accounting = state.accounting
         self._lifecycle = state.lifecycle
@@ -239,6 +241,7 @@ class Ingress:
             self._refused_in_a_row += 1
             # The hot path under overload: decided and encoded here, written with this read's replies.
             self._accounting.frame_yielded(decision.reason, ask)
+            self._hints(decision.reason, decision.hint_ms)
             appointment = decision.appointment
             if appointment is None:
                 return encode_yield(rid, decision.hint_ms, decision.reason)

@@ -145,6 +145,15 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
     s = gov.stats()
     assert s["yielded_by_reason"]["inflight"] >= 2  # the refused one, and at least one of the retries
     balanced(gov)
+    # The front door's own /metrics (where aiperf looks): the hints handed out, by reason.
+    scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+    (count,) = [
+        line
+        for line in scrape.text.splitlines()
+        if line.startswith('governor_retry_hint_seconds_count{reason="inflight"}')
+    ]
+    assert float(count.split()[-1]) == s["yielded_by_reason"]["inflight"]
 
 
 def raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:

@@ -18,6 +18,7 @@ from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.doors.http import HttpIngress, HttpLimits
 from governor.state import ServerState
+from govwire.auth import TenantSecrets
 from govwire.codec import encode_token
 from govwire.errors import BadFrame
 from govwire.messages import Completion
@@ -105,6 +106,20 @@ def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
     # One message per reason (load generators group errors by it); the wait is in the fields.
     assert error["message"] == "yielded: inflight"
     assert state.accounting.yielded["inflight"] == 1 and balanced(state)
+    hints = state.latency.retry_hints["inflight"]  # governor_retry_hint_seconds{reason="inflight"}
+    assert hints.count == 1 and hints.total == 1.5
+
+
+def test_metrics_are_served_on_the_front_door_without_auth() -> None:
+    state = make_state(auth=TenantSecrets.from_text("s3cret", "test"))
+    writes = FakeTransportWrites()
+    core = HttpIngress(state, writes, HttpLimits(), ["gpt2"], metrics=lambda: b"governor_up 1\n")
+    core.receive_data(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\nPOST /metrics HTTP/1.1\r\ncontent-length: 0\r\n\r\n")
+    got, refused = Responses.of(b"".join(writes.chunks))
+    assert got.status == 200 and got.body == b"governor_up 1\n" and got.headers["content-type"].startswith("text/plain")
+    assert refused.status == 405
+    no_metrics = Client(make_state()).send(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+    assert [r.status for r in no_metrics] == [404]  # a door built without an exposition has no such route
 
 
 def test_pipelined_requests_are_answered_in_order() -> None:
