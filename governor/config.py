@@ -349,13 +349,14 @@ def _secret(path: str, flag: str) -> SharedSecret | None:
 
 
 _LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float}
-TARGET_KEYS = ("model", "api_key_file")  # of an OpenAI-compatible endpoint (http:// or https://)
+TARGET_KEYS = ("model", "api_key_file", "served_as", "ignore_eos")  # of an OpenAI-compatible endpoint (http(s)://)
 
 
 def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
     """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]` -> the address and its soft
     caps. An ADDRESS that is an `http://` or `https://` URL (up to `/v1`) is an OpenAI-compatible
-    server, and takes `model=NAME` (required) and `api_key_file=PATH` too."""
+    server, and takes `model=NAME` (required), `api_key_file=PATH`, `served_as=NAME` (its name at
+    the front door) and `ignore_eos=pass|refuse` too."""
     address, *options = text.split(",")
     is_http = address.startswith(("http://", "https://"))
     values: dict[str, int | float] = {}
@@ -385,4 +386,19 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
         raise ValueError(f"{address!r} is not an http(s) URL with a host")
     if not target.get("model"):
         raise ValueError("an OpenAI-compatible endpoint needs model=NAME (the model its requests name)")
-    return OpenAITarget(address.rstrip("/"), target["model"], target.get("api_key_file", "")), limits
+    ignore_eos = target.get("ignore_eos", "pass")
+    if ignore_eos not in ("pass", "refuse"):
+        raise ValueError(f"ignore_eos={ignore_eos!r}: expected pass (send it on) or refuse (answer 400)")
+    served_as = target.get("served_as", "")
+    if "served_as" in target and not served_as:
+        raise ValueError("served_as must name the model (it is what front-door clients send)")
+    return (
+        OpenAITarget(
+            address.rstrip("/"),
+            target["model"],
+            target.get("api_key_file", ""),
+            served_as,
+            ignore_eos,  # type: ignore[arg-type]
+        ),
+        limits,
+    )

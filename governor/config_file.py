@@ -103,6 +103,8 @@ def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
                 if isinstance(address, OpenAITarget):
                     caps += f"\nmodel = {address.model!r}"
                     caps += f"\napi_key_file = {address.api_key_file!r}" if address.api_key_file else ""
+                    caps += f"\nserved_as = {address.served_as!r}" if address.served_as else ""
+                    caps += f"\nignore_eos = {address.ignore_eos!r}" if address.ignore_eos != "pass" else ""
                 endpoints.append(f"[[endpoint]]  # {source}\naddress = {str(address)!r}{caps}")
             continue
         if f.name == "tenant":

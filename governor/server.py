@@ -100,9 +100,9 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
 
 
 def served_models(upstream: Upstream, served_model: str) -> list[str]:
-    """The model names the front door serves: each OpenAI-compatible endpoint's, and
-    `--served-model` when there are worker endpoints."""
-    names = [link.target.model for link in upstream.links if isinstance(link, OpenAILink)]
+    """The model names the front door serves: each OpenAI-compatible endpoint's (its `served_as`,
+    else its `model`), and `--served-model` when there are worker endpoints."""
+    names = [link.target.served_name for link in upstream.links if isinstance(link, OpenAILink)]
     if upstream.worker_links:
         names.append(served_model)
     return list(dict.fromkeys(names))

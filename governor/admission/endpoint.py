@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.admission.ttft import TtftModel
@@ -46,6 +46,17 @@ class OpenAITarget:
     base_url: str
     model: str
     api_key_file: str = ""
+    # The name front-door clients use for it (`GET /v1/models`, a request's `model`), when the
+    # server's own is a path or an internal name: `served_as=NAME`. Requests to it carry `model`.
+    served_as: str = ""
+    # `ignore_eos` (`stop_on_eos: false`, which guidellm sends for fixed output lengths): passed
+    # on as vLLM, SGLang and llama.cpp take it, or, for a server that rejects unknown fields,
+    # refused at the door (`ignore_eos=refuse`).
+    ignore_eos: Literal["pass", "refuse"] = "pass"
+
+    @property
+    def served_name(self) -> str:
+        return self.served_as or self.model
 
     def __str__(self) -> str:
         return self.base_url

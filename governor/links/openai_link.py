@@ -124,7 +124,7 @@ class OpenAILink:
     # -- requests ---------------------------------------------------------------------------------
 
     def submit(self, uid: str, request: InflightRequest, generate: GenerateRequest) -> None:
-        path, body = completion_body(generate, self.target.model)  # BadFrame for fields it cannot take
+        path, body = completion_body(generate, self.target)  # BadFrame for fields it cannot take
         pool = self._pool
         if pool is None:
             raise BadFrame("endpoint not started", generate.id)  # only before `maintain` runs

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from governor.admission.endpoint import OpenAITarget
 from govwire.errors import BadFrame
 from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
@@ -26,16 +27,19 @@ MAX_RETRY_AFTER_S = 60.0  # an upstream's Retry-After beyond this is read as thi
 FINISH_FROM_OPENAI = {"length": FinishReason.LENGTH, "stop": FinishReason.EOS}
 
 
-def completion_body(generate: GenerateRequest, model: str) -> tuple[str, dict[str, Any]]:
+def completion_body(generate: GenerateRequest, target: OpenAITarget) -> tuple[str, dict[str, Any]]:
     """The path (`/completions`, or `/chat/completions` for a chat request) and streaming body for
     an admitted request. Always streamed, with usage, so that the first token is seen when it
-    comes and token counts come back at the end. `top_k` and `stop_on_eos=false` have no OpenAI
-    field: refused, naming the field."""
+    comes and token counts come back at the end. `top_k` has no OpenAI field: refused, naming
+    it; `stop_on_eos=false` goes as `ignore_eos: true` (vLLM's, SGLang's and llama.cpp's field)
+    unless the endpoint says `ignore_eos=refuse`."""
     if generate.top_k:
         raise BadFrame("top_k is not supported by OpenAI-compatible endpoints (send 0 or omit it)", generate.id)
+    body: dict[str, Any] = {"model": target.model}
     if not generate.stop_on_eos:
-        raise BadFrame("stop_on_eos=false is not supported by OpenAI-compatible endpoints", generate.id)
-    body: dict[str, Any] = {"model": model}
+        if target.ignore_eos == "refuse":
+            raise BadFrame("ignore_eos is not supported by this endpoint (its ignore_eos=refuse)", generate.id)
+        body["ignore_eos"] = True
     if generate.messages is None:
         body["prompt"] = generate.prompt
     else:

@@ -50,9 +50,11 @@ def relay(served: TransformersServe) -> Iterator[RequestCountingRelay]:
         counting.close()
 
 
-def governor_in_front(start_governor: Start, base_url: str, model: str, cap: int, *flags: str) -> tuple[Governor, int]:
+def governor_in_front(
+    start_governor: Start, base_url: str, model: str, cap: int, *flags: str, served_as: str = ""
+) -> tuple[Governor, int]:
     http_port = free_port()
-    endpoint = f"{base_url},model={model},concurrency={cap}"
+    endpoint = f"{base_url},model={model},concurrency={cap}" + (f",served_as={served_as}" if served_as else "")
     gov = start_governor(
         "--worker", endpoint, "--http-port", str(http_port), "--integrity", "optional",
         "--served-model", "unused", "--worker-ping-interval-s", "0.2", *flags,
@@ -63,7 +65,8 @@ def governor_in_front(start_governor: Start, base_url: str, model: str, cap: int
 def test_ndjson_and_openai_clients_get_tokens_and_the_cap_holds_at_the_server(
     start_governor: Start, served: TransformersServe, relay: RequestCountingRelay
 ) -> None:
-    gov, http_port = governor_in_front(start_governor, relay.base_url(), served.model, 2)
+    # Its model is a directory's path: front-door clients use the name `served_as` gives it.
+    gov, http_port = governor_in_front(start_governor, relay.base_url(), served.model, 2, served_as="tiny-chat")
     c = gov.conn()
     c.send("one", "Hello there", max_new_tokens=8)
     replies = c.until_final("one")
@@ -74,20 +77,20 @@ def test_ndjson_and_openai_clients_get_tokens_and_the_cap_holds_at_the_server(
     assert all(t["status"] == "token" for t in tokens)
     # The OpenAI SDK through the front door, to the same server.
     with openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="unused", max_retries=0) as client:
-        assert served.model in [m.id for m in client.models.list().data]
-        answer = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8)
+        assert [m.id for m in client.models.list().data] == ["tiny-chat"]
+        answer = client.completions.create(model="tiny-chat", prompt="Hello there", max_tokens=8)
         assert answer.usage is not None and answer.usage.completion_tokens == 8
         assert answer.choices[0].text == done["text"]  # transformers serve decodes greedily
-        streamed = client.completions.create(model=served.model, prompt="Hello there", max_tokens=8, stream=True)
+        streamed = client.completions.create(model="tiny-chat", prompt="Hello there", max_tokens=8, stream=True)
         assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == done["text"]
         # Chat, relayed as chat to the server (which applies its template), streamed and not.
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-        chat = client.chat.completions.create(model=served.model, messages=messages, max_tokens=6)  # type: ignore[arg-type]
+        chat = client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=6)  # type: ignore[arg-type]
         reply = chat.choices[0].message
         assert reply.role == "assistant" and reply.content and chat.usage is not None
         assert chat.usage.completion_tokens == 6
         pieces = client.chat.completions.create(
-            model=served.model,
+            model="tiny-chat",
             messages=messages,
             max_tokens=6,
             stream=True,  # type: ignore[arg-type]

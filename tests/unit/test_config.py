@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from governor import cli
-from governor.admission.endpoint import EndpointLimits
+from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.config import GovernorConfig, parse_endpoint
 from governor.server import is_loopback
 from govwire.address import Address, parse_address
@@ -111,8 +111,32 @@ def test_an_endpoint_carries_its_soft_caps() -> None:
     assert parse_endpoint("unix:/run/w.sock")[1] == EndpointLimits()
 
 
+def test_an_openai_endpoint_takes_a_front_door_name_and_an_ignore_eos_policy() -> None:
+    target, _ = parse_endpoint("http://127.0.0.1:8000/v1,model=/models/llama,served_as=llama,ignore_eos=refuse")
+    assert isinstance(target, OpenAITarget)
+    assert (target.model, target.served_as, target.served_name, target.ignore_eos) == (
+        "/models/llama",
+        "llama",
+        "llama",
+        "refuse",
+    )
+    plain, _ = parse_endpoint("http://127.0.0.1:8000/v1,model=m")
+    assert isinstance(plain, OpenAITarget) and plain.served_name == "m" and plain.ignore_eos == "pass"
+
+
 @pytest.mark.parametrize(
-    "spec", ["h:1,conc=3", "h:1,concurrency", "h:1,concurrency=1.5", "h:1,qps=-1", "h:1,weight=0", "nowhere"]
+    "spec",
+    [
+        "h:1,conc=3",
+        "h:1,concurrency",
+        "h:1,concurrency=1.5",
+        "h:1,qps=-1",
+        "h:1,weight=0",
+        "nowhere",
+        "h:1,served_as=x",  # a worker's name is --served-model
+        "http://h:1/v1,model=m,ignore_eos=maybe",
+        "http://h:1/v1,model=m,served_as=",
+    ],
 )
 def test_a_bad_endpoint_is_refused_naming_it(spec: str) -> None:
     with pytest.raises(ConfigError, match="--worker"):

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from governor.admission.endpoint import OpenAITarget
 from governor.doors.openai_api import chat_frame_of
 from governor.links.openai_stream import (
     MAX_RETRY_AFTER_S,
@@ -20,9 +21,12 @@ from govwire.errors import BadFrame
 from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request
 from govwire.vocab import FinishReason
 
+TARGET = OpenAITarget("http://127.0.0.1:8000/v1", "m")
+
 
 def test_an_admitted_request_becomes_a_streaming_body_with_usage() -> None:
-    path, body = completion_body(GenerateRequest("r", "hi", max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3), "m")
+    request = GenerateRequest("r", "hi", max_new_tokens=7, temperature=0.5, top_p=0.9, seed=3)
+    path, body = completion_body(request, TARGET)
     assert path == "/completions" and body == {
         "model": "m",
         "prompt": "hi",
@@ -51,17 +55,24 @@ def test_a_chat_request_goes_to_chat_completions_with_its_messages() -> None:
     assert frame["prompt"] == "Be brief.\nHi" and frame["max_new_tokens"] == 5  # what the cost is estimated from
     request = checked_request(frame, Limits(64, IntegrityMode.OFF))
     request.messages = messages
-    path, body = completion_body(request, "m")
+    path, body = completion_body(request, TARGET)
     assert path == "/chat/completions" and body["messages"][1] == {"role": "user", "content": "Hi"}
     assert "prompt" not in body and body["max_tokens"] == 5
     assert read_chunk('{"choices":[{"index":0,"delta":{"content":"yo"}}]}').text == "yo"
     assert read_chunk('{"choices":[{"index":0,"delta":{"role":"assistant"}}]}').text == ""
 
 
-@pytest.mark.parametrize(("field", "value"), [("top_k", 5), ("stop_on_eos", False)])
-def test_fields_without_an_openai_meaning_are_refused_by_name(field: str, value: object) -> None:
-    with pytest.raises(BadFrame, match=field):
-        completion_body(GenerateRequest("r", "hi", **{field: value}), "m")  # type: ignore[arg-type]
+def test_top_k_has_no_openai_meaning_and_is_refused_by_name() -> None:
+    with pytest.raises(BadFrame, match="top_k"):
+        completion_body(GenerateRequest("r", "hi", top_k=5), TARGET)
+
+
+def test_ignore_eos_is_passed_on_unless_the_endpoint_refuses_it() -> None:
+    request = GenerateRequest("r", "hi", stop_on_eos=False)
+    assert completion_body(request, TARGET)[1]["ignore_eos"] is True
+    assert "ignore_eos" not in completion_body(GenerateRequest("r", "hi"), TARGET)[1]
+    with pytest.raises(BadFrame, match="ignore_eos"):
+        completion_body(request, OpenAITarget("http://127.0.0.1:8000/v1", "m", ignore_eos="refuse"))
 
 
 def test_chunks_are_read_with_their_text_finish_and_usage() -> None:
