@@ -92,6 +92,7 @@ _JSON = b"application/json"
 _HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest", b"retry-ticket"})
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
+_GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
 _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 
 
@@ -342,7 +343,10 @@ class HttpIngress:
             accounting = self._state.accounting
             received = accounting.received
             try:
-                self._pending.append(self._route(message, now))
+                answer = self._route(message, now)
+                if message.method == b"HEAD":  # RFC 9110: the head GET would get, never a body
+                    answer = answer[: answer.find(b"\r\n\r\n") + 4]
+                self._pending.append(answer)
             except Exception:
                 log.exception("event=internal_error where=http_route")
                 accounting.frame_failed(InternalError.code)
@@ -369,8 +373,8 @@ class HttpIngress:
                 return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
             return self._completions(message, now)
         if path == b"/v1/models":
-            if message.method != b"GET":
-                return self._plain(405, "use GET", keep, [(b"allow", b"GET")])
+            if message.method not in _GET:
+                return self._plain(405, "use GET", keep, [(b"allow", b"GET, HEAD")])
             unauthorized = self._authorize(message)
             if unauthorized is not None:
                 return response(401, error_body(401, unauthorized), keep)
@@ -380,8 +384,8 @@ class HttpIngress:
                 return self._plain(405, "use POST", keep, [(b"allow", b"POST")])
             return self._completions(message, now, chat=True)
         if path == b"/metrics" and self._metrics is not None:
-            if message.method != b"GET":
-                return self._plain(405, "use GET", keep, [(b"allow", b"GET")])
+            if message.method not in _GET:
+                return self._plain(405, "use GET", keep, [(b"allow", b"GET, HEAD")])
             body = self._metrics()
             return (
                 status_line(200, [(b"content-type", _EXPOSITION), (b"content-length", b"%d" % len(body))], keep) + body

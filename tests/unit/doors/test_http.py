@@ -118,6 +118,15 @@ def test_metrics_are_served_on_the_front_door_without_auth() -> None:
     got, refused = Responses.of(b"".join(writes.chunks))
     assert got.status == 200 and got.body == b"governor_up 1\n" and got.headers["content-type"].startswith("text/plain")
     assert refused.status == 405
+    # aiperf checks it with a HEAD first: the head of the GET's answer, no body, and the
+    # connection goes on.
+    head_writes = FakeTransportWrites()
+    head = HttpIngress(state, head_writes, HttpLimits(), ["gpt2"], metrics=lambda: b"governor_up 1\n")
+    head.receive_data(b"HEAD /metrics HTTP/1.1\r\nhost: x\r\n\r\nGET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    first, _, rest = b"".join(head_writes.chunks).partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200") and b"content-length: 14" in first.lower()
+    (then,) = Responses.of(rest)  # right after the head: the next response, not the metrics' bytes
+    assert then.status in (200, 503) and then.body.startswith(b'{"status"')
     no_metrics = Client(make_state()).send(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
     assert [r.status for r in no_metrics] == [404]  # a door built without an exposition has no such route
 
