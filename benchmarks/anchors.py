@@ -55,11 +55,8 @@ PY = sys.executable
 SERVER_CORE, LOAD_CORE = "0", "1"
 MODEL = "gpt2"
 PROMPT = "Summarise the following support ticket in one sentence: my order arrived late."
-# The governor's own 429 body for an `inflight` yield (http_ingress._YIELD_BODY), with a 4-digit hint:
-BODY_429 = (
-    '{"error":{"message":"yielded (inflight): retry in 9876 ms","type":"rate_limit_error","param":null,'
-    '"code":"inflight","reason":"inflight","retry_hint_ms":9876}}'
-)
+# The governor's own 429 body for an `inflight` yield (doors/http.py _YIELD_BODY):
+BODY_429 = '{"error":{"message":"yielded: inflight","type":"rate_limit_error","param":null,"code":"inflight","reason":"inflight"}}'
 STARTED: list[Popen] = []
 
 

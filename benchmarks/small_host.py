@@ -74,7 +74,11 @@ def main() -> None:
             for share in (0.0, a.share):
                 row = measure(env, flags, share)
                 results.setdefault((name, share), []).append(row)
-                print(f"round {r + 1} {name:>24} burner {share:.1f}: ITL p50 {row[0]:.1f} / p99 {row[1]:.1f} ms, {row[2]:.1f} tok/s")
+                p50, p99, tok_s = row
+                print(
+                    f"round {r + 1} {name:>24} burner {share:.1f}:"
+                    f" ITL p50 {p50:.1f} / p99 {p99:.1f} ms, {tok_s:.1f} tok/s"
+                )
     alone = statistics.median(x[0] for x in results[("default", 0.0)])
     rows = []
     for (name, share), runs in results.items():

@@ -101,9 +101,10 @@ _YIELD_HEAD = (
     b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
     b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
 )
-_YIELD_BODY = (
-    b'{"error":{"message":"yielded: %s","type":"%s","param":null,"code":"%s","reason":"%s","retry_hint_ms":%d}}'
-)
+# The same bytes for every yield of a reason: load generators count errors by their body (aiperf
+# keys them by status, reason and body), so a number in it made a row per hint. The wait is in
+# the headers, which the OpenAI SDKs read.
+_YIELD_BODY = b'{"error":{"message":"yielded: %s","type":"%s","param":null,"code":"%s","reason":"%s"}}'
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,11 +530,12 @@ class HttpIngress:
     @staticmethod
     def _yield(hint_ms: int, reason: str, keep: bool, ticket: str | None = None) -> bytes:
         """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
-        body is `error_object(status, reason, ..., reason=reason, retry_hint_ms=hint_ms)`; a
-        booked appointment's ticket goes in a `retry-ticket` header (the retry sends it back)."""
+        body is `error_object(status, reason, ..., reason=reason)`, the hint in `retry-after-ms`
+        and `Retry-After`; a booked appointment's ticket goes in a `retry-ticket` header (the
+        retry sends it back)."""
         status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
         word = reason.encode()
-        body = _YIELD_BODY % (word, kind, word, word, hint_ms)
+        body = _YIELD_BODY % (word, kind, word, word)
         close = b"" if keep else b"connection: close\r\n"
         extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
         return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), extra, close) + body
