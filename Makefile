@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-experiments \
+.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
@@ -25,13 +25,13 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## start the governor with its GPT-2 worker (random weights); extra flags via ARGS="..."
 	$(PY) -m governor serve $(ARGS)
 
-test: $(STAMP) redis-server deploy-tools  ## the whole suite (unit + integration), as CI runs it
+test: $(STAMP) redis-server deploy-tools load-tools  ## the whole suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q
 
 test-unit: $(STAMP) deploy-tools
 	$(PY) -m pytest -q tests/unit
 
-test-integration: $(STAMP) redis-server deploy-tools
+test-integration: $(STAMP) redis-server deploy-tools load-tools
 	$(PY) -m pytest -q tests/integration
 
 # The fleet tests start a real redis-server (or valkey-server) on loopback. Where neither is on the
@@ -68,6 +68,15 @@ deploy-tools:
 		fi; \
 		rm -rf "$$d"; }
 
+# aiperf, the load generator that tests/integration/test_aiperf.py and `make bench-aiperf` drive the
+# front door with, in its own venv under .tools/ (it pins its own dependencies). Where PyPI cannot
+# be reached this says so and that test skips, naming the reason.
+AIPERF_SPEC := aiperf==0.13.0
+load-tools:
+	@test -x $(TOOLS)/aiperf/bin/aiperf || { \
+		$(PYTHON) -m venv $(TOOLS)/aiperf && $(TOOLS)/aiperf/bin/pip install --quiet '$(AIPERF_SPEC)' || { \
+			echo "load-tools: could not install $(AIPERF_SPEC), so the aiperf test will skip" >&2; rm -rf $(TOOLS)/aiperf; }; }
+
 # Both may run apt-get; under `make -j` they would contend for its lock.
 .NOTPARALLEL: redis-server deploy-tools
 
@@ -98,6 +107,9 @@ bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, deco
 
 bench-llamacpp: $(STAMP)  ## llama.cpp's server beside the served engine (builds llama-server once, ~6 min)
 	$(PY) -m benchmarks.llamacpp
+
+bench-aiperf: $(STAMP) load-tools  ## aiperf at its defaults against the front door: a light rate, then 2.5x capacity
+	$(PY) -m benchmarks.aiperf_front_door
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
