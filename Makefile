@@ -11,7 +11,7 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf load-tools bench-experiments \
+.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
 
 $(STAMP): pyproject.toml
@@ -109,7 +109,13 @@ bench-llamacpp: $(STAMP)  ## llama.cpp's server beside the served engine (builds
 	$(PY) -m benchmarks.llamacpp
 
 bench-aiperf: $(STAMP) load-tools  ## aiperf at its defaults against the front door: a light rate, then 2.5x capacity
-	$(PY) -m benchmarks.aiperf_front_door
+	$(PY) -m benchmarks.load_generators aiperf
+
+GUIDELLM_SPEC := guidellm==0.8.1
+bench-guidellm: $(STAMP)  ## guidellm at its defaults against the front door (installs it into .tools/guidellm)
+	@test -x $(TOOLS)/guidellm/bin/guidellm || { \
+		$(PYTHON) -m venv $(TOOLS)/guidellm && $(TOOLS)/guidellm/bin/pip install --quiet '$(GUIDELLM_SPEC)'; }
+	$(PY) -m benchmarks.load_generators guidellm
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
