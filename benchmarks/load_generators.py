@@ -41,15 +41,25 @@ def tool_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
 
 
-class Aiperf:
-    spec = "aiperf==0.13.0"
-    binary = TOOLS / "aiperf" / "bin" / "aiperf"
+class Tool:
+    """A load generator: where it lives, and one run of it against `url`."""
+
+    spec: str
+    binary: Path
 
     def __init__(self, url: str, model: Path, artifacts: Path) -> None:
         self.url, self.model, self.artifacts = url, model, artifacts
 
     def run(self, name: str, rate: float, requests: int) -> tuple[float, dict[str, int]]:
         """(mean request latency in s, distinct errors with their counts)."""
+        raise NotImplementedError
+
+
+class Aiperf(Tool):
+    spec = "aiperf==0.13.0"
+    binary = TOOLS / "aiperf" / "bin" / "aiperf"
+
+    def run(self, name: str, rate: float, requests: int) -> tuple[float, dict[str, int]]:
         out = self.artifacts / name
         argv = [str(self.binary), "profile", "--model", str(self.model), "--url", self.url, "--streaming"]
         argv += ["--tokenizer", str(self.model), "--output-tokens-mean", "16", "--extra-inputs", "ignore_eos:true"]
@@ -70,12 +80,9 @@ class Aiperf:
         return report["request_latency"]["avg"] / 1000, errors
 
 
-class Guidellm:
+class Guidellm(Tool):
     spec = "guidellm==0.8.1"
     binary = TOOLS / "guidellm" / "bin" / "guidellm"
-
-    def __init__(self, url: str, model: Path, artifacts: Path) -> None:
-        self.url, self.model, self.artifacts = url, model, artifacts
 
     def run(self, name: str, rate: float, requests: int) -> tuple[float, dict[str, int]]:
         report = self.artifacts / f"{name}.json"
@@ -98,7 +105,7 @@ class Guidellm:
         return latency, dict(errors)
 
 
-TOOL_CLASSES = {"aiperf": Aiperf, "guidellm": Guidellm}
+TOOL_CLASSES: dict[str, type[Tool]] = {"aiperf": Aiperf, "guidellm": Guidellm}
 
 
 def main() -> None:
