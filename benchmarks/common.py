@@ -101,6 +101,22 @@ def start_governor(
     return proc, port
 
 
+def start_front_door(
+    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
+) -> tuple[Popen, int, int]:
+    """`start_governor` with its OpenAI-compatible front door on a free port too (`--integrity
+    optional`: OpenAI clients send no digest), once that listens: (process, NDJSON port, HTTP port)."""
+    http = free_port()
+    flags = ("--http-port", str(http), "--integrity", "optional", *flags)
+    proc, port = start_governor(*flags, worker_args=worker_args, log=log, timeout=timeout)
+    try:
+        wait_for_port(http)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, port, http
+
+
 def stop(proc: Popen) -> None:
     proc.terminate()
     try:

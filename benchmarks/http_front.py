@@ -46,14 +46,12 @@ import orjson
 from benchmarks.common import (
     ROOT,
     fmt,
-    free_port,
     machine,
     markdown_table,
     out_dir,
-    start_governor,
+    start_front_door,
     stats,
     stop,
-    wait_for_port,
     wait_until,
 )
 from benchmarks.http_yield_client import completion_request
@@ -119,13 +117,10 @@ def sample_refusal(http_port: int) -> str:
 
 def refusal_path(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
     """Per round, each door's client result plus the governor's CPU µs per refusal."""
-    http_port = free_port()
-    flags = ("--max-inflight", "1", "--http-port", str(http_port), "--integrity", "optional")
     log = out_dir() / "http_front_yield.log"
-    proc, port = start_governor(*flags, worker_args=("--token-delay-ms", "1000"), log=log)
+    proc, port, http_port = start_front_door("--max-inflight", "1", worker_args=("--token-delay-ms", "1000"), log=log)
     rounds: list[dict[str, dict[str, Any]]] = []
     try:
-        wait_for_port(http_port)
         with Client("127.0.0.1", port) as client:
             for _ in range(20):  # empty prompts end at once (eos): service times get observed
                 client.generate("")
@@ -297,12 +292,9 @@ DOORS = ("ndjson", "http", "http.client")
 
 def admitted_path(args: argparse.Namespace) -> list[dict[str, tuple[float, float]]]:
     """Per round, each client's (p50, p99) latency in ms."""
-    http_port = free_port()
-    flags = ("--max-inflight", "64", "--http-port", str(http_port), "--integrity", "optional")
-    proc, port = start_governor(*flags, log=out_dir() / "http_front_admitted.log")
+    proc, port, http_port = start_front_door("--max-inflight", "64", log=out_dir() / "http_front_admitted.log")
     rounds: list[dict[str, tuple[float, float]]] = []
     try:
-        wait_for_port(http_port)
         doors: dict[str, Door] = {
             "ndjson": NdjsonDoor(port),
             "http": HttpDoor(http_port),

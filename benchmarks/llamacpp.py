@@ -38,8 +38,9 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import free_port, machine, markdown_table, out_dir, start_governor, stop, wait_for_port
+from benchmarks.common import free_port, machine, markdown_table, out_dir, start_front_door, stop
 from benchmarks.engine_vs_hf import Workload, make_workload
+from benchmarks.model_dir import ensure as ensure_model_dir
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -150,21 +151,10 @@ def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], 
 
 
 def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int]:
-    http = free_port()
     worker = ("--engine", "gpt2", "--model", str(model_dir), "--dtype", dtype, "--threads", str(threads))
     worker += ("--max-batch-size", "32", "--no-prefix-caching")
-    gov, _ = start_governor(
-        "--http-port",
-        str(http),
-        "--integrity",
-        "optional",
-        "--max-inflight",
-        "1024",
-        worker_args=worker,
-        log=out_dir() / "llamacpp" / "governor.log",
-        timeout=600,
-    )
-    wait_for_port(http)
+    log = out_dir() / "llamacpp" / "governor.log"
+    gov, _, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
     return gov, http
 
 
@@ -181,9 +171,7 @@ def main() -> None:
         return
     work = out_dir() / "llamacpp"
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = out_dir() / MODEL
-    if not model_dir.exists():
-        subprocess.run([sys.executable, "-m", "benchmarks.model_dir"], check=True)
+    model_dir = ensure_model_dir()
     source = llama_source(work)
     binary = llama_server(work, source)
     print(f"machine: {machine()}; llama.cpp from {SDIST}; {a.threads} threads each")

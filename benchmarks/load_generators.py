@@ -26,12 +26,11 @@ import collections
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from benchmarks.common import free_port, machine, out_dir, start_governor, stop, wait_for_port
+from benchmarks.common import ROOT, machine, out_dir, start_front_door, stop
+from benchmarks.model_dir import ensure as ensure_model_dir
 
-ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / ".tools"
 
 
@@ -119,15 +118,10 @@ def main() -> None:
     kind = TOOL_CLASSES[a.tool]
     if not kind.binary.exists():
         raise SystemExit(f"{a.tool} is not installed at {kind.binary}: `make bench-{a.tool}` installs {kind.spec}")
-    model = out_dir() / "gpt2-small-bpe"
-    if not model.exists():
-        subprocess.run([sys.executable, "-m", "benchmarks.model_dir"], check=True)
-    http = free_port()
-    flags = ("--http-port", str(http), "--integrity", "optional", "--max-inflight", str(a.max_inflight))
-    gov, _ = start_governor(
-        *flags, "--served-model", str(model), worker_args=("--engine", "gpt2", "--model", str(model)), timeout=300
-    )
-    wait_for_port(http)
+    model = ensure_model_dir()
+    worker = ("--engine", "gpt2", "--model", str(model))
+    flags = ("--max-inflight", str(a.max_inflight), "--served-model", str(model))
+    gov, _, http = start_front_door(*flags, worker_args=worker, timeout=300)
     print(f"machine: {machine()}; {kind.spec}; governor --max-inflight {a.max_inflight}")
     tool = kind(f"http://127.0.0.1:{http}", model, out_dir() / a.tool)
     try:

@@ -30,15 +30,14 @@ SETTINGS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
 
 
 def measure(env: dict[str, str], flags: tuple[str, ...], share: float) -> tuple[float, float, float]:
-    saved = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY",)}
-    os.environ.pop("OMP_WAIT_POLICY", None)
+    previous = os.environ.pop("OMP_WAIT_POLICY", None)
     os.environ.update(env)  # the spawned worker inherits the governor's environment
-    gov, port = start_governor("--max-inflight", "64", worker_args=("--engine", "gpt2", *flags), timeout=300)
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        gov, port = start_governor("--max-inflight", "64", worker_args=("--engine", "gpt2", *flags), timeout=300)
+    finally:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+        if previous is not None:
+            os.environ["OMP_WAIT_POLICY"] = previous
     burner = None
     if share:
         burner = subprocess.Popen([sys.executable, str(Path(__file__).with_name("burn.py")), "--share", str(share)])
