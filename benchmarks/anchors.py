@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -109,8 +110,10 @@ def wait_quiet(threshold: float = 0.10, max_wait_s: float = 60.0) -> float:
 # -- configs --------------------------------------------------------------------------------------
 
 
-def nginx_refuse_conf(d: Path, port_return: int, port_limit: int) -> str:
-    return f"""# nginx, one process (master_process off), pinned with taskset -c {SERVER_CORE}
+def nginx_conf(d: Path, comment: str, http: str) -> str:
+    """An nginx config for one process (the caller pins it with taskset), logs and pid under `d`,
+    keep-alive connections that last for the whole run, and `http` as the rest of its http block."""
+    return f"""# {comment}
 daemon off;
 master_process off;
 worker_processes 1;
@@ -122,7 +125,15 @@ http {{
     server_tokens off;
     keepalive_requests 100000000;
     keepalive_timeout 300s;
-    default_type application/json;
+{http}}}
+"""
+
+
+def nginx_refuse_conf(d: Path, port_return: int, port_limit: int) -> str:
+    return nginx_conf(
+        d,
+        f"nginx, one process (master_process off), pinned with taskset -c {SERVER_CORE}",
+        f"""    default_type application/json;
     limit_req_zone $server_name zone=refuse:1m rate=1r/m;
     server {{  # 1. the cheapest refusal nginx can give: `return 429` in the rewrite phase
         listen 127.0.0.1:{port_return} backlog=4096;
@@ -144,8 +155,8 @@ http {{
             return 429 '{BODY_429}';
         }}
     }}
-}}
-"""
+""",
+    )
 
 
 def haproxy_refuse_conf(d: Path, port_return: int, port_stick: int) -> str:
@@ -211,43 +222,16 @@ def write_admitted_confs(d: Path, port_u: int, port_p: int, tokens: int) -> tupl
         (up / "www" / "v1").mkdir(parents=True, exist_ok=True)
         (up / "www" / "v1" / "completions").write_text(sse_body(tokens))
         completions = f"location / {{ root {up}/www; default_type text/event-stream; error_page 405 =200 $uri; }}"
-    (
-        up / "nginx.conf"
-    ).write_text(f"""# the upstream: a canned OpenAI-compatible streaming completion, one nginx process on core {LOAD_CORE}
-daemon off;
-master_process off;
-worker_processes 1;
-error_log {up}/error.log warn;
-pid {up}/nginx.pid;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    server_tokens off;
-    keepalive_requests 100000000;
-    keepalive_timeout 300s;
-    server {{
+    upstream = f"""    server {{
         listen 127.0.0.1:{port_u} backlog=4096;
         location = /health {{ default_type application/json; return 200 '{{"status":"ok"}}'; }}
         location = /v1/models {{ default_type application/json; return 200 '{models}'; }}
         {completions}
     }}
-}}
-""")
-    (
-        px / "nginx.conf"
-    ).write_text(f"""# the proxy: nginx proxy_pass with pooled keep-alive upstream connections, one process on core {SERVER_CORE}
-daemon off;
-master_process off;
-worker_processes 1;
-error_log {px}/error.log warn;
-pid {px}/nginx.pid;
-events {{ worker_connections 8192; }}
-http {{
-    access_log off;
-    server_tokens off;
-    keepalive_requests 100000000;
-    keepalive_timeout 300s;
-    upstream u {{ server 127.0.0.1:{port_u}; keepalive 256; keepalive_requests 100000000; }}
+"""
+    comment = f"the upstream: a canned OpenAI-compatible streaming completion, one nginx process on core {LOAD_CORE}"
+    (up / "nginx.conf").write_text(nginx_conf(up, comment, upstream))
+    proxy = f"""    upstream u {{ server 127.0.0.1:{port_u}; keepalive 256; keepalive_requests 100000000; }}
     server {{
         listen 127.0.0.1:{port_p} backlog=4096;
         location / {{
@@ -257,8 +241,11 @@ http {{
             proxy_buffering off;
         }}
     }}
-}}
-""")
+"""
+    comment = (
+        f"the proxy: nginx proxy_pass with pooled keep-alive upstream connections, one process on core {SERVER_CORE}"
+    )
+    (px / "nginx.conf").write_text(nginx_conf(px, comment, proxy))
     return up / "nginx.conf", px / "nginx.conf"
 
 
@@ -399,6 +386,29 @@ def summarize(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, fl
     return out
 
 
+def wrk_rounds(
+    targets: dict[str, tuple[int, int]],
+    script: Path,
+    conns: int,
+    a: argparse.Namespace,
+    key: str,
+    describe: Callable[[dict[str, Any]], str],
+) -> dict[str, Any]:
+    """wrk against every target (port, server pid) for `a.rounds` rounds, the order rotated each
+    round; each run printed with `describe`; per target its runs and their medians."""
+    per: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+    for r in range(a.rounds):
+        names = list(targets)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        for name in names:
+            port, pid = targets[name]
+            res = wrk(f"http://127.0.0.1:{port}/v1/completions", script, conns, a.seconds, pid)
+            per[name].append(res)
+            print(f"{key} round {r + 1} {name}: {describe(res)}", flush=True)
+    keys = ("rps", "p50_ms", "p99_ms", "server_cpu_us_per_req", "server_cpu_share")
+    return {name: {"runs": runs, "median": summarize(runs, keys)} for name, runs in per.items()}
+
+
 def run_refusals(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     nd = d / "nginx-refuse"
     (nd / "www").mkdir(parents=True, exist_ok=True)
@@ -426,27 +436,18 @@ def run_refusals(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     try:
         for conns, depth in configs:
             key = f"c{conns}_d{depth}"
-            per: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-            for r in range(a.rounds):
-                names = list(targets)
-                names = names[r % len(names) :] + names[: r % len(names)]
-                for name in names:
-                    port, pid = targets[name]
-                    res = wrk(f"http://127.0.0.1:{port}/v1/completions", scripts[depth], conns, a.seconds, pid)
-                    per[name].append(res)
-                    print(
-                        f"{key} round {r + 1} {name}: {res['rps']:,.0f} req/s, p50 {res['p50_ms']} ms,"
-                        f" p99 {res['p99_ms']} ms, non-2xx {res['non_2xx']}/{res['requests']},"
-                        f" server CPU {res['server_cpu_us_per_req']:.2f} us/req ({res['server_cpu_share']:.0%})",
-                        flush=True,
-                    )
-            results["configs"][key] = {
-                name: {
-                    "runs": runs,
-                    "median": summarize(runs, ("rps", "p50_ms", "p99_ms", "server_cpu_us_per_req", "server_cpu_share")),
-                }
-                for name, runs in per.items()
-            }
+            results["configs"][key] = wrk_rounds(
+                targets,
+                scripts[depth],
+                conns,
+                a,
+                key,
+                lambda res: (
+                    f"{res['rps']:,.0f} req/s, p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms,"
+                    f" non-2xx {res['non_2xx']}/{res['requests']}, server CPU"
+                    f" {res['server_cpu_us_per_req']:.2f} us/req ({res['server_cpu_share']:.0%})"
+                ),
+            )
         s = gov_stats(gov_port)
         results["governor_counts"] = {
             k: s.get(k)
@@ -583,27 +584,18 @@ def run_admitted(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     try:
         for conns in a.conns:
             key = f"c{conns}_t{a.tokens}"
-            per: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
-            for r in range(a.rounds):
-                names = list(targets)
-                names = names[r % len(names) :] + names[: r % len(names)]
-                for name in names:
-                    port, pid = targets[name]
-                    res = wrk(f"http://127.0.0.1:{port}/v1/completions", script, conns, a.seconds, pid)
-                    per[name].append(res)
-                    print(
-                        f"{key} round {r + 1} {name}: {res['rps']:,.0f} req/s, p50 {res['p50_ms']} ms,"
-                        f" p99 {res['p99_ms']} ms, non-2xx {res['non_2xx']}, errors {res['socket_errors']!r},"
-                        f" proxy CPU {res['server_cpu_us_per_req'] or 0:.1f} us/req",
-                        flush=True,
-                    )
-            results[key] = {
-                name: {
-                    "runs": runs,
-                    "median": summarize(runs, ("rps", "p50_ms", "p99_ms", "server_cpu_us_per_req", "server_cpu_share")),
-                }
-                for name, runs in per.items()
-            }
+            results[key] = wrk_rounds(
+                targets,
+                script,
+                conns,
+                a,
+                key,
+                lambda res: (
+                    f"{res['rps']:,.0f} req/s, p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms,"
+                    f" non-2xx {res['non_2xx']}, errors {res['socket_errors']!r},"
+                    f" proxy CPU {res['server_cpu_us_per_req'] or 0:.1f} us/req"
+                ),
+            )
     finally:
         for p in (gov_w, worker, gov_u, proxy, upstream):
             stop(p)
