@@ -86,36 +86,36 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## the governor's own benchmarks (yield path, memory); bench-experiments runs all seven experiments
-	$(PY) -m benchmarks.yield_throughput
-	$(PY) -m benchmarks.memory
+	$(PY) -m benchmarks.cost.yield_throughput
+	$(PY) -m benchmarks.cost.memory
 
 bench-engine: $(STAMP)  ## experiment 5: the engine in-process and served vs transformers' generate (about 30 minutes on 2 cores)
-	model=$$($(PY) -m benchmarks.model_dir | tail -n 1) && \
-	$(PY) -m benchmarks.engine_vs_hf --model $$model --rounds 3 --workloads uniform \
+	model=$$($(PY) -m benchmarks.harness.model_dir | tail -n 1) && \
+	$(PY) -m benchmarks.engine.engine_vs_hf --model $$model --rounds 3 --workloads uniform \
 		--methods hf-static-32,hf-continuous,engine,served --memory-runs 3 --profile && \
-	$(PY) -m benchmarks.engine_vs_hf --model $$model --rounds 2 --workloads mixed \
+	$(PY) -m benchmarks.engine.engine_vs_hf --model $$model --rounds 2 --workloads mixed \
 		--methods hf-static-8,hf-continuous,engine,served --memory-runs 0 --step-batches ""
 
 bench-dtypes: $(STAMP)  ## every dtype on this machine: what --dtype auto picks, speed, accuracy against float32
-	$(PY) -m benchmarks.dtypes
+	$(PY) -m benchmarks.engine.dtypes
 
 bench-tokenize: $(STAMP)  ## inter-token latency of 16 streams while a 1 MiB prompt is tokenized
-	$(PY) -m benchmarks.tokenize_stall
+	$(PY) -m benchmarks.engine.tokenize_stall
 
 bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, decode step and kernel launches
-	$(PY) -m benchmarks.gpu
+	$(PY) -m benchmarks.engine.gpu
 
 bench-llamacpp: $(STAMP)  ## llama.cpp's server beside the served engine (builds llama-server once, ~6 min)
-	$(PY) -m benchmarks.llamacpp
+	$(PY) -m benchmarks.peers.llamacpp
 
 bench-aiperf: $(STAMP) load-tools  ## aiperf at its defaults against the front door: a light rate, then 2.5x capacity
-	$(PY) -m benchmarks.load_generators aiperf
+	$(PY) -m benchmarks.peers.load_generators aiperf
 
 GUIDELLM_SPEC := guidellm==0.8.1
 bench-guidellm: $(STAMP)  ## guidellm at its defaults against the front door (installs it into .tools/guidellm)
 	@test -x $(TOOLS)/guidellm/bin/guidellm || { \
 		$(PYTHON) -m venv $(TOOLS)/guidellm && $(TOOLS)/guidellm/bin/pip install --quiet '$(GUIDELLM_SPEC)'; }
-	$(PY) -m benchmarks.load_generators guidellm
+	$(PY) -m benchmarks.peers.load_generators guidellm
 
 # The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
 bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
@@ -125,56 +125,56 @@ bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, on
 		$$sudo apt-get update -qq && \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			nginx-light haproxy wrk util-linux >/dev/null; }
-	$(PY) -m benchmarks.anchors refusals --json anchors-refusals.json
-	$(PY) -m benchmarks.anchors admitted --json anchors-admitted.json
-	$(PY) -m benchmarks.anchors isolation --burn-control --rates 0 100000 -1 --json anchors-isolation.json
+	$(PY) -m benchmarks.peers.proxies refusals --json anchors-refusals.json
+	$(PY) -m benchmarks.peers.proxies admitted --json anchors-admitted.json
+	$(PY) -m benchmarks.peers.proxies isolation --burn-control --rates 0 100000 -1 --json anchors-isolation.json
 
 bench-link-clients: $(STAMP)  ## the OpenAI-compatible link's HTTP client beside httpx and aiohttp, relaying the same streams
-	$(PY) -m benchmarks.openai_link_clients
+	$(PY) -m benchmarks.peers.openai_link_clients
 
 bench-burst: $(STAMP)  ## experiment 1: a prefill-heavy burst, unlimited vs --max-inflight 64
-	$(PY) -m benchmarks.burst --repeats 3
+	$(PY) -m benchmarks.admission.burst --repeats 3
 
 bench-prefill: $(STAMP)  ## experiment 2: --prefill-max-batch-size 8 vs 32 under decode batch 8
-	$(PY) -m benchmarks.prefill_admission
+	$(PY) -m benchmarks.engine.prefill_admission
 
 bench-schedule: $(STAMP)  ## experiment 3: relative vs absolute submit schedule, slow submit path on/off
-	$(PY) -m benchmarks.submit_schedule
+	$(PY) -m benchmarks.admission.submit_schedule
 
 bench-overhead: $(STAMP)  ## experiment 4: yield path vs a bare server, admitted path vs --direct, both in-process
-	$(PY) -m benchmarks.yield_throughput --repeats 5 --seconds 3
-	$(PY) -m benchmarks.admitted_overhead
-	$(PY) -m benchmarks.inprocess_cost
+	$(PY) -m benchmarks.cost.yield_throughput --repeats 5 --seconds 3
+	$(PY) -m benchmarks.cost.admitted_overhead
+	$(PY) -m benchmarks.cost.inprocess_cost
 
 bench-sweep: $(STAMP)  ## experiment 6: load sweep 10-150% of capacity, with and without the cap
-	$(PY) -m benchmarks.load_sweep
+	$(PY) -m benchmarks.admission.load_sweep
 
 bench-kv: $(STAMP)  ## experiment 7: paged KV cache: prefix caching on/off, paged vs worst-case, a pool under pressure
-	$(PY) -m benchmarks.kv_paging
+	$(PY) -m benchmarks.engine.kv_paging
 
 bench-admission: $(STAMP)  ## experiment 8: token budget vs request cap, deadlines, an adaptive limit across a capacity change
-	$(PY) -m benchmarks.token_admission
+	$(PY) -m benchmarks.admission.token_admission
 
 bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, priority classes at 150% load
-	$(PY) -m benchmarks.tenants
+	$(PY) -m benchmarks.admission.tenants
 
 bench-fleet: $(STAMP) redis-server  ## experiment 10: fleet caps through Redis vs per-replica caps; yield/admitted paths; a killed replica
-	$(PY) -m benchmarks.fleet
+	$(PY) -m benchmarks.admission.fleet
 
 bench-http: $(STAMP)  ## experiment 11a: the OpenAI-compatible front door vs the NDJSON port (refusals/s, added latency)
-	$(PY) -m benchmarks.http_front
+	$(PY) -m benchmarks.cost.http_front
 
 bench-openai: $(STAMP)  ## experiment 11b: bursts of 64 in front of transformers serve, with and without the governor
-	$(PY) -m benchmarks.openai_upstream
+	$(PY) -m benchmarks.peers.openai_upstream
 
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
-	$(PY) -m benchmarks.pool_limits
+	$(PY) -m benchmarks.admission.pool_limits
 
 fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=60 SEED=1 by default
-	$(PY) -m benchmarks.fuzz --seed $(or $(SEED),1) --seconds $(or $(SECONDS),60)
+	$(PY) -m benchmarks.robustness.fuzz --seed $(or $(SEED),1) --seconds $(or $(SECONDS),60)
 
 soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
-	$(PY) -m benchmarks.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
+	$(PY) -m benchmarks.robustness.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai
 

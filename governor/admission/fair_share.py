@@ -15,7 +15,7 @@ A tenant is *contending* while it has unmet demand or takes contended capacity: 
 - **Joining**: a tenant that starts contending has its counter lifted to the lowest contending
   one (VTC's lift), so capacity it did not ask for while others were contending is not owed to it.
 
-The bound (docs/operations.md; measured in benchmarks/tenants.py): while two tenants contend and
+The bound (docs/operations.md; measured in benchmarks/admission/tenants.py): while two tenants contend and
 every admission is past the threshold, each admission goes to a tenant with the lowest counter,
 so their counters never differ by more than the largest weighted cost of one request, plus what
 one settlement gives back: |service_i - service_j| <= 2 * C_max / w_min. Over any such window the

@@ -1,4 +1,4 @@
-"""The raw-byte fuzzer (benchmarks/fuzz.py) for a few seconds against a real governor and echo worker."""
+"""The raw-byte fuzzer (benchmarks/robustness/fuzz.py) for a few seconds against a real governor and echo worker."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks.fuzz import GOVERNOR_FLAGS, WORKER_ARGS, check_server, fuzz, summary
+from benchmarks.robustness.fuzz import GOVERNOR_FLAGS, WORKER_ARGS, check_server, fuzz, summary
 from tests.integration.conftest import Governor
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.fuzz import check_server
-from benchmarks.soak import Tally, generate, hold, open_connection
+from benchmarks.robustness.fuzz import check_server
+from benchmarks.robustness.soak import Tally, generate, hold, open_connection
 from tests.integration.conftest import Governor
 
 pytestmark = pytest.mark.integration

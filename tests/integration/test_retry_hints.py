@@ -33,7 +33,7 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
     own pace to go on); `after-one-request`: one short request ended before it. The window is
     200 ms wide, not the default 50: on a loaded 2-core machine the SDK's return after its sleep
     can lag by more than 25 ms, and the test counts it `on_time` (the default window is measured
-    under load by benchmarks/openai_sdk_retries.py)."""
+    under load by benchmarks/admission/openai_sdk_retries.py)."""
     port = free_port()
     gov = start_governor(
         "--http-port",

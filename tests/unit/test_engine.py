@@ -161,7 +161,7 @@ def test_low_precision_on_the_cpu_runs_every_request_and_starts_as_float32_does(
     tiny_gpt2_dir: Path, loaded: LoadedModel, dtype: torch.dtype
 ) -> None:
     # Free-running greedy streams part at the first near-tie (bfloat16 keeps 8 bits of mantissa),
-    # so only the first tokens are compared here; benchmarks/dtypes.py measures the agreement.
+    # so only the first tokens are compared here; benchmarks/engine/dtypes.py measures the agreement.
     reference = run_with_late_arrivals(make_engine(loaded))
     low = load(str(tiny_gpt2_dir), CPU, dtype)
     engine = make_engine(low)

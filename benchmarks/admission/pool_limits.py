@@ -1,0 +1,190 @@
+"""The pool's global limits: QPS cap accuracy, and how good the retry hints are.
+
+1. QPS accuracy: a governor with `--max-qps R` in front of an echo worker, offered 2R requests/s
+   (absolute schedule) for `--seconds`; achieved admissions/s against R, for R from 10 to 1000,
+   with `--qps-burst 1` and with a burst of max(2, R/10). The first `burst` admissions (the
+   bank the bucket starts with) are left out of the rate.
+2. Hint accuracy: every yielded request is retried once, after exactly its `retry_hint_ms`; the
+   share of those retries that are admitted, for each binding constraint: `qps` (`--max-qps 100`),
+   `inflight` (`--max-inflight 8`, echo worker holding each request about 50 ms) and `tokens`
+   (`--max-inflight-tokens 80`, requests costing 10 each, the same worker). Two loads: sustained
+   at twice what the limit admits (retries compete with new arrivals), and a burst of 200 at once
+   with nothing after it (only the retries come back). The retry re-sends the same frame (same
+   id and prompt), as a client knowing nothing of tickets would; the governor recognises it.
+
+    python -m benchmarks.admission.pool_limits [--seconds 3] [--rates 10,30,100,300,1000] [--only hints]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from benchmarks.harness.common import machine, markdown_table, out_dir, start_governor, stop
+from govwire.codec import encode, generate_frame
+from govwire.framing import LineSplitter
+
+
+@dataclass
+class Tally:
+    accepted_first: int = 0
+    accepted_times: list[float] = field(default_factory=list)  # first-attempt acceptances
+    yielded_first: dict[str, int] = field(default_factory=dict)
+    retried: int = 0
+    retry_accepted: int = 0
+    hints_ms: list[int] = field(default_factory=list)
+
+
+async def offer(port: int, rate: float, seconds: float, retry: bool, **fields: Any) -> Tally:
+    """Open loop at `rate` for `seconds` over one connection; with `retry`, each yielded request is
+    sent once more after exactly its hint. `fields` go into every frame."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
+    loop = asyncio.get_running_loop()
+    tally = Tally()
+    outstanding: dict[str, int] = {}  # id -> attempt
+    finished = asyncio.Event()
+    total = round(rate * seconds)
+
+    def send(rid: str, attempt: int) -> None:
+        outstanding[rid] = attempt
+        frame = generate_frame(rid, "ab", max_new_tokens=1, ack=True, **fields)
+        writer.write(encode(frame))
+
+    def settle(rid: str) -> None:
+        outstanding.pop(rid, None)
+        if not outstanding and sent == total:
+            finished.set()
+
+    async def read() -> None:
+        splitter = LineSplitter(1 << 20)
+        while data := await reader.read(1 << 16):
+            now = time.monotonic()
+            for line in splitter.feed(data):
+                reply: dict[str, Any] = orjson.loads(line)
+                rid, status = reply["id"], reply["status"]
+                attempt = outstanding.get(rid)
+                if attempt is None:
+                    continue
+                if status == "accepted":
+                    if attempt == 0:
+                        tally.accepted_first += 1
+                        tally.accepted_times.append(now)
+                    else:
+                        tally.retry_accepted += 1
+                    settle(rid)
+                elif status == "yield" and attempt == 0:
+                    reason = reply["reason"]
+                    tally.yielded_first[reason] = tally.yielded_first.get(reason, 0) + 1
+                    if retry:
+                        tally.retried += 1
+                        tally.hints_ms.append(reply["retry_hint_ms"])
+                        outstanding[rid] = -1  # waiting out its hint
+                        loop.call_later(reply["retry_hint_ms"] / 1000, send, rid, 1)
+                    else:
+                        settle(rid)
+                elif status in ("yield", "error"):
+                    settle(rid)
+
+    reading = asyncio.create_task(read())
+    t0 = time.monotonic()
+    sent = 0
+    for i in range(total):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent += 1
+        send(f"q{i}", 0)
+    await asyncio.wait_for(finished.wait(), 30)
+    reading.cancel()
+    writer.close()
+    return tally
+
+
+def qps_accuracy(args: argparse.Namespace) -> list[list[str]]:
+    rows = []
+    for rate in (float(x) for x in args.rates.split(",")):
+        for burst in (1, max(2, round(rate / 10))):
+            flags = ("--max-inflight", "100000", "--max-qps", str(rate), "--qps-burst", str(burst))
+            proc, port = start_governor(*flags)
+            try:
+                asyncio.run(offer(port, 2 * rate, 0.5, retry=False))  # warm-up
+                tally = asyncio.run(offer(port, 2 * rate, args.seconds, retry=False))
+            finally:
+                stop(proc)
+            times = tally.accepted_times[burst:]
+            achieved = (len(times) - 1) / (times[-1] - times[0])
+            row = [f"{rate:g}", str(burst), f"{2 * rate:g}", str(len(tally.accepted_times)), f"{achieved:.2f}"]
+            rows.append([*row, f"{achieved / rate:.3f}"])
+            print(rows[-1], flush=True)
+    return rows
+
+
+def hint_accuracy(args: argparse.Namespace) -> list[list[str]]:
+    cases = {
+        "qps (--max-qps 100 --qps-burst 10)": (
+            ("--max-inflight", "100000", "--max-qps", "100", "--qps-burst", "10"),
+            (),
+            200.0,
+        ),
+        "inflight (--max-inflight 8, ~50 ms each)": (("--max-inflight", "8"), ("--first-token-delay-ms", "50"), 320.0),
+        "tokens (--max-inflight-tokens 80, 10 each, ~50 ms)": (
+            ("--max-inflight", "100000", "--max-inflight-tokens", "80"),
+            ("--first-token-delay-ms", "50"),
+            320.0,
+        ),
+    }
+    rows = []
+    for (name, (flags, worker, rate)), burst in itertools.product(cases.items(), (False, True)):
+        fields = {"prompt_tokens": 9} if name.startswith("tokens") else {}  # 9 + 1 output token
+        proc, port = start_governor(*flags, worker_args=worker)
+        try:
+            asyncio.run(offer(port, rate, 0.5, retry=True, **fields))  # warm-up: observed service times
+            time.sleep(1.0)
+            # sustained: twice the admissible rate throughout; burst: 200 at once, then only retries
+            load = (20_000.0, 0.01) if burst else (rate, args.seconds)
+            tally = asyncio.run(offer(port, *load, retry=True, **fields))
+        finally:
+            stop(proc)
+        share = tally.retry_accepted / tally.retried if tally.retried else 0.0
+        hints = sorted(tally.hints_ms)
+        rows.append(
+            [
+                name,
+                "200 at once" if burst else f"{rate:g}/s",
+                str(tally.accepted_first),
+                ", ".join(f"{k}={v}" for k, v in sorted(tally.yielded_first.items())),
+                f"{hints[len(hints) // 2]} / {hints[-1]}" if hints else "-",
+                f"{tally.retry_accepted}/{tally.retried} = {share:.1%}",
+            ]
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rates", default="10,30,100,300,1000")
+    parser.add_argument("--only", choices=("qps", "hints"), help="run only the QPS accuracy or the hint part")
+    args = parser.parse_args()
+    out_dir()
+    qps = qps_accuracy(args) if args.only != "hints" else []
+    hints = hint_accuracy(args) if args.only != "qps" else []
+    print(f"\nmachine: {machine()}\n")
+    if qps:
+        print(markdown_table(["--max-qps", "--qps-burst", "offered/s", "admitted", "admitted/s", "ratio"], qps))
+        print()
+    if not hints:
+        return
+    headers = ["binding limit", "offered", "admitted first", "yielded first", "hint p50 / max (ms)"]
+    print(markdown_table([*headers, "retries at the hint admitted"], hints))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,418 @@
+"""Experiment 8: admission by token cost, by deadline and by an adaptive limit, through the governor.
+
+    python -m benchmarks.admission.token_admission [--experiments mix,deadline,adaptive] [--seconds 20]
+
+One standalone GPT-2 worker (`worker serve`, random weights: its tokenizer is bytes, so a prompt
+of n ASCII characters is n tokens) serves every run; each configuration is a `governor serve
+--worker` in front of it, started in turn. Requests arrive open-loop (Poisson, seeded: every
+configuration sees the same arrivals), 16 new tokens each, greedy, end-of-sequence ignored; a
+yield is final (no retry), so what is measured is what the governor let in.
+
+- capacity: the mix below in a closed loop of 16 clients, no cap: completed requests/s. The open
+            loops run at 150% of it.
+- mix:      90% short prompts (32 tokens), 10% long (896: GPT-2's context is 1,024), a request cap
+            alone (--max-inflight swept) against a token budget (--max-inflight-tokens swept under
+            --max-inflight 64); each at its best (most goodput). Short requests' TTFT p99,
+            completed requests/s, goodput (TTFT <= --slo-ms).
+- deadline: the mix at 150% with deadline_ms = --slo-ms on every frame, against the same arrivals
+            without it, --max-inflight 32. Of admitted requests with a deadline the share that met
+            it; goodput; of the refused, the share whose twin in the run without deadlines missed.
+- adaptive: short prompts only at 150% of their capacity; half-way through, two CPU-bound
+            processes start on the same machine (the engine's capacity roughly halves). A fixed
+            --max-inflight swept before the change; the best fixed one, --adaptive-limit enforce
+            and shadow run across the change: TTFT p99 before/after, the engine's utilisation
+            (busy seconds per second), the limit over time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness.common import (
+    fmt,
+    machine,
+    markdown_table,
+    out_dir,
+    random_text,
+    start_governor,
+    start_gpt2_worker,
+    stop,
+)
+from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
+
+SHORT, LONG = 32, 896
+MAX_NEW = 16
+
+
+@dataclass(frozen=True)
+class Arrival:
+    at: float
+    kind: str  # short | long
+    prompt: str
+
+
+@dataclass
+class Outcome:
+    kind: str
+    status: str  # done | yield | error
+    code: str | None
+    ttft_s: float | None
+    sent_s: float
+
+
+@dataclass
+class Run:
+    name: str
+    outcomes: list[Outcome]
+    wall_s: float
+    timeline: list[dict[str, float]] = field(default_factory=list)  # polled stats
+
+    def done(self, kind: str | None = None) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status == "done" and (kind is None or o.kind == kind)]
+
+    def ttft_ms(self, q: float, kind: str | None = None, since: float = 0.0, until: float = 1e9) -> float | None:
+        values = sorted(o.ttft_s for o in self.done(kind) if o.ttft_s is not None and since <= o.sent_s < until)
+        return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+    @property
+    def rps(self) -> float:
+        return len(self.done()) / self.wall_s
+
+    def goodput(self, slo_s: float) -> float:
+        return sum(1 for o in self.done() if o.ttft_s is not None and o.ttft_s <= slo_s) / self.wall_s
+
+    def count(self, status: str, code: str | None = None) -> int:
+        return sum(1 for o in self.outcomes if o.status == status and (code is None or o.code == code))
+
+
+def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[Arrival]:
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= seconds:
+            return out
+        kind = "long" if rng.random() < long_share else "short"
+        out.append(Arrival(t, kind, random_text(rng, LONG if kind == "long" else SHORT)))
+
+
+async def drive(port: int, plan: list[Arrival], deadline_ms: float = 0.0, poll_s: float = 0.5) -> Run:
+    timeline: list[dict[str, float]] = []
+    async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client, AsyncClient(port=port) as poller:
+        await client.connect()
+        await poller.connect()
+        t0 = time.perf_counter()
+
+        async def one(a: Arrival) -> Outcome:
+            await asyncio.sleep(max(0.0, t0 + a.at - time.perf_counter()))
+            sent = time.perf_counter()
+            first: float | None = None
+            fields: dict[str, Any] = {"temperature": 0.0, "stop_on_eos": False}
+            if deadline_ms:
+                fields["deadline_ms"] = deadline_ms
+            try:
+                async with client.stream(a.prompt, max_new_tokens=MAX_NEW, **fields) as stream:
+                    async for _ in stream:
+                        first = first or time.perf_counter()
+            except Yielded as exc:
+                return Outcome(a.kind, "yield", exc.reason, None, sent - t0)
+            except GovernorError as exc:
+                return Outcome(a.kind, "error", exc.code, None, sent - t0)
+            return Outcome(a.kind, "done", None, None if first is None else first - sent, sent - t0)
+
+        async def poll() -> None:
+            while True:
+                s = await poller.stats()
+                engine = s["workers"][0]["engine"]
+                timeline.append(
+                    {
+                        "t": time.perf_counter() - t0,
+                        "busy": engine.get("busy_seconds_total", 0.0),
+                        "limit": s["max_inflight"],
+                        "adaptive": s["adaptive_limit"]["limit"],
+                        "inflight": s["inflight"],
+                    }
+                )
+                await asyncio.sleep(poll_s)
+
+        poller_task = asyncio.create_task(poll())
+        outcomes = await asyncio.gather(*(one(a) for a in plan))
+        wall = time.perf_counter() - t0
+        poller_task.cancel()
+    return Run("", list(outcomes), wall, timeline)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.worker, self.worker_port = start_gpt2_worker("token_admission", args.model, args.threads, args.dtype)
+
+    def run(self, name: str, flags: list[str], plan: list[Arrival], deadline_ms: float = 0.0) -> Run:
+        proc, port = start_governor(
+            *flags, "--integrity", "off", "--worker", f"127.0.0.1:{self.worker_port}",
+            log=out_dir() / f"token_admission_{name}.log",
+        )  # fmt: skip
+        try:
+            run = asyncio.run(drive(port, plan, deadline_ms))
+        finally:
+            stop(proc)
+        run.name = name
+        short = run.ttft_ms(0.99, "short")
+        print(
+            f"  {name}: {len(run.done())}/{len(plan)} done ({run.rps:.2f}/s), short TTFT p99 "
+            f"{short or 0:.0f} ms, goodput {run.goodput(self.args.slo_ms / 1000):.2f}/s, yields "
+            f"{run.count('yield')}, errors {run.count('error')}",
+            flush=True,
+        )
+        time.sleep(1.0)  # let cancelled work drain from the worker before the next run
+        return run
+
+    def close(self) -> None:
+        stop(self.worker)
+
+    def capacity(self, long_share: float) -> float:
+        """Completed requests/s of the mix in a closed loop of 16 clients, no cap."""
+        proc, port = start_governor(
+            "--max-inflight", "1000", "--integrity", "off", "--worker", f"127.0.0.1:{self.worker_port}"
+        )
+
+        async def closed() -> float:
+            rng = random.Random(5)
+            async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
+                await client.connect()
+                done = 0
+                t0 = time.perf_counter()
+                end = t0 + self.args.seconds / 2
+
+                async def loop() -> None:
+                    nonlocal done
+                    while time.perf_counter() < end:
+                        n = LONG if rng.random() < long_share else SHORT
+                        await client.generate(
+                            random_text(rng, n), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
+                        )
+                        done += 1
+
+                await asyncio.gather(*(loop() for _ in range(16)))
+                return done / (time.perf_counter() - t0)
+
+        try:
+            rate = asyncio.run(closed())
+        finally:
+            stop(proc)
+        print(f"  capacity (long share {long_share:.0%}): {rate:.2f} req/s", flush=True)
+        time.sleep(1.0)
+        return rate
+
+
+def mix_experiment(bench: Bench, capacity: float) -> str:
+    args = bench.args
+    plan = arrivals(1.5 * capacity, args.seconds, 0.1, seed=1)
+    slo = args.slo_ms / 1000
+    caps = [bench.run(f"cap{c}", ["--max-inflight", str(c)], plan) for c in (2, 4, 8, 16)]
+    budgets = [
+        bench.run(f"tokens{t}", ["--max-inflight", "64", "--max-inflight-tokens", str(t)], plan)
+        for t in (1200, 2000, 3200)
+    ]
+    best_cap = max(caps, key=lambda r: r.goodput(slo))
+    best_budget = max(budgets, key=lambda r: r.goodput(slo))
+    rows = [
+        [
+            r.name + (" (best)" if r in (best_cap, best_budget) else ""),
+            fmt(r.ttft_ms(0.5, "short")),
+            fmt(r.ttft_ms(0.99, "short")),
+            fmt(r.ttft_ms(0.99, "long")),
+            f"{r.rps:.2f}",
+            f"{r.goodput(slo):.2f}",
+            str(r.count("yield")),
+        ]
+        for r in caps + budgets
+    ]
+    p99_cap, p99_budget = best_cap.ttft_ms(0.99, "short"), best_budget.ttft_ms(0.99, "short")
+    ratio = (p99_cap or 0) / (p99_budget or 1)
+    gain = best_budget.goodput(slo) / max(best_cap.goodput(slo), 1e-9)
+    return (
+        f"arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}), {len(plan)} requests, 10% long\n\n"
+        + markdown_table(
+            [
+                "config",
+                "short TTFT p50 ms",
+                "short TTFT p99 ms",
+                "long TTFT p99 ms",
+                "done/s",
+                f"goodput/s (TTFT <= {args.slo_ms:g} ms)",
+                "yields",
+            ],
+            rows,
+        )  # fmt: skip
+        + f"\n\nbest token budget vs best request cap: short TTFT p99 {ratio:.2f}x lower, throughput "
+        f"{best_budget.rps / best_cap.rps:.2f}x, goodput {gain:.2f}x\n"
+    )
+
+
+def deadline_experiment(bench: Bench, capacity: float) -> str:
+    args = bench.args
+    plan = arrivals(1.5 * capacity, args.seconds, 0.1, seed=2)
+    slo = args.slo_ms / 1000
+    flags = ["--max-inflight", "32"]
+    plain = bench.run("no_deadline", flags, plan)
+    aware = bench.run("deadline", flags, plan, deadline_ms=args.slo_ms)
+    admitted = aware.done()
+    met = sum(1 for o in admitted if o.ttft_s is not None and o.ttft_s <= slo)
+    expired = aware.count("error", "deadline_exceeded")
+    refused = [i for i, o in enumerate(aware.outcomes) if o.status == "yield" and o.code == "deadline"]
+    twin_missed = sum(1 for i in refused if plain.outcomes[i].status != "done" or (plain.outcomes[i].ttft_s or 0) > slo)
+    rows = [
+        ["without deadlines", str(len(plain.done())), "-", "-", "-", f"{plain.goodput(slo):.2f}"],
+        [
+            f"deadline_ms {args.slo_ms:g}",
+            str(len(admitted)),
+            f"{met}/{len(admitted) + expired} ({met / max(len(admitted) + expired, 1):.1%})",
+            str(expired),
+            str(len(refused)),
+            f"{aware.goodput(slo):.2f}",
+        ],
+    ]
+    return (
+        f"arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}), {len(plan)} requests, --max-inflight 32\n\n"
+        + markdown_table(
+            [
+                "run",
+                "done",
+                "admitted that met the deadline",
+                "expired (cancelled)",
+                "refused (deadline)",
+                f"goodput/s (TTFT <= {args.slo_ms:g} ms)",
+            ],
+            rows,
+        )  # fmt: skip
+        + f"\n\ngoodput with deadlines / without: {aware.goodput(slo) / max(plain.goodput(slo), 1e-9):.2f}x; "
+        f"of the {len(refused)} refused, {twin_missed} ({twin_missed / max(len(refused), 1):.0%}) had a twin in the "
+        "run without deadlines that missed it (done late, or not done)\n"
+    )
+
+
+def busy_ratio(run: Run, since: float, until: float) -> float | None:
+    points = [p for p in run.timeline if since <= p["t"] <= until]
+    if len(points) < 2:
+        return None
+    return (points[-1]["busy"] - points[0]["busy"]) / (points[-1]["t"] - points[0]["t"])
+
+
+def hog(seconds: float) -> list[subprocess.Popen[bytes]]:
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(2)]
+
+
+def adaptive_experiment(bench: Bench) -> str:
+    args = bench.args
+    capacity = bench.capacity(0.0)
+    seconds = args.seconds
+    sweep_plan = arrivals(1.5 * capacity, seconds, 0.0, seed=3)
+    sweep = [bench.run(f"fixed{c}", ["--max-inflight", str(c)], sweep_plan) for c in (2, 4, 8, 16, 32)]
+    top = max(r.rps for r in sweep)
+    best = min((r for r in sweep if r.rps >= 0.95 * top), key=lambda r: int(r.name[5:]))
+    best_cap = int(best.name[5:])
+    plan = arrivals(1.5 * capacity, 2 * seconds, 0.0, seed=4)
+    runs = []
+    for name, flags in (
+        (f"fixed{best_cap}", ["--max-inflight", str(best_cap)]),
+        ("enforce", ["--max-inflight", "64", "--adaptive-limit", "enforce"]),
+        ("shadow", ["--max-inflight", str(best_cap), "--adaptive-limit", "shadow"]),
+    ):
+        hogs: list[subprocess.Popen[bytes]] = []
+        starter = threading.Timer(seconds, lambda started=hogs: started.extend(hog(seconds + 5)))
+        starter.start()
+        try:
+            runs.append(bench.run(f"halving_{name}", flags, plan))
+        finally:
+            starter.cancel()
+            for p in hogs:
+                p.kill()
+                p.wait()
+    rows = []
+    for run in runs:
+        before, after = run.ttft_ms(0.99, since=seconds / 4, until=seconds), run.ttft_ms(0.99, since=seconds + 3)
+        limits_before = [p["adaptive"] for p in run.timeline if seconds / 2 <= p["t"] <= seconds]
+        limits_after = [p["adaptive"] for p in run.timeline if p["t"] >= seconds + 5]
+        rows.append(
+            [
+                run.name,
+                fmt(before),
+                fmt(after),
+                fmt((after or 0) / (before or 1), 2) + "x",
+                fmt(busy_ratio(run, seconds / 4, seconds), 2),
+                fmt(busy_ratio(run, seconds + 3, 2 * seconds), 2),
+                f"{run.rps:.2f}",
+                f"{statistics.median(limits_before):.0f} -> {statistics.median(limits_after):.0f}"
+                if limits_before and limits_after
+                else "-",
+            ]
+        )
+    sweep_rows = [[r.name, f"{r.rps:.2f}", fmt(r.ttft_ms(0.5)), fmt(r.ttft_ms(0.99))] for r in sweep]
+    shadow = runs[2]
+    shadow_limits = [p["adaptive"] for p in shadow.timeline if seconds / 2 <= p["t"] <= seconds]
+    recommended = statistics.median(shadow_limits) if shadow_limits else None
+    return (
+        f"short prompts only, arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}); sweep of fixed caps "
+        f"({seconds:g} s each); best = smallest cap within 95% of the top throughput: {best_cap}\n\n"
+        + markdown_table(["fixed cap", "done/s", "TTFT p50 ms", "TTFT p99 ms"], sweep_rows)
+        + f"\n\nacross the change ({seconds:g} s, then two CPU hogs for {seconds:g} s):\n\n"
+        + markdown_table(
+            [
+                "config",
+                "TTFT p99 before ms",
+                "after ms",
+                "after/before",
+                "utilisation before",
+                "after",
+                "done/s",
+                "limit (median) before -> after",
+            ],
+            rows,
+        )  # fmt: skip
+        + f"\n\nshadow's recommendation before the change: {fmt(recommended)} against the sweep's best {best_cap}"
+        f" ({abs((recommended or 0) - best_cap) / best_cap:.0%} apart)\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--experiments", default="mix,deadline,adaptive")
+    parser.add_argument("--model", default="random-gpt2")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (the adaptive runs: twice)")
+    parser.add_argument("--slo-ms", type=float, default=1000.0, help="TTFT SLO of goodput, and the deadline")
+    args = parser.parse_args()
+    print(f"# experiment 8 on {machine()}, model {args.model}", flush=True)
+    bench = Bench(args)
+    report = [f"machine: {machine()}; model {args.model}, dtype {args.dtype}\n"]
+    try:
+        chosen = args.experiments.split(",")
+        mix_capacity = bench.capacity(0.1) if {"mix", "deadline"} & set(chosen) else 0.0
+        if "mix" in chosen:
+            report.append("### token budget vs request cap\n\n" + mix_experiment(bench, mix_capacity))
+        if "deadline" in chosen:
+            report.append("### deadlines\n\n" + deadline_experiment(bench, mix_capacity))
+        if "adaptive" in chosen:
+            report.append("### adaptive limit\n\n" + adaptive_experiment(bench))
+    finally:
+        bench.close()
+    text_out = "\n".join(report)
+    print(text_out)
+    Path(out_dir() / "token_admission.md").write_text(text_out)
+
+
+if __name__ == "__main__":
+    main()

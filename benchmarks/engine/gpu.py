@@ -1,0 +1,116 @@
+"""The engine on a GPU: tokens/s at batch 1/32/256 against HF `generate`, the decode step against its
+bare matmuls and its kernel launches, with and without CUDA graphs, and memory.
+
+    python -m benchmarks.engine.gpu [--dtype bfloat16] [--batches 1,32,256] [--model random-gpt2]
+
+For each batch B: B requests of 64-token prompts and 64 new tokens (greedy, no EOS stop), run by
+HF `generate` as one static batch and by the engine (`--max-batch-size` B), in the same dtype on
+the same GPU; tokens/s of each and the ratio. Then the decode step at batch 32: its median time
+with graphs and eagerly next to the bare matmul chain of the same shapes (synchronised), and the
+kernel launches of one step counted by torch.profiler. Then peak GPU memory. With `--device cpu`
+the same code runs on the CPU (no launch counts): that is how it is checked without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.engine.engine_vs_hf import HF, bare_matmuls_ms, decode_step_ms, decoding_engine, run_engine
+from benchmarks.harness.common import machine
+from worker.engine import LLMEngine
+from worker.loading import DTYPES, load, load_hf_model
+from worker.scheduler import SchedulerConfig
+
+PROMPT_TOKENS = 64
+NEW_TOKENS = 64
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def throughput(loaded: Any, hf: HF, tokenizer: Any, batch: int, device: torch.device) -> dict[str, float]:
+    prompts = [f"{i:04d} " + "x" * (PROMPT_TOKENS - 5) for i in range(batch)]
+    ids = [tokenizer.encode(p) for p in prompts]
+    new = [NEW_TOKENS] * batch
+    rows = batch * (PROMPT_TOKENS + NEW_TOKENS)
+    config = SchedulerConfig(max_batch_size=batch, prefill_max_batch_size=batch, kv_cache_tokens=rows)
+    engine = LLMEngine.for_model(loaded, config)  # on CUDA this captures the decode graphs
+    run_engine(engine, prompts[:1], [2])
+    hf.static(ids[:1], [2], batch_size=1)
+    timings = {}
+    for name, run in (("engine", lambda: run_engine(engine, prompts, new)), ("hf", lambda: hf.static(ids, new, batch))):
+        synchronize(device)
+        start = time.perf_counter()
+        timings[name] = (run(), time.perf_counter() - start)
+    (ours, engine_s), (theirs, hf_s) = timings["engine"], timings["hf"]
+    return {
+        "engine_tok_s": batch * NEW_TOKENS / engine_s,
+        "hf_tok_s": batch * NEW_TOKENS / hf_s,
+        "ratio": hf_s / engine_s,
+        "greedy_identical": sum(a == b for a, b in zip(ours, theirs, strict=True)) / batch,
+    }
+
+
+def launches_per_step(loaded: Any, config: SchedulerConfig, cuda_graphs: bool) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = decoding_engine(loaded, config, 32, 4, cuda_graphs=cuda_graphs)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        engine.step()
+        torch.cuda.synchronize()
+    return sum(e.count for e in prof.key_averages() if e.key in LAUNCHES)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="random-gpt2")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--batches", default="1,32,256")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else machine()
+    print(f"device: {name}; torch {torch.__version__}; model {args.model}, {args.dtype}")
+    loaded = load(args.model, device, dtype)
+    hf_model, tokenizer = load_hf_model(args.model)
+    hf = HF(hf_model.to(device=device, dtype=dtype), tokenizer.eos_token_id, device)
+    report: dict[str, Any] = {"device": name, "dtype": args.dtype, "throughput": {}}
+
+    print(f"\n== {PROMPT_TOKENS}-token prompts, {NEW_TOKENS} new tokens each, one batch")
+    for batch in map(int, args.batches.split(",")):
+        row = report["throughput"][batch] = throughput(loaded, hf, tokenizer, batch, device)
+        print(
+            f"  batch {batch:4d}: engine {row['engine_tok_s']:9.1f} tok/s   HF generate {row['hf_tok_s']:9.1f} tok/s"
+            f"   engine / HF {row['ratio']:5.2f}x   greedy identical {row['greedy_identical']:.0%}",
+            flush=True,
+        )
+
+    config = SchedulerConfig(max_batch_size=32, kv_cache_tokens=32 * 256)
+    step: dict[str, float] = {"bare_matmuls_ms": bare_matmuls_ms(loaded, 32)}
+    for graphs in (True, False) if device.type == "cuda" else (False,):
+        label = "graphs" if graphs else "eager"
+        step[f"{label}_ms"] = decode_step_ms(loaded, config, 32, cuda_graphs=graphs)
+        if device.type == "cuda":
+            step[f"{label}_launches"] = launches_per_step(loaded, config, graphs)
+    report["decode_step_b32"] = step
+    print("\n== decode step at batch 32 (median of 9)")
+    print("  " + "   ".join(f"{k} {v:.2f}" for k, v in step.items()))
+    if device.type == "cuda":
+        report["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        print(f"\n== peak GPU memory allocated: {report['peak_memory_gib']:.2f} GiB")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

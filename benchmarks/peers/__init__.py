@@ -1,0 +1,14 @@
+"""The governor and its engine beside other software, measured in the same sitting.
+
+- `proxies`: the refusal and admitted paths against nginx and HAProxy, each pinned to one core, and
+  a refusal storm's effect on admitted requests (`make bench-anchors`; installs nginx, HAProxy, wrk).
+- `llamacpp`: llama.cpp's server beside the served engine on the same cores (`make bench-llamacpp`;
+  builds llama-server once).
+- `openai_upstream`: bursts straight at `transformers serve` and through the governor's front door.
+- `load_generators`: aiperf and guidellm at their defaults against the front door (`make
+  bench-aiperf`, `make bench-guidellm`).
+- `openai_link_clients`: the OpenAI-compatible link's HTTP client beside httpx and aiohttp (`make
+  bench-link-clients`).
+
+`make bench-all-peers` runs them all.
+"""

@@ -1,0 +1,216 @@
+"""llama.cpp's server beside the governor's served GPT-2: same CPU, model, dtype, threads, workloads.
+
+    python -m benchmarks.peers.llamacpp [--dtypes float32,bfloat16] [--workloads uniform,mixed] [--rounds 3]
+    make bench-llamacpp
+
+1. llama.cpp's source: the llama-cpp-python source distribution from PyPI (it vendors llama.cpp
+   whole, with its `convert_hf_to_gguf.py`), downloaded once into benchmarks/out/llamacpp/.
+2. `llama-server` built from it with CMake (Ninja where present; `GGML_NATIVE`: this CPU's own
+   vector instructions; no network features): about 6 minutes on 2 cores, once.
+3. The benchmark model (`python -m benchmarks.harness.model_dir`: GPT-2 small, seeded random weights, a
+   50,257-entry BPE) converted to GGUF for each dtype (benchmarks/harness/gguf_convert.py), once.
+4. For each dtype and round, alternating which goes first: `llama-server --parallel 32
+   --cont-batching` and the governor's front door (`--http-port`) in front of a GPT-2 worker, each
+   with `--threads` threads, are sent the workload of benchmarks/engine/engine_vs_hf.py (uniform: 32 ×
+   64-character prompts, 64 new tokens; mixed: 16–512 characters, 8–128 new tokens) all at once
+   on `/v1/completions`: greedy, `ignore_eos`, not streamed, and no prompt cache on either side
+   (`cache_prompt: false` to llama-server, `--no-prefix-caching` to the worker) so every round is
+   a first round. Tokens/s = completion tokens / the wall time from the first send to the last
+   reply; the median over rounds, and the governor / llama-server ratio.
+
+Where CMake or a C++ compiler is missing it says so and exits 0: it is never part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+import httpx
+
+from benchmarks.engine.engine_vs_hf import Workload, make_workload
+from benchmarks.harness.common import HARNESS, free_port, machine, markdown_table, out_dir, start_front_door, stop
+from benchmarks.harness.model_dir import ensure as ensure_model_dir
+
+SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+MODEL = "gpt2-small-bpe"
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+
+
+def llama_source(work: Path) -> Path:
+    """llama.cpp's tree inside the sdist, downloaded and unpacked once."""
+    trees = sorted(work.glob("src/llama_cpp_python-*/vendor/llama.cpp"))
+    if trees:
+        return trees[-1]
+    dl = work / "dl"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "-d", str(dl), SDIST],
+        check=True,
+    )
+    (archive,) = dl.glob("llama_cpp_python-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        tar.extractall(work / "src", filter="data")
+    return sorted(work.glob("src/llama_cpp_python-*/vendor/llama.cpp"))[-1]
+
+
+def llama_server(work: Path, source: Path) -> Path:
+    """The llama-server binary, built once (configured from the tree's real path: through a
+    symlink its build loops on the submodule's git index)."""
+    binary = work / "build" / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    flags = [
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DGGML_NATIVE=ON",
+        "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_USE_PREBUILT_UI=OFF",  # else it tries to download its web UI
+        "-DLLAMA_BUILD_UI=OFF",
+        "-DLLAMA_BUILD_TESTS=OFF",
+        "-DLLAMA_BUILD_EXAMPLES=OFF",
+    ]
+    build = work / "build"
+    print(f"building llama-server into {build} (about 6 minutes on 2 cores, once)", flush=True)
+    subprocess.run(["cmake", "-S", str(source.resolve()), "-B", str(build), *generator, *flags], check=True)
+    jobs = str(len(os.sched_getaffinity(0)))
+    subprocess.run(["cmake", "--build", str(build), "-j", jobs, "--target", "llama-server"], check=True)
+    return binary
+
+
+def gguf(work: Path, source: Path, model_dir: Path, dtype: str) -> Path:
+    out = work / "models" / f"{MODEL}-{GGUF_TYPES[dtype]}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        converter = HARNESS / "gguf_convert.py"
+        argv = [sys.executable, str(converter), str(source), str(model_dir), "--outtype", GGUF_TYPES[dtype]]
+        log = work / f"convert-{GGUF_TYPES[dtype]}.log"
+        with log.open("wb") as sink:
+            done = subprocess.run([*argv, "--outfile", str(partial)], stdout=sink, stderr=subprocess.STDOUT)
+        if done.returncode:
+            raise RuntimeError(f"converting {model_dir} to GGUF failed: see {log}")
+        partial.rename(out)
+    return out
+
+
+async def drive(url: str, workload: Workload, extra: dict[str, Any]) -> tuple[int, float]:
+    """Every request at once; (completion tokens, seconds from the first send to the last reply)."""
+
+    async def one(client: httpx.AsyncClient, prompt: str, new: int) -> int:
+        body = {"model": "gpt2", "prompt": prompt, "max_tokens": new, "temperature": 0.0, "ignore_eos": True}
+        reply = await client.post(url, json={**body, **extra})
+        reply.raise_for_status()
+        usage = reply.json()["usage"]
+        if usage["completion_tokens"] != new:
+            raise RuntimeError(f"asked for {new} tokens, got {usage['completion_tokens']}")
+        return int(usage["completion_tokens"])
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        await one(client, "warm up", 2)
+        start = time.perf_counter()
+        tokens = await asyncio.gather(
+            *(one(client, p, n) for p, n in zip(workload.prompts, workload.max_new_tokens, strict=True))
+        )
+        return sum(tokens), time.perf_counter() - start
+
+
+def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], int]:
+    port = free_port()
+    argv = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "--parallel", "32"]
+    argv += ["--cont-batching", "-c", str(32 * 1024), "--host", "127.0.0.1", "--port", str(port)]
+    log = (out_dir() / "llamacpp" / "llama-server.log").open("wb")
+    proc = Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc, port
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop(proc)
+            raise RuntimeError("llama-server did not start: see benchmarks/out/llamacpp/llama-server.log")
+        time.sleep(0.5)
+
+
+def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int]:
+    worker = ("--engine", "gpt2", "--model", str(model_dir), "--dtype", dtype, "--threads", str(threads))
+    worker += ("--max-batch-size", "32", "--no-prefix-caching")
+    log = out_dir() / "llamacpp" / "governor.log"
+    gov, _, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
+    return gov, http
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--workloads", default="uniform,mixed")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    a = p.parse_args()
+    missing = missing_tools()
+    if missing:
+        print(f"skipped: {', '.join(missing)} not found (install CMake and a C++ compiler to build llama.cpp)")
+        return
+    work = out_dir() / "llamacpp"
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = ensure_model_dir()
+    source = llama_source(work)
+    binary = llama_server(work, source)
+    print(f"machine: {machine()}; llama.cpp from {SDIST}; {a.threads} threads each")
+    rows = []
+    for dtype in a.dtypes.split(","):
+        model = gguf(work, source, model_dir, dtype)
+        for name in a.workloads.split(","):
+            workload = make_workload(name, 0)
+            results: dict[str, list[float]] = {"llama-server": [], "governor": []}
+            for r in range(a.rounds):
+                for side in ("llama-server", "governor") if r % 2 == 0 else ("governor", "llama-server"):
+                    proc, port = (
+                        start_llama(binary, model, a.threads)
+                        if side == "llama-server"
+                        else start_served(model_dir, dtype, a.threads)
+                    )
+                    try:
+                        extra = {"cache_prompt": False} if side == "llama-server" else {}
+                        tokens, seconds = asyncio.run(drive(f"http://127.0.0.1:{port}/v1/completions", workload, extra))
+                    finally:
+                        stop(proc)
+                    results[side].append(tokens / seconds)
+                    print(f"{dtype} {name} round {r + 1} {side:>12}: {tokens} tokens, {tokens / seconds:7.1f} tok/s")
+            ours, theirs = (statistics.median(results[k]) for k in ("governor", "llama-server"))
+            paired = [g / ll for g, ll in zip(results["governor"], results["llama-server"], strict=True)]
+            rows.append(
+                [
+                    dtype,
+                    name,
+                    f"{theirs:,.1f}",
+                    f"{ours:,.1f}",
+                    f"{ours / theirs:.2f}x",
+                    ", ".join(f"{x:.2f}" for x in paired),
+                ]
+            )
+    print()
+    headers = ["dtype", "workload", "llama-server tok/s", "governor tok/s", "ratio", "paired by round"]
+    print(markdown_table(headers, rows))
+
+
+if __name__ == "__main__":
+    main()

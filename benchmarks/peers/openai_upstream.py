@@ -1,0 +1,560 @@
+"""The governor in front of a third-party OpenAI-compatible server: a burst straight at `transformers
+serve`, and the same burst through the governor's front door with the server as an endpoint.
+
+`transformers serve` (transformers' own FastAPI app, tests/openai_server.py, its default settings)
+serves the tiny GPT-2 the tests save (tests/tiny_gpt2.py) on the CPU. It generates one request at a
+time and queues the rest inside, each waiting stream already holding its 200. A burst of `--burst`
+streaming `/v1/completions` requests (distinct prompts, `max_tokens` `--max-tokens`, usage asked
+for) is released at once, each on a connection of its own:
+
+- direct: at `transformers serve`;
+- through the governor (`--http-port`, one endpoint `--worker http://.../v1,model=DIR,concurrency=K`)
+  for each K of `--concurrency`: what K does not admit is answered 429 at once with
+  `retry-after-ms`, and the client sleeps that long and sends again on the same connection, as the
+  OpenAI SDKs do. 429s are counted apart from errors (anything else that is not a whole stream).
+
+TTFT is send -> the first SSE `data:` event (both servers' first event carries the first text):
+from the request's first attempt (what its user waits) and, through the governor, from the attempt
+that was admitted (what it waited inside the server). Throughput: completed requests and completion
+tokens (the usage both servers report) per second of the burst, from its release to its last
+completion.
+
+The machine matters: on 2 cores, whatever else runs steals from the server. Two things are set
+for that, the same for every configuration, and each burst's CPU seconds of the server, the
+governor and the client are reported so that the cost stays visible:
+- The server's torch runs one thread (`OMP_NUM_THREADS=1`; `--server-threads 0` leaves torch's
+  default). With torch's default of one thread per core, identical direct bursts took 1.4 to 12.4 s
+  (server CPU 2.5 to 12.9 s) in one sitting, and one took 49 s; with one thread, 1.5 to 2.9 s,
+  following the tokens generated (measured while writing this benchmark).
+- The client is cheap. httpx costs about 1.3 ms of CPU per request alone and 3.6 ms with 64
+  connections open, so with K=1 its retries took 0.6 of a core and doubled the server's CPU per
+  request. The default client (`--client raw`) is an asyncio protocol per request: pre-built request
+  bytes, responses split by httptools, SSE lines split by hand. `--client httpx` runs the same
+  bursts with `httpx.AsyncClient`.
+
+Configurations take turns within each round (the first rotating); one server and one governor per
+K serve the whole run. The tables give medians over rounds and medians of per-round ratios to the
+direct burst of the same round.
+
+    python -m benchmarks.peers.openai_upstream [--rounds 3] [--burst 64] [--max-tokens 32] [--concurrency 1 2 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from subprocess import Popen
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+import orjson
+import uvloop
+from httpx_sse import EventSource
+
+from benchmarks.cost.http_front import cpu_seconds
+from benchmarks.harness.common import fmt, free_port, machine, markdown_table, out_dir, start_governor, stats, stop
+from governor.bench.stats import percentile
+from tests.openai_server import TransformersServe
+from tests.tiny_gpt2 import save_tiny_gpt2
+
+DIRECT = "direct"
+
+
+class Server(TransformersServe):
+    """`transformers serve` with its torch limited to `threads` threads (0: torch's default)."""
+
+    def __init__(self, model_dir: Path, threads: int) -> None:
+        super().__init__(model_dir)
+        self.threads = threads
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        if self.threads:
+            env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+@dataclass(slots=True)
+class Sample:
+    """One request of a burst, times in seconds on this process's perf_counter."""
+
+    first_sent: float
+    admitted_sent: float | None = None  # the attempt that got its 200
+    first_event: float | None = None
+    done: float | None = None
+    tokens: int = 0
+    hints_ms: list[float] = field(default_factory=list)  # the retry-after-ms of each 429
+    error: str | None = None
+
+    @property
+    def ttft_first(self) -> float | None:
+        return None if self.first_event is None or self.error else self.first_event - self.first_sent
+
+    @property
+    def ttft_admitted(self) -> float | None:
+        if self.first_event is None or self.admitted_sent is None or self.error:
+            return None
+        return self.first_event - self.admitted_sent
+
+    def event(self, data: bytes, now: float) -> None:
+        """One SSE `data:` payload of the admitted attempt."""
+        if data == b"[DONE]":
+            return
+        if self.first_event is None:
+            self.first_event = now
+        chunk = orjson.loads(data)
+        if "error" in chunk:
+            self.error = f"error event: {str(chunk['error'])[:200]}"
+        usage = chunk.get("usage")
+        if usage:
+            self.tokens = int(usage["completion_tokens"])
+
+
+def retry_after_ms(headers: dict[str, str]) -> float:
+    """The wait a 429 asks for: `retry-after-ms` first (as the OpenAI SDKs read it), else `retry-after`."""
+    value = headers.get("retry-after-ms")
+    return float(value) if value is not None else 1000 * float(headers.get("retry-after", "1"))
+
+
+# -- the default client: one asyncio protocol per request ------------------------------------------
+
+
+class SseConnection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection carrying one request at a time. httptools splits the
+    responses; a 200's chunked body is split into lines, and each `data:` line is one event (both
+    servers send one-line events)."""
+
+    def __init__(self, sample: Sample) -> None:
+        self.sample = sample
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.body = b""  # a refusal's body, or the SSE line being received
+        self.keep_alive = True
+        self.closed = False
+        self.now = 0.0
+        self.completed_at = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.now = time.perf_counter()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+
+    def on_message_begin(self) -> None:
+        self.status, self.headers, self.body = 0, {}, b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self.body += body
+        if self.status != 200:
+            return
+        *lines, self.body = self.body.split(b"\n")
+        for line in lines:
+            if line.startswith(b"data:"):
+                self.sample.event(line[5:].strip(), self.now)
+
+    def on_message_complete(self) -> None:
+        self.completed_at = self.now
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionResetError("closed before the response ended"))
+
+    def _fail(self, exc: Exception) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+
+async def one_raw(url: str, body: bytes, gate: asyncio.Event, timeout_s: float) -> Sample:
+    """One streaming completion on a connection of its own, retried there after each 429."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    request = head.encode() + body
+    loop = asyncio.get_running_loop()
+    await gate.wait()
+    sample = Sample(time.perf_counter())
+    conn: SseConnection | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if conn is None or conn.closed:
+                    _, conn = await loop.create_connection(lambda: SseConnection(sample), host, port)
+                assert conn.transport is not None
+                conn.waiter = loop.create_future()
+                sent = time.perf_counter()
+                conn.transport.write(request)
+                await conn.waiter
+                if conn.status == 429:
+                    sample.hints_ms.append(retry_after_ms(conn.headers))
+                    if not conn.keep_alive:
+                        conn.transport.close()
+                        conn = None
+                    await asyncio.sleep(sample.hints_ms[-1] / 1000)
+                    continue
+                if conn.status != 200:
+                    sample.error = f"HTTP {conn.status} {conn.body[:300].decode('utf-8', 'replace')}"
+                elif sample.first_event is None:
+                    sample.error = sample.error or "no event"
+                sample.admitted_sent, sample.done = sent, conn.completed_at
+                return sample
+    except (OSError, TimeoutError, httptools.HttpParserError) as exc:
+        sample.error = type(exc).__name__
+        return sample
+    finally:
+        if conn is not None and conn.transport is not None:
+            conn.transport.close()
+
+
+# -- the same with httpx ---------------------------------------------------------------------------
+
+
+async def one_httpx(client: httpx.AsyncClient, url: str, body: bytes, gate: asyncio.Event) -> Sample:
+    """One streaming completion through httpx's pool, retried after each 429."""
+    headers = {"content-type": "application/json", "accept": "text/event-stream"}
+    await gate.wait()
+    clock = time.perf_counter
+    sample = Sample(clock())
+    try:
+        while True:
+            sent = clock()
+            async with client.stream("POST", url, content=body, headers=headers) as response:
+                if response.status_code == 429:
+                    await response.aread()
+                    sample.hints_ms.append(retry_after_ms(dict(response.headers)))
+                    await asyncio.sleep(sample.hints_ms[-1] / 1000)
+                    continue
+                if response.status_code != 200:
+                    preview = (await response.aread())[:300].decode("utf-8", "replace")
+                    sample.error = f"HTTP {response.status_code} {preview}"
+                    return sample
+                sample.admitted_sent = sent
+                async for event in EventSource(response).aiter_sse():
+                    sample.event(event.data.encode(), clock())
+                sample.done = clock()
+                if sample.first_event is None:
+                    sample.error = sample.error or "no event"
+                return sample
+    except httpx.HTTPError as exc:
+        sample.error = type(exc).__name__
+        return sample
+
+
+# -- a burst -----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Burst:
+    """What one burst measured (TTFTs in ms) and the CPU seconds each process spent on it."""
+
+    completed: int
+    errors: dict[str, int]
+    hints_ms: list[float]
+    wall_s: float
+    tokens: int
+    ttft_first: list[float]
+    ttft_admitted: list[float]
+    cpu_s: dict[str, float] = field(default_factory=dict)  # server, governor, client
+
+    @property
+    def n_errors(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def refusals(self) -> int:
+        return len(self.hints_ms)
+
+    @property
+    def rps(self) -> float:
+        return self.completed / self.wall_s
+
+    @property
+    def tps(self) -> float:
+        return self.tokens / self.wall_s
+
+    def p(self, which: str, q: float) -> float:
+        value = percentile(getattr(self, which), q)
+        return float("nan") if value is None else value
+
+    def refusals_cell(self) -> str:
+        """429s, and the median retry-after-ms they named."""
+        hint = percentile(self.hints_ms, 50)
+        return "0" if hint is None else f"{self.refusals:,} ({hint:,.0f})"
+
+    def cpu_cell(self) -> str:
+        return " / ".join(f"{self.cpu_s[k]:.1f}" if k in self.cpu_s else "-" for k in ("server", "governor", "client"))
+
+
+async def burst(url: str, model: str, args: argparse.Namespace, round_: int) -> Burst:
+    """`args.burst` requests released together."""
+    bodies = [
+        orjson.dumps(
+            {
+                "model": model,
+                "prompt": f"{round_}.{i}: The quick brown fox jumps over the lazy dog.",
+                "max_tokens": args.max_tokens,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        )
+        for i in range(args.burst)
+    ]
+    gate = asyncio.Event()
+
+    async def release(tasks: Sequence[Awaitable[Sample]]) -> tuple[list[Sample], float]:
+        await asyncio.sleep(0.05)  # every task waiting at the gate
+        t0 = time.perf_counter()
+        gate.set()
+        return list(await asyncio.gather(*tasks)), t0
+
+    if args.client == "httpx":
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        timeout = httpx.Timeout(args.timeout, connect=30.0)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+            tasks = [asyncio.ensure_future(one_httpx(client, url, body, gate)) for body in bodies]
+            samples, t0 = await release(tasks)
+    else:
+        tasks = [asyncio.ensure_future(one_raw(url, body, gate, args.timeout)) for body in bodies]
+        samples, t0 = await release(tasks)
+    ends = [s.done for s in samples if s.done is not None and s.error is None]
+    errors: dict[str, int] = {}
+    for s in samples:
+        if s.error:
+            errors[s.error] = errors.get(s.error, 0) + 1
+    return Burst(
+        completed=len(ends),
+        errors=errors,
+        hints_ms=[h for s in samples for h in s.hints_ms],
+        wall_s=(max(ends) if ends else time.perf_counter()) - t0,
+        tokens=sum(s.tokens for s in samples if s.error is None),
+        ttft_first=[t * 1000 for s in samples if (t := s.ttft_first) is not None],
+        ttft_admitted=[t * 1000 for s in samples if (t := s.ttft_admitted) is not None],
+    )
+
+
+def measured(run: Callable[[], Burst], pids: dict[str, int]) -> Burst:
+    """Run a burst and charge it the CPU seconds of the server and governor (/proc) and of this process."""
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    client0 = time.process_time()
+    result = run()
+    result.cpu_s = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    result.cpu_s["client"] = time.process_time() - client0
+    return result
+
+
+# -- tables --------------------------------------------------------------------------------------------
+
+
+def tables(rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Namespace) -> str:
+    def admitted(b: Burst, c: str, q: float) -> str:
+        return "-" if c == DIRECT else fmt(b.p("ttft_admitted", q))
+
+    detail = []
+    for i, r in enumerate(rounds):
+        for c in configs:
+            b = r[c]
+            detail.append(
+                [
+                    str(i + 1),
+                    c,
+                    f"{b.completed}/{args.burst}",
+                    str(b.n_errors),
+                    b.refusals_cell(),
+                    f"{fmt(b.p('ttft_first', 50))} / {fmt(b.p('ttft_first', 99))}",
+                    f"{admitted(b, c, 50)} / {admitted(b, c, 99)}",
+                    f"{b.rps:.2f}",
+                    f"{b.tps:.1f}",
+                    f"{b.wall_s:.2f}",
+                    b.cpu_cell(),
+                ]
+            )
+    detail_headers = [
+        "round",
+        "config",
+        "completed",
+        "errors",
+        "429s (retry-after-ms p50)",
+        "TTFT p50 / p99 from first attempt (ms)",
+        "TTFT p50 / p99 from admitted attempt (ms)",
+        "requests/s",
+        "tokens/s",
+        "burst wall (s)",
+        "CPU s: server / governor / client",
+    ]
+
+    def med(c: str, pick: Callable[[Burst], float]) -> float:
+        return statistics.median(pick(r[c]) for r in rounds)
+
+    def vs_direct(c: str, pick: Callable[[Burst], float]) -> float:
+        return statistics.median(pick(r[c]) / pick(r[DIRECT]) for r in rounds)
+
+    summary = []
+    for c in configs:
+        governed = c != DIRECT
+        summary.append(
+            [
+                c,
+                f"{sum(r[c].completed for r in rounds)}/{args.burst * len(rounds)}",
+                str(sum(r[c].n_errors for r in rounds)),
+                fmt(med(c, lambda b: b.refusals)),
+                f"{fmt(med(c, lambda b: b.p('ttft_first', 50)))} / {fmt(med(c, lambda b: b.p('ttft_first', 99)))}",
+                f"{fmt(med(c, lambda b: b.p('ttft_admitted', 50)))} / {fmt(med(c, lambda b: b.p('ttft_admitted', 99)))}"
+                if governed
+                else "-",
+                f"{med(c, lambda b: b.rps):.2f}",
+                f"{med(c, lambda b: b.tps):.1f}",
+                f"{vs_direct(c, lambda b: b.p('ttft_first', 50)):.2f} /"
+                f" {vs_direct(c, lambda b: b.p('ttft_first', 99)):.2f}"
+                if governed
+                else "-",
+                f"{vs_direct(c, lambda b: b.rps):.2f}" if governed else "-",
+                " / ".join(
+                    f"{med(c, lambda b, k=k: b.cpu_s[k]):.1f}" if k in rounds[0][c].cpu_s else "-"  # type: ignore[misc]
+                    for k in ("server", "governor", "client")
+                ),
+            ]
+        )
+    summary_headers = [
+        "config",
+        "completed",
+        "errors",
+        "429s per burst",
+        "TTFT p50 / p99 from first attempt (ms)",
+        "TTFT p50 / p99 from admitted attempt (ms)",
+        "requests/s",
+        "tokens/s",
+        "TTFT p50 / p99 ÷ direct",
+        "requests/s ÷ direct",
+        "CPU s per burst: server / governor / client",
+    ]
+    # Rounds differ in the tokens their prompts lead to: compare each K with its own round's direct burst.
+    best = max(configs[1:], key=lambda c: vs_direct(c, lambda b: b.rps))
+    errors: dict[str, int] = {}
+    for r in rounds:
+        for c in configs:
+            for kind, n in r[c].errors.items():
+                errors[f"{c}: {kind}"] = errors.get(f"{c}: {kind}", 0) + n
+    notes = f"\n\nmost requests/s through the governor (median of per-round ratios to direct): {best}"
+    notes += f"; errors: {errors}" if errors else "; no errors"
+    return (
+        "per burst:\n\n"
+        + markdown_table(detail_headers, detail)
+        + "\n\nmedians over rounds (÷ direct: median of per-round ratios):\n\n"
+        + markdown_table(summary_headers, summary)
+        + notes
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--burst", type=int, default=64, help="requests released at once")
+    parser.add_argument("--max-tokens", type=int, default=32, help="per request (the tiny model has 128 positions)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4], help="the endpoint's K to try")
+    parser.add_argument("--client", choices=["raw", "httpx"], default="raw", help="see above")
+    parser.add_argument("--timeout", type=float, default=300.0, help="a request's time limit (s): a stall is an error")
+    parser.add_argument("--server-threads", type=int, default=1, help="the server's torch threads; 0: torch's default")
+    parser.add_argument(
+        "--global-cap", action="store_true", help="also pass --max-inflight K (by default only the endpoint has K)"
+    )
+    parser.add_argument(
+        "--governor-args", default="", help="more governor flags, e.g. '--retry-hint fixed --retry-hint-ms 20'"
+    )
+    args = parser.parse_args()
+    command = "python -m benchmarks.peers.openai_upstream " + " ".join(sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="openai-upstream-") as tmp:
+        model_dir = save_tiny_gpt2(Path(tmp) / "tiny-gpt2")
+        server = Server(model_dir, args.server_threads).start()
+        governors: dict[str, tuple[Popen[bytes], int, int]] = {}
+        try:
+            assert server.pid is not None
+            for k in args.concurrency:
+                http_port = free_port()
+                worker = f"{server.base_url},model={server.model},concurrency={k}"
+                flags = ["--worker", worker, "--http-port", str(http_port), "--integrity", "optional"]
+                if args.global_cap:
+                    flags += ["--max-inflight", str(k)]
+                flags += args.governor_args.split()
+                proc, port = start_governor(*flags, log=out_dir() / f"openai_upstream_k{k}.log", timeout=60)
+                governors[f"governor K={k}"] = (proc, port, http_port)
+            # The front door serves an OpenAI endpoint under that endpoint's model name (--served-model
+            # names the worker endpoints), so clients send the same `model` both ways.
+            targets = {DIRECT: f"{server.base_url}/completions"}
+            pids = {DIRECT: {"server": server.pid}}
+            for name, (proc, _, http_port) in governors.items():
+                targets[name] = f"http://127.0.0.1:{http_port}/v1/completions"
+                pids[name] = {"server": server.pid, "governor": proc.pid}
+            configs = list(targets)
+            warm = argparse.Namespace(**{**vars(args), "burst": 4})
+            for url in targets.values():  # the server's first requests are slow; each path once
+                uvloop.run(burst(url, server.model, warm, 0))
+            rounds: list[dict[str, Burst]] = []
+            for i in range(args.rounds):
+                results: dict[str, Burst] = {}
+                for k in range(len(configs)):
+                    name = configs[(i + k) % len(configs)]
+                    run = partial(uvloop.run, burst(targets[name], server.model, args, i + 1))
+                    b = measured(run, pids[name])
+                    results[name] = b
+                    print(
+                        f"round {i + 1} {name}: {b.completed}/{args.burst} completed, {b.n_errors} errors,"
+                        f" 429s {b.refusals_cell()}, TTFT p50/p99 {b.p('ttft_first', 50):,.0f}/"
+                        f"{b.p('ttft_first', 99):,.0f} ms (admitted attempt {b.p('ttft_admitted', 50):,.0f}/"
+                        f"{b.p('ttft_admitted', 99):,.0f}), {b.rps:.2f} req/s, {b.tps:.1f} tok/s in {b.wall_s:.2f} s,"
+                        f" CPU s server/governor/client {b.cpu_cell()}",
+                        flush=True,
+                    )
+                rounds.append(results)
+            for name, (_, port, _) in governors.items():
+                s = stats(port)
+                yielded = {k: v for k, v in s["yielded_by_reason"].items() if v}
+                failed = {k: v for k, v in s["failed_by_reason"].items() if v}
+                print(
+                    f"{name} accounting: received={s['received_total']} executed={s['executed_total']}"
+                    f" yielded={s['yielded_total']} {yielded} failed={s['failed_total']} {failed}"
+                    f" rejected={s['rejected_total']}",
+                    flush=True,
+                )
+        finally:
+            for proc, _, _ in governors.values():
+                stop(proc)
+            server.stop()
+    print(f"\ncommand: `{command.strip()}`\nmachine: {machine()}\n")
+    print(
+        f"`transformers serve` (its defaults, CPU, torch threads: {args.server_threads or 'default'}) serving the tiny"
+        " GPT-2 of tests/tiny_gpt2.py; bursts of"
+        f" {args.burst} streaming requests, max_tokens {args.max_tokens}, {args.client} client; {args.rounds} rounds;"
+        f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}\n"
+    )
+    print(tables(rounds, configs, args))
+
+
+if __name__ == "__main__":
+    main()
