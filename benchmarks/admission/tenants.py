@@ -34,190 +34,71 @@ import argparse
 import asyncio
 import random
 import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from benchmarks.harness.common import (
-    fmt,
-    machine,
-    markdown_table,
-    out_dir,
-    random_text,
-    start_governor,
-    start_gpt2_worker,
-    stats,
-    stop,
+from benchmarks.harness.common import fmt, machine, markdown_table, out_dir, random_text, stats, stop
+from benchmarks.harness.experiment import (
+    MAX_NEW,
+    Arrival,
+    Outcome,
+    Run,
+    WorkerBench,
+    poisson,
+    ttft_ms,
+    worker_options,
 )
-from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
+from governor.client import NO_RETRY, AsyncClient, Yielded
 
 SHORT, LONG = 32, 128
-MAX_NEW = 16
 MAX_INFLIGHT = 8
 
 
-@dataclass(frozen=True)
-class Arrival:
-    at: float
-    tenant: str
-    priority: str | None
-    prompt: str
-
-
-@dataclass
-class Outcome:
-    arrival: Arrival
-    status: str  # done | yield | error (the last attempt's)
-    attempts: int
-    ttft_s: float | None  # from the first submission
-    reasons: tuple[str, ...] = ()  # of the yields it met, in order
-
-
-def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:
-    times, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= seconds:
-            return times
-        times.append(t)
-
-
-async def one(client: AsyncClient, a: Arrival, t0: float, retry_until: float | None, victim_until: float) -> Outcome:
-    """Send `a` at its time; with `retry_until`, a yield is retried after its hint until then. A
-    `preempted` yield (admitted, then displaced before its first token) is retried until
-    `victim_until` whatever `retry_until` says, as a client that saw its request accepted does
-    (the OpenAI SDKs retry a 429). A retry sends the yield's ticket back and comes at the hint
-    exactly when there is one, else with up to 20% jitter added (protocol.md)."""
-    await asyncio.sleep(max(0.0, t0 + a.at - time.perf_counter()))
-    sent = time.perf_counter()
-    attempts = 0
-    reasons: list[str] = []
-    ticket: str | None = None
-    while True:
-        attempts += 1
-        first: float | None = None
-        try:
-            async with client.stream(
-                a.prompt, max_new_tokens=MAX_NEW, tenant=a.tenant or None, priority=a.priority,
-                temperature=0.0, stop_on_eos=False, retry_ticket=ticket,
-            ) as stream:  # fmt: skip
-                async for _ in stream:
-                    first = first or time.perf_counter()
-        except Yielded as exc:
-            reasons.append(exc.reason)
-            ticket = exc.retry_ticket
-            wait = exc.retry_hint_ms / 1000 * (1.0 if ticket else random.uniform(1.0, 1.2))
-            until = victim_until if "preempted" in reasons else retry_until
-            if until is None or time.perf_counter() + wait > until:
-                return Outcome(a, "yield", attempts, None, tuple(reasons))
-            await asyncio.sleep(wait)
-            continue
-        except GovernorError:
-            return Outcome(a, "error", attempts, None, tuple(reasons))
-        return Outcome(a, "done", attempts, None if first is None else first - sent, tuple(reasons))
-
-
-async def drive(port: int, plan: list[Arrival], retry: bool, seconds: float) -> tuple[list[Outcome], float]:
-    async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
-        await client.connect()
-        t0 = time.perf_counter()
-        retry_until = t0 + seconds if retry else None
-        outcomes = await asyncio.gather(*(one(client, a, t0, retry_until, t0 + seconds) for a in plan))
-        return list(outcomes), time.perf_counter() - t0
-
-
 def p99_ms(outcomes: list[Outcome]) -> float | None:
-    values = sorted(o.ttft_s for o in outcomes if o.status == "done" and o.ttft_s is not None)
-    return 1000 * values[min(len(values) - 1, int(0.99 * len(values)))] if values else None
+    return ttft_ms(outcomes, 0.99)
 
 
-class Bench:
+class Bench(WorkerBench):
+    """Every governor at `--max-inflight 8`, tenants named by the frame."""
+
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.worker, self.worker_port = start_gpt2_worker("tenants", args.model, args.threads, args.dtype)
+        super().__init__("tenants", args, "--max-inflight", str(MAX_INFLIGHT), "--tenant-from", "frame")
 
-    def governor(self, name: str, *flags: str) -> tuple[Any, int]:
-        return start_governor(
-            "--max-inflight", str(MAX_INFLIGHT), "--integrity", "off", "--tenant-from", "frame",
-            "--worker", f"127.0.0.1:{self.worker_port}", *flags, log=out_dir() / f"tenants_{name}.log",
-        )  # fmt: skip
+    def retrying(self, name: str, flags: list[str], plan: list[Arrival]) -> Run:
+        """Every yield retried at its hint until the arrivals end."""
+        return self.run(name, flags, plan, retry_for_s=self.args.seconds, victims_retry_for_s=self.args.seconds)
 
-    def run(self, name: str, flags: list[str], plan: list[Arrival], retry: bool) -> tuple[list[Outcome], float]:
-        proc, port = self.governor(name, *flags)
-        try:
-            outcomes, wall = asyncio.run(drive(port, plan, retry, self.args.seconds))
-        finally:
-            stop(proc)
-        done = sum(o.status == "done" for o in outcomes)
-        reasons = Counter(reason for o in outcomes for reason in o.reasons)
-        print(f"  {name}: {done}/{len(plan)} done in {wall:.1f} s, yields {dict(reasons)}", flush=True)
-        time.sleep(1.0)  # let cancelled work drain from the worker before the next run
-        return outcomes, wall
-
-    def capacity(self) -> float:
-        """Completed requests/s of short prompts in a closed loop of MAX_INFLIGHT clients."""
-        proc, port = self.governor("capacity")
-
-        async def closed() -> float:
-            rng = random.Random(5)
-            async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
-                await client.connect()
-                done = 0
-                t0 = time.perf_counter()
-                end = t0 + self.args.seconds / 2
-
-                async def loop() -> None:
-                    nonlocal done
-                    while time.perf_counter() < end:
-                        await client.generate(
-                            random_text(rng, SHORT), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
-                        )
-                        done += 1
-
-                await asyncio.gather(*(loop() for _ in range(MAX_INFLIGHT)))
-                return done / (time.perf_counter() - t0)
-
-        try:
-            rate = asyncio.run(closed())
-        finally:
-            stop(proc)
-        print(f"  capacity: {rate:.2f} req/s", flush=True)
-        time.sleep(1.0)
-        return rate
-
-    def close(self) -> None:
-        stop(self.worker)
+    def final(self, name: str, flags: list[str], plan: list[Arrival]) -> Run:
+        """A yield final, but a `preempted` one retried at its hint until the arrivals end."""
+        return self.run(name, flags, plan, victims_retry_for_s=self.args.seconds)
 
 
 def neighbour_experiment(bench: Bench, capacity: float) -> str:
     seconds = bench.args.seconds
     rng = random.Random(11)
-    b_plan = [Arrival(t, "B", None, random_text(rng, SHORT)) for t in poisson(0.3 * capacity, seconds, rng)]
-    a_plan = [Arrival(t, "A", None, random_text(rng, SHORT)) for t in poisson(5.0 * capacity, seconds, rng)]
+    b_plan = [Arrival(t, random_text(rng, SHORT), tenant="B") for t in poisson(0.3 * capacity, seconds, rng)]
+    a_plan = [Arrival(t, random_text(rng, SHORT), tenant="A") for t in poisson(5.0 * capacity, seconds, rng)]
     both = sorted(a_plan + b_plan, key=lambda a: a.at)
     tenants = ["--tenant", "A", "--tenant", "B"]
     runs = {
-        "B alone": bench.run("neighbour_solo", tenants, b_plan, retry=True),
-        "A + B, no tenants": bench.run("neighbour_anonymous", [], both, retry=True),
-        "A + B, tenants 1:1": bench.run("neighbour_tenants", tenants, both, retry=True),
-        "A + B, tenants 1:1, --tenant-share-from 0.5": bench.run(
-            "neighbour_tenants_05", [*tenants, "--tenant-share-from", "0.5"], both, retry=True
+        "B alone": bench.retrying("neighbour_solo", tenants, b_plan),
+        "A + B, no tenants": bench.retrying("neighbour_anonymous", [], both),
+        "A + B, tenants 1:1": bench.retrying("neighbour_tenants", tenants, both),
+        "A + B, tenants 1:1, --tenant-share-from 0.5": bench.retrying(
+            "neighbour_tenants_05", [*tenants, "--tenant-share-from", "0.5"], both
         ),
     }
     guarantee = bench.args.guarantee
     if guarantee:
         flags = ["--tenant", "A", "--tenant", f"B,guaranteed_inflight={guarantee}"]
-        runs[f"A + B, tenants 1:1, B guaranteed_inflight={guarantee}"] = bench.run(
-            "neighbour_guaranteed", flags, both, retry=True
+        runs[f"A + B, tenants 1:1, B guaranteed_inflight={guarantee}"] = bench.retrying(
+            "neighbour_guaranteed", flags, both
         )
-    solo_b = [o for o in runs["B alone"][0] if o.arrival.tenant == "B"]
-    solo_rate = sum(o.status == "done" for o in solo_b) / runs["B alone"][1]
+    solo_b = runs["B alone"].of(tenant="B")
+    solo_rate = sum(o.status == "done" for o in solo_b) / runs["B alone"].wall_s
     solo_p99 = p99_ms(solo_b)
     rows = []
-    for name, (outcomes, wall) in runs.items():
-        b = [o for o in outcomes if o.arrival.tenant == "B"]
-        a = [o for o in outcomes if o.arrival.tenant == "A"]
+    for name, run in runs.items():
+        b, a, wall = run.of(tenant="B"), run.of(tenant="A"), run.wall_s
         rate = sum(o.status == "done" for o in b) / wall
         p99 = p99_ms(b)
         rows.append(
@@ -296,19 +177,23 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
     seconds = bench.args.seconds
     rng = random.Random(17)
     classes = ("critical", "standard", "sheddable")
-    plan = [Arrival(t, "", rng.choice(classes), random_text(rng, SHORT)) for t in poisson(1.5 * capacity, seconds, rng)]
-    classless = [Arrival(a.at, "", None, a.prompt) for a in plan]
+    plan = [
+        Arrival(t, priority=rng.choice(classes), prompt=random_text(rng, SHORT))  # drawn in this order
+        for t in poisson(1.5 * capacity, seconds, rng)
+    ]
+    classless = [Arrival(a.at, a.prompt) for a in plan]
     variants = {"classes": []} | {f"classes {' '.join(flags)}": flags for flags in bench.args.class_flags}
-    runs = {name: bench.run(name.replace(" ", "_"), flags, plan, retry=False) for name, flags in variants.items()}
-    without, wall_without = bench.run("classless", [], classless, retry=False)
-    done_without = sum(o.status == "done" for o in without)
-    rate_without = done_without / wall_without
+    runs = {name: bench.final(name.replace(" ", "_"), flags, plan) for name, flags in variants.items()}
+    classless_run = bench.final("classless", [], classless)
+    without = classless_run.outcomes
+    rate_without = classless_run.rps
     rows = []
-    for name, (outcomes, wall) in runs.items():
+    for name, run in runs.items():
+        outcomes, wall = run.outcomes, run.wall_s
         yields_total = sum(o.status == "yield" for o in outcomes)
         preempted = sum("preempted" in o.reasons for o in outcomes)
         for cls in classes:
-            mine = [o for o in outcomes if o.arrival.priority == cls]
+            mine = run.of(priority=cls)
             admitted = sum(o.status != "yield" and "preempted" not in o.reasons for o in mine)
             completed_after = sum(o.status == "done" and "preempted" in o.reasons for o in mine)
             retried = f" (+{completed_after} on retry)" if completed_after else ""
@@ -337,9 +222,7 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
     )
     headers = ["run", "class", "offered", "admitted (kept)", "share of all yields", "TTFT p99 ms / throughput"]
     table = markdown_table(headers, rows)
-    summary = ", ".join(
-        f"{name} {sum(o.status == 'done' for o in outcomes) / wall:.2f}" for name, (outcomes, wall) in runs.items()
-    )
+    summary = ", ".join(f"{name} {run.rps:.2f}" for name, run in runs.items())
     return (
         f"1.5 C = {1.5 * capacity:.2f} req/s for {seconds:g} s, a yield final"
         " (a `preempted` one is retried at its hint).\n\n"
@@ -350,9 +233,7 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", default="neighbour,weights,classes")
-    parser.add_argument("--model", default="random-gpt2")
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--dtype", default="auto")
+    worker_options(parser)
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run")
     parser.add_argument(
         "--capacity", type=float, default=0.0, help="C in req/s instead of measuring it (to compare versions alike)"
@@ -373,7 +254,8 @@ def main() -> None:
     report = [f"machine: {machine()}; model {args.model}, dtype {args.dtype}, --max-inflight {MAX_INFLIGHT}\n"]
     try:
         chosen = args.experiments.split(",")
-        capacity = args.capacity or (bench.capacity() if {"neighbour", "classes"} & set(chosen) else 0.0)
+        measure = {"neighbour", "classes"} & set(chosen) and not args.capacity
+        capacity = bench.capacity([], MAX_INFLIGHT, lambda _: SHORT) if measure else args.capacity
         if "neighbour" in chosen:
             report.append("### noisy neighbour\n\n" + neighbour_experiment(bench, capacity))
         if "weights" in chosen:

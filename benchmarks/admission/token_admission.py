@@ -27,72 +27,17 @@ yield is final (no retry), so what is measured is what the governor let in.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import random
 import statistics
 import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from benchmarks.harness.common import (
-    fmt,
-    machine,
-    markdown_table,
-    out_dir,
-    random_text,
-    start_governor,
-    start_gpt2_worker,
-    stop,
-)
-from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
+from benchmarks.harness.common import fmt, machine, markdown_table, out_dir, random_text
+from benchmarks.harness.experiment import Arrival, Run, WorkerBench, worker_options
 
 SHORT, LONG = 32, 896
-MAX_NEW = 16
-
-
-@dataclass(frozen=True)
-class Arrival:
-    at: float
-    kind: str  # short | long
-    prompt: str
-
-
-@dataclass
-class Outcome:
-    kind: str
-    status: str  # done | yield | error
-    code: str | None
-    ttft_s: float | None
-    sent_s: float
-
-
-@dataclass
-class Run:
-    name: str
-    outcomes: list[Outcome]
-    wall_s: float
-    timeline: list[dict[str, float]] = field(default_factory=list)  # polled stats
-
-    def done(self, kind: str | None = None) -> list[Outcome]:
-        return [o for o in self.outcomes if o.status == "done" and (kind is None or o.kind == kind)]
-
-    def ttft_ms(self, q: float, kind: str | None = None, since: float = 0.0, until: float = 1e9) -> float | None:
-        values = sorted(o.ttft_s for o in self.done(kind) if o.ttft_s is not None and since <= o.sent_s < until)
-        return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else None
-
-    @property
-    def rps(self) -> float:
-        return len(self.done()) / self.wall_s
-
-    def goodput(self, slo_s: float) -> float:
-        return sum(1 for o in self.done() if o.ttft_s is not None and o.ttft_s <= slo_s) / self.wall_s
-
-    def count(self, status: str, code: str | None = None) -> int:
-        return sum(1 for o in self.outcomes if o.status == status and (code is None or o.code == code))
 
 
 def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[Arrival]:
@@ -103,125 +48,36 @@ def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[
         if t >= seconds:
             return out
         kind = "long" if rng.random() < long_share else "short"
-        out.append(Arrival(t, kind, random_text(rng, LONG if kind == "long" else SHORT)))
+        out.append(Arrival(t, random_text(rng, LONG if kind == "long" else SHORT), kind))
 
 
-async def drive(port: int, plan: list[Arrival], deadline_ms: float = 0.0, poll_s: float = 0.5) -> Run:
-    timeline: list[dict[str, float]] = []
-    async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client, AsyncClient(port=port) as poller:
-        await client.connect()
-        await poller.connect()
-        t0 = time.perf_counter()
+class Bench(WorkerBench):
+    """A yield final; the governor's stats polled every 0.5 s."""
 
-        async def one(a: Arrival) -> Outcome:
-            await asyncio.sleep(max(0.0, t0 + a.at - time.perf_counter()))
-            sent = time.perf_counter()
-            first: float | None = None
-            fields: dict[str, Any] = {"temperature": 0.0, "stop_on_eos": False}
-            if deadline_ms:
-                fields["deadline_ms"] = deadline_ms
-            try:
-                async with client.stream(a.prompt, max_new_tokens=MAX_NEW, **fields) as stream:
-                    async for _ in stream:
-                        first = first or time.perf_counter()
-            except Yielded as exc:
-                return Outcome(a.kind, "yield", exc.reason, None, sent - t0)
-            except GovernorError as exc:
-                return Outcome(a.kind, "error", exc.code, None, sent - t0)
-            return Outcome(a.kind, "done", None, None if first is None else first - sent, sent - t0)
-
-        async def poll() -> None:
-            while True:
-                s = await poller.stats()
-                engine = s["workers"][0]["engine"]
-                timeline.append(
-                    {
-                        "t": time.perf_counter() - t0,
-                        "busy": engine.get("busy_seconds_total", 0.0),
-                        "limit": s["max_inflight"],
-                        "adaptive": s["adaptive_limit"]["limit"],
-                        "inflight": s["inflight"],
-                    }
-                )
-                await asyncio.sleep(poll_s)
-
-        poller_task = asyncio.create_task(poll())
-        outcomes = await asyncio.gather(*(one(a) for a in plan))
-        wall = time.perf_counter() - t0
-        poller_task.cancel()
-    return Run("", list(outcomes), wall, timeline)
-
-
-class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.worker, self.worker_port = start_gpt2_worker("token_admission", args.model, args.threads, args.dtype)
+        super().__init__("token_admission", args)
 
-    def run(self, name: str, flags: list[str], plan: list[Arrival], deadline_ms: float = 0.0) -> Run:
-        proc, port = start_governor(
-            *flags, "--integrity", "off", "--worker", f"127.0.0.1:{self.worker_port}",
-            log=out_dir() / f"token_admission_{name}.log",
-        )  # fmt: skip
-        try:
-            run = asyncio.run(drive(port, plan, deadline_ms))
-        finally:
-            stop(proc)
-        run.name = name
-        short = run.ttft_ms(0.99, "short")
+    def open_loop(self, name: str, flags: list[str], plan: list[Arrival], deadline_ms: float = 0.0) -> Run:
+        run = self.run(name, flags, plan, deadline_ms=deadline_ms, poll_s=0.5)
         print(
-            f"  {name}: {len(run.done())}/{len(plan)} done ({run.rps:.2f}/s), short TTFT p99 "
-            f"{short or 0:.0f} ms, goodput {run.goodput(self.args.slo_ms / 1000):.2f}/s, yields "
-            f"{run.count('yield')}, errors {run.count('error')}",
+            f"    short TTFT p99 {run.ttft_ms(0.99, 'short') or 0:.0f} ms, "
+            f"goodput {run.goodput(self.args.slo_ms / 1000):.2f}/s",
             flush=True,
         )
-        time.sleep(1.0)  # let cancelled work drain from the worker before the next run
         return run
 
-    def close(self) -> None:
-        stop(self.worker)
-
-    def capacity(self, long_share: float) -> float:
+    def mix_capacity(self, long_share: float) -> float:
         """Completed requests/s of the mix in a closed loop of 16 clients, no cap."""
-        proc, port = start_governor(
-            "--max-inflight", "1000", "--integrity", "off", "--worker", f"127.0.0.1:{self.worker_port}"
-        )
-
-        async def closed() -> float:
-            rng = random.Random(5)
-            async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
-                await client.connect()
-                done = 0
-                t0 = time.perf_counter()
-                end = t0 + self.args.seconds / 2
-
-                async def loop() -> None:
-                    nonlocal done
-                    while time.perf_counter() < end:
-                        n = LONG if rng.random() < long_share else SHORT
-                        await client.generate(
-                            random_text(rng, n), max_new_tokens=MAX_NEW, temperature=0.0, stop_on_eos=False
-                        )
-                        done += 1
-
-                await asyncio.gather(*(loop() for _ in range(16)))
-                return done / (time.perf_counter() - t0)
-
-        try:
-            rate = asyncio.run(closed())
-        finally:
-            stop(proc)
-        print(f"  capacity (long share {long_share:.0%}): {rate:.2f} req/s", flush=True)
-        time.sleep(1.0)
-        return rate
+        return self.capacity(["--max-inflight", "1000"], 16, lambda rng: LONG if rng.random() < long_share else SHORT)
 
 
 def mix_experiment(bench: Bench, capacity: float) -> str:
     args = bench.args
     plan = arrivals(1.5 * capacity, args.seconds, 0.1, seed=1)
     slo = args.slo_ms / 1000
-    caps = [bench.run(f"cap{c}", ["--max-inflight", str(c)], plan) for c in (2, 4, 8, 16)]
+    caps = [bench.open_loop(f"cap{c}", ["--max-inflight", str(c)], plan) for c in (2, 4, 8, 16)]
     budgets = [
-        bench.run(f"tokens{t}", ["--max-inflight", "64", "--max-inflight-tokens", str(t)], plan)
+        bench.open_loop(f"tokens{t}", ["--max-inflight", "64", "--max-inflight-tokens", str(t)], plan)
         for t in (1200, 2000, 3200)
     ]
     best_cap = max(caps, key=lambda r: r.goodput(slo))
@@ -265,8 +121,8 @@ def deadline_experiment(bench: Bench, capacity: float) -> str:
     plan = arrivals(1.5 * capacity, args.seconds, 0.1, seed=2)
     slo = args.slo_ms / 1000
     flags = ["--max-inflight", "32"]
-    plain = bench.run("no_deadline", flags, plan)
-    aware = bench.run("deadline", flags, plan, deadline_ms=args.slo_ms)
+    plain = bench.open_loop("no_deadline", flags, plan)
+    aware = bench.open_loop("deadline", flags, plan, deadline_ms=args.slo_ms)
     admitted = aware.done()
     met = sum(1 for o in admitted if o.ttft_s is not None and o.ttft_s <= slo)
     expired = aware.count("error", "deadline_exceeded")
@@ -316,10 +172,10 @@ def hog(seconds: float) -> list[subprocess.Popen[bytes]]:
 
 def adaptive_experiment(bench: Bench) -> str:
     args = bench.args
-    capacity = bench.capacity(0.0)
+    capacity = bench.mix_capacity(0.0)
     seconds = args.seconds
     sweep_plan = arrivals(1.5 * capacity, seconds, 0.0, seed=3)
-    sweep = [bench.run(f"fixed{c}", ["--max-inflight", str(c)], sweep_plan) for c in (2, 4, 8, 16, 32)]
+    sweep = [bench.open_loop(f"fixed{c}", ["--max-inflight", str(c)], sweep_plan) for c in (2, 4, 8, 16, 32)]
     top = max(r.rps for r in sweep)
     best = min((r for r in sweep if r.rps >= 0.95 * top), key=lambda r: int(r.name[5:]))
     best_cap = int(best.name[5:])
@@ -334,7 +190,7 @@ def adaptive_experiment(bench: Bench) -> str:
         starter = threading.Timer(seconds, lambda started=hogs: started.extend(hog(seconds + 5)))
         starter.start()
         try:
-            runs.append(bench.run(f"halving_{name}", flags, plan))
+            runs.append(bench.open_loop(f"halving_{name}", flags, plan))
         finally:
             starter.cancel()
             for p in hogs:
@@ -389,9 +245,7 @@ def adaptive_experiment(bench: Bench) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--experiments", default="mix,deadline,adaptive")
-    parser.add_argument("--model", default="random-gpt2")
-    parser.add_argument("--threads", type=int, default=0)
-    parser.add_argument("--dtype", default="auto")
+    worker_options(parser)
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (the adaptive runs: twice)")
     parser.add_argument("--slo-ms", type=float, default=1000.0, help="TTFT SLO of goodput, and the deadline")
     args = parser.parse_args()
@@ -400,7 +254,7 @@ def main() -> None:
     report = [f"machine: {machine()}; model {args.model}, dtype {args.dtype}\n"]
     try:
         chosen = args.experiments.split(",")
-        mix_capacity = bench.capacity(0.1) if {"mix", "deadline"} & set(chosen) else 0.0
+        mix_capacity = bench.mix_capacity(0.1) if {"mix", "deadline"} & set(chosen) else 0.0
         if "mix" in chosen:
             report.append("### token budget vs request cap\n\n" + mix_experiment(bench, mix_capacity))
         if "deadline" in chosen:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import random
 import socket
 import statistics
@@ -16,6 +14,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from benchmarks.harness.results import Machine
 from governor.bench.config import BenchConfig
 from governor.bench.main import measure
 from governor.bench.runner import RunResult
@@ -135,17 +134,8 @@ def rss_mib(pid: int) -> float:
 
 
 def machine() -> str:
-    cpu = "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
-    )
+    """The machine in one line, for the top of a benchmark's output (results.Machine has the fields)."""
+    return Machine.here().line()
 
 
 def bench(address: str, **fields: Any) -> tuple[Summary, RunResult]:
