@@ -72,9 +72,11 @@ VECTOR_FLAGS = (
 
 @dataclass(frozen=True)
 class Figure:
-    """One measured number. A comparison names its baseline, measured beside it in the same sitting;
-    `ratio` is value / baseline unless the benchmark computed a better estimate (the median of
-    per-round ratios, which cancels the drift between rounds)."""
+    """One measured number. A comparison names its baseline, measured beside it in the same sitting,
+    and compares by `ratio` (value / baseline, unless the benchmark computed a better estimate: the
+    median of per-round ratios, which cancels the drift between rounds) or, for what is added to a
+    baseline (latency through the governor against straight to the worker), by `difference` (the
+    median of per-round differences, in the figure's unit)."""
 
     name: str
     value: float | None
@@ -82,6 +84,7 @@ class Figure:
     baseline: str | None = None
     baseline_value: float | None = None
     ratio: float | None = None
+    difference: float | None = None
     bar: str | None = None  # the target, in words: "ratio >= 0.9", "<= 2 ms"
     met: bool | None = None
     headline: bool = True
@@ -217,15 +220,16 @@ class Sitting:
         *,
         baseline: tuple[str, float | None] | None = None,
         ratio: float | None = None,
+        difference: float | None = None,
         bar: str | None = None,
         met: bool | None = None,
         headline: bool = True,
         note: str = "",
     ) -> Figure:
-        """Record one figure (and return it). With a baseline and no `ratio`, the ratio is value /
-        baseline value."""
+        """Record one figure (and return it). With a baseline and neither `ratio` nor `difference`,
+        the ratio is value / baseline value."""
         base_name, base_value = baseline if baseline else (None, None)
-        if ratio is None and value is not None and base_value:
+        if ratio is None and difference is None and value is not None and base_value:
             ratio = value / base_value
         fig = Figure(
             name=name,
@@ -234,6 +238,7 @@ class Sitting:
             baseline=base_name,
             baseline_value=base_value,
             ratio=ratio,
+            difference=difference,
             bar=bar,
             met=met,
             headline=headline,

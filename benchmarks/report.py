@@ -1,0 +1,273 @@
+"""Build the current-figures page, docs/BENCHMARKS.md, from the committed result files.
+
+    python -m benchmarks.report [--results DIR] [--out docs/BENCHMARKS.md] [--methods docs/benchmarks/methods.md]
+    make bench-report
+
+One table, one row per headline figure of the latest result of each benchmark
+(benchmarks/results/<folder>/<name>.json, written by the benchmark itself: harness/results.py):
+the figure, this project's value, the baseline measured beside it in the same sitting, their
+ratio, the bar it is held to, the machine, the date and the command that re-runs it. A figure with
+no baseline is absolute and holds for its machine only; a ratio is what carries across machines.
+
+A figure is marked stale when a commit after its result's touched a package it measures (`git
+rev-list RESULT..HEAD -- PACKAGES`), or when it was measured with uncommitted changes to one: the
+number may no longer be what that code does. Benchmarks with no result file yet are listed with
+their commands. The page is generated whole: edit this script or re-run a benchmark, not the page.
+
+It also writes docs/benchmarks/methods.md from the benchmarks' own docstrings (what each does and
+why), so the methods cannot drift from the code that runs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from benchmarks.harness.results import RESULTS, ROOT, Machine
+
+FOLDERS = {  # the order of the page, and what each kind of measurement is
+    "peers": "beside other software, in the same sitting",
+    "cost": "the governor's own cost",
+    "admission": "does a limit hold what it promises",
+    "engine": "the worker's engine",
+    "robustness": "hostile input and long runs",
+}
+PAGE = ROOT / "docs" / "BENCHMARKS.md"
+INTRO = """\
+One row per headline figure of the latest result of each benchmark. **Beside it** is a baseline
+measured in the same sitting, on the same machine, alternating with this project; the **ratio** is
+this project's value over it (or, for what the governor adds to a path, the difference), and it is
+what carries from one machine to another. A figure with nothing beside it is absolute: it holds
+for its machine only (the machines are listed below the table). A result is **stale** when the
+code it measures changed after it was taken. What each benchmark does and why:
+[methods](benchmarks/methods.md); every earlier sitting, dated, with its full tables:
+[sittings](benchmarks/sittings.md). The command in each row re-runs it and rewrites its result
+file; `make bench-report` then rebuilds this page."""
+METHODS = ROOT / "docs" / "benchmarks" / "methods.md"
+
+
+@dataclass(frozen=True)
+class Result:
+    path: Path
+    record: dict[str, Any]
+
+    @property
+    def folder(self) -> str:
+        return str(self.record["benchmark"]).partition(".")[0]
+
+    @property
+    def machine(self) -> Machine:
+        fields = dict(self.record["machine"])
+        fields["flags"] = tuple(fields["flags"])
+        return Machine(**fields)
+
+    @property
+    def date(self) -> str:
+        return str(self.record["date"])[:10]
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """Whether a result still describes the code at HEAD, and if not, why."""
+
+    stale: bool
+    why: str = ""
+
+
+def load(results: Path) -> list[Result]:
+    found = [Result(path, orjson.loads(path.read_bytes())) for path in sorted(results.glob("*/*.json"))]
+    return sorted(found, key=lambda r: (list(FOLDERS).index(r.folder) if r.folder in FOLDERS else 99, r.path.name))
+
+
+def git(*args: str, cwd: Path) -> str | None:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def freshness(record: dict[str, Any], repo: Path = ROOT) -> Freshness:
+    """Compare the result's commit with the commits since that touched what it measures."""
+    commit, measures = record.get("commit"), list(record.get("measures") or [])
+    if not commit or git("cat-file", "-e", f"{commit}^{{commit}}", cwd=repo) is None:
+        return Freshness(True, "measured at a commit this history does not have")
+    later = git("rev-list", f"{commit}..HEAD", "--", *measures, cwd=repo)
+    if later is None:
+        return Freshness(True, "its commit could not be compared with HEAD")
+    if later:
+        commits = later.splitlines()
+        last = git("log", "-1", "--format=%h %cs", commits[0], cwd=repo) or commits[0][:9]
+        paths = ", ".join(f"{m}/" for m in measures)
+        return Freshness(True, f"{len(commits)} later commit(s) changed {paths} (the last: {last})")
+    if record.get("dirty"):
+        return Freshness(True, "measured with uncommitted changes to " + ", ".join(f"{m}/" for m in measures))
+    return Freshness(False)
+
+
+def number(x: float | None) -> str:
+    """Short and exact enough: whole numbers as they are, thousands separated from 100 on, three
+    significant digits below."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    if abs(x) >= 100 or x == int(x):
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def quantity(x: float | None, unit: str) -> str:
+    if x is None:
+        return "–"
+    if unit == "%":
+        return f"{number(x)}%"
+    if unit == "x":
+        return f"{number(x)}×"
+    return f"{number(x)} {unit}".rstrip()
+
+
+def comparison(fig: dict[str, Any]) -> str:
+    """This project against its baseline: a ratio, or what it adds in the figure's unit."""
+    if fig.get("ratio") is not None:
+        return f"{number(fig['ratio'])}×"
+    if fig.get("difference") is not None:
+        sign = "+" if fig["difference"] >= 0 else "−"
+        return sign + quantity(abs(fig["difference"]), fig["unit"])
+    return ""
+
+
+def bar_cell(fig: dict[str, Any]) -> str:
+    bar = fig.get("bar")
+    if not bar:
+        return ""
+    met = fig.get("met")
+    return f"{bar}: {'met' if met else 'missed'}" if met is not None else bar
+
+
+def rows(results: list[Result], machines: dict[Machine, str], repo: Path) -> tuple[list[str], list[str]]:
+    """The table's rows, group by group, and the footnotes of stale results."""
+    lines, notes = [], []
+    for folder, what in FOLDERS.items():
+        mine = [r for r in results if r.folder == folder]
+        if not mine:
+            continue
+        lines.append(f"| **{folder}/** — {what} | | | | | | | |")
+        for result in mine:
+            fresh = freshness(result.record, repo)
+            date = result.date
+            if fresh.stale:
+                notes.append(f"`{result.path.relative_to(result.path.parents[1])}`: {fresh.why}.")
+                date += f" **stale**[^{len(notes)}]"
+            command = f"`{result.record['command']}`"
+            for fig in (f for f in result.record["figures"] if f.get("headline", True)):
+                baseline = ""
+                if fig.get("baseline"):
+                    baseline = f"{fig['baseline']}: {quantity(fig.get('baseline_value'), fig['unit'])}"
+                ratio = comparison(fig)
+                cells = [
+                    fig["name"],
+                    quantity(fig.get("value"), fig["unit"]),
+                    baseline,
+                    ratio,
+                    bar_cell(fig),
+                    machines[result.machine],
+                    date,
+                    command,
+                ]
+                lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return lines, notes
+
+
+def benchmark_modules() -> dict[str, list[str]]:
+    """Every benchmark script, by folder: the modules of each folder but its package file."""
+    return {
+        folder: sorted(p.stem for p in (ROOT / "benchmarks" / folder).glob("*.py") if p.stem != "__init__")
+        for folder in FOLDERS
+    }
+
+
+def page(results: list[Result], repo: Path = ROOT) -> str:
+    machines: dict[Machine, str] = {}
+    for result in results:
+        machines.setdefault(result.machine, f"M{len(machines) + 1}")
+    table, notes = rows(results, machines, repo)
+    measured = {str(r.record["benchmark"]) for r in results}
+    missing = [
+        f"`python -m benchmarks.{folder}.{name}`"
+        for folder, names in benchmark_modules().items()
+        for name in names
+        if f"{folder}.{name}" not in measured
+    ]
+    out = [
+        "# Benchmarks: the current figures",
+        "",
+        "<!-- Generated by `make bench-report` (benchmarks/report.py) from benchmarks/results/. Do not edit:",
+        "     re-run a benchmark (it rewrites its result file), then the report. -->",
+        "",
+        *INTRO.splitlines(),
+        "",
+        "| figure | this project | beside it (same sitting) | ratio or difference | bar | machine | date | command |",
+        "|---|---|---|---|---|---|---|---|",
+        *table,
+        "",
+        "Machines:",
+        "",
+        *[f"- **{label}**: {machine.line()}, {machine.memory_gib:g} GiB" for machine, label in machines.items()],
+    ]
+    if notes:
+        out += ["", *[f"[^{i}]: {note}" for i, note in enumerate(notes, 1)]]
+    if missing:
+        out += [
+            "",
+            "Not measured since results were kept as files (their last figures, dated, are in the",
+            "[sittings](benchmarks/sittings.md)): " + ", ".join(missing) + ".",
+        ]
+    return "\n".join(out) + "\n"
+
+
+def docstring(folder: str, name: str | None = None) -> str:
+    """A module's docstring, read from its source (importing a benchmark would import torch)."""
+    path = ROOT / "benchmarks" / folder / (f"{name}.py" if name else "__init__.py")
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def methods() -> str:
+    out = [
+        "# Benchmarks: methods",
+        "",
+        "<!-- Generated by `make bench-report` (benchmarks/report.py) from the benchmarks' docstrings. -->",
+        "",
+        "What each benchmark does and why, as its own docstring says (`python -m benchmarks.<folder>.<name>",
+        "--help` prints the same with its options). The figures are on the [current-figures page](../BENCHMARKS.md);",
+        "the definitions of the figures `governor bench` reports (TTFT, TPOT, ITL, goodput, ...) are in",
+        "`governor/bench/stats.py` and in [the sittings](sittings.md#definitions).",
+    ]
+    for folder in FOLDERS:
+        out += ["", f"## {folder}/", "", docstring(folder)]
+        for name in benchmark_modules()[folder]:
+            text = docstring(folder, name)
+            out += ["", f"### `{folder}/{name}.py`", "", text] if text else []
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=PAGE)
+    parser.add_argument("--methods", type=Path, default=METHODS)
+    args = parser.parse_args()
+    results = load(args.results)
+    args.out.write_text(page(results))
+    args.methods.parent.mkdir(parents=True, exist_ok=True)
+    args.methods.write_text(methods())
+    stale = sum(freshness(r.record).stale for r in results)
+    print(f"{args.out}: {len(results)} results, {stale} stale; {args.methods}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""benchmarks/report.py: the current-figures page, the staleness of a result, and the committed results."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from benchmarks import report
+from benchmarks.harness.results import RESULTS, ROOT, Machine
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit(repo: Path, path: str, text: str) -> str:
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text(text)
+    git(repo, "add", path)
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"change {path}")
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    git(tmp_path, "init", "-q")
+    return tmp_path
+
+
+def record(commit_: str | None, measures: list[str], **extra: Any) -> dict[str, Any]:
+    machine = Machine("AMD EPYC", ("avx2",), 2, 23.5, None, "Linux x86_64", "3.11.7", None)
+    return {
+        "benchmark": "cost.example",
+        "part": None,
+        "command": "python -m benchmarks.cost.example",
+        "commit": commit_,
+        "dirty": False,
+        "measures": measures,
+        "date": "2026-11-27T15:00:00+00:00",
+        "wall_s": 1.0,
+        "machine": machine.__dict__ | {"flags": list(machine.flags)},
+        "figures": [
+            {"name": "refusals/s", "value": 61234.5, "unit": "frames/s", "baseline": "bare server",
+             "baseline_value": 80000.0, "ratio": 0.765, "difference": None, "bar": ">= 0.9x", "met": False,
+             "headline": True, "note": ""},
+            {"name": "a detail", "value": 1.0, "unit": "ms", "baseline": None, "baseline_value": None,
+             "ratio": None, "difference": None, "bar": None, "met": None, "headline": False, "note": ""},
+        ],
+        "details": {},
+    } | extra  # fmt: skip
+
+
+def test_a_result_is_stale_once_a_later_commit_changes_what_it_measures(repo: Path) -> None:
+    taken = commit(repo, "governor/admission.py", "v1")
+    assert not report.freshness(record(taken, ["governor"]), repo).stale
+    commit(repo, "docs/page.md", "words")
+    assert not report.freshness(record(taken, ["governor"]), repo).stale, "a docs commit changes no figure"
+    commit(repo, "worker/engine.py", "v2")
+    assert not report.freshness(record(taken, ["governor"]), repo).stale, "nor a change to what it does not measure"
+    later = report.freshness(record(taken, ["governor", "worker"]), repo)
+    assert later.stale and "1 later commit(s) changed governor/, worker/" in later.why
+    commit(repo, "governor/admission.py", "v2")
+    assert "2 later commit(s)" in report.freshness(record(taken, ["governor", "worker"]), repo).why
+
+
+def test_a_result_with_uncommitted_or_unknown_code_is_stale(repo: Path) -> None:
+    taken = commit(repo, "governor/admission.py", "v1")
+    dirty = report.freshness(record(taken, ["governor"], dirty=True), repo)
+    assert dirty.stale and "uncommitted" in dirty.why
+    for unknown in (None, "0" * 40):
+        assert report.freshness(record(unknown, ["governor"]), repo).stale
+
+
+def test_the_page_has_a_row_per_headline_figure_and_marks_stale_ones(repo: Path, tmp_path: Path) -> None:
+    taken = commit(repo, "governor/admission.py", "v1")
+    path = tmp_path / "results" / "cost" / "example.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(orjson.dumps(record(taken, ["governor"])))
+    results = report.load(tmp_path / "results")
+
+    fresh = report.page(results, repo)
+    row = next(line for line in fresh.splitlines() if line.startswith("| refusals/s"))
+    cells = [c.strip() for c in row.strip("|").split(" | ")]
+    assert cells == [
+        "refusals/s", "61,234 frames/s", "bare server: 80,000 frames/s", "0.765×", ">= 0.9x: missed",
+        "M1", "2026-11-27", "`python -m benchmarks.cost.example`",
+    ]  # fmt: skip
+    assert "a detail" not in fresh, "only headline figures make the page"
+    assert "| **cost/** — the governor's own cost |" in fresh
+    assert "- **M1**: Linux x86_64, 2 cores (AMD EPYC; avx2), Python 3.11.7, 23.5 GiB" in fresh
+    assert "stale" not in fresh.split("Machines:")[0].split("| figure |")[1]
+    assert "`python -m benchmarks.cost.yield_throughput`" in fresh, "benchmarks without a result are listed"
+
+    commit(repo, "governor/admission.py", "v2")
+    stale = report.page(results, repo)
+    assert "2026-11-27 **stale**[^1]" in stale
+    assert re.search(r"\[\^1\]: `cost/example.json`: 1 later commit\(s\) changed governor/", stale)
+
+
+def test_numbers_are_short() -> None:
+    assert [report.number(x) for x in (61234.5, 123.4, 12.34, 1.234, 0.01234, 3.0, None)] == [
+        "61,234", "123", "12.3", "1.23", "0.0123", "3", "–",
+    ]  # fmt: skip
+    assert report.quantity(98.0, "%") == "98%" and report.quantity(1.5, "x") == "1.5×"
+    assert report.comparison({"ratio": None, "difference": 0.301, "unit": "ms"}) == "+0.301 ms"
+    assert report.comparison({"ratio": None, "difference": -12.5, "unit": "ms"}) == "−12.5 ms"
+    assert report.comparison({"ratio": 0.5, "difference": None, "unit": "ms"}) == "0.5×"
+
+
+# The committed results and the documents built from them.
+
+COMMITTED = report.load(RESULTS)
+
+
+@pytest.mark.parametrize("result", COMMITTED, ids=lambda r: r.path.name)
+def test_every_committed_result_is_complete_and_rerunnable(result: report.Result) -> None:
+    r = result.record
+    module = str(r["benchmark"])
+    folder, _, name = module.partition(".")
+    assert (ROOT / "benchmarks" / folder / f"{name}.py").exists(), f"{module}: no such benchmark"
+    assert r["command"].startswith(f"python -m benchmarks.{module}"), r["command"]
+    assert result.path.name == (f"{name}-{r['part']}.json" if r["part"] else f"{name}.json")
+    assert r["commit"] and r["machine"]["cpu"] and r["machine"]["cores"] >= 1
+    assert set(r["measures"]) <= {"govwire", "governor", "worker"} and r["measures"]
+    assert any(f["headline"] for f in r["figures"]), "a result with nothing for the page"
+    for f in r["figures"]:
+        assert f["name"] and f["unit"] is not None
+        if f["ratio"] is not None and f["value"] is not None and f["baseline_value"]:
+            assert f["baseline"], f"{f['name']}: a ratio against nothing named"
+
+
+def test_the_current_figures_page_shows_every_committed_headline_figure() -> None:
+    """`make bench-report` was run after the last result was committed."""
+    page = (ROOT / "docs" / "BENCHMARKS.md").read_text()
+    for result in COMMITTED:
+        for f in result.record["figures"]:
+            if f["headline"]:
+                cells = f"| {f['name']} | {report.quantity(f['value'], f['unit'])} |"
+                assert cells in page, f"{result.path.name}: {cells} not on the page: run `make bench-report`"
+
+
+def test_every_benchmark_writes_a_result_file() -> None:
+    for folder, names in report.benchmark_modules().items():
+        for name in names:
+            source = (ROOT / "benchmarks" / folder / f"{name}.py").read_text()
+            assert "Sitting(" in source, f"benchmarks/{folder}/{name}.py writes no result file"
+
+
+def test_every_benchmark_command_in_the_docs_exists() -> None:
+    """The commands in the README, the docs and the Makefile name modules that exist, and the
+    make targets the docs name are defined."""
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, re.M))
+    texts = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").rglob("*.md"))]
+    for path in texts:
+        text = path.read_text()
+        for module in re.findall(r"-m (benchmarks(?:\.[a-z_]+)+)", text):
+            file = ROOT / (module.replace(".", "/") + ".py")
+            assert file.exists(), f"{path.name}: python -m {module}: no such module"
+        for target in re.findall(r"`make ([a-z][a-z0-9-]*[a-z0-9])\b(?![-*{])", text):
+            assert target in targets, f"{path.name}: make {target}: no such target"
