@@ -135,9 +135,9 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto`: bfloat16 on CUDA (float16 on GPUs without it); on a CPU, bfloat16 where the CPU runs
     it natively, else float32. Where bfloat16 is only emulated (AVX2 machines) it is not a little
-    slower but about a hundred times (docs/BENCHMARKS.md), and float16 on CPUs is native only on
+    slower but about a hundred times (docs/benchmarks/sittings.md), and float16 on CPUs is native only on
     the same AMX parts that run bfloat16, which keeps float32's range; so auto picks bfloat16 or
-    float32. The accuracy check behind that choice is in docs/BENCHMARKS.md (benchmarks/engine/dtypes.py)."""
+    float32. The accuracy check behind that choice is in docs/benchmarks/sittings.md (benchmarks/engine/dtypes.py)."""
     if name != "auto":
         return DTYPES[name]
     if device.type == "cuda":

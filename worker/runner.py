@@ -120,7 +120,7 @@ class ModelRunner:
             # cuDNN's attention builds an execution plan for every new shape (~40 ms on an H200, seen
             # as eager bfloat16 steps 8x slower than float32 ones), and a step's shapes follow its
             # batch and context, so in serving nearly every step is new: SDPA picks among flash,
-            # memory-efficient and math instead, which need no plan (docs/BENCHMARKS.md, 5).
+            # memory-efficient and math instead, which need no plan (docs/benchmarks/sittings.md, 5).
             torch.backends.cuda.enable_cudnn_sdp(False)
         kernel = cpu_decode_attention() if self.device.type == "cpu" else None
         self.kernel = kernel if kernel is not None and self.dtype in kernel.dtypes else None

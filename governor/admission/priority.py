@@ -11,7 +11,7 @@ gap, the mean time between two releases at saturation), or holds an appointment 
 not closed. Then the next releases go to the higher class, and the classes below yield first.
 A second rather than one release gap because a refused client that does not come back (an
 open-loop caller) leaves no appointment behind: held one gap, the gate would reopen before the
-next critical frame comes (docs/BENCHMARKS.md experiment 9 measures both). When no higher-class
+next critical frame comes (docs/benchmarks/sittings.md experiment 9 measures both). When no higher-class
 frame is short of capacity, every class may fill every cap: capacity held for
 nobody would be capacity lost (the Gateway API Inference Extension's priority holdback, rather
 than a fixed reservation). A critical frame that meets a full cap may also displace a request of

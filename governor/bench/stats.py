@@ -1,6 +1,6 @@
 """Per-request client timestamps → the figures `governor bench` reports.
 
-Definitions (docs/BENCHMARKS.md repeats them):
+Definitions (docs/benchmarks/sittings.md repeats them):
 - TTFT = first token − submit; TPOT = (last token − first token) / (tokens − 1), requests with one
   token excluded; ITL = every gap between consecutive tokens, pooled over requests;
   latency = final reply − submit (the first submission, when retried); yield latency = submit →

@@ -3,7 +3,7 @@ responses parsed by httptools (llhttp, the parser of the front door and of uvico
 
 Why not httpx or aiohttp: relaying a short streamed completion through httpx (httpcore, h11,
 httpx-sse) cost the governor ~1.2 ms of CPU per request and ~18 µs per token, ~80× nginx's
-proxy_pass in front of the same server (docs/BENCHMARKS.md §13 measures the three side by side).
+proxy_pass in front of the same server (docs/benchmarks/sittings.md §13 measures the three side by side).
 Here a request is one `transport.write` on a pooled connection and its response is handed to its
 handler by the parser's callbacks, one `read_done` per read so that whoever renders it writes
 once per read. It does only what the OpenAI-compatible link needs: requests whose bytes the

@@ -20,7 +20,7 @@ Start = Callable[..., Governor]
 
 def gpt2_governor(start_governor: Start, model_dir: Path, *flags: str, worker_flags: tuple[str, ...] = ()) -> Governor:
     # float32 pinned: on a CPU with native bfloat16, --dtype auto picks bfloat16, whose greedy
-    # tokens may differ from transformers' float32 ones at near-ties (docs/BENCHMARKS.md, dtypes).
+    # tokens may differ from transformers' float32 ones at near-ties (docs/benchmarks/sittings.md, dtypes).
     worker_args = ("--engine", "gpt2", "--model", str(model_dir), "--device", "cpu", "--dtype", "float32")
     return start_governor(*flags, worker_args=(*worker_args, "--stats-interval-s", "0.1", *worker_flags))
 

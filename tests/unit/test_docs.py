@@ -53,3 +53,11 @@ def test_every_exported_metric_is_documented() -> None:
     documented |= {re.sub(r"_(bucket|sum|count)$", "", name) for name in documented}
     missing = names - documented
     assert not missing, f"{sorted(missing)} not in docs/operations.md"
+
+
+def test_the_table_of_contents_lists_every_section() -> None:
+    toc, _, body = OPERATIONS.partition("\n## ")
+    anchors = set(re.findall(r"\]\(#([a-z0-9-]+)\)", toc))
+    for heading in re.findall(r"^##+ (.+)$", "## " + body, re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        assert anchor in anchors, f"docs/operations.md: {heading!r} is not in the table of contents"

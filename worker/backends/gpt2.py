@@ -12,14 +12,14 @@ and the stepping thread) mean more OpenMP-managed threads than cores, and then l
 spin-wait to a few iterations (`do_spin` switches to `gomp_throttled_spin_count_var` when
 `gomp_managed_threads > gomp_available_cpus`): every barrier between two parallel regions puts
 the workers to sleep on a futex and wakes them again. On 2 cores that was ~2,500 voluntary context
-switches per batch-32 decode step and steps twice as slow as in-process (docs/BENCHMARKS.md).
+switches per batch-32 decode step and steps twice as slow as in-process (docs/benchmarks/sittings.md).
 Prompts are tokenized on a thread of their own (`gpt2-tokenizer`, with its own tokenizer
 instance: a fast tokenizer must not be used from two threads at once), in arrival order, so a
 huge prompt does not stop the running requests' tokens while it is tokenized (transformers' fast
 tokenizers release the GIL while they encode). On a CPU-bound worker that thread would still take
 a core from the step's OpenMP team, whose barriers then wait for the preempted thread, so it runs
 at a lower priority (`--tokenizer-nice`): running streams get the cores first, new prompts the
-rest (docs/BENCHMARKS.md has the inter-token latencies). Detokenizing, one token at a time, stays
+rest (docs/benchmarks/sittings.md has the inter-token latencies). Detokenizing, one token at a time, stays
 with the engine.
 """
 
@@ -52,7 +52,7 @@ PREFILL_TOKENS = {"cuda": 2048, "cpu": 64}
 """The prompt tokens of a step under `--max-prefill-tokens 0`. On the CPU a prompt token costs ~0.6 ms
 (GPT-2 small, 2 threads), so a 64-token chunk adds ~40 ms to a step: running streams slow down
 while a long prompt goes through in chunks instead of stopping for all of it at once (2048 stalled
-them ~0.55 s per 896-token prompt, docs/BENCHMARKS.md 5). On a GPU a 2,048-token chunk takes a
+them ~0.55 s per 896-token prompt, docs/benchmarks/sittings.md 5). On a GPU a 2,048-token chunk takes a
 few milliseconds."""
 
 log = logging.getLogger("worker.gpt2")
