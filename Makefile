@@ -11,8 +11,15 @@ ARGS ?=
 #   make test TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cpu"
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
-	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai bench-pool fuzz soak image image-cuda image-governor clean
+.PHONY: help run test test-unit test-integration redis-server deploy-tools lint typecheck bench bench-report \
+	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
+	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
+	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-chunked-prefill bench-sdk-retries bench-small-host \
+	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
+	image image-cuda image-governor clean
+
+help:  ## this list
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  \1\t\2/' | expand -t 26
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "governor needs Python >= 3.11")'
@@ -80,14 +87,26 @@ load-tools:
 # Both may run apt-get; under `make -j` they would contend for its lock.
 .NOTPARALLEL: redis-server deploy-tools
 
-lint: $(STAMP)
-	$(PY) -m pip install --quiet ruff mypy
-	$(PY) -m ruff check govwire governor worker tests benchmarks
+# The linters at the versions pinned in pyproject.toml's lint and typecheck extras, so every machine
+# gives the same verdict.
+LINTED := govwire governor worker tests benchmarks
+$(VENV)/.lint: pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[lint,typecheck]'
+	@touch $@
+
+lint: $(VENV)/.lint  ## ruff (rules and formatting), pinned
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+
+typecheck: $(VENV)/.lint  ## mypy --strict over govwire, governor and worker, pinned
 	$(PY) -m mypy
 
-bench: $(STAMP)  ## the governor's own benchmarks (yield path, memory); bench-experiments runs all seven experiments
+bench: $(STAMP)  ## the governor's own cost, quickly: the yield path and memory
 	$(PY) -m benchmarks.cost.yield_throughput
 	$(PY) -m benchmarks.cost.memory
+
+bench-report: $(STAMP)  ## rebuild docs/BENCHMARKS.md (and the methods page) from benchmarks/results/
+	$(PY) -m benchmarks.report
 
 bench-engine: $(STAMP)  ## experiment 5: the engine in-process and served vs transformers' generate (about 30 minutes on 2 cores)
 	model=$$($(PY) -m benchmarks.harness.model_dir | tail -n 1) && \
@@ -117,7 +136,8 @@ bench-guidellm: $(STAMP)  ## guidellm at its defaults against the front door (in
 		$(PYTHON) -m venv $(TOOLS)/guidellm && $(TOOLS)/guidellm/bin/pip install --quiet '$(GUIDELLM_SPEC)'; }
 	$(PY) -m benchmarks.peers.load_generators guidellm
 
-# The experiments of docs/BENCHMARKS.md, one target each; outputs and plots land in benchmarks/out/.
+# One target per benchmark (or per group of them); each writes its result file to benchmarks/results/
+# (then `make bench-report`), raw outputs and plots to benchmarks/out/.
 bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, one core each: 429s, the admitted path, a storm (installs nginx-light, haproxy, wrk)
 	@command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || { \
 		if ! command -v apt-get >/dev/null; then echo "install nginx, haproxy and wrk: no apt-get here" >&2; exit 1; fi; \
@@ -170,13 +190,29 @@ bench-openai: $(STAMP)  ## experiment 11b: bursts of 64 in front of transformers
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
 	$(PY) -m benchmarks.admission.pool_limits
 
+bench-sdk-retries: $(STAMP)  ## the real openai SDK at its default retries against an overloaded front door
+	$(PY) -m benchmarks.admission.openai_sdk_retries --rounds 3
+
+bench-chunked-prefill: $(STAMP)  ## long prompts arriving among running streams, by prefill budget
+	$(PY) -m benchmarks.engine.chunked_prefill
+
+bench-small-host: $(STAMP)  ## the worker's ITL beside a load generator on the same cores
+	$(PY) -m benchmarks.engine.small_host
+
 fuzz: $(STAMP)  ## the seeded raw-byte fuzzer against a real governor; SECONDS=60 SEED=1 by default
 	$(PY) -m benchmarks.robustness.fuzz --seed $(or $(SEED),1) --seconds $(or $(SECONDS),60)
 
 soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor; SECONDS=600 by default
 	$(PY) -m benchmarks.robustness.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
-bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai
+# By folder (benchmarks/<folder>/); bench-experiments is the numbered experiments of the sittings.
+bench-all-peers: bench-anchors bench-llamacpp bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
+bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
+	$(PY) -m benchmarks.cost.memory
+bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-sdk-retries  ## every benchmark of benchmarks/admission/
+bench-all-engine: bench-engine bench-dtypes bench-chunked-prefill bench-kv bench-prefill bench-tokenize bench-small-host  ## every CPU benchmark of benchmarks/engine/ (bench-gpu needs CUDA)
+bench-all-robustness: fuzz soak  ## the fuzzer and the soak
+bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai  ## experiments 1-11 of the sittings, one after another
 
 image:  ## the CPU container image (BuildKit; the context is the repository root)
 	docker build -f deploy/Dockerfile -t governor:cpu .
