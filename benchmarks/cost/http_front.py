@@ -56,6 +56,8 @@ from benchmarks.harness.common import (
     wait_until,
 )
 from benchmarks.harness.http_yield_client import completion_request
+from benchmarks.harness.results import Sitting
+from benchmarks.harness.rounds import order
 from governor.bench.stats import percentile
 from governor.client import Client
 from govwire.codec import encode, generate_frame
@@ -135,7 +137,7 @@ def refusal_path(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
             }
             for i in range(args.rounds):
                 results: dict[str, dict[str, Any]] = {}
-                for name in list(doors) if i % 2 == 0 else list(doors)[::-1]:
+                for name in order(i, list(doors)):
                     cpu0, yielded0 = cpu_seconds(proc.pid), stats(port)["yielded_total"]
                     result = doors[name]()
                     cpu, yielded = cpu_seconds(proc.pid) - cpu0, stats(port)["yielded_total"] - yielded0
@@ -159,7 +161,8 @@ def refusal_path(args: argparse.Namespace) -> list[dict[str, dict[str, Any]]]:
     return rounds
 
 
-def refusal_tables(rounds: list[dict[str, dict[str, Any]]]) -> str:
+def refusal_tables(rounds: list[dict[str, dict[str, Any]]], sitting: Sitting) -> str:
+    """The refusal path's table; its medians and paired ratios also go to the result file."""
     rows = []
     for i, r in enumerate(rounds):
         n, h = r["ndjson"], r["http"]
@@ -205,6 +208,25 @@ def refusal_tables(rounds: list[dict[str, dict[str, Any]]]) -> str:
     ]
     client_cpu = max(r[door]["client_cpu_share"] for r in rounds for door in ("ndjson", "http"))
     verdict = "met" if ratio >= 0.5 else "not met"
+    sitting.figure(
+        "HTTP 429s/s, the only slot held",
+        med("http", "rate"),
+        "req/s",
+        baseline=("NDJSON yields, same governor", med("ndjson", "rate")),
+        ratio=ratio,
+        bar=">= 0.5x",
+        met=ratio >= 0.5,
+        note="ratio: the median of per-round ratios",
+    )
+    sitting.figure(
+        "governor CPU per HTTP 429",
+        med("http", "cpu_us_per_refusal"),
+        "µs",
+        baseline=("per NDJSON yield", med("ndjson", "cpu_us_per_refusal")),
+        ratio=cpu_ratio,
+        headline=False,
+        note="ratio: the median of per-round ratios",
+    )
     return (
         markdown_table(headers, rows)
         + f"\n\nHTTP / NDJSON refusals per second, median of paired ratios: **{ratio:.2f}** (target >= 0.5: {verdict});"
@@ -288,6 +310,7 @@ class StdlibHttpDoor:
 
 Door = NdjsonDoor | HttpDoor | StdlibHttpDoor
 DOORS = ("ndjson", "http", "http.client")
+CLIENTS = {"http": "HTTP door", "http.client": "HTTP door, stdlib http.client"}  # for the figures' names
 
 
 def admitted_path(args: argparse.Namespace) -> list[dict[str, tuple[float, float]]]:
@@ -306,10 +329,10 @@ def admitted_path(args: argparse.Namespace) -> list[dict[str, tuple[float, float
                     door.request()
             clock = time.perf_counter
             for i in range(args.rounds):
-                order = [doors[DOORS[(i + k) % len(DOORS)]] for k in range(len(DOORS))]
-                samples: dict[int, list[float]] = {id(d): [] for d in order}
+                turn = [doors[name] for name in order(i, DOORS, rotate=True)]
+                samples: dict[int, list[float]] = {id(d): [] for d in turn}
                 for _ in range(args.requests):
-                    for door in order:
+                    for door in turn:
                         t0 = clock()
                         door.request()
                         samples[id(door)].append((clock() - t0) * 1000)
@@ -333,25 +356,48 @@ def admitted_path(args: argparse.Namespace) -> list[dict[str, tuple[float, float
     return rounds
 
 
-def admitted_table(rounds: list[dict[str, tuple[float, float]]]) -> str:
+def admitted_table(rounds: list[dict[str, tuple[float, float]]], sitting: Sitting) -> str:
+    """The admitted path's table; its medians (of each client's latency, of the per-round differences
+    from NDJSON) also go to the result file."""
     rows = []
+    p99s: dict[str, float] = {}
     for name in DOORS:
         p50 = statistics.median(r[name][0] for r in rounds)
-        p99 = statistics.median(r[name][1] for r in rounds)
+        p99s[name] = p99 = statistics.median(r[name][1] for r in rounds)
         rows.append([f"`{name}`", f"{p50:.3f}", f"{p99:.3f}", "-"])
     worst = ""
     for name in DOORS[1:]:
         d50 = [r[name][0] - r["ndjson"][0] for r in rounds]
         d99 = [r[name][1] - r["ndjson"][1] for r in rounds]
+        added = statistics.median(d99)
         per_round = ", ".join(f"{x:+.3f}" for x in d99)
         rows.append([f"**added** (`{name}` − `ndjson`)", f"{statistics.median(d50):+.3f}", "", per_round])
-        rows[-1][2] = f"**{statistics.median(d99):+.3f}**" if name == "http" else f"{statistics.median(d99):+.3f}"
+        rows[-1][2] = f"**{added:+.3f}**" if name == "http" else f"{added:+.3f}"
         if name == "http":
-            added = statistics.median(d99)
             worst = (
                 f"HTTP front door added at p99, median over rounds: **{added:+.3f} ms** (target < 1 ms:"
                 f" {'met' if added < 1 else 'not met'}); largest single round {max(d99):+.3f} ms."
             )
+        client, http = CLIENTS[name], name == "http"
+        sitting.figure(
+            f"admitted latency p99, {client}",
+            p99s[name],
+            "ms",
+            baseline=("NDJSON door", p99s["ndjson"]),
+            difference=added,
+            bar="< 1 ms added" if http else None,
+            met=added < 1 if http else None,
+            headline=http,
+            note=f"difference: the median over rounds of each round's; per round {per_round}",
+        )
+        sitting.figure(
+            f"admitted latency p50, {client}",
+            statistics.median(r[name][0] for r in rounds),
+            "ms",
+            baseline=("NDJSON door", statistics.median(r["ndjson"][0] for r in rounds)),
+            difference=statistics.median(d50),
+            headline=False,
+        )
     headers = ["client", "latency p50 (ms)", "latency p99 (ms)", "per round, p99 (ms)"]
     return markdown_table(headers, rows) + "\n\n" + worst
 
@@ -365,23 +411,32 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="refusal path: requests per write")
     parser.add_argument("--requests", type=int, default=2000, help="admitted path: requests per client per round")
     args = parser.parse_args()
-    command = "python -m benchmarks.cost.http_front " + " ".join(sys.argv[1:])
+    sitting = Sitting(measures=("govwire", "governor"))
     print("## a. refusal path", flush=True)
     refusals = refusal_path(args)
     print("\n## b. admitted path", flush=True)
     admitted = admitted_path(args)
-    print(f"\ncommand: `{command.strip()}`\nmachine: {machine()}\n")
+    print(f"\ncommand: `{sitting.command}`\nmachine: {machine()}\n")
     print(
         f"a. refusals: `--max-inflight 1`, the slot held; {args.rounds} rounds of {args.seconds:g} s per door,"
         f" {args.connections} connections x {args.window} in flight, batches of {args.batch}\n"
     )
-    print(refusal_tables(refusals))
+    print(refusal_tables(refusals, sitting))
     print(
         f"\nb. admitted: echo worker, max_tokens {MAX_TOKENS}, stream false, one keep-alive connection per client,"
         f" closed loop; {args.rounds} rounds of {args.requests} requests per client, taking turns;"
         " medians over rounds\n"
     )
-    print(admitted_table(admitted))
+    print(admitted_table(admitted, sitting))
+    sitting.details = {
+        "refusals": {
+            "load": {"connections": args.connections, "window": args.window, "batch": args.batch},
+            "seconds": args.seconds,
+            "rounds": refusals,
+        },
+        "admitted": {"requests_per_round": args.requests, "max_tokens": MAX_TOKENS, "rounds_p50_p99_ms": admitted},
+    }
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import time
 import orjson
 
 from benchmarks.harness.common import machine, rss_mib, start_governor, stats, stop, wait_until
+from benchmarks.harness.results import Sitting
 from govwire.codec import encode, generate_frame
 from govwire.vocab import FINAL_STATUSES
 
@@ -82,6 +83,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--idle-connections", type=int, default=1000)
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor"))
     proc, port = start_governor("--max-inflight", "64")
     try:
         time.sleep(1.0)
@@ -96,12 +98,14 @@ def main() -> None:
         rows.append(("after closing them", rss_mib(proc.pid), ""))
 
         done = 0
+        rates: list[float] = []  # req/s of each pass
         for _ in range(2):
             t0 = time.perf_counter()
             totals = asyncio.run(load(port, args.requests))
             elapsed = time.perf_counter() - t0
             done += args.requests
-            note = f"{args.requests / elapsed:,.0f} req/s; " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items()))
+            rates.append(args.requests / elapsed)
+            note = f"{rates[-1]:,.0f} req/s; " + ", ".join(f"{k}={v}" for k, v in sorted(totals.items()))
             rows.append((f"after {done:,} requests", rss_mib(proc.pid), note))
         final = stats(port)
         worker_pid = final["workers"][0]["pid"]
@@ -118,6 +122,18 @@ def main() -> None:
         f"accounting at the end: received={final['received_total']} executed={final['executed_total']} "
         f"yielded={final['yielded_total']} rejected={final['rejected_total']} failed={final['failed_total']}"
     )
+    # Bounded by construction: the headline is the RSS idle and after the second pass, beside the first.
+    for i, (label, rss, _) in enumerate(rows):
+        last = i == len(rows) - 1
+        before = (rows[i - 1][0], rows[i - 1][1]) if last else None
+        sitting.figure(f"governor RSS, {label}", rss, "MiB", baseline=before, headline=i == 0 or last)
+    sitting.figure("echo worker RSS at the end", worker_rss, "MiB", headline=False)
+    sitting.details = {
+        "rows": [{"state": label, "rss_mib": rss, "note": note} for label, rss, note in rows],
+        "requests_per_s": rates,
+        "accounting": {k: final[f"{k}_total"] for k in ("received", "executed", "yielded", "rejected", "failed")},
+    }
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ bytes, over-size lines, NULs and CRLF endings, in random chunks; some connection
 mid-stream. Then it checks what the protocol promises: the server never closes a connection on
 its own, a connection that is drained gets exactly one final reply per line it sent, every reply
 is valid JSON with a known status and code, the counters balance, no slot is left in flight and
-the server is still alive and serving. Exits 1 on any failure.
+the server is still alive and serving. Exits 1 on any failure. The result file holds the count of
+failures (bar: 0) beside what was sent and checked.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import orjson
 
 from benchmarks.harness.common import start_governor, stop
+from benchmarks.harness.results import Sitting
 from governor.client import NO_RETRY, Client, GovernorError, Yielded
 from govwire.codec import encode, generate_frame
 from govwire.errors import ERRORS_BY_CODE
@@ -326,6 +328,46 @@ def check_server(port: int, report: Report, alive: Callable[[], bool]) -> dict[s
     return snapshot
 
 
+def imbalance(snapshot: dict[str, Any]) -> int | None:
+    """received - (executed + yielded + rejected + failed + inflight): 0 when the counters balance,
+    as a number so a result file says by how much they did not; None without a snapshot."""
+    if not snapshot:
+        return None
+    settled = sum(snapshot[f"{k}_total"] for k in ("executed", "yielded", "rejected", "failed"))
+    return int(snapshot["received_total"] - settled - snapshot["inflight"])
+
+
+def record(sitting: Sitting, args: argparse.Namespace, report: Report, snapshot: dict[str, Any]) -> None:
+    """The summary's figures: the failure count is the one that says the server held; the rest say
+    how much it was put through."""
+    failures, leaked, off = len(report.failures), snapshot["inflight"], imbalance(snapshot)
+    sitting.figure(
+        "violations found",
+        failures,
+        "failures",
+        bar="0",
+        met=failures == 0,
+        note="bad replies, unanswered lines, server-side closes, unbalanced counters, a slot left, a dead server",
+    )
+    sitting.figure("frames sent", report.sent.total(), "frames", headline=False)
+    sitting.figure("replies checked", report.replies.total(), "replies", headline=False)
+    sitting.figure("connections opened", report.closes.total(), "connections", headline=False)
+    sitting.figure("slots left in flight", leaked, "slots", bar="0", met=leaked == 0, headline=False)
+    sitting.figure("counter imbalance", off, "frames", bar="0", met=off == 0, headline=False)
+    sitting.details = {
+        "seconds": args.seconds,
+        "seed": args.seed,
+        "connections": args.connections,
+        "frames_sent": dict(sorted(report.sent.items())),
+        "replies": dict(sorted(report.replies.items())),
+        "connection_ends": dict(sorted(report.closes.items())),
+        "lines_sent": report.lines_sent,
+        "lines_drained": report.lines_drained,
+        "server": {k: v for k, v in snapshot.items() if k.endswith(("_total", "_by_reason")) or k == "inflight"},
+        "failures": report.failures[:20],
+    }
+
+
 def summary(report: Report, snapshot: dict[str, Any]) -> str:
     def line(counter: Counter[str]) -> str:
         return ", ".join(f"{k}={v}" for k, v in sorted(counter.items()))
@@ -355,6 +397,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--connections", type=int, default=8)
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor"))
     proc, port = start_governor(*GOVERNOR_FLAGS, worker_args=WORKER_ARGS)
     try:
         report = asyncio.run(fuzz(port, args.seed, args.seconds, args.connections))
@@ -362,6 +405,8 @@ def main() -> int:
     finally:
         stop(proc)
     print(summary(report, snapshot))
+    record(sitting, args, report, snapshot)
+    sitting.write()
     return 1 if report.failures else 0
 
 

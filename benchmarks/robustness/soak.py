@@ -15,6 +15,8 @@ It samples the governor's RSS every 5 s, closes every client, waits (bounded) fo
 reach 0 and reports frames, replies, connections and how they ended, leaked slots, the counter
 balance, RSS and the well-behaved clients' latency. Exits 1 when a slot leaked, the counters do not
 balance, the governor died, a reply broke the protocol or the well-behaved clients completed nothing.
+The result file leads with the slots leaked (bar: 0) and the RSS growth (no bar: docs/reliability.md
+reads it per executed request, which the file holds too).
 """
 
 from __future__ import annotations
@@ -35,7 +37,16 @@ from typing import Any
 import orjson
 
 from benchmarks.harness.common import rss_mib, start_governor, stop
-from benchmarks.robustness.fuzz import MAX_FRAME_BYTES, WORKER_ARGS, Report, check_reply, check_server, fuzz
+from benchmarks.harness.results import Sitting
+from benchmarks.robustness.fuzz import (
+    MAX_FRAME_BYTES,
+    WORKER_ARGS,
+    Report,
+    check_reply,
+    check_server,
+    fuzz,
+    imbalance,
+)
 from governor.bench.stats import Distribution
 from govwire.codec import encode, generate_frame
 from govwire.vocab import FINAL_STATUSES
@@ -340,6 +351,48 @@ def build_report(
     return report
 
 
+def record(sitting: Sitting, report: dict[str, Any], snapshot: dict[str, Any]) -> None:
+    """The report's figures: no slot leaked and how far RSS grew say the governor held; the rest say
+    what it held against and how the well-behaved clients fared meanwhile."""
+    leaked, rss, wb, failures = report["slots_leaked"], report["rss_mib"], report["well_behaved"], report["failures"]
+    growth = rss["end"] - rss["start"] if rss else None
+    executed = snapshot.get("executed_total")
+    off = imbalance(snapshot)
+    sitting.figure("slots leaked", leaked, "slots", bar="0", met=leaked == 0)
+    sitting.figure(
+        "governor RSS growth",
+        growth,
+        "MiB",
+        note=f"{rss['start']:.1f} MiB at start, {rss['end']:.1f} at the end, {rss['max']:.1f} at most"
+        if rss
+        else "not sampled",
+    )
+    sitting.figure(
+        "RSS growth per executed request",
+        growth * 2**20 / executed if growth is not None and executed else None,
+        "bytes",
+        headline=False,
+    )
+    sitting.figure("counter imbalance", off, "frames", bar="0", met=off == 0, headline=False)
+    sitting.figure(
+        "violations found",
+        len(failures),
+        "failures",
+        bar="0",
+        met=not failures,
+        headline=False,
+        note="bad replies, unanswered requests, unbalanced counters, a dead or unreachable governor",
+    )
+    done = wb["completed"]
+    sitting.figure("well-behaved requests completed", done, "requests", bar="> 0", met=done > 0, headline=False)
+    sitting.figure("well-behaved latency p50", wb["latency_p50_ms"], "ms", headline=False)
+    sitting.figure("well-behaved latency p99", wb["latency_p99_ms"], "ms", headline=False)
+    sitting.figure("frames sent", sum(report["frames_sent"].values()), "frames", headline=False)
+    opened = sum(c["opened"] for c in report["connections"].values())
+    sitting.figure("connections opened", opened, "connections", headline=False)
+    sitting.details = {**report, "failures": failures[:20]}
+
+
 def render(report: dict[str, Any]) -> str:
     def pairs(d: dict[str, Any]) -> str:
         return ", ".join(f"{k}={v}" for k, v in d.items())
@@ -389,6 +442,7 @@ def main() -> int:
     for flag, (kind, default, why) in LIMITS.items():
         parser.add_argument(flag, type=kind, default=default, help=f"passed when the governor knows it: {why}")
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor"))
     flags = [
         "--max-inflight", str(args.max_inflight), "--max-frame-bytes", str(MAX_FRAME_BYTES),
         "--max-new-tokens-limit", str(MAX_NEW_TOKENS_LIMIT), *governor_limits(args),
@@ -410,6 +464,8 @@ def main() -> int:
     print(render(report))
     if args.json:
         args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
+    record(sitting, report, snapshot)
+    sitting.write()
     return 0 if report["ok"] else 1
 
 
