@@ -39,8 +39,10 @@ from typing import Any
 import httpx
 
 from benchmarks.engine.engine_vs_hf import Workload, make_workload
+from benchmarks.harness import rounds
 from benchmarks.harness.common import HARNESS, free_port, machine, markdown_table, out_dir, start_front_door, stop
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
+from benchmarks.harness.results import Sitting
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -165,6 +167,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
+    sitting = Sitting(("govwire", "governor", "worker"))
     missing = missing_tools()
     if missing:
         print(f"skipped: {', '.join(missing)} not found (install CMake and a C++ compiler to build llama.cpp)")
@@ -182,7 +185,7 @@ def main() -> None:
             workload = make_workload(name, 0)
             results: dict[str, list[float]] = {"llama-server": [], "governor": []}
             for r in range(a.rounds):
-                for side in ("llama-server", "governor") if r % 2 == 0 else ("governor", "llama-server"):
+                for side in rounds.order(r, ("llama-server", "governor")):
                     proc, port = (
                         start_llama(binary, model, a.threads)
                         if side == "llama-server"
@@ -197,6 +200,16 @@ def main() -> None:
                     print(f"{dtype} {name} round {r + 1} {side:>12}: {tokens} tokens, {tokens / seconds:7.1f} tok/s")
             ours, theirs = (statistics.median(results[k]) for k in ("governor", "llama-server"))
             paired = [g / ll for g, ll in zip(results["governor"], results["llama-server"], strict=True)]
+            uniform = name == "uniform"  # the bar (>= 2x llama-server) is stated for the uniform workload
+            sitting.figure(
+                f"served tok/s, {dtype}, {name} workload",
+                ours,
+                "tok/s",
+                baseline=("llama-server", theirs),
+                bar=">= 2.0x" if uniform else None,
+                met=ours / theirs >= 2.0 if uniform else None,
+            )
+            sitting.details[f"{dtype} {name}"] = {"tok_per_s_by_round": results, "paired_by_round": paired}
             rows.append(
                 [
                     dtype,
@@ -210,6 +223,7 @@ def main() -> None:
     print()
     headers = ["dtype", "workload", "llama-server tok/s", "governor tok/s", "ratio", "paired by round"]
     print(markdown_table(headers, rows))
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from benchmarks.harness.common import ROOT, machine, out_dir, start_front_door, stop
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
+from benchmarks.harness.results import Sitting
 
 TOOLS = ROOT / ".tools"
 
@@ -115,6 +116,7 @@ def main() -> None:
     p.add_argument("--light-rate", type=float, default=0.5, help="requests/s of the light run")
     p.add_argument("--overload", type=float, default=2.5, help="the second run's rate, in capacities")
     a = p.parse_args()
+    sitting = Sitting(("govwire", "governor", "worker"), part=a.tool)
     kind = TOOL_CLASSES[a.tool]
     if not kind.binary.exists():
         raise SystemExit(f"{a.tool} is not installed at {kind.binary}: `make bench-{a.tool}` installs {kind.spec}")
@@ -136,6 +138,29 @@ def main() -> None:
     print("overload, its distinct errors:")
     for error, count in errors.items():
         print(f"  x{count}: {error[:200]}")
+    record(sitting, latency_s, light_errors, capacity, rate, errors)
+    sitting.write()
+
+
+def record(
+    sitting: Sitting,
+    latency_s: float,
+    light_errors: dict[str, int],
+    capacity: float,
+    rate: float,
+    errors: dict[str, int],
+) -> None:
+    """What the tool reported: the light run's errors (bar: none) and how many distinct errors the
+    overload's 429s made in its report (bar: one kind, so that a team reading it sees one cause)."""
+    light = sum(light_errors.values())
+    sitting.figure("errors at a light rate", light, "requests", bar="0 errors", met=light == 0)
+    kinds = len(errors)
+    sitting.figure("distinct errors in the overload's report", kinds, "kinds", bar="1 kind", met=kinds == 1)
+    sitting.figure("errors in the overload", sum(errors.values()), "requests", headline=False)
+    sitting.figure("light run's mean request latency", latency_s * 1000, "ms", headline=False)
+    sitting.figure("capacity estimate (--max-inflight / latency)", capacity, "req/s", headline=False)
+    sitting.figure("overload rate", rate, "req/s", headline=False)
+    sitting.details = {"light_errors": light_errors, "overload_errors": errors}
 
 
 if __name__ == "__main__":

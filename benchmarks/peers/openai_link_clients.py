@@ -28,7 +28,9 @@ from collections.abc import Awaitable, Callable
 
 import orjson
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import free_port, wait_for_port
+from benchmarks.harness.results import Sitting
 
 CLIENTS = ("httpx", "aiohttp", "governor")
 
@@ -196,12 +198,39 @@ def measure(client: str, port: int, requests: int, concurrency: int, tokens: int
     return {"req_per_s": requests / wall, "cpu_us_per_req": cpu / requests * 1e6}
 
 
+# (figure name, the key in a client's medians, unit, headline)
+FIGURES = (
+    ("link client CPU per request, 4 tokens", "cpu_us_per_req_4_tokens", "µs", True),
+    ("link client CPU per request, 64 tokens", "cpu_us_per_req_64_tokens", "µs", False),
+    ("link client fixed CPU per request (fitted)", "cpu_us_per_request", "µs", False),
+    ("link client CPU per token (fitted)", "cpu_us_per_token", "µs", False),
+    ("link client req/s, 4 tokens", "req_per_s_4_tokens", "req/s", False),
+    ("link client req/s, 64 tokens", "req_per_s_64_tokens", "req/s", False),
+)
+
+
+def record(
+    sitting: Sitting, medians: dict[str, dict[str, float]], results: dict[tuple[str, int], list[dict[str, float]]]
+) -> None:
+    """The link's own client beside aiohttp and httpx, each figure once per baseline: the headline is
+    its CPU per short streamed request; the per-round runs go in the details."""
+    for name, key, unit, headline in FIGURES:
+        for baseline in ("aiohttp", "httpx"):
+            ours, theirs = medians["governor"][key], medians[baseline][key]
+            sitting.figure(f"{name}, vs {baseline}", ours, unit, baseline=(baseline, theirs), headline=headline)
+    sitting.details = {
+        "medians": medians,
+        "rounds": {f"{client} {tokens} tokens": runs for (client, tokens), runs in results.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    sitting = Sitting(("governor",))
     if (os.cpu_count() or 1) >= 2:
         os.sched_setaffinity(0, {0})
     results: dict[tuple[str, int], list[dict[str, float]]] = {}
@@ -210,8 +239,7 @@ def main() -> None:
         upstream = start_upstream(port, tokens)
         try:
             for round_ in range(args.rounds):
-                order = CLIENTS if round_ % 2 == 0 else CLIENTS[::-1]
-                for client in order:
+                for client in rounds.order(round_, CLIENTS):
                     row = measure(client, port, args.requests, args.concurrency, tokens)
                     results.setdefault((client, tokens), []).append(row)
                     print(f"round {round_ + 1} {client:8} tokens={tokens:2}: {row['req_per_s']:9,.0f} req/s "
@@ -220,6 +248,7 @@ def main() -> None:
             upstream.terminate()
             upstream.wait()
     print("\nclient     4 tokens: us/req  req/s | 64 tokens: us/req  req/s | per request  per token (us)")
+    medians: dict[str, dict[str, float]] = {}
     for client in CLIENTS:
         short = statistics.median(r["cpu_us_per_req"] for r in results[(client, 4)])
         long = statistics.median(r["cpu_us_per_req"] for r in results[(client, 64)])
@@ -228,6 +257,16 @@ def main() -> None:
         per_token = (long - short) / 60
         print(f"{client:9} {short:9.1f} {rate4:8,.0f} | {long:9.1f} {rate64:7,.0f} | {short - 4 * per_token:10.1f} "
               f"{per_token:9.2f}")  # fmt: skip
+        medians[client] = {
+            "cpu_us_per_req_4_tokens": short,
+            "cpu_us_per_req_64_tokens": long,
+            "req_per_s_4_tokens": rate4,
+            "req_per_s_64_tokens": rate64,
+            "cpu_us_per_request": short - 4 * per_token,
+            "cpu_us_per_token": per_token,
+        }
+    record(sitting, medians, results)
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 import tempfile
@@ -52,6 +53,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from subprocess import Popen
+from typing import Any
 from urllib.parse import urlsplit
 
 import httptools
@@ -62,6 +64,8 @@ from httpx_sse import EventSource
 
 from benchmarks.cost.http_front import cpu_seconds
 from benchmarks.harness.common import fmt, free_port, machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.harness.results import Sitting
+from benchmarks.harness.rounds import order
 from governor.bench.stats import percentile
 from tests.openai_server import TransformersServe
 from tests.tiny_gpt2 import save_tiny_gpt2
@@ -369,7 +373,17 @@ def measured(run: Callable[[], Burst], pids: dict[str, int]) -> Burst:
     return result
 
 
-# -- tables --------------------------------------------------------------------------------------------
+# -- tables and the result file -----------------------------------------------------------------------
+
+
+def median_of(rounds: list[dict[str, Burst]], c: str, pick: Callable[[Burst], float]) -> float:
+    """The median over rounds of one configuration's figure."""
+    return statistics.median(pick(r[c]) for r in rounds)
+
+
+def ratio_to_direct(rounds: list[dict[str, Burst]], c: str, pick: Callable[[Burst], float]) -> float:
+    """The median of per-round ratios to the direct burst of the same round."""
+    return statistics.median(pick(r[c]) / pick(r[DIRECT]) for r in rounds)
 
 
 def tables(rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Namespace) -> str:
@@ -409,11 +423,8 @@ def tables(rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Na
         "CPU s: server / governor / client",
     ]
 
-    def med(c: str, pick: Callable[[Burst], float]) -> float:
-        return statistics.median(pick(r[c]) for r in rounds)
-
-    def vs_direct(c: str, pick: Callable[[Burst], float]) -> float:
-        return statistics.median(pick(r[c]) / pick(r[DIRECT]) for r in rounds)
+    med = partial(median_of, rounds)
+    vs_direct = partial(ratio_to_direct, rounds)
 
     summary = []
     for c in configs:
@@ -472,6 +483,68 @@ def tables(rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Na
     )
 
 
+def burst_row(b: Burst) -> dict[str, Any]:
+    """One burst for the result file: its counts and percentiles, not its samples."""
+    return {
+        "completed": b.completed,
+        "errors": b.errors,
+        "refusals": b.refusals,
+        "retry_after_ms_p50": percentile(b.hints_ms, 50),
+        "ttft_first_ms": {"p50": b.p("ttft_first", 50), "p99": b.p("ttft_first", 99)},
+        "ttft_admitted_ms": {"p50": b.p("ttft_admitted", 50), "p99": b.p("ttft_admitted", 99)},
+        "requests_per_s": b.rps,
+        "tokens_per_s": b.tps,
+        "wall_s": b.wall_s,
+        "cpu_s": b.cpu_s,
+    }
+
+
+def record(sitting: Sitting, rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Namespace) -> None:
+    """Per K: requests/s beside the direct burst (headline; bar >= 0.9x), 429s per burst (bar <= 2 per
+    request), TTFT p99 beside direct; and the errors of every burst (headline). The ratios are the
+    tables' medians of per-round ratios."""
+    direct_rps = median_of(rounds, DIRECT, lambda b: b.rps)
+    for c in configs[1:]:
+        k = c.removeprefix("governor ")
+        ratio = ratio_to_direct(rounds, c, lambda b: b.rps)
+        sitting.figure(
+            f"requests/s through the governor, {k}",
+            median_of(rounds, c, lambda b: b.rps),
+            "req/s",
+            baseline=("direct to transformers serve", direct_rps),
+            ratio=ratio,
+            bar=">= 0.9x",
+            met=ratio >= 0.9,
+        )
+        refusals = median_of(rounds, c, lambda b: b.refusals)
+        sitting.figure(
+            f"429s per burst of {args.burst}, {k}",
+            refusals,
+            "429s",
+            bar="<= 2 per request",
+            met=refusals <= 2 * args.burst,
+            headline=False,
+        )
+        sitting.figure(
+            f"TTFT p99 from the first attempt, {k}",
+            median_of(rounds, c, lambda b: b.p("ttft_first", 99)),
+            "ms",
+            baseline=("direct to transformers serve", median_of(rounds, DIRECT, lambda b: b.p("ttft_first", 99))),
+            ratio=ratio_to_direct(rounds, c, lambda b: b.p("ttft_first", 99)),
+            headline=False,
+        )
+    errors = sum(r[c].n_errors for r in rounds for c in configs)
+    sitting.figure("errors, all bursts, direct and through the governor", errors, "requests")
+    sitting.details = {"rounds": [{c: burst_row(r[c]) for c in configs} for r in rounds]}
+
+
+def variant(args: argparse.Namespace) -> str | None:
+    """The result file's part: a run with other governor flags, a global cap or the httpx client is a
+    sitting of its own beside the default one (docs/BENCHMARKS.md reports fixed hints apart)."""
+    words = [args.governor_args, "global cap" if args.global_cap else "", "" if args.client == "raw" else args.client]
+    return re.sub(r"[^a-z0-9]+", "-", " ".join(words).lower()).strip("-") or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -488,6 +561,7 @@ def main() -> None:
         "--governor-args", default="", help="more governor flags, e.g. '--retry-hint fixed --retry-hint-ms 20'"
     )
     args = parser.parse_args()
+    sitting = Sitting(("govwire", "governor"), part=variant(args))
     command = "python -m benchmarks.peers.openai_upstream " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="openai-upstream-") as tmp:
         model_dir = save_tiny_gpt2(Path(tmp) / "tiny-gpt2")
@@ -518,8 +592,7 @@ def main() -> None:
             rounds: list[dict[str, Burst]] = []
             for i in range(args.rounds):
                 results: dict[str, Burst] = {}
-                for k in range(len(configs)):
-                    name = configs[(i + k) % len(configs)]
+                for name in order(i, configs, rotate=True):
                     run = partial(uvloop.run, burst(targets[name], server.model, args, i + 1))
                     b = measured(run, pids[name])
                     results[name] = b
@@ -554,6 +627,8 @@ def main() -> None:
         f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}\n"
     )
     print(tables(rounds, configs, args))
+    record(sitting, rounds, configs, args)
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ which is less at the mercy of the load generator than a rate.
 
 Run from the project root with the project's venv (docs/BENCHMARKS.md §13 has the commands):
     python -m benchmarks.peers.proxies refusals --json out/refusals.json
+Each part writes its own result file, benchmarks/results/peers/proxies-<part>.json, so that running
+one part keeps the others' figures; `admitted` with a --tokens other than 4 is a part of its own
+(proxies-admitted-<n>-tokens.json), since its bars are stated for the short stream.
 Needs nginx (nginx-light), haproxy, wrk and taskset: `make bench-anchors` installs them from
 Debian's packages, as `make test` installs redis-server. Every process it starts is stopped by its PID.
 """
@@ -49,7 +52,9 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import HARNESS, free_port, wait_for_port
+from benchmarks.harness.results import Sitting
 
 ROOT = Path.cwd()
 PY = sys.executable
@@ -398,9 +403,7 @@ def wrk_rounds(
     round; each run printed with `describe`; per target its runs and their medians."""
     per: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
     for r in range(a.rounds):
-        names = list(targets)
-        names = names[r % len(names) :] + names[: r % len(names)]
-        for name in names:
+        for name in rounds.order(r, list(targets), rotate=True):
             port, pid = targets[name]
             res = wrk(f"http://127.0.0.1:{port}/v1/completions", script, conns, a.seconds, pid)
             per[name].append(res)
@@ -472,8 +475,8 @@ def run_ndjson(a: argparse.Namespace, d: Path) -> dict[str, Any]:
             key = f"c{conns}_w{window}"
             per: dict[str, list[dict[str, Any]]] = {"bare": [], "governor": []}
             for r in range(a.rounds):
-                order = [("bare", bare_port, bare.pid), ("governor", gov_port, gov.pid)]
-                for name, port, pid in order if r % 2 == 0 else order[::-1]:
+                sides = [("bare", bare_port, bare.pid), ("governor", gov_port, gov.pid)]
+                for name, port, pid in rounds.order(r, sides):
                     wait_quiet()
                     cpu0 = cpu_s(pid)
                     out = subprocess.run(
@@ -748,7 +751,7 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
 
     try:
         for r in range(a.rounds):
-            for rate in a.rates if r % 2 == 0 else a.rates[::-1]:
+            for rate in rounds.order(r, a.rates):
                 if not rate:
                     measure(r, "none", 0, None, False)
                     continue
@@ -809,6 +812,202 @@ def run_isolation(a: argparse.Namespace, d: Path) -> dict[str, Any]:
     return results
 
 
+# -- the result file --------------------------------------------------------------------------------
+
+
+def wrk_details(table: dict[str, Any]) -> dict[str, Any]:
+    """A wrk_rounds table for the result file: per target its medians and its runs, without wrk's raw output."""
+    return {
+        name: {
+            "median": side["median"],
+            "runs": [{k: v for k, v in run.items() if k != "raw_tail"} for run in side["runs"]],
+        }
+        for name, side in table.items()
+    }
+
+
+def wrk_figure(
+    sitting: Sitting,
+    name: str,
+    table: dict[str, Any],
+    side: str,
+    base: tuple[str, str],
+    pick: str = "rps",
+    unit: str = "req/s",
+    at_least: float | None = None,
+    headline: bool = True,
+) -> None:
+    """One target's median beside another's from the same wrk_rounds table (`base`: its key and its
+    name in the figure); `at_least` is a bar on the ratio."""
+    value, base_value = table[side]["median"][pick], table[base[0]]["median"][pick]
+    ratio = value / base_value if value is not None and base_value else None
+    sitting.figure(
+        name,
+        value,
+        unit,
+        baseline=(base[1], base_value),
+        ratio=ratio,
+        bar=f">= {at_least}x" if at_least is not None else None,
+        met=ratio >= at_least if at_least is not None and ratio is not None else None,
+        headline=headline,
+    )
+
+
+def refusals_figures(sitting: Sitting, a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The governor's 429s/s beside nginx's real limiter (bar 1.0x), its cheapest 429 (bar 0.7x) and
+    HAProxy's limiter; the bars unpipelined, headline at the first --conns."""
+    sitting.details = {
+        "configs": {key: wrk_details(table) for key, table in results["configs"].items()},
+        "governor_counts": results["governor_counts"],
+    }
+    limit_req = ("nginx_limit_req", "nginx limit_req")
+    peers = (
+        (limit_req, 1.0),
+        (("nginx_return", "nginx return 429"), 0.7),
+        (("haproxy_stick", "HAProxy stick table"), None),
+    )
+    for key, table in results["configs"].items():
+        conns, depth = (int(x[1:]) for x in key.split("_"))
+        where = f"{conns} connections" + (f" x {depth} pipelined" if depth > 1 else "")
+        first = depth == 1 and conns == a.conns[0]
+        for base, bar in peers:
+            name = f"HTTP 429s/s vs {base[1]}, {where}"
+            at_least = bar if depth == 1 else None
+            wrk_figure(
+                sitting, name, table, "governor_http", base, at_least=at_least, headline=first and bar is not None
+            )
+        name = f"server CPU per 429, {where}"
+        wrk_figure(
+            sitting, name, table, "governor_http", limit_req, pick="server_cpu_us_per_req", unit="µs", headline=False
+        )
+
+
+def ndjson_figures(sitting: Sitting, a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The NDJSON yield path's frames/s beside the bare server's, the median of per-round ratios."""
+    sitting.details = {}
+    for key, res in results.items():
+        conns, window = (int(x[1:]) for x in key.split("_"))
+        per_round = [g["frames_per_s"] / b["frames_per_s"] for g, b in zip(res["governor"], res["bare"], strict=True)]
+        sitting.details[key] = {**res, "paired_ratios": per_round}
+        sitting.figure(
+            f"NDJSON refusals, {conns} connections x {window:,} in flight",
+            res["median_governor"],
+            "frames/s",
+            baseline=("bare server", res["median_bare"]),
+            ratio=res["median_paired_ratio"],
+        )
+
+
+def p50_added(table: dict[str, Any], side: str) -> float | None:
+    """The median over rounds of a target's wrk p50 minus the upstream's own in the same round."""
+    pairs = zip(table[side]["runs"], table["direct_upstream"]["runs"], strict=True)
+    added = [run["p50_ms"] - direct["p50_ms"] for run, direct in pairs if None not in (run["p50_ms"], direct["p50_ms"])]
+    return statistics.median(added) if added else None
+
+
+def admitted_figures(sitting: Sitting, a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Through the OpenAI link, against nginx proxy_pass in front of the same upstream: its req/s and
+    CPU per request at the most clients, its p50 added over the upstream at the fewest (headline,
+    nginx's beside it); the bars (>= 5,000 req/s, <= 0.3 ms added at p50) are stated for the short
+    (4-token) stream."""
+    sitting.details = {key: wrk_details(table) for key, table in results.items()}
+    short = a.tokens == 4
+    link, proxy = "governor_openai_upstream", ("nginx_proxy", "nginx proxy_pass")
+    for conns in a.conns:
+        table = results[f"c{conns}_t{a.tokens}"]
+        where = f"{conns} client{'s' if conns > 1 else ''}, {a.tokens} tokens"
+        most, fewest = conns == max(a.conns), conns == min(a.conns)
+        rps = table[link]["median"]["rps"]
+        floor = short and most
+        sitting.figure(
+            f"OpenAI link req/s, {where}",
+            rps,
+            "req/s",
+            baseline=(proxy[1], table[proxy[0]]["median"]["rps"]),
+            bar=">= 5,000 req/s" if floor else None,
+            met=rps >= 5000 if floor and rps is not None else None,
+            headline=most,
+        )
+        name = f"OpenAI link governor CPU per request, {where}"
+        wrk_figure(sitting, name, table, link, proxy, pick="server_cpu_us_per_req", unit="µs", headline=most)
+        bar = short and fewest
+        for side, label, headline in ((link, "OpenAI link", fewest), (proxy[0], proxy[1], False)):
+            added = p50_added(table, side)
+            sitting.figure(
+                f"{label} p50, {where}",
+                table[side]["median"]["p50_ms"],
+                "ms",
+                baseline=("wrk straight to the upstream", table["direct_upstream"]["median"]["p50_ms"]),
+                difference=added,
+                bar="added <= 0.3 ms" if bar and side == link else None,
+                met=added <= 0.3 if bar and side == link and added is not None else None,
+                headline=headline,
+            )
+        sitting.figure(
+            f"governor to its echo worker req/s, {where}",
+            table["governor_echo_worker"]["median"]["rps"],
+            "req/s",
+            baseline=(proxy[1], table[proxy[0]]["median"]["rps"]),
+            headline=False,
+        )
+
+
+def isolation_figures(sitting: Sitting, a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Per storm rate, the admitted TTFT p99 beside its control (the CPU burner with --burn-control,
+    else no storm) and what the storm adds: the median over rounds of storm minus control in the same
+    round. Headline at the governor's maximum (bar: <= 2 ms added) and at 100,000/s (<= 0.5 ms), the
+    bars against the burner."""
+    sitting.details = {"median_by_label": results["median_by_label"], "rounds": results["rounds"]}
+    rows = {(row["label"], row["round"]): row for row in results["rounds"]}
+
+    def runs(label: str) -> list[dict[str, Any]]:
+        return [rows[(label, r)] for r in range(1, a.rounds + 1)]
+
+    bars = {-1: 2.0, 100_000: 0.5}
+    control = "CPU-burn control" if a.burn_control else "no storm"
+    for rate in a.rates:
+        if not rate:
+            continue
+        storm = f"storm {rate}"
+        text = "at its maximum" if rate < 0 else f"of {rate:,}/s"
+        median = results["median_by_label"][storm]
+        if a.burn_control or 0 in a.rates:
+            controls = runs(f"burn {rate}" if a.burn_control else "none")
+            diffs = [s["ttft_p99_ms"] - c["ttft_p99_ms"] for s, c in zip(runs(storm), controls, strict=True)]
+            added = statistics.median(diffs)
+            bar = bars.get(rate) if a.burn_control else None
+            sitting.figure(
+                f"admitted TTFT p99 during a storm {text}",
+                median["ttft_p99_ms"],
+                "ms",
+                baseline=(control, statistics.median(c["ttft_p99_ms"] for c in controls)),
+                difference=added,
+                bar=f"added <= {bar:g} ms" if bar is not None else None,
+                met=added <= bar if bar is not None else None,
+                headline=rate in bars,
+                note="added per round: " + ", ".join(f"{x:+.2f}" for x in diffs),
+            )
+        sitting.figure(f"refusals/s, storm {text}", median["storm_refusals_per_s"], "frames/s", headline=False)
+        if 0 in a.rates:
+            sitting.figure(
+                f"admitted req/s during a storm {text}",
+                median["executed_rps"],
+                "req/s",
+                baseline=("no storm", results["median_by_label"]["none"]["executed_rps"]),
+                headline=False,
+            )
+        unserved = sum(run["yielded"] + sum(run["errors"].values()) for run in runs(storm))
+        sitting.figure(f"admitted requests refused or failed, storm {text}", unserved, "requests", headline=False)
+
+
+FIGURES: dict[str, Callable[[Sitting, argparse.Namespace, dict[str, Any]], None]] = {
+    "refusals": refusals_figures,
+    "ndjson": ndjson_figures,
+    "admitted": admitted_figures,
+    "isolation": isolation_figures,
+}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=("refusals", "ndjson", "admitted", "isolation"))
@@ -828,6 +1027,9 @@ def main() -> int:
     a = p.parse_args()
     if a.conns is None:
         a.conns = [16, 64] if a.what == "refusals" else [1, 16]
+    default_tokens = a.tokens == p.get_default("tokens")  # a longer stream is a part of its own
+    part = a.what if a.what != "admitted" or default_tokens else f"admitted-{a.tokens}-tokens"
+    sitting = Sitting(("govwire", "governor"), part=part)
     if not (ROOT / "governor").is_dir():
         sys.exit("run this from the project root")
     for tool in ("taskset", "wrk", "nginx", "haproxy"):
@@ -853,6 +1055,8 @@ def main() -> int:
     if a.json:
         Path(a.json).write_text(text)
     print(json.dumps({k: v for k, v in results.items() if k != "results"}, default=str))
+    FIGURES[a.what](sitting, a, results["results"])
+    sitting.write()
     return 0
 
 
