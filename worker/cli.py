@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:
         runner = asyncio.Runner()
-    from worker.loading import ModelLoadError
+    from worker.errors import ModelLoadError
 
     with runner:
         try:

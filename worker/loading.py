@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from worker.errors import ModelLoadError
 from worker.model import GPT2, can_pack_for_cpu
 from worker.model_shape import GPT2Shape
 from worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -29,10 +30,6 @@ RANDOM_SEED = 0
 # within a few percent of the best per size (model.py), so the decode batch default is used.
 PACK_BATCH_HINT = 32
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class ModelLoadError(Exception):
-    """The model named by --model cannot be loaded (missing, not GPT-2, unreadable)."""
 
 
 @dataclass

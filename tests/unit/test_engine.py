@@ -13,7 +13,8 @@ from govwire.errors import BadFrame
 from tests.engine_run import PROMPTS, drain, request, run_with_late_arrivals
 from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
-from worker.loading import LoadedModel, ModelLoadError, load
+from worker.errors import ModelLoadError
+from worker.loading import LoadedModel, load
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 

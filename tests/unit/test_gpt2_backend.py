@@ -15,7 +15,7 @@ from govwire.options import ConfigError
 from govwire.request import GenerateRequest
 from worker.backends.gpt2 import PREFILL_TOKENS, GPT2Backend
 from worker.config import WorkerConfig
-from worker.loading import ModelLoadError
+from worker.errors import ModelLoadError
 from worker.tokenizer import HFTokenizer, Tokenizer
 
 
