@@ -19,7 +19,9 @@ import asyncio
 import statistics
 from typing import Any
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import machine, markdown_table, start_governor, stop
+from benchmarks.harness.results import Sitting
 from governor.bench.config import BenchConfig
 from governor.bench.main import measure
 from governor.bench.stats import Summary, percentile
@@ -82,6 +84,59 @@ def one(budget: int, a: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
+KEYS = ("itl_p50", "itl_p99", "itl_p999", "itl_max", "short_ttft_p50", "short_ttft_p99", "long_ttft_p50", "tok_s")
+# The issue's targets for a chunked budget against one-step prefill (docs/BENCHMARKS.md): short
+# TTFT p99 cut >= 2x, completion tokens/s within 5%, ITL p99 <= 2x its own median.
+TTFT_CUT, TOK_S_SPREAD, ITL_SPREAD = 2.0, 0.05, 2.0
+
+
+def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
+    """Every budget after the first against the first (the one-step prefill by default), medians over
+    rounds as the table prints them; the short requests' TTFT p99 and the streams' ITL p99 are the
+    headline."""
+    base, *others = medians
+    baseline = f"budget {base} tokens"
+    for budget in others:
+        m, b = medians[budget], medians[base]
+        sitting.figure(
+            f"short TTFT p99, budget {budget} tokens",
+            m["short_ttft_p99"],
+            "ms",
+            baseline=(baseline, b["short_ttft_p99"]),
+            bar=f"<= {1 / TTFT_CUT:g}x ({TTFT_CUT:g}x lower)",
+            met=b["short_ttft_p99"] / m["short_ttft_p99"] >= TTFT_CUT,
+        )
+        sitting.figure(
+            f"short streams' ITL p99, budget {budget} tokens", m["itl_p99"], "ms", baseline=(baseline, b["itl_p99"])
+        )
+        sitting.figure(
+            f"completion tok/s, budget {budget} tokens",
+            m["tok_s"],
+            "tok/s",
+            baseline=(baseline, b["tok_s"]),
+            bar=f"within {TOK_S_SPREAD:.0%}",
+            met=abs(m["tok_s"] / b["tok_s"] - 1) <= TOK_S_SPREAD,
+            headline=False,
+        )
+        sitting.figure(
+            f"long TTFT p50, budget {budget} tokens",
+            m["long_ttft_p50"],
+            "ms",
+            baseline=(baseline, b["long_ttft_p50"]),
+            headline=False,
+        )
+    for budget, m in medians.items():  # the one-step budget's spread is there to compare by eye
+        spread, chunked = m["itl_p99"] / m["itl_p50"], budget != base
+        sitting.figure(
+            f"ITL p99 over p50, budget {budget} tokens",
+            spread,
+            "x",
+            bar=f"<= {ITL_SPREAD:g}x" if chunked else None,
+            met=spread <= ITL_SPREAD if chunked else None,
+            headline=False,
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--budgets", default="2048,64", help="--max-prefill-tokens values, compared")
@@ -92,14 +147,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32")
     a = p.parse_args()
+    sitting = Sitting(("govwire", "governor", "worker"))
     budgets = [int(b) for b in a.budgets.split(",")]
     print(f"machine: {machine()}")
     rows: dict[int, list[dict[str, Any]]] = {b: [] for b in budgets}
     for r in range(a.rounds):
-        for budget in budgets if r % 2 == 0 else budgets[::-1]:
+        for budget in rounds.order(r, budgets):
             rows[budget].append(one(budget, a))
-    keys = ("itl_p50", "itl_p99", "itl_p999", "itl_max", "short_ttft_p50", "short_ttft_p99", "long_ttft_p50", "tok_s")
-    table = [[str(b), *(f"{statistics.median(x[k] for x in rows[b]):,.1f}" for k in keys)] for b in budgets]
+    medians = {b: {k: statistics.median(x[k] for x in rows[b]) for k in KEYS} for b in budgets}
+    table = [[str(b), *(f"{medians[b][k]:,.1f}" for k in KEYS)] for b in budgets]
     print()
     print(
         markdown_table(
@@ -117,6 +173,9 @@ def main() -> None:
             table,
         )
     )
+    record(sitting, medians)
+    sitting.details = {"medians": medians, "rounds": rows}
+    sitting.write()
 
 
 if __name__ == "__main__":

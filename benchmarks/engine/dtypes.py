@@ -30,6 +30,7 @@ import torch
 from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, make_workload, run_engine, timed_median_ms
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine
+from benchmarks.harness.results import Sitting
 from worker.attention import Segment
 from worker.engine import LLMEngine
 from worker.kv_cache import KVCache
@@ -126,6 +127,48 @@ def accuracy(
     return report
 
 
+def record(sitting: Sitting, report: dict[str, Any], models: list[str]) -> None:
+    """The printed rows as figures: each dtype's decode steps against their bare matmuls and (the
+    headline) each 16-bit dtype's batch-32 step against float32's; top-1 agreement with float32 for
+    each model and dtype, held to the check's bar, the first model's the headline (the trained one
+    by default, which the check is written for); the whole report as details."""
+    speed = report.get("speed", {})
+    for name, row in speed.items():
+        for batch in (1, 32):
+            sitting.figure(
+                f"decode step, batch {batch}, {name}",
+                row[f"decode_step_b{batch}_ms"],
+                "ms",
+                baseline=("bare matmuls, same shapes", row[f"bare_matmuls_b{batch}_ms"]),
+                headline=False,
+            )
+        sitting.figure(f"linear layer at M = 32, {name}", row["linear_m32_gflops"], "GFLOP/s", headline=False)
+        if name != "float32" and "float32" in speed:
+            sitting.figure(
+                f"{name} decode step vs float32, batch 32",
+                row["decode_step_b32_ms"],
+                "ms",
+                baseline=("float32", speed["float32"]["decode_step_b32_ms"]),
+            )
+    for spec, result in zip(models, report["accuracy"], strict=True):
+        for name, row in result.items():
+            if not isinstance(row, dict):
+                continue
+            flips = row["positions"] - round(row["top1_agreement"] * row["positions"])
+            sitting.figure(
+                f"top-1 agreement with float32, {name}, {spec} model",
+                100 * row["top1_agreement"],
+                "%",
+                bar=f">= {PASS_AGREEMENT:.0%}",
+                met=row["passes"],
+                headline=spec == models[0],
+                note=f"{flips} flips of {row['positions']}; max |dlogit| {row['max_logit_diff']:.3f}, largest"
+                f" float32 margin at a flip {row['largest_fp32_margin_at_a_flip']:.3f}; greedy streams identical"
+                f" {row['greedy_streams_identical']}/{result['sequences']}",
+            )
+    sitting.details = report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
@@ -137,6 +180,7 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    sitting = Sitting(("worker",))
     device = torch.device(args.device)
     dtypes = [DTYPES[name] for name in args.dtypes.split(",")]
     report: dict[str, Any] = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads()}
@@ -163,7 +207,8 @@ def main() -> None:
 
     print(f"\n== accuracy against float32 (teacher-forced; passes at >= {PASS_AGREEMENT:.0%} top-1 agreement)")
     report["accuracy"] = []
-    for spec in args.accuracy_models.split(","):
+    models = args.accuracy_models.split(",")
+    for spec in models:
         model = str(model_dir.ensure_trained()) if spec == "trained" else spec
         result = accuracy(model, dtypes, device, args.sequences, args.new_tokens)
         report["accuracy"].append(result)
@@ -179,6 +224,8 @@ def main() -> None:
                 )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    record(sitting, report, models)
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from benchmarks.harness.common import machine, out_dir, start_governor, stats, stop
+from benchmarks.harness.results import Sitting
 from governor.client import AsyncClient
 from govwire.request import GenerateRequest
 from worker.allocator import keep_freed_memory
@@ -347,12 +348,18 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args()
+    methods = args.methods.split(",")
+    workloads = args.workloads.split(",")
+    # One file per workload set, and per dtype and device off the defaults: `make bench-engine` runs
+    # uniform and mixed separately, and the bfloat16 runs sit beside the float32 ones.
+    off_default = [v for v, default in ((args.dtype, "float32"), (args.device, "cpu")) if v != default]
+    part = "-".join([*workloads, *off_default])
+    sitting = Sitting(("govwire", "governor", "worker") if "served" in methods else ("worker",), part=part)
 
     torch.set_num_threads(args.threads)
     keep_freed_memory()  # as the worker does, so that in-process and served run alike
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
-    methods = args.methods.split(",")
     print(f"machine: {machine()}; torch {torch.__version__}, threads {torch.get_num_threads()}, device {device}")
     import transformers
 
@@ -380,7 +387,7 @@ def main() -> None:
         "workloads": {},
     }
     try:
-        for name in args.workloads.split(","):
+        for name in workloads:
             workload = make_workload(name, args.seed)
             report["workloads"][name] = run_workload(
                 workload, methods, args.rounds, loaded, hf, tokenizer, config, served
@@ -395,6 +402,11 @@ def main() -> None:
         profile_decode(loaded, config)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    record(sitting, report, args.rounds)
+    if sitting.figures:
+        sitting.write()
+    else:  # one method alone, no decode steps, no memory runs: nothing compared
+        print("no comparison was run: no result file written")
 
 
 def run_workload(
@@ -437,6 +449,7 @@ def run_workload(
     median = {method: statistics.median(r.tok_s for r in results) for method, results in runs.items()}
     if rounds > 1:
         print("  medians: " + ", ".join(f"{m} {v:.1f} tok/s" for m, v in median.items()))
+    identical: dict[str, int] = {}  # "subject/method": requests whose greedy tokens are equal
     for subject in ("engine", "served"):
         if subject not in runs:
             continue
@@ -445,15 +458,18 @@ def run_workload(
             if method in ("engine", "served"):
                 continue
             same = sum(a == b for a, b in zip(mine.outputs or [], results[0].outputs or [], strict=False))
+            identical[f"{subject}/{method}"] = same
             print(
                 f"  {subject} / {method:<14} = {median[subject] / median[method]:5.2f}x   "
                 f"greedy outputs identical: {same}/{len(ids)}"
             )
+    paired: list[float] = []
     if "engine" in runs and "served" in runs:
         paired = [s.tok_s / e.tok_s for e, s in zip(runs["engine"], runs["served"], strict=False)]
         same = sum(
             a == b for a, b in zip(runs["served"][0].outputs or [], runs["engine"][0].outputs or [], strict=True)
         )
+        identical["served/engine"] = same
         print(
             f"  served / engine        = {statistics.median(paired):5.2f}x (paired by round: "
             + ", ".join(f"{r:.2f}" for r in paired)
@@ -464,12 +480,100 @@ def run_workload(
         "prompt_tokens": sum(map(len, ids)),
         "new_tokens": workload.useful_tokens,
         "median_tok_s": median,
+        "served_over_engine_by_round": paired,
+        "greedy_identical": identical,
         "results": [
             {"method": r.method, "seconds": r.seconds, "tok_s": r.tok_s, "peak_rss_mib": r.peak_rss_mib, **r.extra}
             for results in runs.values()
             for r in results
         ],
     }
+
+
+LABELS = {
+    "hf-sequential": "HF generate, one at a time",
+    "hf-continuous": "HF continuous batching",
+    "engine": "engine in-process",
+    "served": "served",
+}
+
+
+def label(method: str) -> str:
+    """A method as a newcomer reads it in a figure's name."""
+    if method.startswith("hf-static-"):
+        return f"HF generate, static batch {method.rsplit('-', 1)[1]}"
+    return LABELS[method]
+
+
+# The issue's targets for the served path (docs/BENCHMARKS.md, section 5): (workload, method) -> bar.
+SERVED_BARS = {("uniform", "hf-static-32"): 1.5, ("mixed", "hf-continuous"): 4.0}
+SERVED_OVER_ENGINE_BAR = 0.95
+# A decode step at batch 32 against its bare matmuls, by dtype (float32: the issue's target;
+# bfloat16: issue 35's).
+STEP_BARS = {"float32": 1.1, "bfloat16": 2.0}
+
+
+def record(sitting: Sitting, report: dict[str, Any], rounds: int) -> None:
+    """The printed comparisons as figures: served and in-process against every baseline run (ratios
+    of medians, as printed), served against in-process (median of the per-round ratios), the decode
+    steps against their bare matmuls, RSS over repeated runs; the whole report as details."""
+    dtype = report["dtype"]
+    cached = "rounds after the first reuse the served worker's prefix cache; per-round tok/s in details"
+    for workload, data in report["workloads"].items():
+        median, same, requests = data["median_tok_s"], data["greedy_identical"], data["requests"]
+        baselines = [m for m in median if m not in ("engine", "served")]
+        for subject in (s for s in ("served", "engine") if s in median):
+            for method in baselines:
+                bar = SERVED_BARS.get((workload, method)) if subject == "served" else None
+                ratio = median[subject] / median[method]
+                note = f"greedy outputs identical: {same[f'{subject}/{method}']}/{requests}"
+                sitting.figure(
+                    f"{label(subject)} vs {label(method)}, {workload}, {dtype}",
+                    median[subject],
+                    "tok/s",
+                    baseline=(label(method), median[method]),
+                    bar=None if bar is None else f">= {bar:g}x",
+                    met=None if bar is None else ratio >= bar,
+                    headline=bar is not None,
+                    note=note + (f"; {cached}" if subject == "served" and rounds > 1 else ""),
+                )
+        if paired := data["served_over_engine_by_round"]:
+            ratio = statistics.median(paired)
+            sitting.figure(
+                f"served vs engine in-process, {workload}, {dtype}",
+                median["served"],
+                "tok/s",
+                baseline=(label("engine"), median["engine"]),
+                ratio=ratio,
+                bar=f">= {SERVED_OVER_ENGINE_BAR:g}x",
+                met=ratio >= SERVED_OVER_ENGINE_BAR,
+                note=f"median of the per-round ratios; greedy outputs identical: {same['served/engine']}/{requests}",
+            )
+    for batch, step in report.get("decode_steps", {}).items():
+        bar = STEP_BARS.get(dtype) if batch == 32 else None
+        ratio = step["step_ms"] / step["bare_matmuls_ms"]
+        sitting.figure(
+            f"decode step, batch {batch}, {dtype}",
+            step["step_ms"],
+            "ms",
+            baseline=("bare matmuls, same shapes", step["bare_matmuls_ms"]),
+            bar=None if bar is None else f"<= {bar:g}x",
+            met=None if bar is None else ratio <= bar,
+            headline=batch == 32,
+        )
+    last = list(report["workloads"])[-1]  # what memory_runs repeats
+    for key, name in (("engine", "benchmark process RSS"), ("served_worker", "served worker RSS")):
+        if rss := report.get("rss_after_runs_mib", {}).get(key):
+            sitting.figure(
+                f"{name} after {len(rss)} runs of {last}, {dtype}",
+                rss[-1],
+                "MiB",
+                baseline=("after the first", rss[0]),
+                bar="no growth",
+                met=round(rss[-1]) <= round(rss[0]),  # in whole MiB, as printed
+                headline=False,
+            )
+    sitting.details = report
 
 
 def run_method(

@@ -23,6 +23,7 @@ import torch
 
 from benchmarks.engine.engine_vs_hf import HF, bare_matmuls_ms, decode_step_ms, decoding_engine, run_engine
 from benchmarks.harness.common import machine
+from benchmarks.harness.results import Sitting
 from worker.engine import LLMEngine
 from worker.loading import DTYPES, load, load_hf_model
 from worker.scheduler import SchedulerConfig
@@ -70,6 +71,40 @@ def launches_per_step(loaded: Any, config: SchedulerConfig, cuda_graphs: bool) -
     return sum(e.count for e in prof.key_averages() if e.key in LAUNCHES)
 
 
+def record(sitting: Sitting, report: dict[str, Any]) -> None:
+    """The printed rows as figures, each named with its dtype (the GPU is the result's machine): the
+    engine against HF `generate` at every batch, the largest batch the headline; the decode step
+    against its bare matmuls, its launches, peak memory; the whole report as details."""
+    dtype = report["dtype"]
+    largest = max(report["throughput"])
+    for batch, row in report["throughput"].items():
+        sitting.figure(
+            f"engine, batch {batch}, {dtype}",
+            row["engine_tok_s"],
+            "tok/s",
+            baseline=(f"HF generate, static batch {batch}", row["hf_tok_s"]),
+            ratio=row["ratio"],
+            headline=batch == largest,
+            note=f"greedy outputs identical to HF's: {row['greedy_identical']:.0%}",
+        )
+    step = report["decode_step_b32"]
+    for label in ("graphs", "eager"):
+        if f"{label}_ms" in step:
+            sitting.figure(
+                f"decode step, batch 32, {label}, {dtype}",
+                step[f"{label}_ms"],
+                "ms",
+                baseline=("bare matmuls, same shapes", step["bare_matmuls_ms"]),
+                headline=False,
+            )
+        if f"{label}_launches" in step:
+            name = f"kernel launches per decode step, batch 32, {label}, {dtype}"
+            sitting.figure(name, step[f"{label}_launches"], "launches", headline=False)
+    if "peak_memory_gib" in report:
+        sitting.figure(f"peak GPU memory allocated, {dtype}", report["peak_memory_gib"], "GiB", headline=False)
+    sitting.details = report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="random-gpt2")
@@ -78,6 +113,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32,256")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    sitting = Sitting(("worker",))
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     name = torch.cuda.get_device_name() if device.type == "cuda" else machine()
     print(f"device: {name}; torch {torch.__version__}; model {args.model}, {args.dtype}")
@@ -110,6 +146,8 @@ def main() -> None:
         print(f"\n== peak GPU memory allocated: {report['peak_memory_gib']:.2f} GiB")
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
+    record(sitting, report)
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.harness.common import machine, markdown_table, out_dir, random_text, start_governor, stats, stop
+from benchmarks.harness.results import Sitting
 from governor.client import AsyncClient
 
 
@@ -139,7 +140,34 @@ def same_outputs(a: Run, b: Run) -> str:
     return f"{equal}/{len(a.outcomes)}"
 
 
-def prefix_experiment(args: Any) -> str:
+# The bars of docs/BENCHMARKS.md, section 7: prefix caching cuts TTFT p50 >= 3x and raises tokens/s
+# >= 1.5x; paged reservation runs >= 3x the sequences per step and >= 2x the tokens/s of worst-case;
+# a pool too small keeps >= 0.8x the roomy pool's tokens/s.
+PREFIX_TTFT_CUT, PREFIX_TOK_S = 3.0, 1.5
+OVERASK_SEQUENCES, OVERASK_TOK_S = 3.0, 2.0
+PRESSURE_TOK_S = 0.8
+
+
+def details(runs: tuple[Run, ...], outputs_equal: str) -> dict[str, Any]:
+    """What the tables show, per configuration, and the worker's statistics over the measured run."""
+    return {
+        "runs": {
+            run.name: {
+                "wall_s": run.wall_s,
+                "tokens": run.tokens,
+                "tok_s": run.tokens_per_s,
+                "ttft_p50_ms": run.ttft_ms(0.5),
+                "ttft_p99_ms": run.ttft_ms(0.99),
+                "sequences_per_step": run.sequences_per_step,
+                "engine": run.engine,
+            }
+            for run in runs
+        },
+        "greedy_outputs_equal": outputs_equal,
+    }
+
+
+def prefix_experiment(args: Any, sitting: Sitting) -> str:
     rng = random.Random(args.seed)
     system = random_text(rng, 512)
     requests = [Request(system + random_text(rng, rng.randint(16, 64)), 32, 32) for _ in range(64)]
@@ -168,11 +196,32 @@ def prefix_experiment(args: Any) -> str:
             "",
         ]
     )
+    equal = same_outputs(off, on)
+    what, baseline = "shared 512-token prompt, prefix caching on", "prefix caching off"
+    sitting.figure(
+        f"TTFT p50, {what}",
+        on.ttft_ms(0.5),
+        "ms",
+        baseline=(baseline, off.ttft_ms(0.5)),
+        bar=f"<= {1 / PREFIX_TTFT_CUT:.2f}x ({PREFIX_TTFT_CUT:g}x lower)",
+        met=off.ttft_ms(0.5) / on.ttft_ms(0.5) >= PREFIX_TTFT_CUT,
+        note=f"greedy outputs equal, on vs off: {equal}",
+    )
+    sitting.figure(
+        f"tok/s, {what}",
+        on.tokens_per_s,
+        "tok/s",
+        baseline=(baseline, off.tokens_per_s),
+        bar=f">= {PREFIX_TOK_S:g}x",
+        met=on.tokens_per_s / off.tokens_per_s >= PREFIX_TOK_S,
+    )
+    sitting.figure(f"TTFT p99, {what}", on.ttft_ms(0.99), "ms", baseline=(baseline, off.ttft_ms(0.99)), headline=False)
+    sitting.details = details((off, on), equal)
     headers = ["prefix caching", "TTFT p50 ms", "TTFT p99 ms", "tokens/s", "prefill tokens", "cache hits (tokens)"]
-    return markdown_table(headers, rows) + f"\n\nGreedy outputs equal, on vs off: {same_outputs(off, on)} requests."
+    return markdown_table(headers, rows) + f"\n\nGreedy outputs equal, on vs off: {equal} requests."
 
 
-def overask_experiment(args: Any) -> str:
+def overask_experiment(args: Any, sitting: Sitting) -> str:
     rng = random.Random(args.seed + 1)
     requests = [Request(random_text(rng, rng.randint(32, 64)), 512, rng.randint(16, 64)) for _ in range(96)]
     warmup = [Request(random_text(rng, 48), 8, 8) for _ in range(4)]
@@ -191,13 +240,31 @@ def overask_experiment(args: Any) -> str:
             "",
         ]
     )
-    headers = ["--kv-reservation", "sequences per step", "useful tokens/s", "wall s"]
-    return (
-        markdown_table(headers, rows) + f"\n\nGreedy outputs equal, paged vs worst-case: {same_outputs(worst, paged)}."
+    equal = same_outputs(worst, paged)
+    baseline = "worst-case reservation"
+    sitting.figure(
+        "sequences per step, paged KV, over-asking clients",
+        paged.sequences_per_step,
+        "sequences",
+        baseline=(baseline, worst.sequences_per_step),
+        bar=f">= {OVERASK_SEQUENCES:g}x",
+        met=paged.sequences_per_step / worst.sequences_per_step >= OVERASK_SEQUENCES,
+        note=f"greedy outputs equal, paged vs worst-case: {equal}",
     )
+    sitting.figure(
+        "useful tok/s, paged KV, over-asking clients",
+        paged.tokens_per_s,
+        "tok/s",
+        baseline=(baseline, worst.tokens_per_s),
+        bar=f">= {OVERASK_TOK_S:g}x",
+        met=paged.tokens_per_s / worst.tokens_per_s >= OVERASK_TOK_S,
+    )
+    sitting.details = details((worst, paged), equal)
+    headers = ["--kv-reservation", "sequences per step", "useful tokens/s", "wall s"]
+    return markdown_table(headers, rows) + f"\n\nGreedy outputs equal, paged vs worst-case: {equal}."
 
 
-def pressure_experiment(args: Any) -> str:
+def pressure_experiment(args: Any, sitting: Sitting) -> str:
     rng = random.Random(args.seed + 2)
     requests = [Request(random_text(rng, rng.randint(32, 64)), 96, 96) for _ in range(48)]
     warmup = [Request(random_text(rng, 48), 8, 8) for _ in range(4)]
@@ -215,8 +282,28 @@ def pressure_experiment(args: Any) -> str:
         for run in (roomy, tight)
     ]
     rows.append(["tight ÷ roomy", "", "", "", f"{tight.tokens_per_s / roomy.tokens_per_s:.2f}×"])
+    equal = same_outputs(roomy, tight)
+    whole = sum(len(o.tokens) == 96 for o in tight.outcomes)
+    sitting.figure(
+        "tok/s, KV pool too small for the running set",
+        tight.tokens_per_s,
+        "tok/s",
+        baseline=("roomy pool", roomy.tokens_per_s),
+        bar=f">= {PRESSURE_TOK_S:g}x",
+        met=tight.tokens_per_s / roomy.tokens_per_s >= PRESSURE_TOK_S,
+        note=f"greedy outputs equal, tight vs roomy: {equal}",
+    )
+    sitting.figure("preemptions, KV pool too small", tight.engine.get("preemptions_total", 0), "preemptions")
+    sitting.figure(
+        "requests finished whole, KV pool too small",
+        100 * whole / len(tight.outcomes),
+        "%",
+        bar="100%",
+        met=whole == len(tight.outcomes),
+    )
+    sitting.details = details((roomy, tight), equal)
     headers = ["pool", "preemptions", "finished whole", "sequences per step", "tokens/s"]
-    return markdown_table(headers, rows) + f"\n\nGreedy outputs equal, tight vs roomy: {same_outputs(roomy, tight)}."
+    return markdown_table(headers, rows) + f"\n\nGreedy outputs equal, tight vs roomy: {equal}."
 
 
 EXPERIMENTS = {"prefix": prefix_experiment, "overask": overask_experiment, "pressure": pressure_experiment}
@@ -234,9 +321,11 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {machine()}; model {args.model}, {args.dtype}", flush=True)
     for name in args.experiments.split(","):
+        sitting = Sitting(("govwire", "governor", "worker"), part=name)  # one result file per experiment
         print(f"\n## {name}", flush=True)
-        report = EXPERIMENTS[name](args)
+        report = EXPERIMENTS[name](args, sitting)
         print(report, flush=True)
+        sitting.write()
 
 
 if __name__ == "__main__":

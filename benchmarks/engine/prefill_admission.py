@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from operator import itemgetter
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import bench, machine, markdown_table, median_ms, out_dir, start_governor, stop
+from benchmarks.harness.results import Sitting
 from governor.bench.plot import write_plot
 from governor.bench.runner import RunResult
 from governor.bench.stats import Summary
@@ -39,11 +42,51 @@ def run_one(knobs: tuple[str, ...], args: argparse.Namespace) -> tuple[Summary, 
         stop(proc)
 
 
+def figures(summary: Summary) -> dict[str, float | None]:
+    """One run's row of the table, in numbers."""
+    return {
+        "ttft_p50_ms": summary.ttft_ms.p50,
+        "ttft_p99_ms": summary.ttft_ms.p99,
+        "tpot_p50_ms": summary.tpot_ms.p50,
+        "tpot_p99_ms": summary.tpot_ms.p99,
+        "latency_p99_ms": summary.latency_ms.p99,
+        "completion_tok_s": summary.output_tok_s,
+    }
+
+
+Round = dict[str, dict[str, float | None]]  # configuration -> its row in one round
+
+
+def record(sitting: Sitting, runs: list[Round]) -> None:
+    """The knob itself (prefill admission 32 against 8, both running 32) as the headline: TTFT p99
+    and TPOT p50, medians over rounds as the table prints them; then what the running set buys
+    (running 32 against 8)."""
+    one, eight, thirty_two = CONFIGS
+    comparisons = (
+        (thirty_two, eight, "TTFT p99", "ttft_p99_ms", "ms", True),
+        (thirty_two, eight, "TPOT p50", "tpot_p50_ms", "ms", True),
+        (thirty_two, eight, "completion tok/s", "completion_tok_s", "tok/s", False),
+        (eight, one, "TTFT p99", "ttft_p99_ms", "ms", False),
+        (eight, one, "TPOT p50", "tpot_p50_ms", "ms", False),
+    )
+    medians = {name: {key: rounds.median(runs, name, itemgetter(key)) for key in runs[0][name]} for name in CONFIGS}
+    for subject, baseline, what, key, unit, headline in comparisons:
+        sitting.figure(
+            f"{what}, {subject}",
+            medians[subject][key],
+            unit,
+            baseline=(baseline, medians[baseline][key]),
+            headline=headline,
+        )
+    sitting.details = {"medians": medians, "rounds": runs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="rounds over the three configurations")
     parser.add_argument("--model", default="random-gpt2")
     args = parser.parse_args()
+    sitting = Sitting(("govwire", "governor", "worker"))
     results: dict[str, list[tuple[Summary, RunResult]]] = {name: [] for name in CONFIGS}
     for i in range(args.repeats):
         for name, knobs in CONFIGS.items():
@@ -69,6 +112,8 @@ def main() -> None:
     plot = out_dir() / "prefill_admission.png"
     write_plot(plot, [(name, runs[-1][1]) for name, runs in results.items()])
     print(f"\nplot: {plot}")
+    record(sitting, [{name: figures(runs[i][0]) for name, runs in results.items()} for i in range(args.repeats)])
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,9 @@ import statistics
 import subprocess
 import sys
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import HARNESS, bench, machine, markdown_table, start_governor, stop
+from benchmarks.harness.results import Sitting
 
 SETTINGS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
     "default": ({}, ()),
@@ -60,15 +62,36 @@ def measure(env: dict[str, str], flags: tuple[str, ...], share: float) -> tuple[
     return summary.itl_ms.p50, summary.itl_ms.p99, summary.output_tok_s
 
 
+THREADS_BAR = 1.5  # --threads 1 beside a client: ITL p50 within 1.5x the default alone (issue 36)
+
+
+def record(sitting: Sitting, name: str, share: float, p50: float, alone: float) -> None:
+    """One row's ITL p50 against the default worker alone, as the table's last column; the default
+    and `--threads 1` beside the client are the headline (what the README's advice rests on)."""
+    beside = share > 0
+    held = name == "--threads 1" and beside
+    sitting.figure(
+        f"ITL p50, {name}, " + (f"beside a {share:g}-core client" if beside else "alone"),
+        p50,
+        "ms",
+        baseline=("default worker alone", alone),
+        bar=f"<= {THREADS_BAR:g}x" if held else None,
+        met=p50 / alone <= THREADS_BAR if held else None,
+        headline=beside and name in ("default", "--threads 1"),
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--share", type=float, default=0.6, help="the burner's share of one core")
     a = p.parse_args()
+    sitting = Sitting(("govwire", "governor", "worker"))
     print(f"machine: {machine()}")
     results: dict[tuple[str, float], list[tuple[float, float, float]]] = {}
     for r in range(a.rounds):
-        for name, (env, flags) in SETTINGS.items() if r % 2 == 0 else reversed(SETTINGS.items()):
+        for name in rounds.order(r, list(SETTINGS)):
+            env, flags = SETTINGS[name]
             for share in (0.0, a.share):
                 row = measure(env, flags, share)
                 results.setdefault((name, share), []).append(row)
@@ -78,13 +101,26 @@ def main() -> None:
                     f" ITL p50 {p50:.1f} / p99 {p99:.1f} ms, {tok_s:.1f} tok/s"
                 )
     alone = statistics.median(x[0] for x in results[("default", 0.0)])
-    rows = []
+    rows, details = [], []
     for (name, share), runs in results.items():
         p50, p99, tok_s = (statistics.median(x[i] for x in runs) for i in range(3))
         rows.append([name, f"{share:.1f}", f"{p50:.1f}", f"{p99:.1f}", f"{tok_s:.1f}", f"{p50 / alone:.2f}x"])
+        fields = ("itl_p50_ms", "itl_p99_ms", "tok_s")
+        details.append(
+            {
+                "worker": name,
+                "burner_share": share,
+                "medians": dict(zip(fields, (p50, p99, tok_s), strict=True)),
+                "rounds": [dict(zip(fields, run, strict=True)) for run in runs],
+            }
+        )
+        if (name, share) != ("default", 0.0):
+            record(sitting, name, share, p50, alone)
     print()
     headers = ["worker", "burner (cores)", "ITL p50 ms", "ITL p99 ms", "tok/s", "ITL p50 / default alone"]
     print(markdown_table(headers, rows))
+    sitting.details = {"rows": details}
+    sitting.write()
 
 
 if __name__ == "__main__":
