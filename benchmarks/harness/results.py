@@ -21,7 +21,8 @@ go to benchmarks/out/, which is not committed.
     sitting.write()
 
 `GOVERNOR_BENCH_RESULTS=DIR` writes the files under DIR instead (a trial run that should not
-replace the committed result).
+replace the committed result). Where the tree is a copy without its git history (a lent GPU
+machine), `GOVERNOR_BENCH_COMMIT=SHA` names the commit the copy is clean at.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import orjson
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 RESULTS_ENV = "GOVERNOR_BENCH_RESULTS"
+COMMIT_ENV = "GOVERNOR_BENCH_COMMIT"
 PACKAGES = ("govwire", "governor", "worker")  # what a figure can measure
 
 # The CPU features that decide which kernels run (oneDNN's, llama.cpp's, ours): enough to tell an
@@ -255,6 +257,8 @@ class Sitting:
     def record(self) -> dict[str, Any]:
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--", *self.measures)
+        if commit is None:  # a copy of the tree without its history: its commit, clean, as named
+            commit, dirty = os.environ.get(COMMIT_ENV), ""
         return {
             "benchmark": self.name,
             "part": self.part,
