@@ -21,8 +21,9 @@ go to benchmarks/out/, which is not committed.
     sitting.write()
 
 `GOVERNOR_BENCH_RESULTS=DIR` writes the files under DIR instead (a trial run that should not
-replace the committed result). Where the tree is a copy without its git history (a lent GPU
-machine), `GOVERNOR_BENCH_COMMIT=SHA` names the commit the copy is clean at.
+replace the committed result). Where the tree is a copy whose git history is not this one's (a
+lent GPU machine gets the working tree with the history it started from), `GOVERNOR_BENCH_COMMIT=SHA`
+names the commit the copy is clean at.
 """
 
 from __future__ import annotations
@@ -255,10 +256,9 @@ class Sitting:
         return base / folder / (f"{script}-{self.part}.json" if self.part else f"{script}.json")
 
     def record(self) -> dict[str, Any]:
-        commit = git("rev-parse", "HEAD")
-        dirty = git("status", "--porcelain", "--", *self.measures)
-        if commit is None:  # a copy of the tree without its history: its commit, clean, as named
-            commit, dirty = os.environ.get(COMMIT_ENV), ""
+        commit = os.environ.get(COMMIT_ENV)  # a copy of the tree: its commit, clean, as its sender named it
+        dirty = "" if commit else git("status", "--porcelain", "--", *self.measures)
+        commit = commit or git("rev-parse", "HEAD")
         return {
             "benchmark": self.name,
             "part": self.part,
