@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import (
     UNLIMITED,
     bench,
@@ -28,6 +29,7 @@ from benchmarks.harness.common import (
     stats,
     stop,
 )
+from benchmarks.harness.results import Sitting
 from governor.bench.plot import write_plot
 from governor.bench.runner import RunResult
 from governor.bench.stats import Summary
@@ -58,6 +60,47 @@ def run_one(cap: int, args: argparse.Namespace) -> tuple[Summary, RunResult, flo
         stop(proc)
 
 
+Run = dict[str, float | None]  # one configuration's figures in one pair
+
+
+def figures(summary: Summary, result: RunResult, busy_rate: float) -> Run:
+    """The table's columns as numbers, for the result file."""
+    return {
+        "accepted": summary.requests,
+        "yielded": summary.yielded,
+        "ttft_p50_ms": summary.ttft_ms.p50,
+        "ttft_p99_ms": summary.ttft_ms.p99,
+        "queue_wait_p99_ms": server_p99(result, "queue_wait_ms"),
+        "completion_tok_s": summary.output_tok_s,
+        "total_tok_s": summary.total_tok_s,
+        "busy_prompt_tok_s": busy_rate,
+    }
+
+
+def record(sitting: Sitting, pairs: list[dict[str, Run]], capped: str, requests: int) -> None:
+    """The capped runs against the unlimited ones: medians over pairs, each ratio the median of the
+    pairs' own ratios (what moved a whole pair cancels)."""
+
+    def add(name: str, key: str, unit: str, *, headline: bool = False, bar: float | None = None) -> None:
+        ratio = rounds.paired_ratio(pairs, capped, "unlimited", lambda run: run[key])
+        sitting.figure(
+            f"{name}, burst of {requests}, {capped}",
+            rounds.median(pairs, capped, lambda run: run[key]),
+            unit,
+            baseline=("unlimited", rounds.median(pairs, "unlimited", lambda run: run[key])),
+            ratio=ratio,
+            bar=None if bar is None else f"ratio <= {bar:.2f} (cut >= {1 / bar:g}x)",
+            met=None if bar is None or ratio is None else ratio <= bar,
+            headline=headline,
+        )
+
+    add("TTFT p99", "ttft_p99_ms", "ms", headline=True, bar=1 / 3)  # the docs' bar: p99 cut >= 3x
+    add("worker prompt tokens per busy second", "busy_prompt_tok_s", "tok/s", headline=True)
+    add("TTFT p50", "ttft_p50_ms", "ms")
+    add("queue wait p99", "queue_wait_p99_ms", "ms")
+    add("total tok/s over the run's wall", "total_tok_s", "tok/s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=256)
@@ -67,12 +110,16 @@ def main() -> None:
     parser.add_argument("--model", default="random-gpt2")
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor", "worker"))
     rows, curves = [], []
+    pairs: list[dict[str, Run]] = []
     for i in range(args.repeats):
+        pairs.append({})
         for name, cap in (("unlimited", UNLIMITED), (f"--max-inflight {args.cap}", args.cap)):
             print(f"\n### {name} (repeat {i + 1})", flush=True)
             summary, result, busy_rate = run_one(cap, args)
             curves.append((name, result))
+            pairs[-1][name] = figures(summary, result, busy_rate)
             rows.append(
                 [
                     name,
@@ -93,6 +140,9 @@ def main() -> None:
     plot = out_dir() / "burst.png"
     write_plot(plot, curves[-2:])
     print(f"\nplot: {plot}")
+    record(sitting, pairs, f"--max-inflight {args.cap}", args.requests)
+    sitting.details = {"pairs": pairs}
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ from benchmarks.harness.common import (
     wait_for_port,
     wait_until,
 )
+from benchmarks.harness.results import Sitting
+from benchmarks.harness.rounds import order
 from tests.redis_server import RedisServer
 
 CAP, QPS = 32, 300.0
@@ -117,7 +119,10 @@ def admitted(s: dict[str, Any]) -> int:
     return sum(c["admitted_total"] for c in s["classes"].values())
 
 
-def skewed_run(per_replica: list[tuple[str, ...]], seconds: float, redis: RedisServer | None, name: str) -> list[str]:
+def skewed_run(
+    per_replica: list[tuple[str, ...]], seconds: float, redis: RedisServer | None, name: str
+) -> tuple[list[str], dict[str, Any]]:
+    """The table's row, and its figures as numbers."""
     procs, ports = start_replicas(per_replica, f"fleet-{name}")
     loads: list[Popen] = []
     try:
@@ -146,7 +151,7 @@ def skewed_run(per_replica: list[tuple[str, ...]], seconds: float, redis: RedisS
     shares = "/".join(f"{n / sum(admitted_by):.0%}" for n in admitted_by)
     yields = "/".join(f"{y / (y + a):.0%}" for y, a in zip(yielded_by, admitted_by, strict=True))
     per_request = f"{calls / sum(admitted_by):.3f}" if redis is not None else "–"
-    return [
+    row = [
         name,
         str(max(inflight)),
         f"{statistics.mean(inflight) / CAP:.1%}",
@@ -155,9 +160,18 @@ def skewed_run(per_replica: list[tuple[str, ...]], seconds: float, redis: RedisS
         yields,
         per_request,
     ]
+    return row, {
+        "peak_inflight": max(inflight),
+        "mean_use_of_cap": statistics.mean(inflight) / CAP,
+        "admitted_per_s": qps,
+        "admitted_by_replica": admitted_by,
+        "yielded_by_replica": yielded_by,
+        "redis_commands_per_request": calls / sum(admitted_by) if redis is not None else None,
+    }
 
 
-def yield_path(rounds: int, url: str) -> list[list[str]]:
+def yield_path(rounds: int, url: str) -> tuple[list[list[str]], dict[str, list[float]], dict[str, float]]:
+    """The table's rows, each configuration's frames/s per round, and its ratio to the baseline."""
     args = argparse.Namespace(seconds=3.0, connections=4, window=1024, batch=64)
     log = out_dir() / "fleet-yield.log"
     flags = {
@@ -167,24 +181,27 @@ def yield_path(rounds: int, url: str) -> list[list[str]]:
     }
     runs: dict[str, list[float]] = {name: [] for name in flags}
     for i in range(rounds):
-        order = list(flags) if i % 2 == 0 else list(flags)[::-1]  # alternating: the same machine noise
-        for name in order:
+        for name in order(i, list(flags)):  # alternating: the same machine noise
             result, _, _ = run_governor(args, log, *flags[name])
             runs[name].append(result["frames_per_s"])
             print(f"yield path, {name}: {result['frames_per_s']:,.0f} frames/s", flush=True)
     base = runs["its own --max-inflight 1, no --fleet"]
-    return [  # the ratio: to the baseline of the same round (they share the machine's state), median over rounds
+    # the ratio: to the baseline of the same round (they share the machine's state), median over rounds
+    ratios = {name: statistics.median(r / b for r, b in zip(rates, base, strict=True)) for name, rates in runs.items()}
+    rows = [
         [
             name,
             f"{statistics.median(rates):,.0f}",
-            f"{statistics.median(r / b for r, b in zip(rates, base, strict=True)):.3f}",
+            f"{ratios[name]:.3f}",
             ", ".join(f"{r:,.0f}" for r in rates),
         ]
         for name, rates in runs.items()
     ]
+    return rows, runs, ratios
 
 
-def admitted_path(rounds: int, redis: RedisServer) -> list[list[str]]:
+def admitted_path(rounds: int, redis: RedisServer) -> tuple[list[list[str]], dict[str, float]]:
+    """The table's rows, and what --fleet added (medians of the per-round differences)."""
     worker_port = free_port()
     worker = start(["-m", "worker", "serve", "--engine", "echo", "--listen", f"127.0.0.1:{worker_port}"])
     rows: list[list[str]] = []
@@ -203,7 +220,7 @@ def admitted_path(rounds: int, redis: RedisServer) -> list[list[str]]:
             calls: list[float] = []
             for i in range(rounds):
                 paths = [("without --fleet", plain_port), ("with --fleet", fleet_port)]
-                for name, port in paths if i % 2 == 0 else paths[::-1]:
+                for name, port in order(i, paths):
                     before = redis.evalsha_calls()
                     summary, _ = bench(
                         f"127.0.0.1:{port}",
@@ -227,14 +244,21 @@ def admitted_path(rounds: int, redis: RedisServer) -> list[list[str]]:
                     ]
                 )
             paired = list(zip(runs["with --fleet"], runs["without --fleet"], strict=True))
+            added: dict[str, float] = {
+                key: statistics.median(pick(w) - pick(o) for w, o in paired)
+                for key, pick in (
+                    ("ttft_p50_ms", lambda s: s.ttft_ms.p50),
+                    ("ttft_p99_ms", lambda s: s.ttft_ms.p99),
+                    ("latency_p99_ms", lambda s: s.latency_ms.p99),
+                )
+            }
+            added["requests_per_s_ratio"] = statistics.median(w.executed_rps / o.executed_rps for w, o in paired)
+            added["redis_commands_per_request"] = max(calls)
             rows.append(
                 [
                     "**added** (per round, median)",
-                    *(
-                        f"{statistics.median(pick(w) - pick(o) for w, o in paired):+.3f}"
-                        for pick in (lambda s: s.ttft_ms.p50, lambda s: s.ttft_ms.p99, lambda s: s.latency_ms.p99)
-                    ),
-                    f"{statistics.median(w.executed_rps / o.executed_rps for w, o in paired):.3f}x",
+                    *(f"{added[key]:+.3f}" for key in ("ttft_p50_ms", "ttft_p99_ms", "latency_p99_ms")),
+                    f"{added['requests_per_s_ratio']:.3f}x",
                 ]
             )
             rows.append(["Redis commands per admitted request (with --fleet)", f"{max(calls):.4f}", "", "", ""])
@@ -243,14 +267,15 @@ def admitted_path(rounds: int, redis: RedisServer) -> list[list[str]]:
             stop(fleet)
     finally:
         stop(worker)
-    return rows
+    return rows, added
 
 
 def inflight_share(port: int) -> float:
     return float(stats(port)["fleet"]["resources"]["inflight"]["share"])
 
 
-def killed_replica(redis: RedisServer) -> str:
+def killed_replica(redis: RedisServer) -> tuple[float, float]:
+    """Seconds until the survivor's share was back at 90% of the cap, and its share before."""
     flags = ("--max-inflight", "64", "--fleet", redis.url, "--fleet-max-inflight", str(CAP))
     procs, ports = start_replicas([flags] * 2, "fleet-kill")
     first, second = ports
@@ -270,7 +295,52 @@ def killed_replica(redis: RedisServer) -> str:
     finally:
         for proc in loads + procs:
             stop(proc)
-    return f"{back * 1000:.0f} ms (its share before: {before:g} of {CAP})"
+    return back, before
+
+
+def record(
+    sitting: Sitting,
+    fleet: dict[str, Any],
+    split: dict[str, Any],
+    yield_runs: dict[str, list[float]],
+    yield_ratios: dict[str, float],
+    added: dict[str, float],
+    back: float,
+) -> None:
+    """The bars are the docs': peak <= the cap, mean use >= 90%, admissions within 5% of the cap,
+    the yield path >= 0.95x."""
+    split_name = "per-replica caps, split evenly"
+    sitting.figure(
+        f"mean use of the fleet's in-flight cap of {CAP}, skewed load", 100 * fleet["mean_use_of_cap"], "%",
+        baseline=(split_name, 100 * split["mean_use_of_cap"]), bar=">= 90%", met=fleet["mean_use_of_cap"] >= 0.9,
+    )  # fmt: skip
+    sitting.figure(
+        f"admitted/s under a fleet cap of {QPS:g}/s, skewed load", fleet["admitted_per_s"], "req/s",
+        baseline=(split_name, split["admitted_per_s"]), bar=f"within 5% of {QPS:g}",
+        met=abs(fleet["admitted_per_s"] / QPS - 1) <= 0.05,
+    )  # fmt: skip
+    sitting.figure(
+        f"peak in flight under a fleet cap of {CAP}, skewed load", fleet["peak_inflight"], "requests",
+        baseline=(split_name, split["peak_inflight"]), bar=f"<= {CAP}", met=fleet["peak_inflight"] <= CAP,
+        headline=False,
+    )  # fmt: skip
+    base = "its own --max-inflight 1, no --fleet"
+    for name, headline in (
+        ("its share of --fleet-max-inflight 1", True),
+        ("its own --max-inflight 1, with --fleet", False),
+    ):
+        sitting.figure(
+            f"yield path, refused by {name}", statistics.median(yield_runs[name]), "frames/s",
+            baseline=("own --max-inflight 1, no --fleet", statistics.median(yield_runs[base])),
+            ratio=yield_ratios[name], bar="ratio >= 0.95", met=yield_ratios[name] >= 0.95, headline=headline,
+        )  # fmt: skip
+    sitting.figure("TTFT p99 added by --fleet, admitted path", added["ttft_p99_ms"], "ms", headline=False)
+    for load, per_request in (
+        ("skewed load", fleet["redis_commands_per_request"]),
+        ("admitted path", added["redis_commands_per_request"]),
+    ):
+        sitting.figure(f"Redis commands per admitted request, {load}", per_request, "commands", headline=False)
+    sitting.figure("survivor back at 90% of the cap after a replica is killed", 1000 * back, "ms")
 
 
 def main() -> None:
@@ -278,15 +348,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="measured window of each skewed run")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the yield and admitted paths")
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor"))
     with RedisServer() as redis:
         split = [("--max-inflight", str(CAP // 3 + (i < CAP % 3)), "--max-qps", f"{QPS / 3:g}") for i in range(3)]
-        skew = [
-            skewed_run([("--max-inflight", "64", *fleet_flags(redis.url))] * 3, args.seconds, redis, "--fleet"),
-            skewed_run(split, args.seconds, None, "per-replica caps (split evenly)"),
-        ]
-        yields = yield_path(args.rounds, redis.url)
-        admitted_rows = admitted_path(args.rounds, redis)
-        back = killed_replica(redis)
+        fleet_row, fleet = skewed_run(
+            [("--max-inflight", "64", *fleet_flags(redis.url))] * 3, args.seconds, redis, "--fleet"
+        )
+        split_row, split_caps = skewed_run(split, args.seconds, None, "per-replica caps (split evenly)")
+        skew = [fleet_row, split_row]
+        yields, yield_runs, yield_ratios = yield_path(args.rounds, redis.url)
+        admitted_rows, added = admitted_path(args.rounds, redis)
+        back, share_before = killed_replica(redis)
     print(f"\nmachine: {machine()}\n")
     print(f"fleet caps {CAP} in flight, {QPS:g}/s; {CLIENTS} clients {'/'.join(f'{s:.0%}' for s in SKEW)}:\n")
     headers = [
@@ -305,7 +377,19 @@ def main() -> None:
     print(
         markdown_table(["governor", "TTFT p50 (ms)", "TTFT p99 (ms)", "latency p99 (ms)", "requests/s"], admitted_rows)
     )
-    print(f"\nthe survivor's share reached 90% of the cap after the other replica's SIGKILL: {back}")
+    print(
+        "\nthe survivor's share reached 90% of the cap after the other replica's SIGKILL: "
+        f"{back * 1000:.0f} ms (its share before: {share_before:g} of {CAP})"
+    )
+    record(sitting, fleet, split_caps, yield_runs, yield_ratios, added, back)
+    sitting.details = {
+        "skewed": {"--fleet": fleet, "per-replica caps (split evenly)": split_caps},
+        "yield_path_frames_per_s": yield_runs,
+        "yield_path_ratios": yield_ratios,
+        "admitted_path_added": added,
+        "killed_replica": {"back_s": back, "share_before": share_before},
+    }
+    sitting.write()
 
 
 if __name__ == "__main__":

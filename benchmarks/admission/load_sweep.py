@@ -17,7 +17,9 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from benchmarks.harness import rounds
 from benchmarks.harness.common import UNLIMITED, bench, machine, markdown_table, ms, out_dir, start_governor, stop
+from benchmarks.harness.results import Sitting
 
 
 def write_plot(path: Path, points: dict[str, list[dict[str, Any]]], slo_ms: float, capacity: float) -> None:
@@ -43,6 +45,16 @@ def write_plot(path: Path, points: dict[str, list[dict[str, Any]]], slo_ms: floa
     plt.close(fig)
 
 
+def record(sitting: Sitting, points: dict[str, list[dict[str, Any]]], cap: str, capacity: float) -> None:
+    """The sweep's most overloaded point (its highest rate), capped against unlimited."""
+    capped, unlimited = max(zip(points[cap], points["unlimited"], strict=True), key=lambda pair: pair[0]["offered_pct"])
+    load = f"{capped['offered_pct']:g}% of capacity"
+    for name, key, unit in (("goodput", "goodput_rps", "req/s"), ("TTFT p99", "ttft_p99_ms", "ms")):
+        sitting.figure(f"{name} at {load}, {cap}", capped[key], unit, baseline=("unlimited", unlimited[key]))
+    sitting.figure(f"yielded at {load}, {cap}", 100 * capped["yield_ratio"], "%", headline=False)
+    sitting.figure("capacity, closed loop", capacity, "req/s", headline=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="arrivals per point last about this long")
@@ -53,6 +65,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--model", default="random-gpt2")
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor", "worker"))
     worker = ("--engine", "gpt2", "--model", args.model, "--max-batch-size", str(args.batch))
     workload: dict[str, Any] = {
         "prompt": "Hello",
@@ -80,8 +93,7 @@ def main() -> None:
         for pct in (float(x) for x in args.rates.split(",")):
             rate = capacity * pct / 100
             count = max(5, round(rate * args.seconds))
-            order = list(configs) if len(points[f"--max-inflight {args.batch}"]) % 2 == 0 else list(configs)[::-1]
-            for name in order:
+            for name in rounds.order(len(points[f"--max-inflight {args.batch}"]), list(configs)):
                 print(f"\n### {pct:g}% of capacity ({rate:.2f} req/s), {name}", flush=True)
                 summary, _ = bench(
                     addresses[name], num_requests=count, submit_interval_ms=1000 / rate, timeout_s=600, **workload
@@ -118,6 +130,9 @@ def main() -> None:
     plot = out_dir() / "load_sweep.png"
     write_plot(plot, points, args.slo_ttft_ms, capacity)
     print(f"\nplot: {plot}")
+    record(sitting, points, f"--max-inflight {args.batch}", capacity)
+    sitting.details = {"capacity_rps": capacity, "slo_ttft_ms": args.slo_ttft_ms, "points": points}
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ from typing import Any
 import openai
 
 from benchmarks.harness.common import free_port, machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.harness.results import Sitting
+from benchmarks.harness.rounds import median, order
 from governor.bench.stats import percentile
 
 MODEL = "gpt2"  # the governor's default --served-model
@@ -214,6 +216,26 @@ class Run:
         value = self.retry_hints.get("forecast_relative_error_p50")
         return "-" if value is None else f"{value:.3f}"
 
+    def figures(self) -> dict[str, Any]:
+        """The run's row as numbers, for the result file."""
+        return {
+            "completed": self.completed,
+            "sent": self.n,
+            "attempts_per_completed": self.attempts_per_completed,
+            "refusals": self.refusals,
+            "refusals_with_ticket": self.tickets,
+            "retry_after_ms_p50": self.hint_ms(50),
+            "retry_after_ms_max": self.hint_ms(100),
+            "retry_lateness_ms_p50": self.lateness_ms(50),
+            "retry_lateness_ms_p99": self.lateness_ms(99),
+            "latency_ms_p50": self.latency_ms(50),
+            "latency_ms_p99": self.latency_ms(99),
+            "completed_per_s": self.completed / self.wall_s,
+            "governor_received_http": self.received_http,
+            "retry_hints": self.retry_hints,
+            "errors": self.errors(),
+        }
+
 
 def warm_up(port: int, n: int, args: argparse.Namespace) -> None:
     """`n` requests, one after another, before the clients start: the forecast sees service times."""
@@ -366,6 +388,37 @@ def tables(rounds: list[dict[str, Run]], scenarios: list[str]) -> str:
     )
 
 
+def record(sitting: Sitting, rounds: list[dict[str, Run]], scenarios: list[str], args: argparse.Namespace) -> None:
+    """Medians over rounds per scenario. The bars: the issue's for the burst (>= 95% complete, <= 2.0
+    attempts per completed request) and docs section 12's for the forecast (error p50 <= 20%)."""
+    load = f"{args.clients} at {args.clients / args.max_inflight:g}x capacity"
+    labels = {BURST: f"burst of {load}", BURST_COLD: f"cold burst of {load}", SUSTAINED: f"sustained, {load}"}
+    for s in scenarios:
+        label, burst = labels[s], s == BURST
+        share = median(rounds, s, lambda r: r.share)
+        sitting.figure(
+            f"SDK requests completed, {label}", None if share is None else 100 * share, "%",
+            bar=">= 95%" if burst else None, met=share >= 0.95 if burst and share is not None else None,
+        )  # fmt: skip
+        attempts = median(rounds, s, lambda r: r.attempts_per_completed)
+        sitting.figure(
+            f"SDK attempts per completed request, {label}", attempts, "attempts",
+            bar="<= 2.0" if burst else None, met=attempts <= 2.0 if burst and attempts is not None else None,
+            headline=burst,
+        )  # fmt: skip
+        forecast = median(rounds, s, lambda r: r.retry_hints.get("forecast_relative_error_p50"))
+        sitting.figure(
+            f"release forecast error p50 (of a service time), {label}", None if forecast is None else 100 * forecast,
+            "%", bar="<= 20%", met=None if forecast is None else forecast <= 0.2, headline=False,
+        )  # fmt: skip
+        sitting.figure(f"retry-after-ms p50, {label}", median(rounds, s, lambda r: r.hint_ms(50)), "ms", headline=False)
+        sitting.figure(f"latency p99, {label}", median(rounds, s, lambda r: r.latency_ms(99)), "ms", headline=False)
+    sitting.details = {
+        "openai": openai.__version__,
+        "rounds": [{s: r.figures() for s, r in results.items()} for results in rounds],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -379,13 +432,13 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--governor-args", default="", help="more governor flags, e.g. '--appointment-grace-ms 100'")
     args = parser.parse_args()
+    sitting = Sitting(measures=("govwire", "governor"))
     command = "python -m benchmarks.admission.openai_sdk_retries " + " ".join(sys.argv[1:])
     scenarios: list[str] = args.scenarios
     rounds: list[dict[str, Run]] = []
     for i in range(args.rounds):
         results: dict[str, Run] = {}
-        for k in range(len(scenarios)):
-            scenario = scenarios[(i + k) % len(scenarios)]
+        for scenario in order(i, scenarios, rotate=True):
             r = run(scenario, i + 1, args)
             results[scenario] = r
             errors = r.errors()
@@ -408,6 +461,8 @@ def main() -> None:
         f" sustained {args.seconds:g} s, warm-up {args.warmup} requests (not burst-cold); {args.rounds} rounds\n"
     )
     print(tables(rounds, scenarios))
+    record(sitting, rounds, scenarios, args)
+    sitting.write()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import asyncio
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks.harness.common import fmt, machine, markdown_table, out_dir, random_text, stats, stop
 from benchmarks.harness.experiment import (
@@ -47,10 +48,12 @@ from benchmarks.harness.experiment import (
     ttft_ms,
     worker_options,
 )
+from benchmarks.harness.results import Sitting
 from governor.client import NO_RETRY, AsyncClient, Yielded
 
 SHORT, LONG = 32, 128
 MAX_INFLIGHT = 8
+EXPERIMENTS = ("neighbour", "weights", "classes")
 
 
 def p99_ms(outcomes: list[Outcome]) -> float | None:
@@ -72,7 +75,39 @@ class Bench(WorkerBench):
         return self.run(name, flags, plan, victims_retry_for_s=self.args.seconds)
 
 
-def neighbour_experiment(bench: Bench, capacity: float) -> str:
+def record_neighbour(sitting: Sitting, measured: dict[str, dict[str, float | None]], guarantee: int) -> None:
+    """B beside A's flood against B alone. The bars (this script's docstring): B keeps >= 95% of its
+    solo goodput with tenants; its TTFT p99 at most 2x its solo p99, 1.5x with the guarantee."""
+    solo = measured["B alone"]
+
+    def add(label: str, run: str, key: str, unit: str, bar: tuple[str, float] | None, headline: bool) -> None:
+        value, base = measured[run][key], solo[key]
+        ratio = value / base if value is not None and base else None
+        met = None
+        if bar is not None and ratio is not None:
+            met = ratio <= bar[1] if bar[0] == "<=" else ratio >= bar[1]
+        sitting.figure(
+            f"{label}, A at 5 C, {run.removeprefix('A + B, ')}", value, unit, baseline=("B alone", base),
+            bar=None if bar is None else f"ratio {bar[0]} {bar[1]:g}", met=met, headline=headline,
+        )  # fmt: skip
+
+    tenants, kept = "A + B, tenants 1:1", (">=", 0.95)
+    runs = {  # run: the bars of B's completed/s and TTFT p99, and whether each is a headline
+        "A + B, no tenants": (None, None, True, False),
+        tenants: (kept, ("<=", 2.0), True, True),
+        f"{tenants}, --tenant-share-from 0.5": (kept, ("<=", 2.0), False, False),
+    }
+    if guarantee:
+        runs[f"{tenants}, B guaranteed_inflight={guarantee}"] = (kept, ("<=", 1.5), False, True)
+    for run, (rate_bar, p99_bar, rate_headline, p99_headline) in runs.items():
+        add("B completed/s", run, "b_completed_rps", "req/s", rate_bar, rate_headline)
+        add("B TTFT p99", run, "b_ttft_p99_ms", "ms", p99_bar, p99_headline)
+    sitting.figure(
+        "A completed/s, A at 5 C, tenants 1:1", measured[tenants]["a_completed_rps"], "req/s", headline=False
+    )
+
+
+def neighbour_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
     seconds = bench.args.seconds
     rng = random.Random(11)
     b_plan = [Arrival(t, random_text(rng, SHORT), tenant="B") for t in poisson(0.3 * capacity, seconds, rng)]
@@ -97,10 +132,17 @@ def neighbour_experiment(bench: Bench, capacity: float) -> str:
     solo_rate = sum(o.status == "done" for o in solo_b) / runs["B alone"].wall_s
     solo_p99 = p99_ms(solo_b)
     rows = []
+    measured: dict[str, dict[str, float | None]] = {}
     for name, run in runs.items():
         b, a, wall = run.of(tenant="B"), run.of(tenant="A"), run.wall_s
         rate = sum(o.status == "done" for o in b) / wall
         p99 = p99_ms(b)
+        measured[name] = {
+            "b_completed_rps": rate,
+            "b_ttft_p99_ms": p99,
+            "b_retries_per_request": sum(o.attempts - 1 for o in b) / max(1, len(b)),
+            "a_completed_rps": sum(o.status == "done" for o in a) / wall if a else None,
+        }
         rows.append(
             [
                 name,
@@ -113,13 +155,15 @@ def neighbour_experiment(bench: Bench, capacity: float) -> str:
     table = markdown_table(
         ["run", "B completed/s (vs alone)", "B TTFT p99 ms (vs alone)", "B retries per request", "A completed/s"], rows
     )
+    record_neighbour(sitting, measured, guarantee)
+    sitting.details = {"capacity_rps": capacity, "runs": measured}
     return (
         f"capacity C = {capacity:.2f} req/s; B offers 0.3 C = {0.3 * capacity:.2f}/s, A 5 C = {5 * capacity:.2f}/s, "
         f"{seconds:g} s of arrivals, both retrying yields.\n\n{table}\n"
     )
 
 
-def weights_experiment(bench: Bench) -> str:
+def weights_experiment(bench: Bench, sitting: Sitting) -> str:
     seconds = bench.args.seconds
     flags = ["--tenant", "A,weight=3", "--tenant", "B,weight=1"]
     proc, port = bench.governor("weights", *flags)
@@ -167,13 +211,52 @@ def weights_experiment(bench: Bench) -> str:
     table = markdown_table(["tenant", "weight", "completed", "tokens served", "yields by reason"], rows)
     print(f"  weights: A:B tokens {ratio:.2f}", flush=True)
     off = abs(ratio / 3 - 1)
+    sitting.figure("A:B tokens served, weights 3:1", ratio, "x", bar="within 10% of 3", met=off <= 0.1)
+    for name, t in (("A", a), ("B", b)):
+        sitting.figure(
+            f"tokens served to {name}, weight {t['weight']:g}", t["tokens_settled_total"], "tokens", headline=False
+        )
+    sitting.details = {
+        name: {key: t[key] for key in ("weight", "executed_total", "tokens_settled_total", "yielded_by_reason")}
+        for name, t in (("A", a), ("B", b))
+    }
     return (
         f"{seconds:g} s, 16 closed-loop clients per tenant, retrying.\n\n{table}\n\n"
         f"A:B token ratio {ratio:.2f} (3:1 target, {off:.1%} off)\n"
     )
 
 
-def classes_experiment(bench: Bench, capacity: float) -> str:
+def record_classes(sitting: Sitting, measured: dict[str, dict[str, Any]], rate_without: float) -> None:
+    """Per classes run (the default one's are the headlines), against the classless run. The bars
+    (this script's docstring): critical >= 99% admitted, sheddable takes the most yields,
+    throughput >= 0.95x."""
+    for name, run in measured.items():
+        label = "" if name == "classes" else f", {name.removeprefix('classes ')}"
+        headline = not label
+        by_class = run["classes"]
+        critical = by_class["critical"]["admitted_share"]
+        sitting.figure(
+            f"critical admitted at 1.5 C{label}", 100 * critical, "%", bar=">= 99%", met=critical >= 0.99,
+            headline=headline,
+        )  # fmt: skip
+        sheddable = by_class["sheddable"]["share_of_yields"]
+        sitting.figure(
+            f"sheddable's share of all yields at 1.5 C{label}", 100 * sheddable, "%", bar="the largest of the classes",
+            met=all(sheddable >= c["share_of_yields"] for c in by_class.values()), headline=headline,
+        )  # fmt: skip
+        ratio = run["completed_rps"] / rate_without
+        sitting.figure(
+            f"completed/s with classes at 1.5 C{label}", run["completed_rps"], "req/s",
+            baseline=("no classes", rate_without), bar="ratio >= 0.95", met=ratio >= 0.95, headline=headline,
+        )  # fmt: skip
+        for cls in ("standard", "sheddable"):
+            sitting.figure(
+                f"{cls} admitted at 1.5 C{label}", 100 * by_class[cls]["admitted_share"], "%", headline=False
+            )
+        sitting.figure(f"displaced (preempted) at 1.5 C{label}", run["preempted"], "requests", headline=False)
+
+
+def classes_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
     seconds = bench.args.seconds
     rng = random.Random(17)
     classes = ("critical", "standard", "sheddable")
@@ -188,16 +271,25 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
     without = classless_run.outcomes
     rate_without = classless_run.rps
     rows = []
+    measured: dict[str, dict[str, Any]] = {}
     for name, run in runs.items():
         outcomes, wall = run.outcomes, run.wall_s
         yields_total = sum(o.status == "yield" for o in outcomes)
         preempted = sum("preempted" in o.reasons for o in outcomes)
+        by_class: dict[str, dict[str, float | None]] = {}
         for cls in classes:
             mine = run.of(priority=cls)
             admitted = sum(o.status != "yield" and "preempted" not in o.reasons for o in mine)
             completed_after = sum(o.status == "done" and "preempted" in o.reasons for o in mine)
             retried = f" (+{completed_after} on retry)" if completed_after else ""
             yields = sum(o.status == "yield" for o in mine)
+            by_class[cls] = {
+                "offered": len(mine),
+                "admitted_share": admitted / max(1, len(mine)),
+                "completed_on_retry": completed_after,
+                "share_of_yields": yields / max(1, yields_total),
+                "ttft_p99_ms": p99_ms(mine),
+            }
             rows.append(
                 [
                     name if cls == classes[0] else "",
@@ -210,6 +302,7 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
             )
         rate = sum(o.status == "done" for o in outcomes) / wall
         rows.append(["", "all", str(len(outcomes)), f"{preempted} preempted", "", f"{rate / rate_without:.2f}x"])
+        measured[name] = {"classes": by_class, "completed_rps": rate, "preempted": preempted}
     rows.append(
         [
             "classless",
@@ -220,6 +313,17 @@ def classes_experiment(bench: Bench, capacity: float) -> str:
             fmt(p99_ms(without)),
         ]
     )
+    record_classes(sitting, measured, rate_without)
+    sitting.details = {
+        "capacity_rps": capacity,
+        "runs": measured,
+        "classless": {
+            "offered": len(without),
+            "admitted_share": sum(o.status != "yield" for o in without) / len(without),
+            "ttft_p99_ms": p99_ms(without),
+            "completed_rps": rate_without,
+        },
+    }
     headers = ["run", "class", "offered", "admitted (kept)", "share of all yields", "TTFT p99 ms / throughput"]
     table = markdown_table(headers, rows)
     summary = ", ".join(f"{name} {run.rps:.2f}" for name, run in runs.items())
@@ -249,24 +353,27 @@ def main() -> None:
         help="classes: also a run with these governor flags (repeatable), e.g. '--preempt off'",
     )
     args = parser.parse_args()
+    chosen = args.experiments.split(",")
+    sittings = {part: Sitting(("govwire", "governor", "worker"), part=part) for part in EXPERIMENTS if part in chosen}
     print(f"# experiment 9 on {machine()}, model {args.model}", flush=True)
     bench = Bench(args)
     report = [f"machine: {machine()}; model {args.model}, dtype {args.dtype}, --max-inflight {MAX_INFLIGHT}\n"]
     try:
-        chosen = args.experiments.split(",")
         measure = {"neighbour", "classes"} & set(chosen) and not args.capacity
         capacity = bench.capacity([], MAX_INFLIGHT, lambda _: SHORT) if measure else args.capacity
         if "neighbour" in chosen:
-            report.append("### noisy neighbour\n\n" + neighbour_experiment(bench, capacity))
+            report.append("### noisy neighbour\n\n" + neighbour_experiment(bench, capacity, sittings["neighbour"]))
         if "weights" in chosen:
-            report.append("### weights 3:1\n\n" + weights_experiment(bench))
+            report.append("### weights 3:1\n\n" + weights_experiment(bench, sittings["weights"]))
         if "classes" in chosen:
-            report.append("### priority classes at 150%\n\n" + classes_experiment(bench, capacity))
+            report.append("### priority classes at 150%\n\n" + classes_experiment(bench, capacity, sittings["classes"]))
     finally:
         bench.close()
     text_out = "\n".join(report)
     print(text_out)
     Path(out_dir() / "tenants.md").write_text(text_out)
+    for sitting in sittings.values():
+        sitting.write()
 
 
 if __name__ == "__main__":
