@@ -41,7 +41,8 @@ FOLDERS = {  # the order of the page, and what each kind of measurement is
 }
 PAGE = ROOT / "docs" / "BENCHMARKS.md"
 INTRO = """\
-One row per headline figure of the latest result of each benchmark. **Beside it** is a baseline
+One row per benchmark (per part, where its parts run on their own): the first headline figure of
+its latest result; every figure of each result is further down. **Beside it** is a baseline
 measured in the same sitting, on the same machine, alternating with this project; the **ratio** is
 this project's value over it (or, for what the governor adds to a path, the difference), and it is
 what carries from one machine to another. A figure with nothing beside it is absolute: it holds
@@ -149,38 +150,74 @@ def bar_cell(fig: dict[str, Any]) -> str:
     return f"{bar}: {'met' if met else 'missed'}" if met is not None else bar
 
 
-def rows(results: list[Result], machines: dict[Machine, str], repo: Path) -> tuple[list[str], list[str]]:
-    """The table's rows, group by group, and the footnotes of stale results."""
-    lines, notes = [], []
-    for folder, what in FOLDERS.items():
-        mine = [r for r in results if r.folder == folder]
-        if not mine:
-            continue
-        lines.append(f"| **{folder}/** — {what} | | | | | | | |")
-        for result in mine:
-            fresh = freshness(result.record, repo)
-            date = result.date
-            if fresh.stale:
-                notes.append(f"`{result.path.relative_to(result.path.parents[1])}`: {fresh.why}.")
-                date += f" **stale**[^{len(notes)}]"
-            command = f"`{result.record['command']}`"
-            for fig in (f for f in result.record["figures"] if f.get("headline", True)):
-                baseline = ""
-                if fig.get("baseline"):
-                    baseline = f"{fig['baseline']}: {quantity(fig.get('baseline_value'), fig['unit'])}"
-                ratio = comparison(fig)
-                cells = [
-                    fig["name"],
-                    quantity(fig.get("value"), fig["unit"]),
-                    baseline,
-                    ratio,
-                    bar_cell(fig),
-                    machines[result.machine],
-                    date,
-                    command,
-                ]
-                lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return lines, notes
+def cells(fig: dict[str, Any]) -> list[str]:
+    """A figure's own cells: its name, its value, what it was measured beside, the comparison, the bar."""
+    baseline = ""
+    if fig.get("baseline"):
+        baseline = f"{fig['baseline']}: {quantity(fig.get('baseline_value'), fig['unit'])}"
+    return [fig["name"], quantity(fig.get("value"), fig["unit"]), baseline, comparison(fig), bar_cell(fig)]
+
+
+def row(values: list[str]) -> str:
+    return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+
+
+def anchor(result: Result) -> str:
+    return str(result.path.relative_to(result.path.parents[1]).with_suffix("")).replace("/", "-").replace("_", "-")
+
+
+class Page:
+    """The page's parts: the one-screen table (the first headline figure of each result), and every
+    figure of every result below it, with the machines and the stale results' reasons."""
+
+    def __init__(self, results: list[Result], repo: Path) -> None:
+        self.results = results
+        self.machines: dict[Machine, str] = {}
+        for result in results:
+            self.machines.setdefault(result.machine, f"M{len(self.machines) + 1}")
+        self.fresh = {r.path: freshness(r.record, repo) for r in results}
+        self.stale = [r for r in results if self.fresh[r.path].stale]
+
+    def date(self, result: Result) -> str:
+        if not self.fresh[result.path].stale:
+            return result.date
+        return f"{result.date} **stale**[^{self.stale.index(result) + 1}]"
+
+    def summary(self) -> list[str]:
+        lines = []
+        for folder, what in FOLDERS.items():
+            mine = [r for r in self.results if r.folder == folder]
+            if mine:
+                lines.append(f"| **{folder}/** — {what} | | | | | | | |")
+            for result in mine:
+                first = next((f for f in result.record["figures"] if f.get("headline", True)), None)
+                if first is None:
+                    continue
+                name = cells(first)
+                name[0] = f"[{name[0]}](#{anchor(result)})"
+                command = f"`{result.record['command']}`"
+                lines.append(row([*name, self.machines[result.machine], self.date(result), command]))
+        return lines
+
+    def every_figure(self) -> list[str]:
+        lines = []
+        for result in self.results:
+            r = result.record
+            title = f"{r['benchmark'].replace('.', '/')}" + (f" ({r['part']})" if r.get("part") else "")
+            commit = (r.get("commit") or "unknown")[:9]
+            lines += [
+                "",
+                f'<a id="{anchor(result)}"></a>',
+                f"### {title}",
+                "",
+                f"`{r['command']}` · {self.machines[result.machine]} · {self.date(result)} · commit {commit} · "
+                f"{r['wall_s']:,.0f} s",
+                "",
+                "| figure | value | beside it | ratio or difference | bar | note |",
+                "|---|---|---|---|---|---|",
+                *(row([*cells(f), f.get("note", "")]) for f in r["figures"]),
+            ]
+        return lines
 
 
 def benchmark_modules() -> dict[str, list[str]]:
@@ -192,10 +229,7 @@ def benchmark_modules() -> dict[str, list[str]]:
 
 
 def page(results: list[Result], repo: Path = ROOT) -> str:
-    machines: dict[Machine, str] = {}
-    for result in results:
-        machines.setdefault(result.machine, f"M{len(machines) + 1}")
-    table, notes = rows(results, machines, repo)
+    built = Page(results, repo)
     measured = {str(r.record["benchmark"]) for r in results}
     missing = [
         f"`python -m benchmarks.{folder}.{name}`"
@@ -213,20 +247,31 @@ def page(results: list[Result], repo: Path = ROOT) -> str:
         "",
         "| figure | this project | beside it (same sitting) | ratio or difference | bar | machine | date | command |",
         "|---|---|---|---|---|---|---|---|",
-        *table,
+        *built.summary(),
         "",
         "Machines:",
         "",
-        *[f"- **{label}**: {machine.line()}, {machine.memory_gib:g} GiB" for machine, label in machines.items()],
+        *[f"- **{label}**: {machine.line()}, {machine.memory_gib:g} GiB" for machine, label in built.machines.items()],
     ]
-    if notes:
-        out += ["", *[f"[^{i}]: {note}" for i, note in enumerate(notes, 1)]]
+    if built.stale:
+        out += [""]
+        out += [
+            f"[^{i}]: `{r.path.relative_to(r.path.parents[1])}`: {built.fresh[r.path].why}."
+            for i, r in enumerate(built.stale, 1)
+        ]
     if missing:
         out += [
             "",
             "Not measured since results were kept as files (their last figures, dated, are in the",
             "[sittings](benchmarks/sittings.md)): " + ", ".join(missing) + ".",
         ]
+    out += [
+        "",
+        "## Every figure, by benchmark",
+        "",
+        "Each result file's figures, headline or not, with its notes.",
+        *built.every_figure(),
+    ]
     return "\n".join(out) + "\n"
 
 

@@ -76,7 +76,7 @@ def test_a_result_with_uncommitted_or_unknown_code_is_stale(repo: Path) -> None:
         assert report.freshness(record(unknown, ["governor"]), repo).stale
 
 
-def test_the_page_has_a_row_per_headline_figure_and_marks_stale_ones(repo: Path, tmp_path: Path) -> None:
+def test_the_page_opens_with_a_row_per_result_and_lists_every_figure_below(repo: Path, tmp_path: Path) -> None:
     taken = commit(repo, "governor/admission.py", "v1")
     path = tmp_path / "results" / "cost" / "example.json"
     path.parent.mkdir(parents=True)
@@ -84,17 +84,20 @@ def test_the_page_has_a_row_per_headline_figure_and_marks_stale_ones(repo: Path,
     results = report.load(tmp_path / "results")
 
     fresh = report.page(results, repo)
-    row = next(line for line in fresh.splitlines() if line.startswith("| refusals/s"))
-    cells = [c.strip() for c in row.strip("|").split(" | ")]
-    assert cells == [
-        "refusals/s", "61,234 frames/s", "bare server: 80,000 frames/s", "0.765×", ">= 0.9x: missed",
-        "M1", "2026-11-27", "`python -m benchmarks.cost.example`",
+    summary, _, below = fresh.partition("## Every figure, by benchmark")
+    row = next(line for line in summary.splitlines() if line.startswith("| [refusals/s]"))
+    assert [c.strip() for c in row.strip("|").split(" | ")] == [
+        "[refusals/s](#cost-example)", "61,234 frames/s", "bare server: 80,000 frames/s", "0.765×",
+        ">= 0.9x: missed", "M1", "2026-11-27", "`python -m benchmarks.cost.example`",
     ]  # fmt: skip
-    assert "a detail" not in fresh, "only headline figures make the page"
-    assert "| **cost/** — the governor's own cost |" in fresh
-    assert "- **M1**: Linux x86_64, 2 cores (AMD EPYC; avx2), Python 3.11.7, 23.5 GiB" in fresh
-    assert "stale" not in fresh.split("Machines:")[0].split("| figure |")[1]
-    assert "`python -m benchmarks.cost.yield_throughput`" in fresh, "benchmarks without a result are listed"
+    assert "a detail" not in summary, "the one-screen table has the first headline figure of each result"
+    assert "| **cost/** — the governor's own cost |" in summary
+    assert "- **M1**: Linux x86_64, 2 cores (AMD EPYC; avx2), Python 3.11.7, 23.5 GiB" in summary
+    assert "**stale**[" not in fresh
+    assert "`python -m benchmarks.cost.yield_throughput`" in summary, "benchmarks without a result are listed"
+    assert '<a id="cost-example"></a>' in below and "### cost/example" in below
+    assert "| refusals/s | 61,234 frames/s | bare server: 80,000 frames/s | 0.765× | >= 0.9x: missed |  |" in below
+    assert "| a detail | 1 ms |  |  |  |  |" in below
 
     commit(repo, "governor/admission.py", "v2")
     stale = report.page(results, repo)
