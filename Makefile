@@ -152,9 +152,9 @@ bench-anchors: $(STAMP)  ## the governor's own cost beside nginx and HAProxy, on
 		$$sudo apt-get update -qq && \
 		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			nginx-light haproxy wrk util-linux >/dev/null; }
-	$(PY) -m benchmarks.peers.proxies refusals --json anchors-refusals.json
-	$(PY) -m benchmarks.peers.proxies admitted --json anchors-admitted.json
-	$(PY) -m benchmarks.peers.proxies isolation --burn-control --rates 0 100000 -1 --json anchors-isolation.json
+	$(PY) -m benchmarks.peers.proxies refusals --json benchmarks/out/proxies-refusals.json
+	$(PY) -m benchmarks.peers.proxies admitted --json benchmarks/out/proxies-admitted.json
+	$(PY) -m benchmarks.peers.proxies isolation --burn-control --rates 0 100000 -1 --json benchmarks/out/proxies-isolation.json
 
 bench-link-clients: $(STAMP)  ## the OpenAI-compatible link's HTTP client beside httpx and aiohttp, relaying the same streams
 	$(PY) -m benchmarks.peers.openai_link_clients
