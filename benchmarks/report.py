@@ -43,7 +43,8 @@ PAGE = ROOT / "docs" / "BENCHMARKS.md"
 INTRO = """\
 One row per benchmark (per part, where its parts run on their own): the first headline figure of
 its latest result; every figure of each result is further down. **Beside it** is a baseline
-measured in the same sitting, on the same machine, alternating with this project; the **ratio** is
+measured in the same sitting, on the same machine (in rounds alternating with this project where
+the benchmark says so, in its methods); the **ratio** is
 this project's value over it (or, for what the governor adds to a path, the difference), and it is
 what carries from one machine to another. A figure with nothing beside it is absolute: it holds
 for its machine only (the machines are listed below the table). A result is **stale** when the
@@ -88,7 +89,10 @@ def load(results: Path) -> list[Result]:
 
 
 def git(*args: str, cwd: Path) -> str | None:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    try:
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 

@@ -85,7 +85,7 @@ def one(budget: int, a: argparse.Namespace) -> dict[str, Any]:
 
 
 KEYS = ("itl_p50", "itl_p99", "itl_p999", "itl_max", "short_ttft_p50", "short_ttft_p99", "long_ttft_p50", "tok_s")
-# The targets for a chunked budget against one-step prefill (docs/BENCHMARKS.md): short
+# The targets for a chunked budget against one-step prefill (docs/benchmarks/sittings.md, 5): short
 # TTFT p99 cut >= 2x, completion tokens/s within 5%, ITL p99 <= 2x its own median.
 TTFT_CUT, TOK_S_SPREAD, ITL_SPREAD = 2.0, 0.05, 2.0
 

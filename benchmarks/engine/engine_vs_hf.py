@@ -505,7 +505,7 @@ def label(method: str) -> str:
     return LABELS[method]
 
 
-# The targets for the served path (docs/BENCHMARKS.md, section 5): (workload, method) -> bar.
+# The targets for the served path (docs/benchmarks/sittings.md, section 5): (workload, method) -> bar.
 SERVED_BARS = {("uniform", "hf-static-32"): 1.5, ("mixed", "hf-continuous"): 4.0}
 SERVED_OVER_ENGINE_BAR = 0.95
 # A decode step at batch 32 against its bare matmuls, by dtype (float32: the target;

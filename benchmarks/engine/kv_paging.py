@@ -140,7 +140,7 @@ def same_outputs(a: Run, b: Run) -> str:
     return f"{equal}/{len(a.outcomes)}"
 
 
-# The bars of docs/BENCHMARKS.md, section 7: prefix caching cuts TTFT p50 >= 3x and raises tokens/s
+# The bars of docs/benchmarks/sittings.md, section 7: prefix caching cuts TTFT p50 >= 3x and raises tokens/s
 # >= 1.5x; paged reservation runs >= 3x the sequences per step and >= 2x the tokens/s of worst-case;
 # a pool too small keeps >= 0.8x the roomy pool's tokens/s.
 PREFIX_TTFT_CUT, PREFIX_TOK_S = 3.0, 1.5

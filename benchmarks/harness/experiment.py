@@ -142,6 +142,24 @@ async def send(
         return Outcome(a, "done", None, attempts, ttft, sent - t0, tuple(reasons))
 
 
+async def poll(poller: AsyncClient, t0: float, every_s: float, timeline: list[dict[str, float]]) -> None:
+    """The governor's stats every `every_s` into `timeline`: the engine's busy seconds, the limits,
+    the in-flight count, stamped from `t0`."""
+    while True:
+        s = await poller.stats()
+        engine = s["workers"][0]["engine"]
+        timeline.append(
+            {
+                "t": time.perf_counter() - t0,
+                "busy": engine.get("busy_seconds_total", 0.0),
+                "limit": s["max_inflight"],
+                "adaptive": s["adaptive_limit"]["limit"],
+                "inflight": s["inflight"],
+            }
+        )
+        await asyncio.sleep(every_s)
+
+
 async def drive(
     port: int,
     plan: list[Arrival],
@@ -151,42 +169,30 @@ async def drive(
     victims_retry_for_s: float | None = None,
     poll_s: float | None = None,
 ) -> Run:
-    """Send every arrival of `plan` at its time over one connection; with `poll_s`, the governor's
-    stats are read that often on a second one into the run's timeline (the engine's busy seconds,
-    the limits, the in-flight count)."""
+    """Send every arrival of `plan` at its time over one connection; with `poll_s`, `poll` reads the
+    governor's stats that often on a second connection into the run's timeline."""
     timeline: list[dict[str, float]] = []
-    async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client, AsyncClient(port=port) as poller:
+    async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
         await client.connect()
-        if poll_s:
+        poller = AsyncClient(port=port) if poll_s else None  # no second connection unless asked for
+        if poller is not None:
             await poller.connect()
         t0 = time.perf_counter()
-
-        async def poll() -> None:
-            while True:
-                s = await poller.stats()
-                engine = s["workers"][0]["engine"]
-                timeline.append(
-                    {
-                        "t": time.perf_counter() - t0,
-                        "busy": engine.get("busy_seconds_total", 0.0),
-                        "limit": s["max_inflight"],
-                        "adaptive": s["adaptive_limit"]["limit"],
-                        "inflight": s["inflight"],
-                    }
-                )
-                await asyncio.sleep(poll_s or 0.0)
-
-        poller_task = asyncio.create_task(poll()) if poll_s else None
+        polling = asyncio.create_task(poll(poller, t0, poll_s or 0.0, timeline)) if poller is not None else None
         retry_until = None if retry_for_s is None else t0 + retry_for_s
         victim_until = None if victims_retry_for_s is None else t0 + victims_retry_for_s
         sends = (
             send(client, a, t0, deadline_ms=deadline_ms, retry_until=retry_until, victim_until=victim_until)
             for a in plan
         )
-        outcomes = await asyncio.gather(*sends)
-        wall = time.perf_counter() - t0
-        if poller_task:
-            poller_task.cancel()
+        try:
+            outcomes = await asyncio.gather(*sends)
+            wall = time.perf_counter() - t0
+        finally:
+            if polling is not None:
+                polling.cancel()
+            if poller is not None:
+                await poller.aclose()
     return Run("", list(outcomes), wall, timeline)
 
 

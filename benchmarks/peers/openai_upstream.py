@@ -540,7 +540,7 @@ def record(sitting: Sitting, rounds: list[dict[str, Burst]], configs: list[str],
 
 def variant(args: argparse.Namespace) -> str | None:
     """The result file's part: a run with other governor flags, a global cap or the httpx client is a
-    sitting of its own beside the default one (docs/BENCHMARKS.md reports fixed hints apart)."""
+    sitting of its own beside the default one (the sittings report fixed hints apart)."""
     words = [args.governor_args, "global cap" if args.global_cap else "", "" if args.client == "raw" else args.client]
     return re.sub(r"[^a-z0-9]+", "-", " ".join(words).lower()).strip("-") or None
 

@@ -24,7 +24,7 @@ which is less at the mercy of the load generator than a rate.
              frames, tenant `storm`, are refused but one at a time, the others admitted), echo worker, `governor bench` (16 clients,
              closed loop) and storm_client.py on core 1, at several storm rates.
 
-Run from the project root with the project's venv (docs/BENCHMARKS.md §13 has the commands):
+Run from the project root with the project's venv (docs/benchmarks/sittings.md §13 has the commands):
     python -m benchmarks.peers.proxies refusals --json out/refusals.json
 Each part writes its own result file, benchmarks/results/peers/proxies-<part>.json, so that running
 one part keeps the others' figures; `admitted` with a --tokens other than 4 is a part of its own
@@ -1053,6 +1053,7 @@ def main() -> int:
         stop_all()
     text = json.dumps(results, indent=1, default=str)
     if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(text)
     print(json.dumps({k: v for k, v in results.items() if k != "results"}, default=str))
     FIGURES[a.what](sitting, a, results["results"])

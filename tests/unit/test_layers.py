@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -320,3 +321,23 @@ def test_what_the_old_wrong_way_imports_pulled_in_stays_out() -> None:
     # OpenAITarget sits beside EndpointLimits: the configuration needs no link, door or lifecycle.
     assert modules_loaded_by("import governor.config", ("governor.links", "governor.doors", "governor.lifecycle")) == []
     assert modules_loaded_by("import governor.server", ("redis",)) != []  # the check sees what is loaded
+
+
+def test_the_echo_worker_starts_without_torch(tmp_path: Path) -> None:
+    """The echo engine needs no model: its worker must start without importing torch or transformers
+    (about 2 s of CPU each, and the suite starts a few hundred echo workers). Every module the
+    process imports until it listens is read from `-X importtime`."""
+    socket_path = tmp_path / "echo.sock"
+    argv = [sys.executable, "-X", "importtime", "-m", "worker", "serve", "--engine", "echo"]
+    proc = subprocess.Popen([*argv, "--listen", f"unix:{socket_path}"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the echo worker did not start"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+    assert "worker.service" in imported, "the walk saw the worker's own modules"
+    assert not {m for m in imported if m.split(".")[0] in ("torch", "transformers")}
