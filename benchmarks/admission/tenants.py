@@ -34,16 +34,16 @@ import argparse
 import asyncio
 import random
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.common import fmt, machine, markdown_table, out_dir, random_text, stats, stop
+from benchmarks.harness.common import fmt, machine, markdown_table, random_text, stats, stop
 from benchmarks.harness.experiment import (
     MAX_NEW,
     Arrival,
     Outcome,
     Run,
     WorkerBench,
+    finish,
     poisson,
     ttft_ms,
     worker_options,
@@ -369,11 +369,7 @@ def main() -> None:
             report.append("### priority classes at 150%\n\n" + classes_experiment(bench, capacity, sittings["classes"]))
     finally:
         bench.close()
-    text_out = "\n".join(report)
-    print(text_out)
-    Path(out_dir() / "tenants.md").write_text(text_out)
-    for sitting in sittings.values():
-        sitting.write()
+    finish("tenants", report, sittings.values())
 
 
 if __name__ == "__main__":

@@ -32,10 +32,9 @@ import statistics
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
-from benchmarks.harness.common import fmt, machine, markdown_table, out_dir, random_text
-from benchmarks.harness.experiment import Arrival, Run, WorkerBench, worker_options
+from benchmarks.harness.common import fmt, machine, markdown_table, random_text
+from benchmarks.harness.experiment import Arrival, Run, WorkerBench, finish, worker_options
 from benchmarks.harness.results import Sitting
 
 SHORT, LONG = 32, 896
@@ -383,11 +382,7 @@ def main() -> None:
             report.append("### adaptive limit\n\n" + adaptive_experiment(bench, sittings["adaptive"]))
     finally:
         bench.close()
-    text_out = "\n".join(report)
-    print(text_out)
-    Path(out_dir() / "token_admission.md").write_text(text_out)
-    for sitting in sittings.values():
-        sitting.write()
+    finish("token_admission", report, sittings.values())
 
 
 if __name__ == "__main__":

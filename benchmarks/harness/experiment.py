@@ -16,12 +16,13 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from subprocess import Popen
 from typing import Any
 
 from benchmarks.harness.common import out_dir, random_text, start_governor, start_gpt2_worker, stop
+from benchmarks.harness.results import Sitting
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
 
 MAX_NEW = 16  # new tokens per request: greedy, end-of-sequence ignored
@@ -264,6 +265,16 @@ class WorkerBench:
 
     def close(self) -> None:
         stop(self.worker)
+
+
+def finish(name: str, report: list[str], sittings: Iterable[Sitting]) -> None:
+    """Print the experiment's report, keep it as benchmarks/out/NAME.md, and write every part's
+    result file."""
+    text = "\n".join(report)
+    print(text)
+    (out_dir() / f"{name}.md").write_text(text)
+    for sitting in sittings:
+        sitting.write()
 
 
 def worker_options(parser: argparse.ArgumentParser) -> None:
