@@ -6,7 +6,9 @@ Without a cap every request queues inside the worker and the last ones wait for 
 prefill; with it, the excess is yielded at once and the admitted ones see a short queue. The
 worker's throughput should not change: it is busy either way. Throughput is shown over the run's
 wall (client: first submission to last reply) and as the worker's prompt tokens per busy second
-(its pushed engine statistics), which leaves out the client's window.
+(its pushed engine statistics), which leaves out the client's window. The prompts are all alike,
+so the worker runs without its prefix cache: with it, every prompt after the first would be a cache
+hit and the burst no prefill at all (the experiment predates the cache).
 
     python -m benchmarks.admission.burst [--requests 256] [--prompt-repeats 26] [--cap 64] [--repeats 1]
 """
@@ -41,7 +43,10 @@ def engine_totals(port: int) -> dict[str, float]:
 
 def run_one(cap: int, args: argparse.Namespace) -> tuple[Summary, RunResult, float]:
     """The run, and the worker's prompt tokens per busy second during it (from its pushed stats)."""
-    worker = ("--engine", "gpt2", "--model", args.model, "--threads", str(args.threads), "--stats-interval-s", "0.1")
+    worker = (
+        "--engine", "gpt2", "--model", args.model, "--threads", str(args.threads), "--stats-interval-s", "0.1",
+        "--no-prefix-caching",  # every prompt is the same: cached, the burst would be no prefill at all
+    )  # fmt: skip
     proc, port = start_governor(
         "--max-inflight", str(cap), worker_args=worker, log=out_dir() / "burst_governor.log", timeout=180
     )
