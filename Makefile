@@ -105,7 +105,7 @@ lint: $(VENV)/.lint  ## ruff (rules and formatting), pinned
 	$(PY) -m ruff check $(LINTED)
 	$(PY) -m ruff format --check $(LINTED)
 
-typecheck: $(VENV)/.lint  ## mypy --strict over govwire, governor and worker, pinned
+typecheck: $(VENV)/.lint  ## mypy --strict over govwire, governor, worker and the benchmarks' harness, pinned
 	$(PY) -m mypy
 
 bench: $(STAMP)  ## the governor's own cost, quickly: the yield path and memory

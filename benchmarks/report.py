@@ -123,7 +123,7 @@ def number(x: float | None) -> str:
         return f"{x:,.0f}"
     if abs(x) >= 10:
         return f"{x:.1f}"
-    return f"{x:.3g}"
+    return f"{x:#.3g}".rstrip(".")  # 1.004 is 1.00, not 1: a whole number is only what is whole
 
 
 def quantity(x: float | None, unit: str) -> str:

@@ -57,7 +57,7 @@ def stats(port: int) -> dict[str, Any]:
         return client.stats()
 
 
-def start(argv: list[str], log: Path | None = None) -> Popen:
+def start(argv: list[str], log: Path | None = None) -> Popen[bytes]:
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
         return Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
@@ -66,7 +66,7 @@ def start(argv: list[str], log: Path | None = None) -> Popen:
             out.close()  # type: ignore[union-attr]
 
 
-def start_gpt2_worker(name: str, model: str, threads: int, dtype: str) -> tuple[Popen, int]:
+def start_gpt2_worker(name: str, model: str, threads: int, dtype: str) -> tuple[Popen[bytes], int]:
     """A standalone GPT-2 worker (`worker serve`) on a free port, pushing stats every 0.25 s;
     its log goes to benchmarks/out/NAME_worker.log."""
     port = free_port()
@@ -83,7 +83,7 @@ def start_gpt2_worker(name: str, model: str, threads: int, dtype: str) -> tuple[
 
 def start_governor(
     *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
-) -> tuple[Popen, int]:
+) -> tuple[Popen[bytes], int]:
     """A governor on a free port (metrics off), once its worker is linked (`timeout` covers loading a
     model): the one `flags` name with --worker, or a spawned one (echo unless `worker_args` choose)."""
     port = free_port()
@@ -103,7 +103,7 @@ def start_governor(
 
 def start_front_door(
     *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
-) -> tuple[Popen, int, int]:
+) -> tuple[Popen[bytes], int, int]:
     """`start_governor` with its OpenAI-compatible front door on a free port too (`--integrity
     optional`: OpenAI clients send no digest), once that listens: (process, NDJSON port, HTTP port)."""
     http = free_port()
@@ -117,7 +117,7 @@ def start_front_door(
     return proc, port, http
 
 
-def stop(proc: Popen) -> None:
+def stop(proc: Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(15)

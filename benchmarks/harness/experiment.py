@@ -88,7 +88,8 @@ def ttft_ms(outcomes: list[Outcome], q: float) -> float | None:
 
 def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:
     """Arrival times of a Poisson process of `rate` per second over `seconds`."""
-    times, t = [], 0.0
+    times: list[float] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= seconds:

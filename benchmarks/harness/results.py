@@ -107,7 +107,8 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
-        cpu, flags = "unknown CPU", ()
+        cpu = "unknown CPU"
+        flags: tuple[str, ...] = ()
         try:
             info = Path("/proc/cpuinfo").read_text()
         except OSError:
@@ -126,7 +127,7 @@ class Machine:
         return cls(
             cpu=cpu,
             flags=flags,
-            cores=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0,
+            cores=os.cpu_count() or 0,  # the machine's, not this process's affinity (some benchmarks pin)
             memory_gib=round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             gpu=gpu_name(),
             system=f"{platform.system()} {platform.machine()}",
@@ -210,7 +211,9 @@ class Sitting:
     started: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
-        self.command = self.command or shlex.join(["python", "-m", f"benchmarks.{self.name}", *sys.argv[1:]])
+        # Paths inside the checkout as the checkout names them, so that the command runs in another.
+        argv = [arg.replace(f"{ROOT}/", "") for arg in sys.argv[1:]]
+        self.command = self.command or shlex.join(["python", "-m", f"benchmarks.{self.name}", *argv])
         unknown = set(self.measures) - set(PACKAGES)
         if unknown or not self.measures:
             raise ValueError(f"measures must name some of {PACKAGES}, not {sorted(unknown) or 'none'}")
