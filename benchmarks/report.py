@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import ast
 import math
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from benchmarks.harness.results import RESULTS, ROOT, Machine
+from benchmarks.harness.results import RESULTS, ROOT, Machine, git
 
 FOLDERS = {  # the order of the page, and what each kind of measurement is
     "peers": "beside other software, in the same sitting",
@@ -86,14 +85,6 @@ class Freshness:
 def load(results: Path) -> list[Result]:
     found = [Result(path, orjson.loads(path.read_bytes())) for path in sorted(results.glob("*/*.json"))]
     return sorted(found, key=lambda r: (list(FOLDERS).index(r.folder) if r.folder in FOLDERS else 99, r.path.name))
-
-
-def git(*args: str, cwd: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def freshness(record: dict[str, Any], repo: Path = ROOT) -> Freshness:
@@ -233,7 +224,11 @@ def benchmark_modules() -> dict[str, list[str]]:
 
 
 def page(results: list[Result], repo: Path = ROOT) -> str:
-    built = Page(results, repo)
+    return render(Page(results, repo))
+
+
+def render(built: Page) -> str:
+    results = built.results
     measured = {str(r.record["benchmark"]) for r in results}
     missing = [
         f"`python -m benchmarks.{folder}.{name}`"
@@ -310,12 +305,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=PAGE)
     parser.add_argument("--methods", type=Path, default=METHODS)
     args = parser.parse_args()
-    results = load(args.results)
-    args.out.write_text(page(results))
+    built = Page(load(args.results), ROOT)
+    args.out.write_text(render(built))
     args.methods.parent.mkdir(parents=True, exist_ok=True)
     args.methods.write_text(methods())
-    stale = sum(freshness(r.record).stale for r in results)
-    print(f"{args.out}: {len(results)} results, {stale} stale; {args.methods}")
+    print(f"{args.out}: {len(built.results)} results, {len(built.stale)} stale; {args.methods}")
 
 
 if __name__ == "__main__":

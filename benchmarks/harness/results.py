@@ -135,14 +135,6 @@ class Machine:
             torch=torch,
         )
 
-    def label(self) -> str:
-        """Short, for a table cell: the CPU, its widest vector feature, the cores, the GPU."""
-        widest = next(
-            (name for flag, name in WIDEST if flag in self.flags), self.flags[-1] if self.flags else "no vector flags"
-        )
-        text = f"{self.cpu}, {self.cores} cores, {widest}"
-        return f"{self.gpu} + {text}" if self.gpu else text
-
     def line(self) -> str:
         """The one-line description the scripts print above their tables."""
         parts = [f"{self.system}, {self.cores} cores ({self.cpu}; {' '.join(self.flags) or 'no vector flags'})"]
@@ -152,16 +144,6 @@ class Machine:
         if self.torch:
             parts.append(f"torch {self.torch}")
         return ", ".join(parts)
-
-
-WIDEST = (
-    ("amx_bf16", "AMX-BF16"),
-    ("avx512_bf16", "AVX512-BF16"),
-    ("avx512f", "AVX-512"),
-    ("avx2", "AVX2"),
-    ("sve", "SVE"),
-    ("asimd", "NEON"),
-)
 
 
 def gpu_name() -> str | None:
