@@ -5,13 +5,15 @@ under its concurrency cap, its token budget (`tokens=N`) and its qps bucket (rel
 capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens and bucket token.
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
 that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
-estimate of the closest budget when a token budget does, else `endpoint_inflight` with the
-service-time estimate over the endpoints' summed caps. An endpoint paused by its own 429/503
-is skipped; when every endpoint the request fits is paused the refusal is `endpoint_busy` with
-the time left of the earliest pause (its Retry-After). A request costing more than every
-endpoint's token budget is an `OverBudget` error. With no endpoint up at all it does not
-refuse: the request is admitted without an endpoint and fails with `worker_unavailable` (a
-yield would promise a retry that cannot succeed before a worker is back).
+estimate of the closest budget when a token budget does, else `endpoint_inflight` with the next
+forecast release not told to an earlier refused client (release_forecast.py), or the service-time
+estimate over the endpoints' summed caps when nothing can be forecast; with `--retry-hint fixed`
+these two hint the base value. An endpoint paused by its own 429/503 is skipped; when every
+endpoint the request fits is paused the refusal is `endpoint_busy` with the time left of the
+earliest pause (its Retry-After). A request costing more than every endpoint's token budget is an
+`OverBudget` error. With no endpoint up at all it does not refuse: the request is admitted
+without an endpoint and fails with `worker_unavailable` (a yield would promise a retry that
+cannot succeed before a worker is back).
 
 The pool also keeps each endpoint's waiting load (requests without a first token and their
 prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
@@ -108,16 +110,19 @@ class Pool:
         if token_deficit is not None:
             deficit, e = token_deficit
             return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
-        # Every endpoint it fits is at its cap: the next release at any of them, told in turn.
-        forecast, service_s = self._forecast, self._hints.service_time_s
-        at = self._timeline.next(now, 1, lambda k: forecast.slot_free_at(now, k, service_s))
-        if at is not None:
-            return self._inflight_refusal.at(self._hints.jittered_ms((at - now) * 1000.0))
+        # Every endpoint it fits is at its cap: the next release at any of them, told in turn
+        # (with --retry-hint fixed, no forecast: the estimator's base hint below).
+        hints = self._hints
+        if hints.policy.adaptive:
+            forecast, service_s = self._forecast, hints.service_time_s
+            at = self._timeline.next(now, 1, lambda k: forecast.slot_free_at(now, k, service_s))
+            if at is not None:
+                return self._inflight_refusal.at(hints.jittered_ms((at - now) * 1000.0))
         # Nothing to forecast from: at their caps, the endpoints release a slot every service time
         # / their summed caps (not the global cap the estimator's gap is computed for).
         capacity = sum(e.limits.concurrency or self.default_capacity for e in endpoints if e.up)
-        slots = self._hints.capacity / capacity if capacity else 1.0
-        return self._inflight_refusal.at(self._hints.hint_ms(now, slots))
+        slots = hints.capacity / capacity if capacity else 1.0
+        return self._inflight_refusal.at(hints.hint_ms(now, slots))
 
     def charge(self, grant: Grant, now: float) -> None:
         choice, self._choice = self._choice, None

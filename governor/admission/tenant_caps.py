@@ -21,7 +21,8 @@ class TenantCaps:
     global caps do. Hints: the bucket caps' exact refill times; for `max_inflight`, the forecast
     release of the tenant's own requests (release_forecast.py), told in turn to its refused
     clients; for its token cap (and before anything can be forecast), the time what the tenant
-    holds takes to drain enough (hints.DrainHint), booked per tenant."""
+    holds takes to drain enough (hints.DrainHint), booked per tenant. With `--retry-hint fixed`
+    `max_inflight` and `max_inflight_tokens` hint the base value; the buckets keep their exact times."""
 
     __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_forecast", "_hints")
 
@@ -56,10 +57,12 @@ class TenantCaps:
         if cap and tenant.inflight + 1 > cap * ceiling:
             deficit = tenant.inflight + 1 - math.floor(cap * ceiling)
             hints = self._hints
-            service_s = hints.service_time_s
-            at = tenant.release_timeline.next(
-                now, deficit, lambda k: self._forecast.group_free_at(now, tenant, k, service_s)
-            )
+            at = None  # with --retry-hint fixed, no forecast: the drain's base hint
+            if hints.policy.adaptive:
+                service_s = hints.service_time_s
+                at = tenant.release_timeline.next(
+                    now, deficit, lambda k: self._forecast.group_free_at(now, tenant, k, service_s)
+                )
             if at is None:
                 return self._inflight.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
             return self._inflight.at(hints.jittered_ms((at - now) * 1000.0))

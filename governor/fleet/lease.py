@@ -32,9 +32,10 @@ callback like any other limit, with no network round trip; member.py renews the 
   whose burst is under one request admits nothing until it grows.
 
 Hints: the in-flight share, the replica's release timeline scaled to the share; the token share,
-the time what this replica holds takes to drain enough (hints.DrainHint); a rate, the bucket's
-exact refill; with nothing held or no lease, the next renewal. What the hints told clients to
-wait is also how each replica measures its waiting demand (Share).
+the time what this replica holds takes to drain enough (hints.DrainHint); with `--retry-hint
+fixed`, both the base value. A rate, the bucket's exact refill; with nothing held or no lease, the
+next renewal (exact waits, in either mode). What the hints told clients to wait is also how each
+replica measures its waiting demand (Share).
 """
 
 from __future__ import annotations
@@ -378,11 +379,12 @@ class FleetLease:
             if held.holding + 1 > cap:
                 # Its slots free as this replica's requests end: the replica's release timeline
                 # (hints.RetryHintEstimator, shared with --max-inflight, which books refused
-                # clients one after another), scaled from its capacity to the share. With
-                # nothing held here to drain, the next renewal. (Inline: this refuses every frame
-                # while the share is full.)
+                # clients one after another), scaled from its capacity to the share; with
+                # --retry-hint fixed, the base hint. With nothing held here to drain (or, adaptive,
+                # no service time yet), the next renewal. (Inline: this refuses every frame while
+                # the share is full.)
                 hints = self._hints
-                if not held.holding or cap < 1 or not hints.service_time_s:
+                if not held.holding or cap < 1 or (not hints.service_time_s and hints.policy.adaptive):
                     return held.refuse(1, self.renewal_hint(now))
                 deficit = held.holding + 1 - math.floor(cap)
                 return held.refuse(1, hints.hint_ms(now, deficit * hints.capacity / held.share))

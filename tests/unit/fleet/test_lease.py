@@ -304,6 +304,30 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     assert zero.refusing and not zero.could_grow  # the fleet is contended and it got its target
 
 
+def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal_can_help() -> None:
+    """`--retry-hint fixed`: the in-flight and token shares hint `--retry-hint-ms` (40, no jitter
+    here), with a service time known or not; a share that no release here can free waits for the
+    next renewal, an exact wait in either mode."""
+    hints = RetryHintEstimator(RetryHintPolicy(adaptive=False, jitter=0.0, base_ms=40), 32)
+    lease = FleetLease(FleetPolicy(max_inflight=4, max_inflight_tokens=200), hints, 0.0)
+    lease.granted(LeaseReply(2, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0)), 0.0, 0.0)
+    lease.next_renewal = 0.2
+    assert isinstance(admit(lease, 0.0, cost=80), Grant)
+    told = []
+    for cost in (40, 10, 1):  # tokens over the share; then admitted; then the in-flight share is full
+        decision = admit(lease, 0.0, cost=cost)
+        told.append(None if isinstance(decision, Grant) else (decision.reason, decision.hint_ms))
+    hints.observe_service_time(0.4)
+    refusal = admit(lease, 0.0)
+    told.append((refusal.reason, refusal.hint_ms) if isinstance(refusal, Refusal) else None)
+    assert told == [("fleet_tokens", 40), None, ("fleet_inflight", 40), ("fleet_inflight", 40)]
+    empty = FleetLease(FleetPolicy(max_inflight=4), hints, 0.0)
+    empty.granted(LeaseReply(2, (0, 0, 0, 0), (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0, 0, 0, 0)), 0.0, 0.0)
+    empty.next_renewal = 0.2
+    refusal = admit(empty, 0.0)  # no share at all: only the next renewal may bring one
+    assert isinstance(refusal, Refusal) and (refusal.reason, refusal.hint_ms) == ("fleet_inflight", 200)
+
+
 def test_a_request_larger_than_a_fleet_token_budget_is_over_budget() -> None:
     lease = FleetLease(FleetPolicy(max_inflight_tokens=100), hints(), 0.0)
     with pytest.raises(OverBudget):
