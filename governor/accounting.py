@@ -76,6 +76,7 @@ class Accounting:
         "http_received",
         "executed",
         "yielded",
+        "final",
         "rejected",
         "failed",
         "rerouted",
@@ -97,6 +98,8 @@ class Accounting:
         # reason -> count. Known reasons start at 0 so every series exists from the first scrape
         # (rate() over a series that appears mid-way misses its first increments).
         self.yielded = {reason.value: 0 for reason in YieldReason}
+        # Of the yields, those that told their client not to come back (past the promise horizon).
+        self.final = {reason.value: 0 for reason in YieldReason}
         self.rejected = dict.fromkeys(REJECT_REASONS, 0)
         self.failed = dict.fromkeys(FAILURE_REASONS, 0)
         self.rerouted = 0  # requests moved to another endpoint after theirs was lost
@@ -110,10 +113,12 @@ class Accounting:
 
     # -- frames: each is counted once, with its fate -------------------------------------------------
 
-    def frame_yielded(self, reason: str, ask: Ask) -> None:
-        """`reason`: a `YieldReason` value."""
+    def frame_yielded(self, reason: str, ask: Ask, final: bool = False) -> None:
+        """`reason`: a `YieldReason` value; `final`: the client was told not to come back."""
         self.received += 1
         self.yielded[reason] += 1
+        if final:
+            self.final[reason] += 1
         self.classes[ask.priority].yielded[reason] += 1
         if ask.tenant is not None:
             ask.tenant.tally.yielded[reason] += 1

@@ -132,11 +132,19 @@ class GovernorConfig:
         " closed yields every frame (fleet_unavailable)",
     )
     retry_hint: Literal["adaptive", "fixed"] = option(
-        "adaptive", "adaptive: derive retry_hint_ms from observed service times; fixed: always the base value"
+        "adaptive",
+        "adaptive: hints from the release forecast, with appointments; fixed: the base value for every capacity"
+        " limit (the exact waits of buckets, an endpoint's Retry-After and lease renewals stay)",
     )
     retry_hint_ms: float = option(50.0, "base retry hint, used before any service time is observed")
     retry_hint_min_ms: float = option(1.0, "lower clamp of retry_hint_ms")
-    retry_hint_max_ms: float = option(10_000.0, "upper clamp of retry_hint_ms")
+    retry_hint_max_ms: float = option(10_000.0, "upper clamp of retry_hint_ms (raised to the promise horizon)")
+    promise_horizon_ms: float = option(
+        1000.0,
+        "a refused client is promised a slot only when one frees within this long; beyond it the refusal"
+        " is final (HTTP x-should-retry: false, NDJSON final: true). Short for interactive callers, past"
+        " the drain time of a burst for batch jobs",
+    )
     appointment_grace_ms: float = option(
         50.0,
         "width of the window around a refused client's appointment in which the capacity it was"
@@ -207,6 +215,7 @@ class GovernorConfig:
             (self.max_inflight >= 1, "--max-inflight must be >= 1"),
             (self.retry_hint_ms > 0, "--retry-hint-ms must be > 0"),
             (self.appointment_grace_ms > 0, "--appointment-grace-ms must be > 0"),
+            (self.promise_horizon_ms > 0, "--promise-horizon-ms must be > 0"),
             (
                 0 < self.retry_hint_min_ms <= self.retry_hint_max_ms,
                 "--retry-hint-min-ms must be > 0 and <= --retry-hint-max-ms",
@@ -348,15 +357,15 @@ def _secret(path: str, flag: str) -> SharedSecret | None:
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-_LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float}
+_LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float, "step_ms": float}
 TARGET_KEYS = ("model", "api_key_file", "served_as", "ignore_eos")  # of an OpenAI-compatible endpoint (http(s)://)
 
 
 def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
-    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W]` -> the address and its soft
-    caps. An ADDRESS that is an `http://` or `https://` URL (up to `/v1`) is an OpenAI-compatible
-    server, and takes `model=NAME` (required), `api_key_file=PATH`, `served_as=NAME` (its name at
-    the front door) and `ignore_eos=pass|refuse` too."""
+    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W][,step_ms=S]` -> the address and its soft caps
+    (and `step_ms`, the release forecast's prior of its time per token). An ADDRESS that is an `http://` or `https://`
+    URL (up to `/v1`) is an OpenAI-compatible server, and takes `model=NAME` (required), `api_key_file=PATH`,
+    `served_as=NAME` (its name at the front door) and `ignore_eos=pass|refuse` too."""
     address, *options = text.split(",")
     is_http = address.startswith(("http://", "https://"))
     values: dict[str, int | float] = {}

@@ -176,7 +176,7 @@ class InflightRequest:
 class Lifecycle:
     """The transitions. `settle` is the only place an admitted request's capacity is released."""
 
-    __slots__ = ("_admission", "_accounting", "_latency", "_dispatcher", "_clock", "_costs", "_timers")
+    __slots__ = ("_admission", "_accounting", "_latency", "_dispatcher", "_clock", "_costs", "_timers", "_freed")
 
     def __init__(
         self,
@@ -187,6 +187,7 @@ class Lifecycle:
         clock: Callable[[], float],
         costs: CostModel,
         timers: Timers,
+        freed: Callable[[], None] = lambda: None,
     ) -> None:
         self._admission = admission
         self._accounting = accounting
@@ -195,6 +196,7 @@ class Lifecycle:
         self._clock = clock
         self._costs = costs
         self._timers = timers
+        self._freed = freed  # told after every release of capacity (the lobby: governor/lobby.py)
         admission.set_evictor(self)
 
     def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
@@ -372,6 +374,7 @@ class Lifecycle:
             grant.used = 0  # it never ran
         now = self._clock()
         self._admission.release(grant, outcome is _EXECUTED, now)
+        self._freed()
         grant.progress = None
         self._accounting.request_settled(grant.ask, outcome, reason, grant.used)
         request.owner.active.pop(request.client_id, None)

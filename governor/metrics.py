@@ -367,6 +367,27 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     for book in books:
         booked.add_metric([book.reason], len(book.entries))
     yield booked
+    final = CounterMetricFamily(
+        "governor_refused_final",
+        "Yields that told their client not to come back (x-should-retry: false, final: true): nothing"
+        " frees within the promise horizon. Also counted in governor_yielded, by the limit that refused.",
+        labels=["reason"],
+    )
+    for reason, n in state.accounting.final.items():
+        final.add_metric([reason], n)
+    yield final
+    yield GaugeMetricFamily(
+        "governor_lobby_held",
+        "Returning clients held for the capacity kept for them (at most the open appointments).",
+        len(state.lobby),
+    )
+    wait = state.lobby.wait
+    yield HistogramMetricFamily(
+        "governor_lobby_wait_seconds",
+        "How long a returning client was held before its answer (admitted, or told again at its window's close).",
+        buckets=wait.cumulative(),
+        sum_value=wait.total,
+    )
     h = admission.forecast.error
     yield HistogramMetricFamily(
         "governor_release_forecast_error_seconds",

@@ -59,6 +59,7 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         base_ms=config.retry_hint_ms,
         min_ms=config.retry_hint_min_ms,
         max_ms=config.retry_hint_max_ms,
+        horizon_ms=config.promise_horizon_ms,
         adaptive=config.retry_hint == "adaptive",
     )
     hints = RetryHintEstimator(policy, config.max_inflight)
@@ -442,6 +443,7 @@ class Server:
         """New frames now yield with reason `draining`; wait for in-flight ones, then cancel the rest."""
         admission = state.admission
         admission.start_draining()
+        state.lobby.answer_all()  # the frames held for their capacity are told `draining` too
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.drain_timeout_s
         while admission.inflight.inflight and loop.time() < deadline and not self._skip_drain.is_set():

@@ -19,6 +19,7 @@ from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
 from governor.latency import LatencyMetrics
 from governor.lifecycle import Cancellable, Dispatcher, InflightRequest, Lifecycle, Timers
+from governor.lobby import Lobby
 from govwire.auth import TenantSecrets
 from govwire.errors import GovernorError
 from govwire.request import Limits
@@ -106,6 +107,7 @@ class ServerState:
         "accounting",
         "latency",
         "lifecycle",
+        "lobby",
         "upstream",
         "connections",
         "buffered_bytes",
@@ -135,8 +137,10 @@ class ServerState:
         self.accounting = Accounting()
         self.latency = LatencyMetrics()
         self.upstream = upstream
+        timers = timers or LoopTimers()
+        self.lobby = Lobby(admission, timers, clock)  # returning clients held for their capacity
         self.lifecycle = Lifecycle(
-            admission, self.accounting, self.latency, upstream, clock, self.costs, timers or LoopTimers()
+            admission, self.accounting, self.latency, upstream, clock, self.costs, timers, self.lobby.freed
         )
         upstream.bind(self.lifecycle)  # the links end requests through it
         self.connections: set[ClientConnection] = set()
@@ -192,6 +196,8 @@ class ServerState:
             "draining": admission.draining,
             "service_time_ms": None if hints.service_time_s is None else round(hints.service_time_s * 1000, 3),
             "retry_hints": self._retry_hints(),
+            "lobby": {"held": len(self.lobby), "answered_total": self.lobby.wait.count},
+            "final_by_reason": dict(acc.final),
             "worker_restarts": acc.worker_restarts,
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),

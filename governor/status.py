@@ -67,6 +67,18 @@ def _hint_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         again = delta.get("yielded_again", 0)
         parts = ", ".join(f"{outcome} {n}" for outcome, n in sorted(delta.items()) if n)
         lines.append(f"retry hints ({reason}): {parts}; {again / returns:.1%} of returns refused again")
+    final = _delta(
+        {"n": sum((before.get("final_by_reason") or {}).values())},
+        {"n": sum((after.get("final_by_reason") or {}).values())},
+        "n",
+    )
+    lobby = after.get("lobby") or {}
+    answered = _delta(before.get("lobby") or {}, lobby, "answered_total")
+    if final or answered or lobby.get("held"):
+        lines.append(
+            f"refused for good (past the promise horizon): {final:.0f}; lobby: {lobby.get('held', 0)} held now,"
+            f" {answered:.0f} returning clients held and answered"
+        )
     error = (after.get("retry_hints") or {}).get("forecast_relative_error_p50")
     if lines and error is not None:
         lines.append(f"release forecast: median error {error:.1%} of a service time")

@@ -48,12 +48,18 @@ def encode_accepted(request_id: str) -> bytes:
     return _dumps({"id": request_id, "status": _ACCEPTED}, option=_NL)
 
 
-def encode_yield(request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None) -> bytes:
+def encode_yield(
+    request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None, final: bool = False
+) -> bytes:
     """A yield; with `retry_ticket` when the governor keeps an appointment for the client (a retry
-    sending it back at `retry_hint_ms` is the one let in)."""
-    reply = {"id": request_id, "status": _YIELD, "retry_hint_ms": retry_hint_ms, "reason": reason}
+    sending it back by `retry_hint_ms` is the one let in); with `final` when it keeps none because
+    nothing frees within its promise horizon: do not come back (`retry_hint_ms` is then at least
+    the horizon: the forecast where one was made, else the horizon itself)."""
+    reply: dict[str, object] = {"id": request_id, "status": _YIELD, "retry_hint_ms": retry_hint_ms, "reason": reason}
     if retry_ticket is not None:
         reply["retry_ticket"] = retry_ticket
+    if final:
+        reply["final"] = True
     return _dumps(reply, option=_NL)
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -57,6 +56,10 @@ OUTCOMES = (ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER)
 """What became of a retry hint: the holder came in its window and was admitted; came before it;
 came after it (and was treated as a new client); came in it but the capacity was still taken; or
 never came back (counted when its appointment lapses out of memory)."""
+
+HOLD = 0
+"""The hint of a refusal that is no answer yet (limits.Refusal): its holder came back in its window
+before its capacity freed and waits in the lobby. Never a real hint, which is >= 1."""
 
 LATENESS_SMOOTHING = 0.1
 """EWMA weight of the newest delay between an appointment and its holder's admission."""
@@ -75,7 +78,19 @@ LAPSED_MEMORY_S = 30.0
 
 
 class Appointment:
-    __slots__ = ("at", "amount", "book", "tenant", "identity", "ticket", "closes", "displaced", "rank")
+    __slots__ = (
+        "at",
+        "amount",
+        "book",
+        "tenant",
+        "identity",
+        "ticket",
+        "closes",
+        "displaced",
+        "rank",
+        "in_lobby",
+        "last_call",
+    )
 
     def __init__(
         self,
@@ -95,6 +110,8 @@ class Appointment:
         self.ticket = ""
         self.closes = 0.0  # the end of its window (`at` + half the grace)
         self.displaced = False  # booked for a displaced request (displacement.py): its return is never displaced
+        self.in_lobby = False  # its holder came back and is held until its capacity frees (governor/lobby.py)
+        self.last_call = False  # its window is closing with its holder still held: answer it now
 
     def opened(self, now: float) -> bool:
         """Whether its window has opened by `now`: `at` <= now + half the grace, the one test of
@@ -150,9 +167,13 @@ class AppointmentBook:
         return self._cumulative
 
     def sweep(self, now: float) -> None:
-        """Appointments whose window closed leave the book (lapsed: no-shows)."""
+        """Appointments whose window closed leave the book (lapsed: no-shows); one whose holder
+        waits in the lobby is kept until its last call answers it."""
         entries = self.entries
         while entries and entries[0].closes <= now:
+            if entries[0].in_lobby:  # its holder is here, its last call late: kept until answered
+                entries[0].closes = now + HINT_RESOLUTION_S
+                break
             lapsed = entries.pop(0)
             self._unrank(lapsed)
             self.registry.lapse(lapsed, now)
@@ -276,8 +297,13 @@ class AppointmentBook:
             if not own.opened(now):  # early: told the time left, keeps its place
                 registry.count(self.reason, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
-            # In its window and still no room (the forecast was early): it keeps its place in the
-            # book, before every appointment made after it, and its ticket.
+            if registry.lobby and not own.last_call:
+                # In its window and its capacity not free yet: held in the lobby until it frees
+                # (its window keeps it for this holder) or the window closes.
+                return HOLD, own
+            # Its window closes and still no room (the forecast was early): it keeps its place in
+            # the book, before every appointment made after it, and its ticket.
+            own.last_call = False
             registry.count(self.reason, YIELDED_AGAIN)
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
@@ -293,28 +319,30 @@ class AppointmentBook:
             if held is not None and registry.by_ticket.get(held.ticket) is held:
                 held.book.remove(held)  # refused here now: one appointment per client
             times = self.times
-            if times and times[-1] - now + registry.hints.gap_s >= registry.hints.policy.max_ms / 1000.0:
-                # Its turn comes after every appointment made, about a release later, past the
-                # horizon: a flood is answered at the cost of one comparison.
-                return int(registry.hints.policy.max_ms), None
             ahead = len(times)
             need = deficit + self.promised
             if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # lower ranks do not go first
                 ahead = sum(self.ranks[rank:])
                 need = deficit + sum(e.amount for e in entries if e.rank >= rank)
+            elif times and (times[-1] - now + registry.hints.gap_s) * 1000.0 >= registry.hints.policy.horizon_ms:
+                # Its turn comes after every appointment made, about a release later, past the
+                # horizon: a flood is refused for good at the cost of one comparison.
+                return math.ceil(registry.hints.policy.horizon_ms), None
         release = free_at(now, need if need > 1.0 else 1.0, deficit, ahead)
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
             return hints.hint_ms(now), None
-        at = release + registry.jitter_s()
+        # "Be here by": a little before the release, by what holders are late on average, so that
+        # the slot's holder is there (held in the lobby) when it frees rather than after.
+        at = release - registry.early_s if registry.lobby else release
         if own is not None and at < now + registry.half_grace_s:
             # Its slot is late: its new window opens now, so the slot is kept for it the moment it
             # frees, and it comes back half a window later.
             at = now + registry.half_grace_s
         wait_ms = (at - now) * 1000.0
         policy = hints.policy
-        if wait_ms >= policy.max_ms:  # past the horizon: no promise can be made
-            return int(policy.max_ms), None
+        if wait_ms >= policy.horizon_ms:  # past the horizon: no promise that would be kept soon
+            return math.ceil(min(wait_ms, policy.max_ms)), None
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
         hint_ms = math.ceil(wait_ms - 1e-6)
@@ -387,7 +415,7 @@ class Appointments:
         "lapsed",
         "outcomes",
         "_new_ticket",
-        "_random",
+        "lobby",
     )
 
     def __init__(
@@ -395,7 +423,6 @@ class Appointments:
         grace_s: float,
         hints: RetryHintEstimator,
         new_ticket: Callable[[], str] | None = None,
-        rng: random.Random | None = None,
     ) -> None:
         self.half_grace_s = grace_s / 2
         # How long after its appointment a holder comes, on average (its timers, its network).
@@ -410,7 +437,9 @@ class Appointments:
         self.lapsed: dict[object, Lapsed] = {}  # by ticket and by identity, oldest first
         self.outcomes: dict[tuple[str, str], int] = {}
         self._new_ticket = new_ticket or Tickets()
-        self._random = (rng or random.Random()).random
+        # Whether a holder that comes in its window before its capacity frees is held (a door
+        # with a lobby, governor/lobby.py) rather than told the next release at once.
+        self.lobby = False
 
     @property
     def round_delay_s(self) -> float:
@@ -419,17 +448,13 @@ class Appointments:
         Erring late is safe (the slot is kept for its holder through the window); early is not."""
         return self.lateness_s + HINT_RESOLUTION_S
 
-    def jitter_s(self) -> float:
-        """Added to a forecast: never earlier, and within a quarter of the window and half a
-        release gap at saturation (none with `RetryHintPolicy.jitter` 0), so that clients refused
-        together do not return in lockstep and each still comes inside its window."""
-        hints = self.hints
-        if not hints.policy.jitter:
-            return 0.0  # jitter switched off (tests, or an operator who wants exact hints)
-        spread = hints.gap_s / 2
-        if spread > self.half_grace_s / 2:
-            spread = self.half_grace_s / 2
-        return spread * self._random()
+    @property
+    def early_s(self) -> float:
+        """How much before its release a holder is told to come (with the lobby): its learnt
+        lateness and a millisecond, at most half the window. Clients refused together need no
+        jitter: those that come together are held and let in one release at a time."""
+        early = self.lateness_s + HINT_RESOLUTION_S
+        return early if early < self.half_grace_s else self.half_grace_s
 
     def set_grace(self, grace_s: float) -> None:
         """Live change (reload): the windows of the appointments booked are re-cut too."""

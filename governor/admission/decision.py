@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import Appointment, AppointmentBook, Appointments
+from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.displacement import Displacement, Evictor
@@ -59,6 +59,7 @@ from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 _INFLIGHT = YieldReason.INFLIGHT.value
+_DRAINING = YieldReason.DRAINING.value
 _CLASS_RANK = {priority: 2 * rank + 1 for priority, rank in RANK.items()}
 """`Ask.rank` of a frame of each class whose tenant is not over its share (cost.RANKS)."""
 _GATING = frozenset(
@@ -102,6 +103,7 @@ class Admission:
         "forecast",
         "appointments",
         "displacement",
+        "horizon_ms",
         "_sharing",
         "_classes",
         "_every",
@@ -125,6 +127,9 @@ class Admission:
         appointment_grace_s: float = 0.05,
     ) -> None:
         self.hints = hints
+        # Refusals whose hint is at least this far are final (Refusal.final): no promise is booked
+        # past it (RetryHintPolicy.horizon_ms), so none of them carries an appointment.
+        self.horizon_ms = hints.policy.horizon_ms
         self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
         forecast = self.forecast = ReleaseForecast()
         registry = self.appointments = Appointments(appointment_grace_s, hints)
@@ -302,13 +307,18 @@ class Admission:
         elif self._classes:
             ask.rank = _CLASS_RANK[ask.priority]
         appointments = self.appointments
-        if appointments.by_ticket or appointments.lapsed:
-            ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
+        if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):
+            found = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
+            # (one held in the lobby already has its client: a second frame for it is a new one)
+            ask.appointment = None if found is None or found.in_lobby else found
         for fits in self._fits:
             fits(ask)
         for check in self._checks:
             refusal = check(now, ask)
             if refusal is not None:
+                if refusal.hint_ms == HOLD:
+                    return refusal  # not an answer yet: its holder waits in the lobby
+                refusal.final = self.is_final(refusal.reason, refusal.hint_ms)
                 if self._classes:
                     if refusal.reason == _INFLIGHT and self.displacement.armed:
                         displaced = self._displace(now, ask, refusal)
@@ -364,6 +374,7 @@ class Admission:
         for check in self._checks:
             decision = check(now, ask)
             if decision is not None:
+                decision.final = self.is_final(decision.reason, decision.hint_ms)
                 break
         if decision is None:
             decision = Grant(ask)
@@ -371,6 +382,12 @@ class Admission:
                 limit.charge(decision, now)
         answer(*self._rebook(now, victim))
         return decision
+
+    def is_final(self, reason: str, hint_ms: int) -> bool:
+        """Whether a yield tells its client not to come back: its capacity is at least the promise
+        horizon away (a drain is never final: another replica may take the client at once). The
+        one rule, for the refusals here and the yields after admission (the lifecycle's)."""
+        return hint_ms >= self.horizon_ms and reason != _DRAINING
 
     def _room_without(self, now: float, ask: Ask, victim: Grant) -> bool:
         """Whether, once `victim` has given back what it holds, the limits after the in-flight

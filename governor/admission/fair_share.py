@@ -120,10 +120,11 @@ class FairShare:
 
     def _hint_ms(self, now: float, gap: float, weight: float) -> int:
         """How long until the others' counters catch up by `gap`: contended capacity serves the
-        contending tenants' total weight at the rate the held tokens drain (Little's law)."""
+        contending tenants' total weight at the rate the held tokens drain (Little's law). The
+        estimator's hint before anything is known, and with `--retry-hint fixed` (the base value)."""
         hints = self._hints
         held = self._tokens.held
-        if not hints.service_time_s or held <= 0:  # nothing known yet (or a zero service time)
+        if not hints.policy.adaptive or not hints.service_time_s or held <= 0:  # fixed, or nothing known yet
             return hints.hint_ms(now)
         rate = held / hints.service_time_s  # token cost served per second
         return hints.jittered_ms(min(hints.policy.max_ms, 1000.0 * gap * weight / rate))
@@ -140,7 +141,8 @@ class FairShare:
         weighted share of the slot releases (`S / (max_inflight x share)` apart), not behind
         every client of the other tenants the cap refused before: slots past the threshold go
         by share, so a light tenant's next one does not wait for a heavy tenant's crowd. A
-        refusal that booked an appointment keeps its hint: the time told is the time kept."""
+        refusal that booked an appointment keeps its hint: the time told is the time kept; so
+        does a final one (past the promise horizon)."""
         if tenant is None:
             return
         lowest, _, weight = self.floor(now)
@@ -148,7 +150,12 @@ class FairShare:
             self._join(tenant, lowest)
             weight += tenant.limits.weight
         tenant.contending_until = now + CONTENDING_S
-        if refusal.reason == _INFLIGHT and refusal.appointment is None and self._hints.service_time_s:
+        if (
+            refusal.reason == _INFLIGHT
+            and refusal.appointment is None
+            and not refusal.final
+            and self._hints.service_time_s
+        ):
             slots = self._inflight.max_inflight * tenant.limits.weight / weight
             refusal.hint_ms = tenant.request_drain.hint_ms(now, 1, 1, slots)
 

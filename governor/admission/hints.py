@@ -21,6 +21,11 @@ class RetryHintPolicy:
     base_ms: float = 50.0
     min_ms: float = 1.0
     max_ms: float = 10_000.0
+    horizon_ms: float = 1000.0
+    """The promise horizon: a client whose capacity the forecast puts further away than this is
+    refused for good (`Refusal.final`) rather than told to come back: a promise is booked only
+    where it can be kept soon, so a caller either gets in within about this long or learns at
+    once that it will not. Short for interactive callers, past its drain time for a batch job."""
     adaptive: bool = True
     jitter: float = 0.2
     """Each hint is multiplied by a uniform factor in [1, 1 + jitter]: one-sided, so that no client
@@ -31,6 +36,10 @@ class RetryHintPolicy:
     def __post_init__(self) -> None:
         if not 0 < self.min_ms <= self.max_ms:
             raise ValueError("retry hint bounds need 0 < min_ms <= max_ms")
+        if not self.horizon_ms > 0:
+            raise ValueError("the promise horizon must be > 0 ms")
+        if self.max_ms < self.horizon_ms:  # a promise inside the horizon is never clamped shorter
+            object.__setattr__(self, "max_ms", self.horizon_ms)
         if not 0 <= self.jitter < 1:
             raise ValueError("retry hint jitter must be in [0, 1)")
         if not 0 < self.smoothing <= 1:

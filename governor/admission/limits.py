@@ -33,19 +33,23 @@ if TYPE_CHECKING:
 class Refusal:
     """A `yield`: which limit refused (a `YieldReason`'s value), the retry hint it computed
     (ms, >= 1) and, from a limit that keeps appointments (appointments.py), the one it booked for
-    this client (its `ticket` goes out with the yield).
+    this client (its `ticket` goes out with the yield). `final` (set by `Admission.decide`): the
+    capacity is further away than the promise horizon, so the client is told not to come back.
+    A hint of `appointments.HOLD` (0) is no answer yet: the client came back for its appointment and is held
+    in the lobby until its capacity frees or its window closes (governor/lobby.py).
 
     Each limit owns one and refills it on every refusal (the yield path runs for every refused
     frame, and allocating an object there costs more than the rest of the decision): read it
     before asking the same limit again.
     """
 
-    __slots__ = ("reason", "hint_ms", "appointment")
+    __slots__ = ("reason", "hint_ms", "appointment", "final")
 
     def __init__(self, reason: YieldReason, hint_ms: int = 1) -> None:
         self.reason: str = reason.value  # a plain str: it is a dict key and a JSON value per frame
         self.hint_ms = hint_ms
         self.appointment: Appointment | None = None
+        self.final = False
 
     def at(self, hint_ms: int) -> Refusal:
         self.hint_ms = hint_ms

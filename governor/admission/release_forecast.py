@@ -14,9 +14,11 @@ admitted together end together, and wrong for a long stream that holds its slot 
 - **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
   to its latest token (which already carries the batch it runs in and its endpoint's speed);
   before that, by its endpoint's `EngineModel`, fitted from the gaps of the requests that ended
-  there. Its remaining tokens are counted from its latest one.
-- **Time to its first token**: its endpoint's recent admission-to-first-token time, less what it
-  has waited, at least one step.
+  there, and before any ended, by a prior (the endpoint's `step_ms=`, else `PRIOR_STEP_S`): so a
+  cold burst is told real times, bounded by each request's own length, from the first moment.
+  Its remaining tokens are counted from its latest one.
+- **Time to its first token**: its endpoint's recent admission-to-first-token time (before any,
+  a step), less what it has waited, at least one step.
 
 The k-th release from now is the k-th smallest forecast. Past the last request in flight, the
 releases repeat one service time later each round: the requests admitted into the freed slots end
@@ -45,6 +47,12 @@ from governor.latency import Histogram
 STALE_S = 0.02
 """A forecast list older than this is recomputed even if nothing was admitted or ended: the
 requests in it have streamed tokens since."""
+
+PRIOR_STEP_S = 0.1
+"""The time between two tokens assumed of an endpoint before any of its streams was seen (unless
+its `step_ms=` says): on the slow side of a CPU-served small model, because a forecast that is
+late refuses a cold burst at once where one that is early books appointments its returns find
+still taken. Replaced by the first request's own pace after two tokens."""
 
 SMOOTHING = 0.2
 """EWMA weight of the newest sample of a step time, a time to first token, or a length ratio."""
@@ -81,19 +89,21 @@ class EngineModel:
     """One endpoint's speed as its streams show it: the time between two tokens of a request (a
     decode step at the batch it ran in) and the time from admission to a first token."""
 
-    __slots__ = ("step_s", "first_token_s")
+    __slots__ = ("step_s", "first_token_s", "prior_step_s")
 
-    def __init__(self) -> None:
-        self.step_s: float | None = None
+    def __init__(self, prior_step_s: float = PRIOR_STEP_S) -> None:
+        self.step_s: float | None = None  # learnt: None before a stream ended here
         self.first_token_s: float | None = None
+        self.prior_step_s = prior_step_s  # what a step is taken to be until then
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
 
-    def observe_stream(self, first_token_at: float, ended_at: float, tokens: int) -> None:
-        """A request streamed `tokens` tokens, the first at `first_token_at`, and ended at `ended_at`."""
-        if tokens >= 2 and ended_at > first_token_at:
-            self.step_s = _ewma(self.step_s, (ended_at - first_token_at) / (tokens - 1))
+    def observe_stream(self, first_token_at: float, last_token_at: float, tokens: int) -> None:
+        """A request streamed `tokens` tokens, the first at `first_token_at` and the last at
+        `last_token_at` (not its end: the gap from its last token to its final reply is no step)."""
+        if tokens >= 2 and last_token_at > first_token_at:
+            self.step_s = _ewma(self.step_s, (last_token_at - first_token_at) / (tokens - 1))
 
 
 Promised = tuple[list[float], float]
@@ -165,7 +175,8 @@ class ReleaseForecast:
     def model(self, endpoint: Endpoint | None) -> EngineModel:
         model = self.models.get(endpoint)
         if model is None:
-            model = self.models[endpoint] = EngineModel()
+            step_ms = 0.0 if endpoint is None else endpoint.limits.step_ms
+            model = self.models[endpoint] = EngineModel(step_ms / 1000.0 if step_ms else PRIOR_STEP_S)
         return model
 
     # -- a Limit that never refuses: it follows each admitted request ------------------------------
@@ -200,7 +211,7 @@ class ReleaseForecast:
         first = progress.t_first_token
         tokens = progress.tokens_seen
         if executed and first is not None:
-            self.model(grant.endpoint).observe_stream(first, now, tokens)
+            self.model(grant.endpoint).observe_stream(first, progress.t_last_token, tokens)
             asked = grant.ask.max_new_tokens
             if asked > 0:
                 self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
@@ -214,12 +225,12 @@ class ReleaseForecast:
 
     # -- the forecast --------------------------------------------------------------------------------
 
-    def _release_at(self, grant: Grant, now: float, service_s: float | None) -> float | None:
-        """When this request will give back what it was charged. Before its endpoint's step time
-        is known, its own pace, else when the observed service time (`service_s`) is up; None
-        when nothing is known yet."""
-        model = self.models.get(grant.endpoint)
-        step = None if model is None else model.step_s
+    def _release_at(self, grant: Grant, now: float) -> float:
+        """When this request will give back what it was charged: its tokens left at its own pace,
+        else its endpoint's step (learnt, else the prior)."""
+        model = self.model(grant.endpoint)
+        learnt = model.step_s
+        step = model.prior_step_s if learnt is None else learnt
         progress = grant.progress
         seen = 0 if progress is None else progress.tokens_seen
         first = None if progress is None else progress.t_first_token
@@ -230,34 +241,26 @@ class ReleaseForecast:
             and first is not None
             and seen >= 2
             and progress.t_last_token > first  # tokens that came in one read tell no pace
-            and (seen >= OWN_RATE_AFTER or step is None)
+            and (seen >= OWN_RATE_AFTER or learnt is None)
         ):
             step = (progress.t_last_token - first) / (seen - 1)  # its own pace
-        if step is None:
-            if service_s is None:
-                return None
-            at = grant.t_admitted + service_s
-        elif progress is not None and first is not None:
+        if progress is not None and first is not None:
             at = progress.t_last_token + left * step
         else:
-            to_first = model.first_token_s if model is not None and model.first_token_s is not None else step
+            to_first = step if model.first_token_s is None else model.first_token_s
             at = grant.t_admitted + to_first
             if at < now:  # later than usual: its first token is at least a step away
                 at = now + step
             at += (left - 1.0) * step
         if at > now:
             return at
-        return now + (step if step else MIN_REMAINING_S)  # overdue: no sooner than its next token
+        return now + (step if step > MIN_REMAINING_S else MIN_REMAINING_S)  # overdue: no sooner than its next token
 
     def _compute(self, now: float, service_s: float | None) -> None:
         pairs = []
         groups: dict[object, list[float]] = {}
-        unknown = []  # requests nothing can be forecast from yet (no service time, no pace)
         for grant in self._live.values():
-            at = self._release_at(grant, now, service_s)
-            if at is None:
-                unknown.append(grant.ask.cost)
-                continue
+            at = self._release_at(grant, now)
             if grant.forecast_s is None:
                 grant.forecast_s = at
             pairs.append((at, grant.ask.cost))
@@ -268,8 +271,6 @@ class ReleaseForecast:
         for times in groups.values():
             times.sort()
         self._groups = groups
-        if pairs:  # those unknown end no sooner than the last one known, as far as anyone can tell
-            pairs += [(pairs[-1][0], cost) for cost in unknown]
         self._times = [at for at, _ in pairs]
         cumulative, total = [], 0
         for _, cost in pairs:
@@ -292,12 +293,10 @@ class ReleaseForecast:
     def slot_free_at(
         self, now: float, k: int, service_s: float | None, free: int = 0, promised: Promised = NOTHING_PROMISED
     ) -> float | None:
-        """When the k-th slot (k >= 1) not yet taken comes free; None when nothing is in flight or
-        nothing is known of how long a request takes. Slots come free from three places: `free`
-        are free now (and promised: whoever takes them is not counted in `k`), each request in
-        flight releases its own, and each promised appointment's slot is free again one service
-        time after its holder took it (`promised`). Past all of them, the same again a service
-        time later per round."""
+        """When the k-th slot (k >= 1) not yet taken comes free; None when nothing is in flight. Slots come free from
+        three places: `free` are free now (and promised: whoever takes them is not counted in `k`), each request in
+        flight releases its own, and each promised appointment's slot is free again one service time after its holder
+        took it (`promised`). Past all of them, the same again a service time later per round."""
         if self._dirty or now - self._computed_at > STALE_S:  # `_refresh`, inlined: every refusal reads it
             self._compute(now, service_s)
         times = self._times

@@ -21,14 +21,19 @@ from govwire.errors import GovernorError, WorkerUnavailable
 class Yielded(Exception):
     """The governor refused the request for now. `retry_hint_ms` says when a retry is likely to be
     admitted and `reason` which limit fired; with a `retry_ticket` the governor keeps the capacity
-    for a retry that sends it back at that time (protocol.md)."""
+    for a retry that sends it back at that time (protocol.md). A `final` yield says nothing frees
+    for it within the governor's promise horizon: it is not retried."""
 
-    def __init__(self, request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None) -> None:
-        super().__init__(f"yielded ({reason}); retry in {retry_hint_ms} ms")
+    def __init__(
+        self, request_id: str, retry_hint_ms: int, reason: str, retry_ticket: str | None = None, final: bool = False
+    ) -> None:
+        what = "final, do not retry" if final else f"retry in {retry_hint_ms} ms"
+        super().__init__(f"yielded ({reason}); {what}")
         self.request_id = request_id
         self.retry_hint_ms = retry_hint_ms
         self.reason = reason
         self.retry_ticket = retry_ticket
+        self.final = final
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,8 @@ class Attempts:
         policy = self._policy
         jitter = policy.jitter
         if isinstance(failure, Yielded):
+            if failure.final:
+                return None  # refused for good: nothing frees for it soon
             base_ms = float(failure.retry_hint_ms)
             if failure.retry_ticket is not None:
                 jitter = 0.0  # an appointment: come at its time, not later

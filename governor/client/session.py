@@ -81,6 +81,7 @@ def event_of(reply: dict[str, Any]) -> Event | None:
             int(reply.get("retry_hint_ms", 0)),
             str(reply.get("reason")),
             ticket if type(ticket) is str else None,
+            reply.get("final") is True,
         )
     if status == Status.ERROR:
         return error_from_code(str(reply.get("code")), str(reply.get("message", "")), reply.get("id"))

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import http_sfv
 import httptools
@@ -33,7 +33,8 @@ import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import Appointment, identity_of
+from governor.admission.appointments import HOLD, Appointment, identity_of
+from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.doors.openai_api import (
     DONE_EVENT,
@@ -54,6 +55,7 @@ from governor.doors.openai_api import (
 )
 from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.lifecycle import InflightRequest
+from governor.lobby import Held
 from governor.state import ServerState
 from govwire.errors import (
     BadFrame,
@@ -99,12 +101,22 @@ _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
 _YIELD_HEAD = (
     b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
+    b"x-should-retry: true\r\nretry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
+)
+# A final refusal (past the promise horizon): no wait to honour. `x-should-retry: false` is what
+# the Stainless-generated SDKs (openai, anthropic) obey before any retry count or Retry-After.
+_FINAL_HEAD = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+    b"x-should-retry: false\r\n%s\r\n"
 )
 # The same bytes for every yield of a reason: load generators count errors by their body (aiperf
 # keys them by status, reason and body), so a number in it made a row per hint. The wait is in
 # the headers, which the OpenAI SDKs read.
 _YIELD_BODY = b'{"error":{"message":"yielded: %s","type":"%s","param":null,"code":"%s","reason":"%s"}}'
+_FINAL_BODY = (
+    b'{"error":{"message":"overloaded: no capacity within the promise horizon (%s); do not retry now",'
+    b'"type":"rate_limit_error","param":null,"code":"overloaded","reason":"%s","final":true}}'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +218,7 @@ class HttpIngress:
         self._header_bytes = 0
         self._queue: deque[_Message] = deque()  # parsed, waiting for the response before them
         self._exchange: _Exchange | None = None  # admitted, its response not complete
+        self._lobby: Held | None = None  # back for its appointment and held for its capacity (lobby.py)
         self._pending: list[bytes] = []
         self._broken: tuple[int, GovernorError] | None = None  # a request the parser gave up on
         self._last_read = False  # a request said `connection: close`: it is the last one read
@@ -339,7 +352,7 @@ class HttpIngress:
 
     def _advance(self, now: float) -> None:
         """Answer queued requests until one is admitted (its response comes later) or none is left."""
-        while self._exchange is None and self._queue and self.closing is None and not self.finished:
+        while not (self._exchange or self._lobby) and self._queue and self.closing is None and not self.finished:
             message = self._queue.popleft()
             accounting = self._state.accounting
             received = accounting.received
@@ -356,9 +369,15 @@ class HttpIngress:
             # What this request was counted as (a yield, an admission, a rejection, and a failure
             # if a bug surfaced after one of those), all through this front door.
             accounting.http_received += accounting.received - received
-            if not message.keep_alive and self._exchange is None:
+            if not message.keep_alive and self._exchange is None and self._lobby is None:
                 self.finished = True
-        if self._broken is not None and self._exchange is None and not self._queue and self.closing is None:
+        if (
+            self._broken is not None
+            and self._exchange is None
+            and self._lobby is None
+            and not self._queue
+            and self.closing is None
+        ):
             status, error = self._broken
             self._pending.append(response(status, error_body(status, error), False))
             self.closing = ShedReason.BAD_REQUEST
@@ -463,16 +482,75 @@ class HttpIngress:
         except RequestRejected as exc:  # OverBudget
             return self._rejected(exc, keep)
         if type(decision) is Refusal:
-            accounting.frame_yielded(decision.reason, ask)
-            state.latency.retry_hint(decision.reason, decision.hint_ms)
-            appointment = decision.appointment
-            if appointment is None:
-                return self._yield(decision.hint_ms, decision.reason, keep)
-            if not appointment.identity:
-                # The OpenAI SDKs re-send the same body after `retry-after-ms`: that is the client.
-                appointments.identify(appointment, identity_of(ask.tenant, raw))
-            return self._yield(decision.hint_ms, decision.reason, keep, appointment.ticket)
-        grant: Grant = decision  # type: ignore[assignment]
+            if decision.hint_ms == HOLD:  # back for its appointment, its capacity not free yet
+                self._hold(message, ask, cast(Appointment, decision.appointment), body, frame, messages, model, raw)
+                return b""
+            return self._refused(ask, decision, raw, keep)
+        return self._admitted(message, cast(Grant, decision), body, frame, messages, model, raw, now)
+
+    def _refused(self, ask: Ask, refusal: Refusal, raw: bytes, keep: bool) -> bytes:
+        state = self._state
+        state.accounting.frame_yielded(refusal.reason, ask, refusal.final)
+        state.latency.retry_hint(refusal.reason, refusal.hint_ms)
+        appointment = refusal.appointment
+        if appointment is None:
+            return self._yield(refusal.hint_ms, refusal.reason, keep, None, refusal.final)
+        if not appointment.identity:
+            # The OpenAI SDKs re-send the same body after `retry-after-ms`: that is the client.
+            state.admission.appointments.identify(appointment, identity_of(ask.tenant, raw))
+        return self._yield(refusal.hint_ms, refusal.reason, keep, appointment.ticket)
+
+    def _hold(
+        self,
+        message: _Message,
+        ask: Ask,
+        appointment: Appointment,
+        body: dict[str, Any],
+        frame: dict[str, Any] | None,
+        messages: Any,
+        model: str,
+        raw: bytes,
+    ) -> None:
+        """Park the request in the lobby: nothing after it on this connection is answered before
+        it is (HTTP/1.1 answers in order), and the connection is not timed out meanwhile."""
+        state = self._state
+
+        def answer(decision: Grant | Refusal | RequestRejected) -> None:
+            self._lobby = None
+            accounting = state.accounting
+            received = accounting.received
+            keep = message.keep_alive
+            if isinstance(decision, RequestRejected):
+                reply = self._rejected(decision, keep)
+            elif type(decision) is Refusal:
+                reply = self._refused(ask, decision, raw, keep)
+            else:
+                now = state.clock()
+                reply = self._admitted(message, cast(Grant, decision), body, frame, messages, model, raw, now)
+            accounting.http_received += accounting.received - received
+            self._pending.append(reply)
+            if not keep and self._exchange is None:
+                self.finished = True
+            self._advance(state.clock())
+            self.flush()  # a timer or another request's end brought it: no read will flush it
+
+        self._lobby = state.lobby.hold(ask, appointment, answer)
+
+    def _admitted(
+        self,
+        message: _Message,
+        grant: Grant,
+        body: dict[str, Any],
+        frame: dict[str, Any] | None,
+        messages: Any,
+        model: str,
+        raw: bytes,
+        now: float,
+    ) -> bytes:
+        """Checked, dispatched, and its response begun (`_exchange`); or the error that refunded it."""
+        state = self._state
+        keep = message.keep_alive
+        chat = frame is not None
         rid = f"cmpl-{id(self):x}-{self._next_id}"
         if frame is not None:
             frame["id"] = rid
@@ -528,15 +606,19 @@ class HttpIngress:
         return response(status, error_body(status, error), keep)
 
     @staticmethod
-    def _yield(hint_ms: int, reason: str, keep: bool, ticket: str | None = None) -> bytes:
+    def _yield(hint_ms: int, reason: str, keep: bool, ticket: str | None = None, final: bool = False) -> bytes:
         """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
         body is `error_object(status, reason, ..., reason=reason)`, the hint in `retry-after-ms`
-        and `Retry-After`; a booked appointment's ticket goes in a `retry-ticket` header (the
-        retry sends it back)."""
-        status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
+        and `Retry-After` beside `x-should-retry: true`; a booked appointment's ticket goes in a
+        `retry-ticket` header (the retry sends it back). A `final` one is a 429 with
+        `x-should-retry: false`, no wait, and the code `overloaded` (its `reason`: the limit)."""
         word = reason.encode()
-        body = _YIELD_BODY % (word, kind, word, word)
         close = b"" if keep else b"connection: close\r\n"
+        if final:
+            body = _FINAL_BODY % (word, word)
+            return _FINAL_HEAD % (len(body), close) + body
+        status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
+        body = _YIELD_BODY % (word, kind, word, word)
         extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
         return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), extra, close) + body
 
@@ -633,7 +715,8 @@ class HttpIngress:
             ticket = appointment.ticket
             identity = identity_of(request.grant.ask.tenant, exchange.body)
             self._state.admission.appointments.identify(appointment, identity)
-        self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive, ticket))
+        final = ticket is None and self._state.admission.is_final(reason, retry_hint_ms)
+        self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive, ticket, final))
         self._next(exchange)
 
     def _end(self, request: InflightRequest) -> _Exchange | None:
@@ -658,7 +741,13 @@ class HttpIngress:
     # -- the connection -----------------------------------------------------------------------------
 
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
-        self._state.lifecycle.abandon(self, reason)
+        state = self._state
+        state.lifecycle.abandon(self, reason)
+        if self._lobby is not None:  # held for its capacity: its appointment goes back
+            state.lobby.leave(self._lobby)
+            self._lobby = None
+            state.accounting.http_received += 1
+            state.accounting.frame_failed(reason)
         self._exchange = None
         self._queue.clear()
         self._pending.clear()
@@ -674,7 +763,7 @@ class HttpIngress:
         """A request that is taking too long to arrive (slow headers or body): 408. A connection
         idle between requests: closed without a word."""
         started = self.started_at
-        waiting_on_us = self._exchange is not None or bool(self._queue)  # not read while we answer
+        waiting_on_us = self._exchange is not None or self._lobby is not None or bool(self._queue)
         if started is not None and not waiting_on_us and now - started > self._limits.request_timeout_s:
             return ShedReason.SLOW_REQUEST, IdleTimeout(
                 f"the request did not arrive within {self._limits.request_timeout_s:g} s"

@@ -23,11 +23,13 @@ from typing import Any, cast
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import Appointment, identity_of
+from governor.admission.appointments import HOLD, Appointment, identity_of
+from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, flush_pending
 from governor.doors.turns import FRAMES_PER_TURN
 from governor.lifecycle import InflightRequest
+from governor.lobby import Held
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
 from govwire.codec import (
@@ -107,6 +109,8 @@ class Ingress:
         "_opened_at",
         "_held",
         "_refused_in_a_row",
+        "_lobby",
+        "in_lobby",
     )
 
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
@@ -133,6 +137,8 @@ class Ingress:
         self._max_frame_bytes = max_frame_bytes
         self._held: list[Item] = []  # complete lines of a read, waiting for their slice (`resume`)
         self._refused_in_a_row = 0  # generate frames refused since the last admitted one
+        self._lobby = state.lobby
+        self.in_lobby: dict[str, Held] = {}  # client id -> a returning frame held for its capacity
         self._pending: list[bytes] = []
         self.active: dict[str, InflightRequest] = {}  # client id -> request, admitted and unfinished
         self.closing: ShedReason | None = None  # refused: answer nothing more, the adapter sheds the connection
@@ -213,7 +219,7 @@ class Ingress:
         if op is not _GENERATE:
             return self._control(op, obj)
         rid: str = obj["id"]
-        if rid in self.active:
+        if rid in self.active or rid in self.in_lobby:
             return self._reject(DuplicateId(f"id {rid!r} is already in flight on this connection", rid))
         ask = self._ask(obj)
         claimed = obj.get("tenant")
@@ -238,17 +244,43 @@ class Ingress:
             return self._reject(exc)
         self._decided += 1
         if type(decision) is Refusal:
-            self._refused_in_a_row += 1
-            # The hot path under overload: decided and encoded here, written with this read's replies.
-            self._accounting.frame_yielded(decision.reason, ask)
-            self._hints(decision.reason, decision.hint_ms)
-            appointment = decision.appointment
-            if appointment is None:
-                return encode_yield(rid, decision.hint_ms, decision.reason)
-            if not appointment.identity:  # booked before anyone was coming back: recognise its return
-                appointments.identify(appointment, identity_of(ask.tenant, resent(rid, obj)))
-            return encode_yield(rid, decision.hint_ms, decision.reason, appointment.ticket)
+            if decision.hint_ms == HOLD:  # back for its appointment, its capacity not free yet
+                self._hold(obj, rid, ask, cast(Appointment, decision.appointment))
+                return b""
+            return self._refused(obj, rid, ask, decision)
         return self._admit(obj, rid, now, cast(Grant, decision))
+
+    def _refused(self, obj: dict[str, Any], rid: str, ask: Ask, refusal: Refusal) -> bytes:
+        """The hot path under overload: decided and encoded in the read that brought the frame,
+        written with that read's replies."""
+        self._refused_in_a_row += 1
+        final = refusal.final
+        self._accounting.frame_yielded(refusal.reason, ask, final)
+        self._hints(refusal.reason, refusal.hint_ms)
+        appointment = refusal.appointment
+        if appointment is None:
+            return encode_yield(rid, refusal.hint_ms, refusal.reason, None, final)
+        if not appointment.identity:  # booked before anyone was coming back: recognise its return
+            self._appointments.identify(appointment, identity_of(ask.tenant, resent(rid, obj)))
+        return encode_yield(rid, refusal.hint_ms, refusal.reason, appointment.ticket)
+
+    def _hold(self, obj: dict[str, Any], rid: str, ask: Ask, appointment: Appointment) -> None:
+        """Park the frame in the lobby; its answer is written when it comes (the NDJSON door
+        answers by id: the frames after it are not held up)."""
+
+        def answer(decision: Grant | Refusal | RequestRejected) -> None:
+            del self.in_lobby[rid]
+            if isinstance(decision, RequestRejected):
+                decision.request_id = rid
+                reply = self._reject(decision)
+            elif type(decision) is Refusal:
+                reply = self._refused(obj, rid, ask, decision)
+            else:
+                reply = self._admit(obj, rid, self._state.clock(), cast(Grant, decision))
+            self._pending.append(reply)
+            self.flush()  # a timer or another request's end brought it: no read will flush it
+
+        self.in_lobby[rid] = self._lobby.hold(ask, appointment, answer)
 
     def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
         self._refused_in_a_row = 0
@@ -334,8 +366,12 @@ class Ingress:
 
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
         """The connection is gone (or being shed): free its slots now and tell the worker to stop
-        its requests."""
+        its requests; its frames in the lobby give their appointments back (each counted failed)."""
         self._lifecycle.abandon(self, reason)
+        for held in self.in_lobby.values():
+            self._lobby.leave(held)
+            self._accounting.frame_failed(reason)
+        self.in_lobby.clear()
         self._pending.clear()
 
     # -- rendering what the lifecycle decided (lifecycle.RequestOwner) -----------------------------
@@ -369,7 +405,8 @@ class Ingress:
         self, request: InflightRequest, retry_hint_ms: int, reason: str, appointment: Appointment | None = None
     ) -> None:
         if appointment is None:
-            self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason))
+            final = self._state.admission.is_final(reason, retry_hint_ms)
+            self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason, None, final))
             return
         generate = request.generate
         if generate is not None:  # its return is recognised as a refused frame's is: by id and prompt

@@ -33,7 +33,8 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
     own pace to go on); `after-one-request`: one short request ended before it. The window is
     200 ms wide, not the default 50: on a loaded 2-core machine the SDK's return after its sleep
     can lag by more than 25 ms, and the test counts it `on_time` (the default window is measured
-    under load by benchmarks/admission/openai_sdk_retries.py)."""
+    under load by benchmarks/admission/openai_sdk_retries.py). The promise horizon is 5 s (the
+    batch setting): at the default 1 s the second request is refused for good at once (below)."""
     port = free_port()
     gov = start_governor(
         "--http-port",
@@ -44,6 +45,8 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
         "1",
         "--appointment-grace-ms",
         "200",
+        "--promise-horizon-ms",
+        "5000",
         worker_args=("--token-delay-ms", "20"),
     )
     executed_before = 0
@@ -109,6 +112,44 @@ def test_the_sdk_with_its_default_retries_gets_in_behind_a_long_stream(start_gov
     key = ("governor_retry_hint_outcome_total", (("outcome", "on_time"), ("reason", "inflight")))
     assert metrics.get(key) == 1, {k: v for k, v in metrics.items() if k[0].startswith("governor_retry_hint")}
     assert time.monotonic() - started < 15
+
+
+def test_past_the_promise_horizon_the_sdk_is_told_no_at_once_and_does_not_retry(start_governor: Start) -> None:
+    """The same long stream (~2 s) at the default horizon (1 s): the second request cannot be
+    served soon, so its 429 says `x-should-retry: false` and the SDK, at its default retries,
+    raises after that one round trip instead of sleeping through two hints."""
+    port = free_port()
+    gov = start_governor(
+        "--http-port", str(port), "--integrity", "optional", "--max-inflight", "1",
+        worker_args=("--token-delay-ms", "20"),
+    )  # fmt: skip
+    streamed = threading.Event()
+
+    def hold() -> None:
+        with sdk(port, max_retries=0, timeout=15.0) as client:
+            for n, _ in enumerate(
+                client.completions.create(model="gpt2", prompt="hold " * 25, max_tokens=100, stream=True)
+            ):
+                if n >= 4:
+                    streamed.set()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert streamed.wait(10), "the holder streamed nothing"
+    with sdk(port, timeout=10.0) as client:
+        asked = time.monotonic()
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.completions.create(model="gpt2", prompt="second", max_tokens=2)
+        waited = time.monotonic() - asked
+    headers = refused.value.response.headers
+    assert headers["x-should-retry"] == "false" and "retry-after-ms" not in headers
+    assert refused.value.code == "overloaded" and refused.value.body["reason"] == "inflight"  # type: ignore[index]
+    s = gov.stats()
+    assert s["yielded_by_reason"]["inflight"] == 1 and s["final_by_reason"]["inflight"] == 1  # one attempt, no retry
+    assert waited < 1.0, waited  # one round trip, not the ~2 s a queue (or two hints) would have cost
+    holder.join(10)
+    metrics = gov.metrics()
+    assert metrics.get(("governor_refused_final_total", (("reason", "inflight"),))) == 1
 
 
 def yielded(conn: Conn, rid: str) -> tuple[dict[str, Any], float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from govwire.codec import encode, generate_frame
-from tests.integration.conftest import Governor
+from tests.integration.conftest import Governor, Worker
 from tests.integration.test_gpt2_worker import gpt2_governor, worker
 from tests.tiny_gpt2 import N_POSITIONS
 
@@ -54,14 +54,16 @@ def test_an_early_eos_returns_its_unused_tokens_at_once(start_governor: Start) -
 
 
 def test_a_deadline_that_passes_before_the_first_token_cancels_in_the_worker(
-    start_governor: Start, tiny_gpt2_dir: Path
+    start_governor: Start, start_worker: Callable[..., Worker], tiny_gpt2_dir: Path
 ) -> None:
     # One batch slot: the second request waits in the worker behind the first, past its deadline.
-    # Both go in one write, before anything is known of how long a request takes there: the
-    # governor cannot foresee the wait, admits both and must cut the second in the worker.
-    gov = gpt2_governor(
-        start_governor, tiny_gpt2_dir, "--integrity", "optional", worker_flags=("--max-batch-size", "1")
-    )
+    # Both go in one write, before any stream was seen there, and the endpoint claims a step of
+    # 10 µs (`step_ms=0.01`, the release forecast's prior): the governor forecasts the first one's
+    # end well inside the deadline, admits both, and must cut the second in the worker.
+    model = ("--engine", "gpt2", "--model", str(tiny_gpt2_dir), "--device", "cpu", "--dtype", "float32")
+    address = start_worker(*model, "--stats-interval-s", "0.1", "--max-batch-size", "1").address
+    gov = start_governor("--integrity", "optional", "--worker", f"{address},step_ms=0.01")
+    gov.wait_until(lambda: worker(gov, "max_running") == 1, what="the worker reported its batch of one")
     c = gov.conn()
     first_tokens = N_POSITIONS - 8
     c.send_raw(

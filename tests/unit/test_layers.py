@@ -142,14 +142,26 @@ LAYERS: dict[str, frozenset[str]] = {
     "governor.accounting": frozenset({"governor.admission"}),
     "governor.lifecycle": frozenset({"governor.accounting", "governor.admission", "governor.latency"}),
     "governor.links": frozenset({"governor.lifecycle", "governor.admission"}),
+    # returning clients held for their capacity: decided by admission, timed like the lifecycle
+    "governor.lobby": frozenset({"governor.lifecycle", "governor.admission", "governor.latency"}),
     "governor.state": frozenset(
-        {"governor.lifecycle", "governor.accounting", "governor.admission", "governor.latency", "governor.fleet"}
+        {
+            "governor.lifecycle",
+            "governor.lobby",
+            "governor.accounting",
+            "governor.admission",
+            "governor.latency",
+            "governor.fleet",
+        }
     ),
-    "governor.doors": frozenset({"governor.state", "governor.lifecycle", "governor.accounting", "governor.admission"}),
+    "governor.doors": frozenset(
+        {"governor.state", "governor.lobby", "governor.lifecycle", "governor.accounting", "governor.admission"}
+    ),
     "governor.metrics_server": frozenset(),
     "governor.metrics": frozenset(
         {
             "governor.state",
+            "governor.lobby",
             "governor.links",
             "governor.fleet",
             "governor.lifecycle",
@@ -176,6 +188,8 @@ NEVER = [
     ("governor.doors", "governor.links"),
     ("governor.lifecycle", "governor.doors"),
     ("governor.lifecycle", "governor.links"),
+    ("governor.lifecycle", "governor.lobby"),
+    ("governor.admission", "governor.lobby"),
 ]
 DOORS = ("governor.doors.ndjson", "governor.doors.http")
 

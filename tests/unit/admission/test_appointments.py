@@ -7,6 +7,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -241,30 +242,36 @@ def test_a_full_book_makes_no_promise() -> None:
 def test_the_token_budget_books_the_time_its_tokens_are_given_back() -> None:
     endpoint = Endpoint("e", EndpointLimits(), now=0.0)
     endpoint.up = True
-    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), 8)
+    # a horizon past 1.4 s: the large one below is booked too, not refused for good
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=2000), 8)
     admission = Admission([endpoint], 8, 0.0, 0.0, hints, now=0.0, max_inflight_tokens=100)
+    # What earlier requests taught: a first token 0.8 s after admission, then one every 0.1 s; so
+    # a request asking for 3 tokens ends 0.8 + 2 x 0.1 = 1.0 s after its admission.
+    model = admission.forecast.model(endpoint)
+    model.first_token_s, model.step_s = 0.8, 0.1
     hints.observe_service_time(1.0)
-    first = admission.decide(0.0, ask(60, 1))
-    second = admission.decide(0.5, ask(40, 2))
+    asks = ask(60, 1), ask(40, 2)
+    for a in asks:
+        a.max_new_tokens = 3
+    first, second = admission.decide(0.0, asks[0]), admission.decide(0.5, asks[1])  # end at 1.0 and 1.5
     assert isinstance(first, Grant) and isinstance(second, Grant)
     small = admission.decide(0.6, ask(30, 3))  # needs 30 of the first one's 60: at 1.0
     assert isinstance(small, Refusal) and (small.reason, small.hint_ms) == ("tokens", 400)
+    assert small.appointment is not None
     # needs 90 after the 30 promised: all 100 held now (at 1.5), and 20 of what the small one
     # takes at 1.0 and gives back a service time (and 1 ms) later
     large = admission.decide(0.6, ask(90, 4))
     assert isinstance(large, Refusal) and (large.reason, large.hint_ms) == ("tokens", 1401)
+    assert large.appointment is not None and not large.final
 
 
-def test_jitter_is_never_earlier_and_stays_inside_the_window() -> None:
-    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.2), 8)
-    hints.observe_service_time(1.6)  # a release every 0.2 s at saturation
-    registry = Appointments(0.05, hints)
-    draws = [registry.jitter_s() for _ in range(1000)]
-    assert min(draws) >= 0.0 and max(draws) <= 0.05 / 4 and max(draws) > 0.05 / 8
-    hints.observe_service_time(0.0)
-    hints.service_time_s = 0.008  # a release every ms: half a gap is the bound
-    hints.set_capacity(8)
-    assert max(registry.jitter_s() for _ in range(1000)) <= 0.0005
+def test_holders_are_told_to_come_early_by_their_lateness_within_half_a_window() -> None:
+    registry = Appointments(0.05, RetryHintEstimator(RetryHintPolicy(), 8))
+    assert registry.early_s == pytest.approx(0.001)  # nobody late yet: a millisecond
+    registry.lateness_s = 0.004
+    assert registry.early_s == pytest.approx(0.005)
+    registry.lateness_s = 0.5  # never more than half the window: the holder still comes inside it
+    assert registry.early_s == pytest.approx(0.025)
 
 
 # -- properties -----------------------------------------------------------------------------------

@@ -4,16 +4,19 @@ all-or-nothing, on a simulated clock."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.admission.buckets import TokenBucket
+from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
+from governor.admission.tenant import TenantLimits
 from govwire.vocab import YieldReason
 from tests.fakes import make_state
 
@@ -69,7 +72,7 @@ def test_equal_endpoints_take_turns() -> None:
 
 
 def test_each_limit_names_itself_and_a_refusal_charges_nothing() -> None:
-    a = admission(EndpointLimits(concurrency=1), EndpointLimits(qps=1.0), qps=100.0, burst=3.0)
+    a = admission(EndpointLimits(concurrency=1, step_ms=30), EndpointLimits(qps=1.0), qps=100.0, burst=3.0)
     first, second = a.decide(0.0), a.decide(0.0)
     routed(first), routed(second)
     assert refused(a.decide(0.0)) == (YieldReason.ENDPOINT_QPS, 1000)  # e0 full, e1 out of tokens
@@ -77,7 +80,9 @@ def test_each_limit_names_itself_and_a_refusal_charges_nothing() -> None:
     assert bucket is not None and bucket.level(0.0) == 1.0  # the refused request took no pool token
     e1 = a.pool.endpoints[1]
     e1.bucket, e1.limits = None, EndpointLimits(concurrency=1)
-    assert refused(a.decide(0.0)) == (YieldReason.ENDPOINT_INFLIGHT, 40)  # the service-time estimate
+    # the next forecast release: `first`, on e0, asks no tokens, so one (its first) a step (e0's
+    # step_ms=30) after its admission at 0.0; `second`, on e1, one at the default prior (100 ms)
+    assert refused(a.decide(0.0)) == (YieldReason.ENDPOINT_INFLIGHT, 30)
     a.release(first, executed=True)  # type: ignore[arg-type]
     third = a.decide(0.0)  # the pool's last token
     routed(third)
@@ -225,3 +230,49 @@ def test_an_endpoint_inflight_hint_is_the_forecast_release_at_the_full_endpoint(
         assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
         hints.append(refusal.hint_ms)
     assert hints == [50, 100, 150]  # the first's end, the second's, then the first slot's next round
+
+
+def fixed_hints(max_inflight: int, endpoint: EndpointLimits | None = None, **caps: Any) -> Admission:
+    """With `--retry-hint fixed` (hints of 40 ms, no jitter), over one endpoint, a service time
+    known: every forecast would have something to forecast from."""
+    e = Endpoint("e", endpoint or EndpointLimits(), 1000.0)
+    e.up = True
+    policy = RetryHintPolicy(adaptive=False, jitter=0.0, base_ms=40)
+    admission = make_state(max_inflight=max_inflight, endpoints=[e], hint_policy=policy, **caps).admission
+    admission.hints.observe_service_time(0.4)
+    return admission
+
+
+def test_with_fixed_hints_every_capacity_refusal_hints_the_base_value() -> None:
+    told: dict[str, list[int]] = {}
+
+    def ask(admission: Admission, times: int, cost: int = 1, tenant: str | None = None) -> None:
+        for _ in range(times):
+            who = None if tenant is None else admission.tenants.resolve(tenant)
+            decision = admission.decide(1000.0, Ask(cost=cost, tenant=who))
+            if isinstance(decision, Refusal):
+                assert decision.appointment is None  # nothing booked either
+                told.setdefault(decision.reason, []).append(decision.hint_ms)
+
+    ask(fixed_hints(2), 5)  # inflight
+    ask(fixed_hints(32, max_inflight_tokens=100), 3, cost=60)  # tokens
+    ask(fixed_hints(32, EndpointLimits(concurrency=2)), 5)  # endpoint_inflight (the forecast: 400 ms)
+    ask(fixed_hints(32, EndpointLimits(tokens=100)), 3, cost=60)  # endpoint_tokens
+    capped = fixed_hints(32, tenants={"a": TenantLimits(max_inflight=2), "b": TenantLimits(max_inflight_tokens=100)})
+    ask(capped, 5, tenant="a")  # tenant_inflight (the forecast of a's own requests: 400 ms)
+    ask(capped, 3, cost=60, tenant="b")  # tenant_tokens
+    shared = fixed_hints(32, tenants={"a": TenantLimits(), "b": TenantLimits()}, share_threshold=0.0)
+    ask(shared, 1, cost=10, tenant="a")
+    ask(shared, 4, cost=10, tenant="b")  # b, lifted to a's counter, gets one in: then tenant_share (400 ms)
+    full = fixed_hints(2, tenants={"a": TenantLimits(), "b": TenantLimits()})
+    ask(full, 3, tenant="a")  # inflight, between tenants (the fair share re-hints it)
+    ask(full, 2, tenant="b")
+    assert told == {
+        "inflight": [40] * 6,
+        "tokens": [40] * 2,
+        "endpoint_inflight": [40] * 3,
+        "endpoint_tokens": [40] * 2,
+        "tenant_inflight": [40] * 3,
+        "tenant_tokens": [40] * 2,
+        "tenant_share": [40] * 3,
+    }

@@ -14,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from governor.admission.cost import Ask
 from governor.admission.displacement import Displacement
+from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant
 from governor.lifecycle import InflightRequest
@@ -42,12 +43,26 @@ def finish(state: ServerState, request: InflightRequest) -> None:
     worker_sends(state, done_frame(request.uid, "", "eos", prompt_tokens=1, completion_tokens=1))
 
 
-def setup(max_inflight: int = 4, preempt: bool = True) -> tuple[ServerState, FakeClock, FakeTimers, Any, Any]:
+def setup(
+    max_inflight: int = 4, preempt: bool = True, step_ms: float = 50.0, service_s: float = 1.0
+) -> tuple[ServerState, FakeClock, FakeTimers, Any, Any]:
     clock = FakeClock()
     timers = FakeTimers(clock)
     hints = RetryHintPolicy(jitter=0.0)  # exact hints: comparable across clients
-    state = make_state(max_inflight=max_inflight, clock=clock, timers=timers, preempt=preempt, hint_policy=hints)
-    state.admission.hints.observe_service_time(1.0)  # a release gap of 1 s / the cap
+    # A request (16 tokens, the default max_new_tokens) is forecast to end 16 x 50 ms = 0.8 s after
+    # its admission (no stream seen: `step_ms` is the prior): inside the promise horizon (1 s), so
+    # its refused clients are booked.
+    endpoint = Endpoint("fake", EndpointLimits(step_ms=step_ms), clock())
+    endpoint.up = True
+    state = make_state(
+        max_inflight=max_inflight,
+        clock=clock,
+        timers=timers,
+        preempt=preempt,
+        hint_policy=hints,
+        endpoints=[endpoint],
+    )
+    state.admission.hints.observe_service_time(service_s)  # a release gap of 1 s / the cap
     ingress, writes = make_ingress(state)
     return state, clock, timers, ingress, writes
 
@@ -239,7 +254,9 @@ TestDisplacementMachine = DisplacementMachine.TestCase
 
 
 def test_an_appointment_holds_against_its_class_and_below_and_a_higher_class_books_ahead() -> None:
-    state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False)
+    # Requests of 16 x 25 ms = 0.4 s, and a service time of 0.4 s: s1's appointment (at 0.4 s) and
+    # the release after it (0.8 s) are inside the promise horizon (a longer service time: below).
+    state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False, step_ms=25.0, service_s=0.4)
     ingress.receive_data(frame("s0", priority="sheddable") + frame("s1", priority="sheddable"))
     ingress.receive_data(frame("c0", priority="critical"))
     hints = {r["id"]: r["retry_hint_ms"] for r in replies(writes)}
@@ -252,6 +269,20 @@ def test_an_appointment_holds_against_its_class_and_below_and_a_higher_class_boo
     assert "c1" not in ingress.active  # held for c0's appointment (its own class)
     ingress.receive_data(frame("c0", priority="critical"))
     assert "c0" in ingress.active  # c0 came back: let in ahead of s1, whose slot comes next
+
+
+def test_a_higher_class_books_ahead_even_when_the_last_appointment_and_a_gap_reach_past_the_horizon() -> None:
+    # Requests of 0.8 s and a service time of 1 s at a cap of 1 (a release gap of 1 s): s1 is
+    # booked for s0's release (799 ms, told a millisecond early with the lobby); c0, a class
+    # above, goes before s1's appointment in the book: its turn is the same release, inside the
+    # 1 s horizon (with horizon_ms=3000 it is told 799 and booked).
+    state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False)
+    ingress.receive_data(frame("s0", priority="sheddable") + frame("s1", priority="sheddable"))
+    ingress.receive_data(frame("c0", priority="critical"))
+    told = {r["id"]: r for r in replies(writes)}
+    assert told["s1"]["retry_hint_ms"] == 799 and told["s1"]["retry_ticket"]
+    assert told["c0"]["retry_hint_ms"] <= told["s1"]["retry_hint_ms"] and told["c0"].get("retry_ticket")
+    assert not told["c0"].get("final")
 
 
 def test_a_slot_kept_for_a_sheddable_appointment_does_not_keep_a_critical_frame_out() -> None:

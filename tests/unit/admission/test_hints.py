@@ -32,7 +32,9 @@ def test_burst_of_yields_is_spread_over_expected_slot_releases() -> None:
 
 
 def test_hint_is_clamped_and_never_zero() -> None:
-    hints = RetryHintEstimator(no_jitter(min_ms=5, max_ms=250), capacity=100)
+    # max_ms below the promise horizon is raised to it: the horizon is set below it here
+    assert no_jitter(max_ms=250).max_ms == 1000.0
+    hints = RetryHintEstimator(no_jitter(min_ms=5, max_ms=250, horizon_ms=200), capacity=100)
     hints.observe_service_time(0.0001)
     assert hints.hint_ms(now=0.0) == 5
     hints.set_capacity(1)

@@ -10,7 +10,7 @@ import pytest
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.limits import Grant
-from governor.admission.release_forecast import ReleaseForecast
+from governor.admission.release_forecast import PRIOR_STEP_S, ReleaseForecast
 
 
 @dataclass
@@ -29,27 +29,51 @@ class Stream:
 ENDPOINT = Endpoint("e", EndpointLimits(), now=0.0)
 
 
-def admitted(forecast: ReleaseForecast, now: float, max_new_tokens: int, cost: int = 0) -> tuple[Grant, Stream]:
+def admitted(
+    forecast: ReleaseForecast, now: float, max_new_tokens: int, cost: int = 0, endpoint: Endpoint = ENDPOINT
+) -> tuple[Grant, Stream]:
     grant = Grant(Ask(max_new_tokens=max_new_tokens, cost=cost))
-    grant.endpoint = ENDPOINT
+    grant.endpoint = endpoint
     stream = Stream()
     grant.progress = stream
     forecast.charge(grant, now)
     return grant, stream
 
 
-def test_nothing_observed_yet_forecasts_nothing() -> None:
+def test_nothing_in_flight_forecasts_nothing() -> None:
     forecast = ReleaseForecast()
-    admitted(forecast, 0.0, 10)
     assert forecast.slot_free_at(0.0, 1, None) is None
+    assert forecast.slot_free_at(0.0, 1, 2.0) is None  # a service time known changes nothing
+    assert forecast.tokens_free_at(0.0, 1, 2.0) is None
+    assert forecast.group_free_at(0.0, ENDPOINT, 1, 2.0) is None
 
 
-def test_before_any_step_time_a_request_ends_one_service_time_after_its_admission() -> None:
+def test_a_cold_endpoint_forecasts_a_request_from_the_prior_step_and_its_own_length() -> None:
+    """No stream seen: its first token a step after its admission, then one a step, each step the
+    prior (PRIOR_STEP_S, or the endpoint's `step_ms=`); no service time is needed, nor read."""
     forecast = ReleaseForecast()
     admitted(forecast, 0.0, 10)
-    admitted(forecast, 0.5, 10)
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(0.0 + (1 + (10 - 1)) * PRIOR_STEP_S)
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10)
+    assert forecast.slot_free_at(0.0, 1, 5.0) == pytest.approx(10 * PRIOR_STEP_S)  # not the 5 s observed
+    fast = Endpoint("fast", EndpointLimits(step_ms=20), now=0.0)
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10, endpoint=fast)
+    admitted(forecast, 0.0, 3)  # on ENDPOINT: the default prior
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx((1 + (10 - 1)) * 0.02)
+    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx((1 + (3 - 1)) * PRIOR_STEP_S)
+
+
+def test_before_any_stream_the_kth_slot_counts_the_forecasts_the_free_and_the_promised() -> None:
+    forecast = ReleaseForecast()
+    # admitted at 1.0, no stream seen: 10 and 15 tokens at the prior 0.1 s end at 2.0 and 2.5
+    admitted(forecast, 1.0, 10)
+    admitted(forecast, 1.0, 15)
     assert forecast.slot_free_at(1.0, 1, 2.0) == pytest.approx(2.0)
     assert forecast.slot_free_at(1.0, 2, 2.0) == pytest.approx(2.5)
+    # past those in flight, the next round: a service time (2 s) after the first
+    assert forecast.slot_free_at(1.0, 3, 2.0) == pytest.approx(4.0)
     # the slot promised to an appointment at 2.0 is free again after its holder's service
     assert forecast.slot_free_at(1.0, 3, 2.0, promised=([2.0], 2.0)) == pytest.approx(4.0)
     assert forecast.slot_free_at(1.0, 2, 2.0, promised=([0.2], 2.0)) == pytest.approx(2.2)
@@ -90,13 +114,31 @@ def test_an_early_end_of_sequence_is_learnt_as_a_length_ratio() -> None:
         forecast.release(grant, True)
         forecast.ended(grant, True, k + 0.2)
     assert forecast.length_ratio == pytest.approx(0.5, abs=0.01)
-    assert forecast.models[ENDPOINT].step_s == pytest.approx((0.2 - 0.1) / 9)
+    # from the first token (k + 0.1) to the last (k + 0.19): 9 steps of 10 ms
+    assert forecast.models[ENDPOINT].step_s == pytest.approx((0.19 - 0.1) / 9)
+
+
+def test_the_step_is_learnt_from_the_first_to_the_last_token_not_to_the_end() -> None:
+    """The gap from a request's last token to its final reply (detokenising, the worker's
+    bookkeeping, the network) is no decode step."""
+    forecast = ReleaseForecast()
+    grant, stream = admitted(forecast, 0.0, 3)
+    for at in (1.0, 1.1, 1.2):
+        stream.token(at)
+    forecast.release(grant, True)
+    forecast.ended(grant, True, 5.0)  # its end, long after its last token
+    model = forecast.models[ENDPOINT]
+    assert model.step_s == pytest.approx(0.1)  # (1.2 - 1.0) / 2, not (5.0 - 1.0) / 2
+    # and the next request is forecast from it: its first token a step on, then 4 more steps
+    admitted(forecast, 10.0, 5)
+    assert forecast.slot_free_at(10.0, 1, None) == pytest.approx(10.0 + 5 * 0.1)
 
 
 def test_token_cost_released_over_time_is_the_running_sum_of_the_forecast_ends() -> None:
     forecast = ReleaseForecast()
-    admitted(forecast, 0.0, 10, cost=30)
-    admitted(forecast, 0.4, 10, cost=50)
+    # admitted at 0.5, no stream seen: 5 and 9 tokens at the prior 0.1 s end at 1.0 and 1.4
+    admitted(forecast, 0.5, 5, cost=30)
+    admitted(forecast, 0.5, 9, cost=50)
     assert forecast.tokens_free_at(0.5, 30, 1.0) == pytest.approx(1.0)
     assert forecast.tokens_free_at(0.5, 31, 1.0) == pytest.approx(1.4)
     assert forecast.tokens_free_at(0.5, 80, 1.0) == pytest.approx(1.4)
@@ -117,8 +159,9 @@ def test_the_first_forecast_of_a_request_is_scored_against_its_end() -> None:
 
 def test_the_list_is_recomputed_when_a_request_ends() -> None:
     forecast = ReleaseForecast()
-    first, _ = admitted(forecast, 0.0, 10)
+    # admitted at 0.5, no stream seen: 5 and 10 tokens at the prior 0.1 s end at 1.0 and 1.5
+    first, _ = admitted(forecast, 0.5, 5)
     admitted(forecast, 0.5, 10)
-    assert forecast.slot_free_at(0.6, 1, 1.0) == pytest.approx(1.0)
+    assert forecast.slot_free_at(0.55, 1, 1.0) == pytest.approx(1.0)
     forecast.release(first, True)
-    assert forecast.slot_free_at(0.6, 1, 1.0) == pytest.approx(1.5)
+    assert forecast.slot_free_at(0.55, 1, 1.0) == pytest.approx(1.5)

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
+from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.fair_share import CONTENDING_S
 from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant
@@ -469,14 +470,32 @@ def test_tenants_refused_at_the_cap_are_booked_in_turn_whoever_they_are() -> Non
     state.admission.hints.observe_service_time(0.4)
     a, a_writes = make_ingress(state)
     b, b_writes = make_ingress(state)
-    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(8)))
-    # the four admitted together end together, 400 ms on: the four refused are told that
-    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [400, 400, 400, 400]
-    b.receive_data(frame("b0", tenant="b") + frame("b1", tenant="b"))
-    # b's are the slots' next round (400 ms of service after a's appointments, and 1 ms)
+    # 4 tokens each at the prior step (100 ms, no stream seen yet): each ends 0.4 s after its admission
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a", max_new_tokens=4) for i in range(8)))
+    # the four admitted together end together, 400 ms on: the four refused are told that, less the
+    # millisecond by which a holder is told to come early (the lobby, appointments.early_s)
+    assert [r["retry_hint_ms"] for r in replies(a_writes)] == [399, 399, 399, 399]
+    b.receive_data(frame("b0", tenant="b", max_new_tokens=4) + frame("b1", tenant="b", max_new_tokens=4))
+    # b's are the slots' next round: a's appointments (399 ms), 400 ms of service and the 1 ms a
+    # holder starts after its appointment, told 1 ms early: 399 + 400 + 1 - 1
     b_replies = replies(b_writes)
-    assert [(r["reason"], r["retry_hint_ms"]) for r in b_replies] == [("inflight", 801), ("inflight", 801)]
+    assert [(r["reason"], r["retry_hint_ms"]) for r in b_replies] == [("inflight", 799), ("inflight", 799)]
     assert all(r["retry_ticket"] for r in b_replies)
+
+
+def test_a_refusal_past_the_horizon_between_tenants_is_final_with_a_hint_past_the_horizon() -> None:
+    state = make_state(
+        max_inflight=4,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(), "b": TenantLimits()},
+        tenant_from_frame=True,
+    )
+    state.admission.hints.observe_service_time(0.4)
+    a, a_writes = make_ingress(state)
+    # 16 tokens each (the default) at the prior step (100 ms): they end 1.6 s on, past the horizon
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(5)))
+    (reply,) = replies(a_writes)
+    assert reply["final"] and reply["retry_hint_ms"] >= 1000 and "retry_ticket" not in reply
 
 
 def test_the_shipped_placeholder_secret_is_refused() -> None:
@@ -499,15 +518,16 @@ def test_a_tenants_own_cap_hints_the_forecast_release_of_its_own_requests() -> N
     admission = state.admission
     admission.hints.observe_service_time(0.4)
     tenant = admission.tenants.resolve("a")
-    for at in (0.0, 0.1):
-        ask = Ask(tenant=tenant)
+    for at in (0.0, 0.1):  # 4 tokens at the prior step (100 ms, no stream seen): they end at 0.4 and 0.5
+        ask = Ask(tenant=tenant, max_new_tokens=4)
         assert isinstance(admission.decide(at, ask), Grant)
     told = []
     for _ in range(3):
-        refusal = admission.decide(0.1, Ask(tenant=tenant))
+        refusal = admission.decide(0.1, Ask(tenant=tenant, max_new_tokens=4))
         assert not isinstance(refusal, Grant) and refusal.reason == "tenant_inflight"
         told.append(refusal.hint_ms)
-    assert told == [300, 400, 700]  # its first request's end, its second's, the first slot's next round
+    # its first request's end, its second's, the first slot's next round (a service time, 0.4 s, on)
+    assert told == [300, 400, 700]
 
 
 def test_a_guaranteed_tenant_is_admitted_past_the_full_cap_up_to_its_allowance() -> None:
@@ -550,33 +570,43 @@ def test_guaranteed_inflight_parses_and_may_not_exceed_the_tenants_own_cap() -> 
 
 def test_a_tenant_below_its_share_is_booked_ahead_of_one_over_it_and_its_slot_kept_from_it() -> None:
     clock = FakeClock()
+    # No stream seen and the fake worker streams none: one token at the endpoint's prior step of
+    # 0.5 s, so each request ends 0.5 s after its admission (its first token is a step on).
+    endpoint = Endpoint("fake", EndpointLimits(step_ms=500), clock())
+    endpoint.up = True
     state = make_state(
         max_inflight=4,
         clock=clock,
+        endpoints=[endpoint],
         tenants={"a": TenantLimits(), "b": TenantLimits()},
         tenant_from_frame=True,
         share_threshold=0.5,
         hint_policy=RetryHintPolicy(jitter=0.0),
     )
-    state.admission.hints.observe_service_time(1.0)
+    state.admission.hints.observe_service_time(0.5)
     ingress, writes = make_ingress(state)
-    for i in range(4):  # admitted 0.1 s apart: they end 0.1 s apart (a service time of 1 s each)
-        ingress.receive_data(frame(f"a{i}", tenant="a"))
+    tokens = 1
+    for i in range(4):  # admitted 0.1 s apart: they end 0.1 s apart (a service time of 0.5 s each)
+        ingress.receive_data(frame(f"a{i}", tenant="a", max_new_tokens=tokens))
         clock.advance(0.1)
-    ingress.receive_data(frame("b0", tenant="b"))  # the cap is full: b contends, lifted to a's counter
+    ingress.receive_data(frame("b0", tenant="b", max_new_tokens=tokens))  # the cap is full: b contends, lifted
     finish_as_reserved(state, ingress.active["a0"])
-    ingress.receive_data(frame("a4", tenant="a"))  # a takes the slot: now over its share
+    ingress.receive_data(frame("a4", tenant="a", max_new_tokens=tokens))  # a takes the slot: now over its share
     a_tenant, b_tenant = (state.admission.tenants.resolve(n) for n in "ab")
     assert a_tenant.service > b_tenant.service
-    ingress.receive_data(frame("a5", tenant="a") + frame("a6", tenant="a"))
-    ingress.receive_data(frame("b1", tenant="b"))
+    # at 0.4 s: b0 holds the next release (a1's, at 0.6 s); a2's and a3's (0.7, 0.8 s) are inside
+    # the promise horizon (1 s)
+    ingress.receive_data(
+        frame("a5", tenant="a", max_new_tokens=tokens) + frame("a6", tenant="a", max_new_tokens=tokens)
+    )
+    ingress.receive_data(frame("b1", tenant="b", max_new_tokens=tokens))
     yields = {r["id"]: r for r in replies(writes) if r["status"] == "yield"}
     hints = {rid: r["retry_hint_ms"] for rid, r in yields.items()}
     assert hints["b1"] == hints["a5"] < hints["a6"]  # b takes the next release, before a's clients
     # That release comes: a5, back first in the same window, does not take it from b1.
     clock.advance(hints["b1"] / 1000)
     finish_as_reserved(state, ingress.active["a1"])
-    ingress.receive_data(frame("a5", tenant="a", retry_ticket=yields["a5"]["retry_ticket"]))
+    ingress.receive_data(frame("a5", tenant="a", max_new_tokens=tokens, retry_ticket=yields["a5"]["retry_ticket"]))
     assert "a5" not in ingress.active
-    ingress.receive_data(frame("b1", tenant="b", retry_ticket=yields["b1"]["retry_ticket"]))
+    ingress.receive_data(frame("b1", tenant="b", max_new_tokens=tokens, retry_ticket=yields["b1"]["retry_ticket"]))
     assert "b1" in ingress.active

@@ -111,20 +111,27 @@ def test_token_yields_hint_when_the_budget_will_have_drained_or_refilled() -> No
     clock.advance(0.2)
     ingress.receive_data(frame("b", "x" * 40, max_new_tokens=30))
     assert len(upstream.dispatched) == 2
+    # No stream seen yet: a step is the endpoint's prior, 10 ms (step_ms=10).
+    endpoint = Endpoint("fake", EndpointLimits(step_ms=10), clock())
+    endpoint.up = True
     state = make_state(
         max_inflight=8,
         max_new_tokens=512,
+        clock=clock,
         upstream=FakeUpstream(),
         hint_policy=RetryHintPolicy(jitter=0.0),
+        endpoints=[endpoint],
         max_inflight_tokens=100,
     )
-    state.admission.hints.observe_service_time(2.0)
+    state.admission.hints.observe_service_time(2.0)  # observed, but no request's own end is read from it
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 40, max_new_tokens=70) + frame("b", "x" * 40, max_new_tokens=30))
-    # a holds its 80 until it ends, one service time (2 s) after its admission: b's deficit of 20
-    # is free then, not sooner (release_forecast.py), and b is booked for it (appointments.py).
+    # a holds its 80 until it ends, its 70 tokens a step (10 ms) apart from its first, a step after
+    # its admission: 70 x 10 ms = 0.7 s on. b's deficit of 20 is free then, not sooner
+    # (release_forecast.py), and b is booked for it (appointments.py), told to be there 1 ms early
+    # (the lobby holds it until a's tokens are back).
     (reply,) = replies(writes)
-    assert (reply["reason"], reply["retry_hint_ms"]) == ("tokens", 2000)
+    assert (reply["reason"], reply["retry_hint_ms"]) == ("tokens", 699)
     assert reply["retry_ticket"]
 
 

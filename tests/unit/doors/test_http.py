@@ -95,12 +95,19 @@ def balanced(state: ServerState) -> bool:
 
 def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
     state = make_state(
-        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0, base_ms=1500)
+        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0, horizon_ms=2000)
     )
-    assert Client(state).send(post(completion())) == []  # admitted: its response comes with its completion
+    # admitted: its response comes with its completion. 15 tokens at the prior 0.1 s a token (a
+    # first token a step after admission, 14 steps more): forecast to end 1.5 s after admission
+    assert Client(state).send(post(completion(max_tokens=15))) == []
     (refused,) = Client(state).send(post(completion()))
     assert refused.status == 429
-    assert refused.headers["retry-after-ms"] == "1500" and refused.headers["retry-after"] == "2"
+    # told to be back by 1 ms before that release (the lobby's "be here by": lateness 0 + 1 ms),
+    # within the 2 s horizon: retryable, and Retry-After is its ceiling in whole seconds
+    retry = [name for name in refused.headers if name in ("x-should-retry", "retry-after-ms", "retry-after")]
+    assert retry == ["x-should-retry", "retry-after-ms", "retry-after"]
+    assert refused.headers["x-should-retry"] == "true"
+    assert refused.headers["retry-after-ms"] == "1499" and refused.headers["retry-after"] == "2"
     error = orjson.loads(refused.body)["error"]
     assert error["code"] == "inflight" and error["type"] == "rate_limit_error"
     # One body per reason (load generators count errors by it): the wait is only in the headers.
@@ -111,9 +118,31 @@ def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
         "code": "inflight",
         "reason": "inflight",
     }
-    assert state.accounting.yielded["inflight"] == 1 and balanced(state)
+    assert state.accounting.yielded["inflight"] == 1 and state.accounting.final["inflight"] == 0 and balanced(state)
     hints = state.latency.retry_hints["inflight"]  # governor_retry_hint_seconds{reason="inflight"}
-    assert hints.count == 1 and hints.total == 1.5
+    assert hints.count == 1 and hints.total == 1.499
+
+
+def test_a_final_refusal_is_a_429_that_says_not_to_retry_and_names_no_wait() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0))
+    # 16 tokens at the prior 0.1 s a token: forecast to end 1.6 s after admission, past the 1 s
+    # promise horizon: the refusal is final
+    assert Client(state).send(post(completion(max_tokens=16))) == []
+    (refused,) = Client(state).send(post(completion()))
+    assert refused.status == 429 and refused.headers["x-should-retry"] == "false"
+    assert not {"retry-after-ms", "retry-after", "retry-ticket"} & set(refused.headers)
+    assert orjson.loads(refused.body)["error"] == {
+        "message": "overloaded: no capacity within the promise horizon (inflight); do not retry now",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "overloaded",
+        "reason": "inflight",
+        "final": True,
+    }
+    assert state.accounting.yielded["inflight"] == 1 and state.accounting.final["inflight"] == 1 and balanced(state)
+    assert not state.admission.appointments.by_ticket  # no promise booked for it
+    hints = state.latency.retry_hints["inflight"]  # the forecast is still observed
+    assert hints.count == 1 and hints.total == 1.6
 
 
 def test_metrics_are_served_on_the_front_door_without_auth() -> None:
@@ -365,14 +394,18 @@ def test_a_large_read_of_pipelined_requests_is_not_mistaken_for_long_headers() -
 def test_a_429_carries_the_appointments_ticket_and_the_retry_is_let_in_by_it_or_by_its_body() -> None:
     clock = FakeClock()
     upstream = FakeUpstream()
+    # (a 2 s horizon: the junk client's slot is the round after mine, 0.5 + 0.5 s less 1 ms = 999 ms,
+    # which the default 1 s horizon keeps bookable by only a millisecond)
     state = make_state(
-        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0), clock=clock,
-        upstream=upstream,
+        max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0, horizon_ms=2000),
+        clock=clock, upstream=upstream,
     )  # fmt: skip
-    state.admission.hints.observe_service_time(0.5)
-    assert Client(state).send(post(completion("hold"))) == []  # holds the slot, forecast to end at 0.5 s
+    # holds the slot, forecast to end at 0.5 s: 5 tokens at the prior 0.1 s a token
+    assert Client(state).send(post(completion("hold", max_tokens=5))) == []
     refused_by_body = Client(state).send(post(completion("mine")))[0]
-    assert refused_by_body.status == 429 and refused_by_body.headers["retry-after-ms"] == "500"
+    # told to be back by 1 ms before the release (the lobby's "be here by": lateness 0 + 1 ms)
+    assert refused_by_body.status == 429 and refused_by_body.headers["retry-after-ms"] == "499"
+    assert refused_by_body.headers["x-should-retry"] == "true"
     ticket = refused_by_body.headers["retry-ticket"]
     (junk,) = Client(state).send(post(completion("other"), "retry-ticket: \xff" + "x" * 300))  # no ticket
     assert junk.status == 429 and junk.headers["retry-ticket"] != ticket

@@ -28,12 +28,15 @@ def replies(writes: Any) -> list[dict[str, Any]]:
 
 
 def test_yield_is_written_in_the_same_call_and_byte_exact() -> None:
-    state = make_state(max_inflight=1, hint_policy=RetryHintPolicy(jitter=0.0, base_ms=50))
+    state = make_state(max_inflight=1, hint_policy=RetryHintPolicy(jitter=0.0))
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
-    assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":50,"reason":"inflight"}\n']
+    # a's release is forecast from its own 16 tokens (the frame's default max_new_tokens) at the
+    # prior 0.1 s a token: a first token a step after admission, 15 steps more = 1.6 s, past the
+    # 1 s promise horizon: b is refused for good (no ticket, `"final":true`).
+    assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":1600,"reason":"inflight","final":true}\n']
     assert state.admission.inflight.inflight == 1
-    assert state.accounting.yielded["inflight"] == 1
+    assert state.accounting.yielded["inflight"] == 1 and state.accounting.final["inflight"] == 1
 
 
 def test_a_read_of_many_frames_is_answered_in_slices_in_order() -> None:
@@ -410,12 +413,14 @@ def test_a_retry_ticket_of_any_shape_is_no_ticket_never_an_error(junk: Any) -> N
     clock = FakeClock()
     upstream = FakeUpstream()
     state = make_state(max_inflight=1, upstream=upstream, clock=clock, hint_policy=RetryHintPolicy(jitter=0.0))
-    state.admission.hints.observe_service_time(0.2)
     ingress, writes = make_ingress(state)
-    ingress.receive_data(frame("hold"))
+    # 2 tokens at the prior 0.1 s a token: forecast to end 0.2 s after its admission (b's slot;
+    # c's is the round after, 0.4 s: both within the 1 s horizon, both booked)
+    ingress.receive_data(frame("hold", max_new_tokens=2))
     ingress.receive_data(frame("b") + frame("c", "other", retry_ticket=junk))
     b, c = replies(writes)
-    assert (b["status"], b["retry_hint_ms"]) == ("yield", 200) and b["retry_ticket"]
+    # told to be back by 1 ms before the release (the lobby's "be here by": lateness 0 + 1 ms)
+    assert (b["status"], b["retry_hint_ms"]) == ("yield", 199) and b["retry_ticket"]
     assert c["status"] == "yield" and c["retry_ticket"] != b["retry_ticket"]  # a client of its own
     assert state.accounting.rejected_total == 0
     clock.advance(0.2)

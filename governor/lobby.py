@@ -1,0 +1,146 @@
+"""The lobby: a client that comes back for its appointment before its capacity is free waits here,
+briefly, instead of being told a new time.
+
+A refused client is told to be back by a little before its slot's forecast release
+(admission/appointments.py: "be here by"). When it comes back inside its window and the capacity
+kept for it is not free yet (the forecast was early by a fraction of a token, or the client
+came early on purpose), `Admission.decide` answers `HOLD` rather than a new hint, and the door
+parks the frame here with the callback that renders its answer. A held frame is decided again
+each time a request releases capacity (`freed`, from the lifecycle's settle), holders in the
+order of their appointments, and answered with the first decision that is not a hold: admitted,
+or refused by another limit. When its window is about to close it is decided a last time
+(`Appointment.last_call`): a refusal then tells it the next release, keeping its place, or is
+final (past the promise horizon).
+
+Only returning clients are held (a first arrival always gets an answer at once), so the promise
+"never queued" becomes "a returning client may wait up to its window". Bounded: one entry per
+open appointment (a second frame for a held appointment is a new client, decision.py), one timer
+each. A held client that leaves gives its appointment back (`leave`); a drain answers every held
+frame (`answer_all`). The doors own what a held frame is on their connection; the decisions are
+admission's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from governor.admission.appointments import HOLD, Appointment
+from governor.admission.cost import Ask
+from governor.admission.decision import Admission
+from governor.admission.limits import Grant, Refusal
+from governor.latency import Histogram
+from governor.lifecycle import Cancellable, Timers
+from govwire.errors import RequestRejected
+
+LAST_CALL_S = 0.001
+"""A held frame is decided a last time this long before its window closes (then its appointment
+is still in the book, whatever the timer's lateness up to it)."""
+
+LOBBY_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""Seconds a held frame waited for its answer."""
+
+Answer = Callable[[Grant | Refusal | RequestRejected], None]
+"""Renders a held frame's decision on its connection (read at once: a refusal is reused)."""
+
+
+class Held:
+    """One frame held for its appointment."""
+
+    __slots__ = ("appointment", "ask", "answer", "timer", "since")
+
+    def __init__(self, appointment: Appointment, ask: Ask, answer: Answer, since: float) -> None:
+        self.appointment = appointment
+        self.ask = ask
+        self.answer = answer
+        self.timer: Cancellable | None = None
+        self.since = since
+
+
+class Lobby:
+    __slots__ = ("_admission", "_timers", "_clock", "_held", "_waking", "wait")
+
+    def __init__(self, admission: Admission, timers: Timers, clock: Callable[[], float]) -> None:
+        self._admission = admission
+        self._timers = timers
+        self._clock = clock
+        self._held: dict[Appointment, Held] = {}
+        self._waking = False  # a wake-up is scheduled
+        self.wait = Histogram(LOBBY_WAIT_BUCKETS)  # governor_lobby_wait_seconds
+        admission.appointments.lobby = True  # its books may now answer HOLD
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, ask: Ask, appointment: Appointment, answer: Answer) -> Held:
+        """Park the frame `decide` answered HOLD for `appointment` until it is decided otherwise."""
+        now = self._clock()
+        held = Held(appointment, ask, answer, now)
+        appointment.in_lobby = True
+        self._held[appointment] = held
+        delay = appointment.closes - now - LAST_CALL_S
+        held.timer = self._timers.call_later(delay if delay > 0 else 0.0, self._last_call, held)
+        return held
+
+    def freed(self) -> None:
+        """Capacity was released: the held frames are decided again on the next turn of the loop
+        (never inside the settle that freed it)."""
+        if self._held and not self._waking:
+            self._waking = True
+            self._timers.call_later(0.0, self._wake)
+
+    def _wake(self) -> None:
+        self._waking = False
+        now = self._clock()
+        for held in sorted(self._held.values(), key=_by_appointment):
+            if held.appointment in self._held:  # (an answer may have made another leave)
+                self._decide(held, now)
+
+    def _last_call(self, held: Held) -> None:
+        held.timer = None
+        if self._held.get(held.appointment) is held:
+            held.appointment.last_call = True
+            self._decide(held, self._clock())
+
+    def _decide(self, held: Held, now: float) -> None:
+        appointment, ask = held.appointment, held.ask
+        # Its appointment, unless it left the book meanwhile (swept by a late timer): then a new client.
+        live = self._admission.appointments.by_ticket.get(appointment.ticket) is appointment
+        ask.appointment = appointment if live else None
+        decision: Grant | Refusal | RequestRejected
+        try:
+            decision = self._admission.decide(now, ask)
+        except RequestRejected as exc:  # OverBudget: caps were lowered (reload) while it waited
+            decision = exc
+        if type(decision) is Refusal and decision.hint_ms == HOLD:
+            return  # still not free: it waits on
+        self._remove(held)
+        self.wait.observe(now - held.since)
+        held.answer(decision)
+
+    def _remove(self, held: Held) -> None:
+        appointment = held.appointment
+        del self._held[appointment]
+        appointment.in_lobby = appointment.last_call = False
+        if held.timer is not None:
+            held.timer.cancel()
+            held.timer = None
+
+    def leave(self, held: Held) -> None:
+        """Its client is gone: its appointment goes back (the capacity is anyone's), unanswered."""
+        if self._held.get(held.appointment) is not held:
+            return
+        self._remove(held)
+        appointment = held.appointment
+        if self._admission.appointments.by_ticket.get(appointment.ticket) is appointment:
+            appointment.book.remove(appointment)
+
+    def answer_all(self) -> None:
+        """Decide every held frame now (a drain: each is told `draining`)."""
+        now = self._clock()
+        for held in sorted(self._held.values(), key=_by_appointment):
+            held.appointment.last_call = True
+            self._decide(held, now)
+
+
+def _by_appointment(held: Held) -> float:
+    return held.appointment.at
