@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
 	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
-	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-chunked-prefill bench-sdk-retries bench-small-host \
+	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
 	image image-cuda image-governor clean
 
@@ -134,6 +134,9 @@ bench-gpu: $(STAMP)  ## the engine on a GPU: batch 1/32/256 vs HF generate, deco
 bench-llamacpp: $(STAMP)  ## llama.cpp's server beside the served engine (builds llama-server once, ~6 min)
 	$(PY) -m benchmarks.peers.llamacpp
 
+bench-sdk-overload: $(STAMP)  ## the openai SDK at its defaults against llama-server overloaded, direct and through the governor (builds llama-server once)
+	$(PY) -m benchmarks.peers.sdk_overload
+
 bench-aiperf: $(STAMP) load-tools  ## aiperf at its defaults against the front door: a light rate, then 2.5x capacity
 	$(PY) -m benchmarks.peers.load_generators aiperf
 
@@ -213,7 +216,7 @@ soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor
 	$(PY) -m benchmarks.robustness.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 # By folder (benchmarks/<folder>/); bench-experiments is the numbered experiments of the sittings.
-bench-all-peers: bench-anchors bench-llamacpp bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
+bench-all-peers: bench-anchors bench-llamacpp bench-sdk-overload bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
 bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
 	$(PY) -m benchmarks.cost.memory
 bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-sdk-retries  ## every benchmark of benchmarks/admission/

@@ -15,7 +15,8 @@ its user sees it.
              population); A and B as tenants of weight 1 each; the same with B's
              guaranteed_inflight (`--guarantee`, 4 by default). B's goodput (completed/s) and TTFT
              p99 against B alone, A's completed/s. Bars: goodput >= 95%, TTFT p99 <= 2x by
-             default, <= 1.5x with the guarantee.
+             default, <= 1.5x with the guarantee. B sends about 90 requests in 20 s: its "p99"
+             (harness/experiment.ttft_ms, the value at index int(0.99 n)) is then their maximum.
 - weights:   two backlogged tenants (16 closed-loop clients each, retrying), weights 3:1, A's
              prompts 32 tokens and B's 128: the token cost each was served (the governor's
              per-tenant settled tokens). Bar: A:B within 10% of 3:1.

@@ -4,6 +4,8 @@
   a refusal storm's effect on admitted requests (`make bench-anchors`; installs nginx, HAProxy, wrk).
 - `llamacpp`: llama.cpp's server beside the served engine on the same cores (`make bench-llamacpp`;
   builds llama-server once).
+- `sdk_overload`: the openai SDK at its defaults against llama-server overloaded (bursts, Poisson at
+  2.5x its capacity), directly and through the governor's front door (`make bench-sdk-overload`).
 - `openai_upstream`: bursts straight at `transformers serve` and through the governor's front door.
 - `load_generators`: aiperf and guidellm at their defaults against the front door (`make
   bench-aiperf`, `make bench-guidellm`).
