@@ -8,9 +8,14 @@ came early on purpose), `Admission.decide` answers `HOLD` rather than a new hint
 parks the frame here with the callback that renders its answer. A held frame is decided again
 each time a request releases capacity (`freed`, from the lifecycle's settle), holders in the
 order of their appointments, and answered with the first decision that is not a hold: admitted,
-or refused by another limit. When its window is about to close it is decided a last time
-(`Appointment.last_call`): a refusal then tells it the next release, keeping its place, or is
-final (past the promise horizon).
+or refused by another limit. It is decided a last time (`Appointment.last_call`) when its window
+closes, or later by what releases have been late after their time told (a token interval, or
+three mean deviations of that lateness, `Appointments.hold_s`), but never past the promise
+horizon from its first refusal: the holder is here, so holding it costs no capacity, and a
+forecast early by a fraction of a token (or by a prefill that stalled the batch) keeps it rather
+than sending it away; a no-show's window stays the grace. A refusal then tells it the next
+release, keeping its place, or is final: past the horizon from now, or from its first refusal
+(so no client waits on promises longer than the horizon in all).
 
 Only returning clients are held (a first arrival always gets an answer at once), so the promise
 "never queued" becomes "a returning client may wait up to its window". Bounded: one entry per
@@ -76,8 +81,13 @@ class Lobby:
         now = self._clock()
         held = Held(appointment, ask, answer, now)
         appointment.in_lobby = True
+        appointment.came_at = now
         self._held[appointment] = held
-        delay = appointment.closes - now - LAST_CALL_S
+        admission = self._admission
+        hold = max(admission.forecast.token_interval_s(), admission.appointments.hold_s)
+        # ... but never past the promise horizon from its first refusal: its total wait is bounded.
+        last = min(appointment.at + hold, appointment.booked_at + admission.horizon_ms / 1000.0)
+        delay = (last if last > appointment.closes else appointment.closes) - now - LAST_CALL_S
         held.timer = self._timers.call_later(delay if delay > 0 else 0.0, self._last_call, held)
         return held
 

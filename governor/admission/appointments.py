@@ -90,6 +90,8 @@ class Appointment:
         "rank",
         "in_lobby",
         "last_call",
+        "came_at",
+        "booked_at",
     )
 
     def __init__(
@@ -112,6 +114,8 @@ class Appointment:
         self.displaced = False  # booked for a displaced request (displacement.py): its return is never displaced
         self.in_lobby = False  # its holder came back and is held until its capacity frees (governor/lobby.py)
         self.last_call = False  # its window is closing with its holder still held: answer it now
+        self.came_at = 0.0  # when its holder came back, if it was held
+        self.booked_at = at  # when it was first booked (set by the book): moves keep it
 
     def opened(self, now: float) -> bool:
         """Whether its window has opened by `now`: `at` <= now + half the grace, the one test of
@@ -266,8 +270,10 @@ class AppointmentBook:
         registry = self.registry
         if own.opened(now):
             registry.count(self.reason, ON_TIME)
-            late = now - own.at
+            late = (own.came_at if own.in_lobby else now) - own.at  # when it came, held or not
             registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
+            # Held, it got its capacity when that freed; not held, the capacity was free already.
+            registry.learn_release(now - own.at if own.in_lobby else 0.0)
         else:
             registry.count(self.reason, EARLY)
         self.remove(own)
@@ -305,6 +311,7 @@ class AppointmentBook:
             # the book, before every appointment made after it, and its ticket.
             own.last_call = False
             registry.count(self.reason, YIELDED_AGAIN)
+            registry.learn_release(now - own.at)  # at least this late: it has not freed yet
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
@@ -341,8 +348,14 @@ class AppointmentBook:
             at = now + registry.half_grace_s
         wait_ms = (at - now) * 1000.0
         policy = hints.policy
-        if wait_ms >= policy.horizon_ms:  # past the horizon: no promise that would be kept soon
+        # Past the horizon, counting what releases have been late after the time told (the holder
+        # is held for that, in the lobby): no promise that would be kept soon.
+        if wait_ms + registry.release_lateness_s * 1000.0 >= policy.horizon_ms:
             return math.ceil(min(wait_ms, policy.max_ms)), None
+        if own is not None and (at - own.booked_at) * 1000.0 >= policy.horizon_ms:
+            # Moved past the horizon from its first refusal: no promise is kept that late, and the
+            # client is told so now rather than after another wait.
+            return math.ceil(policy.horizon_ms), None
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
         hint_ms = math.ceil(wait_ms - 1e-6)
@@ -352,7 +365,10 @@ class AppointmentBook:
         if own is not None:
             self.move(own, at)
             return hint_ms, own
-        return hint_ms, self.book(at, amount, tenant, identity, rank)
+        appointment = self.book(at, amount, tenant, identity, rank)
+        if appointment is not None:
+            appointment.booked_at = now
+        return hint_ms, appointment
 
 
 def identity_of(tenant: Tenant | None, resent: object) -> int:
@@ -407,6 +423,8 @@ class Appointments:
     __slots__ = (
         "half_grace_s",
         "lateness_s",
+        "release_lateness_s",
+        "release_spread_s",
         "trust",
         "hints",
         "books",
@@ -427,6 +445,11 @@ class Appointments:
         self.half_grace_s = grace_s / 2
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
+        # How long after the time told the capacity promised comes free, on average (releases
+        # later than forecast: a server whose finish comes a step late, prefills that stall the
+        # batch). Learnt from the holders held for it; added to the forecast of the time told.
+        self.release_lateness_s = 0.0
+        self.release_spread_s = 0.0  # the mean deviation of those samples from it
         # The recent share of appointments their clients kept (came back for, in time or not).
         self.trust = 1.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
@@ -447,6 +470,22 @@ class Appointments:
         millisecond of margin. An appointment's slot is free again a service time after that.
         Erring late is safe (the slot is kept for its holder through the window); early is not."""
         return self.lateness_s + HINT_RESOLUTION_S
+
+    def learn_release(self, late_s: float) -> None:
+        """A holder's capacity came free `late_s` after its appointment (0: it was free when the
+        holder came)."""
+        late_s = min(max(late_s, 0.0), self.hints.policy.horizon_ms / 1000.0)
+        deviation = late_s - self.release_lateness_s
+        self.release_lateness_s += LATENESS_SMOOTHING * deviation
+        self.release_spread_s += LATENESS_SMOOTHING * (abs(deviation) - self.release_spread_s)
+
+    @property
+    def hold_s(self) -> float:
+        """How long past its appointment a holder that came back is held for its capacity before
+        it is told again: three mean deviations of the releases from the time told (most come
+        within that), at most the promise horizon. A holder is present: holding it longer costs
+        no capacity (it is kept for it either way), only its own wait."""
+        return min(3.0 * self.release_spread_s, self.hints.policy.horizon_ms / 1000.0)
 
     @property
     def early_s(self) -> float:

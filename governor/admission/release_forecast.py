@@ -7,6 +7,7 @@ average service time spread evenly over the cap (which is wrong after a burst, w
 admitted together end together, and wrong for a long stream that holds its slot for seconds):
 
     release = now + (time to its first token, if it has none yet) + (tokens left) x (its step time)
+              + (its endpoint's gap from a last token to the final reply)
 
 - **Tokens left**: `max_new_tokens` x the share of it that requests really generate (learnt from
   the requests that ended: early end-of-sequence makes `max_new_tokens` an upper bound), less
@@ -89,21 +90,27 @@ class EngineModel:
     """One endpoint's speed as its streams show it: the time between two tokens of a request (a
     decode step at the batch it ran in) and the time from admission to a first token."""
 
-    __slots__ = ("step_s", "first_token_s", "prior_step_s")
+    __slots__ = ("step_s", "first_token_s", "prior_step_s", "end_gap_s")
 
     def __init__(self, prior_step_s: float = PRIOR_STEP_S) -> None:
         self.step_s: float | None = None  # learnt: None before a stream ended here
         self.first_token_s: float | None = None
         self.prior_step_s = prior_step_s  # what a step is taken to be until then
+        # From a request's last token to its end (the final reply that releases it): a server may
+        # send its finish a step later, or after the usage it counts.
+        self.end_gap_s = 0.0
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
 
-    def observe_stream(self, first_token_at: float, last_token_at: float, tokens: int) -> None:
+    def observe_stream(self, first_token_at: float, last_token_at: float, ended_at: float, tokens: int) -> None:
         """A request streamed `tokens` tokens, the first at `first_token_at` and the last at
-        `last_token_at` (not its end: the gap from its last token to its final reply is no step)."""
+        `last_token_at`, and ended at `ended_at`: the steps are timed to its last token, the gap
+        from there to its final reply apart (it is no step: it comes once per request)."""
         if tokens >= 2 and last_token_at > first_token_at:
             self.step_s = _ewma(self.step_s, (last_token_at - first_token_at) / (tokens - 1))
+        gap = ended_at - last_token_at
+        self.end_gap_s += SMOOTHING * ((gap if gap > 0 else 0.0) - self.end_gap_s)
 
 
 Promised = tuple[list[float], float]
@@ -179,6 +186,13 @@ class ReleaseForecast:
             model = self.models[endpoint] = EngineModel(step_ms / 1000.0 if step_ms else PRIOR_STEP_S)
         return model
 
+    def token_interval_s(self) -> float:
+        """The longest time between two tokens among the endpoints seen (learnt, else the prior):
+        how late a release may come for the forecast to be early by less than a token, the bound
+        of a returning client's wait in the lobby (governor/lobby.py)."""
+        steps = [m.prior_step_s if m.step_s is None else m.step_s for m in self.models.values()]
+        return max(steps) if steps else PRIOR_STEP_S
+
     # -- a Limit that never refuses: it follows each admitted request ------------------------------
 
     def check(self, now: float, ask: object) -> None:
@@ -211,7 +225,7 @@ class ReleaseForecast:
         first = progress.t_first_token
         tokens = progress.tokens_seen
         if executed and first is not None:
-            self.model(grant.endpoint).observe_stream(first, progress.t_last_token, tokens)
+            self.model(grant.endpoint).observe_stream(first, progress.t_last_token, now, tokens)
             asked = grant.ask.max_new_tokens
             if asked > 0:
                 self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
@@ -252,6 +266,7 @@ class ReleaseForecast:
             if at < now:  # later than usual: its first token is at least a step away
                 at = now + step
             at += (left - 1.0) * step
+        at += model.end_gap_s  # its last token is not its end
         if at > now:
             return at
         return now + (step if step > MIN_REMAINING_S else MIN_REMAINING_S)  # overdue: no sooner than its next token

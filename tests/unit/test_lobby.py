@@ -108,6 +108,40 @@ def test_a_held_client_whose_slot_is_still_taken_at_its_last_call_keeps_its_plac
     assert state.lobby.wait.count == 1
 
 
+def test_a_holder_is_held_past_its_window_by_what_releases_have_been_late() -> None:
+    state, clock, timers, ingress, writes = setup()
+    state.admission.appointments.release_spread_s = 0.04  # releases have come ~40 ms off the time told
+    assert state.admission.appointments.hold_s == pytest.approx(0.12)
+    ingress.receive_data(frame("a"))
+    ingress.receive_data(frame("b"))
+    ticket = replies(writes)[0]["retry_ticket"]
+    clock.advance(0.039)
+    ingress.receive_data(frame("b", ticket=ticket))
+    clock.advance(0.1)  # its 50 ms window closed long ago; "a" runs 100 ms late
+    assert timers.fire_due() == 0 and "b" in ingress.in_lobby
+    finish(state, ingress, "a")
+    timers.fire_due()
+    assert "b" in ingress.active and replies(writes)[0]["status"] == "done"  # a's done; b admitted, no yield
+    assert state.admission.appointments.outcomes == {("inflight", "on_time"): 1}
+    # the client's own lateness is when it came (on time), not when it got in
+    assert state.admission.appointments.lateness_s == pytest.approx(0.0)
+
+
+def test_no_client_waits_on_promises_past_the_horizon_from_its_first_refusal() -> None:
+    state, clock, timers, ingress, writes = setup(horizon_ms=60.0)
+    ingress.receive_data(frame("a", tokens=5))  # forecast to end in 50 ms
+    ingress.receive_data(frame("b"))
+    told = replies(writes)[0]
+    assert told["retry_hint_ms"] == 49 and "final" not in told
+    clock.advance(0.049)
+    ingress.receive_data(frame("b", ticket=told["retry_ticket"]))
+    clock.advance(0.025)  # "a" overruns: at the window's close the next release is past 60 ms from b's refusal
+    timers.fire_due()
+    (again,) = replies(writes)
+    assert again["final"] is True and "retry_ticket" not in again and not ingress.in_lobby
+    assert not state.admission.inflight.book.entries
+
+
 def test_only_returning_clients_are_held_a_first_arrival_or_a_forged_ticket_is_answered_at_once() -> None:
     state, clock, timers, ingress, writes = setup()
     ingress.receive_data(frame("a"))

@@ -129,9 +129,11 @@ def test_the_step_is_learnt_from_the_first_to_the_last_token_not_to_the_end() ->
     forecast.ended(grant, True, 5.0)  # its end, long after its last token
     model = forecast.models[ENDPOINT]
     assert model.step_s == pytest.approx(0.1)  # (1.2 - 1.0) / 2, not (5.0 - 1.0) / 2
-    # and the next request is forecast from it: its first token a step on, then 4 more steps
+    # the gap is learnt apart, once per request (an EWMA from 0: a fifth of 3.8 s)
+    assert model.end_gap_s == pytest.approx(0.2 * 3.8)
+    # and the next request is forecast from both: its first token a step on, 4 more steps, the gap
     admitted(forecast, 10.0, 5)
-    assert forecast.slot_free_at(10.0, 1, None) == pytest.approx(10.0 + 5 * 0.1)
+    assert forecast.slot_free_at(10.0, 1, None) == pytest.approx(10.0 + 5 * 0.1 + 0.2 * 3.8)
 
 
 def test_token_cost_released_over_time_is_the_running_sum_of_the_forecast_ends() -> None:
