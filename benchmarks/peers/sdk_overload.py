@@ -326,17 +326,32 @@ def fmt_ms(x: float | None) -> str:
 
 
 def governor_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """What the governor counted over a run: its `*_total` counters and the reasons it yielded and
-    failed, as differences."""
+    """What the governor counted over a run: its `*_total` counters, the reasons it yielded, refused
+    for good and failed, the returns to appointments by outcome and the lobby's answers, as
+    differences."""
     out: dict[str, Any] = {}
     for key, value in after.items():
         if key.endswith("_total") and isinstance(value, int) and value != before.get(key, 0):
             out[key.removesuffix("_total")] = value - int(before.get(key, 0))
-        elif key in ("yielded_by_reason", "failed_by_reason") and isinstance(value, dict):
+        elif key in ("yielded_by_reason", "failed_by_reason", "final_by_reason") and isinstance(value, dict):
             then = before.get(key) or {}
             moved = {k: v - then.get(k, 0) for k, v in value.items() if v != then.get(k, 0)}
             if moved:
                 out[key] = moved
+    # whether the promises held: each return to an appointment by outcome, and the lobby's answers
+    now_hints = (after.get("retry_hints") or {}).get("outcomes") or {}
+    then_hints = (before.get("retry_hints") or {}).get("outcomes") or {}
+    returns = {
+        f"{reason} {outcome}": n - then_hints.get(reason, {}).get(outcome, 0)
+        for reason, counts in now_hints.items()
+        for outcome, n in counts.items()
+        if n != then_hints.get(reason, {}).get(outcome, 0)
+    }
+    if returns:
+        out["returns"] = returns
+    held = (after.get("lobby") or {}).get("answered_total", 0) - (before.get("lobby") or {}).get("answered_total", 0)
+    if held:
+        out["lobby_answered"] = held
     return out
 
 
