@@ -85,9 +85,12 @@ class Lobby:
         self._held[appointment] = held
         admission = self._admission
         hold = max(admission.forecast.token_interval_s(), admission.appointments.hold_s)
+        last = appointment.at + hold
+        if last < appointment.closes:
+            last = appointment.closes
         # ... but never past the promise horizon from its first refusal: its total wait is bounded.
-        last = min(appointment.at + hold, appointment.booked_at + admission.horizon_ms / 1000.0)
-        delay = (last if last > appointment.closes else appointment.closes) - now - LAST_CALL_S
+        bound = appointment.booked_at + admission.horizon_ms / 1000.0
+        delay = (last if last < bound else bound) - now - LAST_CALL_S
         held.timer = self._timers.call_later(delay if delay > 0 else 0.0, self._last_call, held)
         return held
 

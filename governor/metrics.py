@@ -367,6 +367,12 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     for book in books:
         booked.add_metric([book.reason], len(book.entries))
     yield booked
+    yield GaugeMetricFamily(
+        "governor_appointments_trust",
+        "The recent share of appointments their clients came back for (decayed): below 0.5 appointments"
+        " keep no capacity and hints are the plain forecast, until clients come back again.",
+        appointments.trust,
+    )
     final = CounterMetricFamily(
         "governor_refused_final",
         "Yields that told their client not to come back (x-should-retry: false, final: true): nothing"

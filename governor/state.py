@@ -219,6 +219,8 @@ class ServerState:
                 book.reason: len(book.entries) for book in (admission.inflight.book, admission.tokens.book) if book
             },
             "forecast_relative_error_p50": round(errors[len(errors) // 2], 4) if errors else None,
+            # the share of recent appointments their clients kept: below 0.5 they keep no capacity
+            "trust": round(admission.appointments.trust, 4),
             "forecast_samples": len(errors),
         }
 
