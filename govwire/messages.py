@@ -111,6 +111,10 @@ class EngineStats:
         "Most sequences admitted into the engine at once (--max-running); past it, requests wait in the worker."
     )
     max_prefill_tokens: int | None = _stat("Prompt tokens prefilled per step (--max-prefill-tokens).")
+    step_seconds: float | None = _stat(
+        "Seconds per engine step: the mean over its steps so far, or what it is set to take (the echo"
+        " engine's token delay). The governor's release forecast assumes it before any stream ended."
+    )
 
     def to_dict(self) -> dict[str, int | float]:
         """The fields that are set, by name (the body of the `~stats` frame)."""

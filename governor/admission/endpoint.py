@@ -82,6 +82,7 @@ class Endpoint:
         "ttft",
         "up",
         "batch",
+        "reported_step_s",
         "paused_until",
         "executed",
         "failed",
@@ -101,6 +102,8 @@ class Endpoint:
         # How many requests it runs at once, past which they wait inside it (0 = not known): a
         # worker's --max-running, from its statistics.
         self.batch = 0
+        # The time per step its worker reports (EngineStats.step_seconds); None: not reported.
+        self.reported_step_s: float | None = None
         # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
         # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
         self.paused_until = 0.0

@@ -15,7 +15,8 @@ admitted together end together, and wrong for a long stream that holds its slot 
 - **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
   to its latest token (which already carries the batch it runs in and its endpoint's speed);
   before that, by its endpoint's `EngineModel`, fitted from the gaps of the requests that ended
-  there, and before any ended, by a prior (the endpoint's `step_ms=`, else `PRIOR_STEP_S`): so a
+  there, and before any ended, by a prior (the endpoint's `step_ms=`, else the step time its
+  worker reports, else `PRIOR_STEP_S`): so a
   cold burst is told real times, bounded by each request's own length, from the first moment.
   Its remaining tokens are counted from its latest one.
 - **Time to its first token**: its endpoint's recent admission-to-first-token time (before any,
@@ -90,15 +91,27 @@ class EngineModel:
     """One endpoint's speed as its streams show it: the time between two tokens of a request (a
     decode step at the batch it ran in) and the time from admission to a first token."""
 
-    __slots__ = ("step_s", "first_token_s", "prior_step_s", "end_gap_s")
+    __slots__ = ("step_s", "first_token_s", "endpoint", "end_gap_s")
 
-    def __init__(self, prior_step_s: float = PRIOR_STEP_S) -> None:
+    def __init__(self, endpoint: Endpoint | None = None) -> None:
         self.step_s: float | None = None  # learnt: None before a stream ended here
         self.first_token_s: float | None = None
-        self.prior_step_s = prior_step_s  # what a step is taken to be until then
+        self.endpoint = endpoint
         # From a request's last token to its end (the final reply that releases it): a server may
         # send its finish a step later, or after the usage it counts.
         self.end_gap_s = 0.0
+
+    @property
+    def prior_step_s(self) -> float:
+        """What a step is taken to be until a stream ended here: the endpoint's `step_ms=`, else
+        what its worker reports (EngineStats.step_seconds), else `PRIOR_STEP_S`."""
+        endpoint = self.endpoint
+        if endpoint is None:
+            return PRIOR_STEP_S
+        if endpoint.limits.step_ms:
+            return endpoint.limits.step_ms / 1000.0
+        reported = endpoint.reported_step_s
+        return PRIOR_STEP_S if reported is None else reported
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
@@ -182,8 +195,7 @@ class ReleaseForecast:
     def model(self, endpoint: Endpoint | None) -> EngineModel:
         model = self.models.get(endpoint)
         if model is None:
-            step_ms = 0.0 if endpoint is None else endpoint.limits.step_ms
-            model = self.models[endpoint] = EngineModel(step_ms / 1000.0 if step_ms else PRIOR_STEP_S)
+            model = self.models[endpoint] = EngineModel(endpoint)
         return model
 
     def token_interval_s(self) -> float:

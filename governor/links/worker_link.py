@@ -292,6 +292,9 @@ class WorkerLink(asyncio.Protocol):
             # How many it runs at once: past that, a request waits in the worker (deadline.py).
             if stats.max_running:
                 self.endpoint.batch = stats.max_running
+            # Its time per token, which the release forecast assumes until a stream of its ends.
+            if stats.step_seconds is not None:
+                self.endpoint.reported_step_s = stats.step_seconds
         elif status == Status.ERROR:  # e.g. unauthorized: the worker closes the link
             self.last_error = f"refused: {frame.get('code')}: {frame.get('message')}"
             log.error(

@@ -71,7 +71,7 @@ class EchoBackend:
         )
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._tasks))
+        return EngineStats(running=len(self._tasks), step_seconds=self.token_delay_s)
 
     async def close(self) -> None:
         for task in list(self._tasks):

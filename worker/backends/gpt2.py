@@ -204,6 +204,7 @@ class GPT2Backend:
             max_batch_size=s.config.max_batch_size,
             max_running=s.config.running_cap,
             max_prefill_tokens=s.config.max_prefill_tokens,
+            step_seconds=round(c.busy_seconds / c.steps, 6) if c.steps else None,
         )
 
     async def close(self) -> None:

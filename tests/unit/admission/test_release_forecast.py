@@ -65,6 +65,25 @@ def test_a_cold_endpoint_forecasts_a_request_from_the_prior_step_and_its_own_len
     assert forecast.slot_free_at(0.0, 2, None) == pytest.approx((1 + (3 - 1)) * PRIOR_STEP_S)
 
 
+def test_the_step_a_worker_reports_is_the_prior_unless_the_operator_set_one() -> None:
+    """A worker says what a step takes it (EngineStats.step_seconds: the echo engine's token
+    delay, the GPT-2 engine's mean step): before any stream ended there, that is the prior; an
+    endpoint's `step_ms=` still wins; a learnt step replaces both."""
+    reported = Endpoint("reported", EndpointLimits(), now=0.0)
+    reported.reported_step_s = 0.02
+    set_by_hand = Endpoint("by-hand", EndpointLimits(step_ms=50), now=0.0)
+    set_by_hand.reported_step_s = 0.02
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10, endpoint=reported)
+    admitted(forecast, 0.0, 10, endpoint=set_by_hand)
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(10 * 0.02)
+    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx(10 * 0.05)
+    reported.reported_step_s = 0.03  # reported again (each stats push): read when forecasting
+    later = ReleaseForecast()
+    admitted(later, 0.0, 10, endpoint=reported)
+    assert later.slot_free_at(0.0, 1, None) == pytest.approx(10 * 0.03)
+
+
 def test_before_any_stream_the_kth_slot_counts_the_forecasts_the_free_and_the_promised() -> None:
     forecast = ReleaseForecast()
     # admitted at 1.0, no stream seen: 10 and 15 tokens at the prior 0.1 s end at 2.0 and 2.5
