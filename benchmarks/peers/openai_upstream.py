@@ -11,7 +11,10 @@ for) is released at once, each on a connection of its own:
 - through the governor (`--http-port`, one endpoint `--worker http://.../v1,model=DIR,concurrency=K`)
   for each K of `--concurrency`: what K does not admit is answered 429 at once with
   `retry-after-ms`, and the client sleeps that long and sends again on the same connection, as the
-  OpenAI SDKs do. 429s are counted apart from errors (anything else that is not a whole stream).
+  OpenAI SDKs do (without their limit of two retries); a 429 with `x-should-retry: false` (past
+  the governor's promise horizon) ends the request, as it ends an SDK's. The issue's targets here
+  are for a horizon past the burst's drain time: `--governor-args "--promise-horizon-ms 30000"`.
+  429s are counted apart from errors (anything else that is not a whole stream).
 
 TTFT is send -> the first SSE `data:` event (both servers' first event carries the first text):
 from the request's first attempt (what its user waits) and, through the governor, from the attempt
@@ -216,6 +219,9 @@ async def one_raw(url: str, body: bytes, gate: asyncio.Event, timeout_s: float) 
                 sent = time.perf_counter()
                 conn.transport.write(request)
                 await conn.waiter
+                if conn.status == 429 and conn.headers.get("x-should-retry") == "false":
+                    sample.error = "refused for good (429, x-should-retry: false)"  # as the SDKs obey it
+                    return sample
                 if conn.status == 429:
                     sample.hints_ms.append(retry_after_ms(conn.headers))
                     if not conn.keep_alive:
@@ -250,6 +256,10 @@ async def one_httpx(client: httpx.AsyncClient, url: str, body: bytes, gate: asyn
         while True:
             sent = clock()
             async with client.stream("POST", url, content=body, headers=headers) as response:
+                if response.status_code == 429 and response.headers.get("x-should-retry") == "false":
+                    await response.aread()
+                    sample.error = "refused for good (429, x-should-retry: false)"  # as the SDKs obey it
+                    return sample
                 if response.status_code == 429:
                     await response.aread()
                     sample.hints_ms.append(retry_after_ms(dict(response.headers)))
