@@ -353,7 +353,7 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
         " still no room), never (did not come back).",
         labels=["reason", "outcome"],
     )
-    books = [book for book in (admission.inflight.book, admission.tokens.book) if book is not None]
+    books = [b for b in (admission.inflight.book, admission.tokens.book, admission.pool.book) if b is not None]
     counts = appointments.outcomes
     for book in books:  # every series from the first scrape, at 0
         for outcome in OUTCOMES:

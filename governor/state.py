@@ -216,7 +216,9 @@ class ServerState:
         return {
             "outcomes": outcomes,
             "appointments": {
-                book.reason: len(book.entries) for book in (admission.inflight.book, admission.tokens.book) if book
+                book.reason: len(book.entries)
+                for book in (admission.inflight.book, admission.tokens.book, admission.pool.book)
+                if book
             },
             "forecast_relative_error_p50": round(errors[len(errors) // 2], 4) if errors else None,
             # the share of recent appointments their clients kept: below 0.5 they keep no capacity

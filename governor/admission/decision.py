@@ -163,7 +163,19 @@ class Admission:
         tokens = AppointmentBook(YieldReason.TOKENS.value, registry, False, tokens_free_at)
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
-        self.pool = Pool(endpoints, max_inflight, hints, forecast)
+
+        def endpoint_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
+            # As for the global cap, over the requests of the endpoints at their caps only.
+            service_s = hints.service_time_s
+            promised = NOTHING_PROMISED
+            if service_s:
+                times = endpoint_slots.times if ahead >= len(endpoint_slots.times) else endpoint_slots.times[:ahead]
+                promised = (times, service_s + registry.round_delay_s)
+            free = max(0, 1 - int(deficit))
+            return forecast.slot_free_at(at, math.ceil(need), service_s, free, promised, self.pool.capped)
+
+        endpoint_slots = AppointmentBook(YieldReason.ENDPOINT_INFLIGHT.value, registry, True, endpoint_free_at)
+        self.pool = Pool(endpoints, max_inflight, hints, forecast, endpoint_slots if booking else None)
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 
+from governor.admission.appointments import HOLD, AppointmentBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
-from governor.admission.hints import DrainHint, RetryHintEstimator, Timeline
+from governor.admission.hints import DrainHint, RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
 from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
@@ -34,11 +35,19 @@ from govwire.vocab import YieldReason
 
 class Pool:
     def __init__(
-        self, endpoints: list[Endpoint], default_capacity: int, hints: RetryHintEstimator, forecast: ReleaseForecast
+        self,
+        endpoints: list[Endpoint],
+        default_capacity: int,
+        hints: RetryHintEstimator,
+        forecast: ReleaseForecast,
+        book: AppointmentBook | None = None,
     ) -> None:
         self.endpoints = endpoints
         self._forecast = forecast
-        self._timeline = Timeline()  # the endpoint_inflight hints told
+        # The endpoint_inflight appointments (appointments.py), as the global cap keeps its own;
+        # None with --retry-hint fixed.
+        self.book = book
+        self.capped: tuple[Endpoint, ...] = ()  # the endpoints whose caps refused the last frame
         self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
         self._hints = hints
         self._next = 0  # round-robin start among equally loaded endpoints
@@ -95,7 +104,8 @@ class Pool:
             load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
             if load < best_load:
                 best, best_index, best_load = e, index, load
-        if best is not None:
+        book = self.book
+        if best is not None and (book is None or not book.entries or not self._kept_from(now, ask, book)):
             self._choice = (best, best_index)
             return None
         if not any_up:
@@ -110,24 +120,61 @@ class Pool:
         if token_deficit is not None:
             deficit, e = token_deficit
             return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
-        # Every endpoint it fits is at its cap: the next release at any of them, told in turn
-        # (with --retry-hint fixed, no forecast: the estimator's base hint below).
+        # Every endpoint it fits is at its cap (or what is free is kept for appointments): the next
+        # release at any of them nobody was promised, booked and kept for it (with --retry-hint
+        # fixed, no forecast: the estimator's base hint below).
+        if book is not None:
+            capped = self.capped = tuple(
+                e
+                for e in endpoints
+                if e.up and e.limits.concurrency and not (e.limits.tokens and cost > e.limits.tokens)
+            )
+            free = sum(e.limits.concurrency - e.inflight for e in capped if e.inflight < e.limits.concurrency)
+            refusal = self._inflight_refusal
+            refusal.hint_ms, refusal.appointment = book.refuse(
+                now, ask.appointment, ask.tenant, ask.identity, 1 - free, 1.0, ask.rank
+            )
+            if refusal.hint_ms != HOLD and refusal.appointment is None and not self._forecast_of(now, capped):
+                refusal.hint_ms = self._fallback_ms(now)  # nothing of theirs in flight to forecast from
+            return refusal
+        return self._inflight_refusal.at(self._fallback_ms(now))
+
+    def _fallback_ms(self, now: float) -> int:
+        """Nothing to forecast from: at their caps, the endpoints release a slot every service time
+        / their summed caps (not the global cap the estimator's gap is computed for)."""
         hints = self._hints
-        if hints.policy.adaptive:
-            forecast, service_s = self._forecast, hints.service_time_s
-            at = self._timeline.next(now, 1, lambda k: forecast.slot_free_at(now, k, service_s))
-            if at is not None:
-                return self._inflight_refusal.at(hints.jittered_ms((at - now) * 1000.0))
-        # Nothing to forecast from: at their caps, the endpoints release a slot every service time
-        # / their summed caps (not the global cap the estimator's gap is computed for).
-        capacity = sum(e.limits.concurrency or self.default_capacity for e in endpoints if e.up)
-        slots = hints.capacity / capacity if capacity else 1.0
-        return self._inflight_refusal.at(hints.hint_ms(now, slots))
+        capacity = sum(e.limits.concurrency or self.default_capacity for e in self.endpoints if e.up)
+        return hints.hint_ms(now, hints.capacity / capacity if capacity else 1.0)
+
+    def _forecast_of(self, now: float, capped: tuple[Endpoint, ...]) -> bool:
+        """Whether any request of these endpoints is in flight (then the book forecast its hint)."""
+        return any(e.inflight for e in capped)
+
+    def _kept_from(self, now: float, ask: Ask, book: AppointmentBook) -> bool:
+        """Whether the slots free at the capped endpoints are all kept for appointments whose
+        window is open (and that outrank the asker): then the frame is refused like one that met
+        the full caps. Only when every endpoint up is capped: an uncapped one always has room."""
+        held = book.held(now, ask.appointment, ask.rank)
+        if not held:
+            return False
+        free = 0
+        for e in self.endpoints:
+            if not e.up:
+                continue
+            cap = e.limits.concurrency
+            if not cap:
+                return False
+            if e.inflight < cap:
+                free += cap - e.inflight
+        return free - held < 1
 
     def charge(self, grant: Grant, now: float) -> None:
         choice, self._choice = self._choice, None
         if choice is None:
             return
+        book = self.book
+        if book is not None and book.entries:
+            book.redeem(grant.ask.appointment, now)
         endpoint, index = choice
         if endpoint.bucket is not None:
             endpoint.bucket.take()

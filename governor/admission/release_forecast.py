@@ -318,15 +318,22 @@ class ReleaseForecast:
             self._compute(now, service_s)
 
     def slot_free_at(
-        self, now: float, k: int, service_s: float | None, free: int = 0, promised: Promised = NOTHING_PROMISED
+        self,
+        now: float,
+        k: int,
+        service_s: float | None,
+        free: int = 0,
+        promised: Promised = NOTHING_PROMISED,
+        among: Sequence[object] | None = None,
     ) -> float | None:
         """When the k-th slot (k >= 1) not yet taken comes free; None when nothing is in flight. Slots come free from
         three places: `free` are free now (and promised: whoever takes them is not counted in `k`), each request in
         flight releases its own, and each promised appointment's slot is free again one service time after its holder
-        took it (`promised`). Past all of them, the same again a service time later per round."""
+        took it (`promised`). Past all of them, the same again a service time later per round. `among`: only the
+        requests of these endpoints count (an endpoint cap's book), else all of them."""
         if self._dirty or now - self._computed_at > STALE_S:  # `_refresh`, inlined: every refusal reads it
             self._compute(now, service_s)
-        times = self._times
+        times = self._times if among is None else self._group_times(among)
         if self._round_s <= 0 or not (free or times):
             return None
         ats, after = promised
@@ -385,6 +392,13 @@ class ReleaseForecast:
             if lo < len(sequence) and sequence[lo] + shift < best:
                 best = sequence[lo] + shift
         return max(now, best)
+
+    def _group_times(self, keys: Sequence[object]) -> list[float]:
+        """The forecast releases of the requests of these endpoints (or tenants), ascending."""
+        groups = self._groups
+        if len(keys) == 1:
+            return groups.get(keys[0]) or []
+        return sorted(at for key in keys for at in groups.get(key, ()))
 
     def group_free_at(self, now: float, key: object, k: int, service_s: float | None) -> float | None:
         """When the k-th release (k >= 1) among the requests of one endpoint or one tenant comes;

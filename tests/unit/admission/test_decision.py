@@ -224,12 +224,37 @@ def test_an_endpoint_inflight_hint_is_the_forecast_release_at_the_full_endpoint(
     state.admission.hints.observe_service_time(0.1)
     assert not isinstance(state.admission.decide(1000.0), Refusal)
     assert not isinstance(state.admission.decide(1000.05), Refusal)
-    hints = []
+    hints, booked = [], []
     for _ in range(3):
         refusal = state.admission.decide(1000.05)
         assert isinstance(refusal, Refusal) and refusal.reason == "endpoint_inflight"
         hints.append(refusal.hint_ms)
-    assert hints == [50, 100, 150]  # the first's end, the second's, then the first slot's next round
+        booked.append(refusal.appointment)
+    # the first's end, the second's, then the first slot's next round (its holder's request, a
+    # service time and a millisecond after it starts), each told a millisecond early ("be here
+    # by", with the lobby) and each an appointment of the endpoint's book
+    assert hints == [49, 99, 149]
+    assert all(a is not None and a.book is state.admission.pool.book for a in booked)
+
+
+def test_an_endpoint_keeps_the_slot_it_promised_for_its_holder() -> None:
+    endpoint = Endpoint("e", EndpointLimits(concurrency=1, step_ms=10), 1000.0)
+    endpoint.up = True
+    state = make_state(max_inflight=32, endpoints=[endpoint], hint_policy=RetryHintPolicy(jitter=0.0))
+    admission = state.admission
+    first = admission.decide(1000.0, Ask(max_new_tokens=4))
+    assert isinstance(first, Grant)
+    refused = admission.decide(1000.0, Ask(max_new_tokens=4))
+    assert isinstance(refused, Refusal) and refused.reason == "endpoint_inflight" and refused.hint_ms == 39
+    holder = refused.appointment
+    assert holder is not None
+    admission.release(first, True, 1000.04)  # the slot frees at its time
+    newcomer = admission.decide(1000.04, Ask(max_new_tokens=4))
+    assert isinstance(newcomer, Refusal) and newcomer.reason == "endpoint_inflight"  # kept for the holder
+    back = Ask(max_new_tokens=4)
+    back.ticket = holder.ticket
+    assert isinstance(admission.decide(1000.041, back), Grant)  # the holder gets it
+    assert admission.appointments.outcomes[("endpoint_inflight", "on_time")] == 1
 
 
 def fixed_hints(max_inflight: int, endpoint: EndpointLimits | None = None, **caps: Any) -> Admission:
