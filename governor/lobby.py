@@ -1,5 +1,5 @@
-"""The lobby: a client that comes back for its appointment before its capacity is free waits here,
-briefly, instead of being told a new time.
+"""The lobby: a client that comes back for its appointment before its capacity is free waits here
+instead of being told a new time.
 
 A refused client is told to be back by a little before its slot's forecast release
 (admission/appointments.py: "be here by"). When it comes back inside its window and the capacity
@@ -8,17 +8,15 @@ came early on purpose), `Admission.decide` answers `HOLD` rather than a new hint
 parks the frame here with the callback that renders its answer. A held frame is decided again
 each time a request releases capacity (`freed`, from the lifecycle's settle), holders in the
 order of their appointments, and answered with the first decision that is not a hold: admitted,
-or refused by another limit. It is decided a last time (`Appointment.last_call`) when its window
-closes, or later by what releases have been late after their time told (a token interval, or
-three mean deviations of that lateness, `Appointments.hold_s`), but never past the promise
-horizon from its first refusal: the holder is here, so holding it costs no capacity, and a
-forecast early by a fraction of a token (or by a prefill that stalled the batch) keeps it rather
-than sending it away; a no-show's window stays the grace. A refusal then tells it the next
-release, keeping its place, or is final: past the horizon from now, or from its first refusal
-(so no client waits on promises longer than the horizon in all).
+or refused by another limit. It is decided a last time (`Appointment.last_call`) at the promise
+horizon from its first refusal (or when its window closes, if that is later): the holder is here,
+so holding it costs no capacity (the capacity is kept for it either way), and a forecast early by
+a fraction of a token, or by a prefill that stalled the batch, keeps it rather than sending it
+away; a no-show's window stays the grace. Not admitted by then, it is refused for good: a promise
+is made once, and no client waits on the governor's promises longer than the horizon.
 
 Only returning clients are held (a first arrival always gets an answer at once), so the promise
-"never queued" becomes "a returning client may wait up to its window". Bounded: one entry per
+"never queued" becomes "a returning client may wait, at most until its promise horizon". Bounded: one entry per
 open appointment (a second frame for a held appointment is a new client, decision.py), one timer
 each. A held client that leaves gives its appointment back (`leave`); a drain answers every held
 frame (`answer_all`). The doors own what a held frame is on their connection; the decisions are
@@ -83,14 +81,11 @@ class Lobby:
         appointment.in_lobby = True
         appointment.came_at = now
         self._held[appointment] = held
-        admission = self._admission
-        hold = max(admission.forecast.token_interval_s(), admission.appointments.hold_s)
-        last = appointment.at + hold
+        # Held until the promise horizon from its first refusal (or its window's close, if later).
+        last = appointment.booked_at + self._admission.horizon_ms / 1000.0
         if last < appointment.closes:
             last = appointment.closes
-        # ... but never past the promise horizon from its first refusal: its total wait is bounded.
-        bound = appointment.booked_at + admission.horizon_ms / 1000.0
-        delay = (last if last < bound else bound) - now - LAST_CALL_S
+        delay = last - now - LAST_CALL_S
         held.timer = self._timers.call_later(delay if delay > 0 else 0.0, self._last_call, held)
         return held
 

@@ -303,15 +303,21 @@ class AppointmentBook:
             if not own.opened(now):  # early: told the time left, keeps its place
                 registry.count(self.reason, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
-            if registry.lobby and not own.last_call:
-                # In its window and its capacity not free yet: held in the lobby until it frees
-                # (its window keeps it for this holder) or the window closes.
-                return HOLD, own
-            # Its window closes and still no room (the forecast was early): it keeps its place in
-            # the book, before every appointment made after it, and its ticket.
-            own.last_call = False
+            if registry.lobby:
+                if not own.last_call:
+                    # In its window and its capacity not free yet: held in the lobby until it frees
+                    # (the capacity is kept for this holder) or its promise horizon is reached.
+                    return HOLD, own
+                # Held to the horizon and still no room: the promise is not renewed, it is refused
+                # for good (a client waits on promises at most the horizon).
+                own.last_call = False
+                registry.count(self.reason, YIELDED_AGAIN)
+                registry.learn_release(now - own.at)  # at least this late: it has not freed yet
+                self.remove(own)
+                return max(math.ceil(registry.hints.policy.horizon_ms), 1), None
+            # In its window and still no room (the forecast was early): it keeps its place in the
+            # book, before every appointment made after it, and its ticket.
             registry.count(self.reason, YIELDED_AGAIN)
-            registry.learn_release(now - own.at)  # at least this late: it has not freed yet
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
@@ -351,10 +357,6 @@ class AppointmentBook:
         policy = hints.policy
         if wait_ms >= policy.horizon_ms:  # past the horizon: no promise that would be kept soon
             return math.ceil(min(wait_ms, policy.max_ms)), None
-        if own is not None and (at - own.booked_at) * 1000.0 >= policy.horizon_ms:
-            # Moved past the horizon from its first refusal: no promise is kept that late, and the
-            # client is told so now rather than after another wait.
-            return math.ceil(policy.horizon_ms), None
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
         hint_ms = math.ceil(wait_ms - 1e-6)
@@ -423,7 +425,6 @@ class Appointments:
         "half_grace_s",
         "lateness_s",
         "release_lateness_s",
-        "release_spread_s",
         "trust",
         "hints",
         "books",
@@ -448,7 +449,6 @@ class Appointments:
         # later than forecast: a server whose finish comes a step late, prefills that stall the
         # batch). Learnt from the holders held for it; added to the forecast of the time told.
         self.release_lateness_s = 0.0
-        self.release_spread_s = 0.0  # the mean deviation of those samples from it
         # The recent share of appointments their clients kept (came back for, in time or not).
         self.trust = 1.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
@@ -474,17 +474,7 @@ class Appointments:
         """A holder's capacity came free `late_s` after its appointment (0: it was free when the
         holder came)."""
         late_s = min(max(late_s, 0.0), self.hints.policy.horizon_ms / 1000.0)
-        deviation = late_s - self.release_lateness_s
-        self.release_lateness_s += LATENESS_SMOOTHING * deviation
-        self.release_spread_s += LATENESS_SMOOTHING * (abs(deviation) - self.release_spread_s)
-
-    @property
-    def hold_s(self) -> float:
-        """How long past its appointment a holder that came back is held for its capacity before
-        it is told again: three mean deviations of the releases from the time told (most come
-        within that), at most the promise horizon. A holder is present: holding it longer costs
-        no capacity (it is kept for it either way), only its own wait."""
-        return min(3.0 * self.release_spread_s, self.hints.policy.horizon_ms / 1000.0)
+        self.release_lateness_s += LATENESS_SMOOTHING * (late_s - self.release_lateness_s)
 
     @property
     def early_s(self) -> float:

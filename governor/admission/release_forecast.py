@@ -198,13 +198,6 @@ class ReleaseForecast:
             model = self.models[endpoint] = EngineModel(endpoint)
         return model
 
-    def token_interval_s(self) -> float:
-        """The longest time between two tokens among the endpoints seen (learnt, else the prior):
-        how late a release may come for the forecast to be early by less than a token, the bound
-        of a returning client's wait in the lobby (governor/lobby.py)."""
-        steps = [m.prior_step_s if m.step_s is None else m.step_s for m in self.models.values()]
-        return max(steps) if steps else PRIOR_STEP_S
-
     # -- a Limit that never refuses: it follows each admitted request ------------------------------
 
     def check(self, now: float, ask: object) -> None:
