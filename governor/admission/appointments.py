@@ -345,17 +345,19 @@ class AppointmentBook:
         hints = registry.hints
         if release is None:  # nothing in flight to forecast from
             return hints.hint_ms(now), None
-        # "Be here by": the forecast release, later by what releases have come after their time
-        # told on average (a server whose prefills stall the batch), earlier by what holders are
-        # late on average, so that the slot's holder is there (held in the lobby) when it frees.
-        at = release + registry.release_lateness_s - registry.early_s if registry.lobby else release
+        # "Be here by": the forecast release, earlier by what holders are late on average, so that
+        # the slot's holder is there (held in the lobby) when it frees, not after it idled.
+        at = release - registry.early_s if registry.lobby else release
         if own is not None and at < now + registry.half_grace_s:
             # Its slot is late: its new window opens now, so the slot is kept for it the moment it
             # frees, and it comes back half a window later.
             at = now + registry.half_grace_s
         wait_ms = (at - now) * 1000.0
         policy = hints.policy
-        if wait_ms >= policy.horizon_ms:  # past the horizon: no promise that would be kept soon
+        # Past the horizon, counting what releases have recently come after their time told (a
+        # server whose prefills stall its batch ends requests later than their pace says): no
+        # promise that would be kept soon.
+        if wait_ms + registry.release_lateness_s * 1000.0 >= policy.horizon_ms:
             return math.ceil(min(wait_ms, policy.max_ms)), None
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
