@@ -25,6 +25,7 @@ admission's.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from governor.admission.appointments import HOLD, Appointment
@@ -35,9 +36,10 @@ from governor.latency import Histogram
 from governor.lifecycle import Cancellable, Timers
 from govwire.errors import RequestRejected
 
+log = logging.getLogger("governor.lobby")
+
 LAST_CALL_S = 0.001
-"""A held frame is decided a last time this long before its window closes (then its appointment
-is still in the book, whatever the timer's lateness up to it)."""
+"""A held frame is decided a last time this long before its promise horizon runs out."""
 
 LOBBY_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Seconds a held frame waited for its answer."""
@@ -49,7 +51,7 @@ Answer = Callable[[Grant | Refusal | RequestRejected], None]
 class Held:
     """One frame held for its appointment."""
 
-    __slots__ = ("appointment", "ask", "answer", "timer", "since")
+    __slots__ = ("appointment", "ask", "answer", "timer", "since", "deadline_s")
 
     def __init__(self, appointment: Appointment, ask: Ask, answer: Answer, since: float) -> None:
         self.appointment = appointment
@@ -57,6 +59,7 @@ class Held:
         self.answer = answer
         self.timer: Cancellable | None = None
         self.since = since
+        self.deadline_s = ask.deadline_s  # as it came: what is left of it shrinks while it is held
 
 
 class Lobby:
@@ -111,9 +114,9 @@ class Lobby:
 
     def _decide(self, held: Held, now: float) -> None:
         appointment, ask = held.appointment, held.ask
-        # Its appointment, unless it left the book meanwhile (swept by a late timer): then a new client.
-        live = self._admission.appointments.by_ticket.get(appointment.ticket) is appointment
-        ask.appointment = appointment if live else None
+        ask.appointment = appointment  # (the book keeps it while it is held: never swept)
+        if held.deadline_s is not None:  # a deadline counts from the frame's arrival, the hold included
+            ask.deadline_s = held.deadline_s - (now - held.since)
         decision: Grant | Refusal | RequestRejected
         try:
             decision = self._admission.decide(now, ask)
@@ -122,8 +125,13 @@ class Lobby:
         if type(decision) is Refusal and decision.hint_ms == HOLD:
             return  # still not free: it waits on
         self._remove(held)
+        if type(decision) is not Grant and not (type(decision) is Refusal and decision.appointment is appointment):
+            self._give_back(appointment)  # refused (by another limit, or for good): the promise is void
         self.wait.observe(now - held.since)
-        held.answer(decision)
+        try:
+            held.answer(decision)
+        except Exception:  # a bug in rendering must not stop the other held frames' answers
+            log.exception("event=internal_error where=lobby_answer")
 
     def _remove(self, held: Held) -> None:
         appointment = held.appointment
@@ -138,7 +146,11 @@ class Lobby:
         if self._held.get(held.appointment) is not held:
             return
         self._remove(held)
-        appointment = held.appointment
+        self._give_back(held.appointment)
+        self.freed()  # what it kept may let another holder in
+
+    def _give_back(self, appointment: Appointment) -> None:
+        """Out of its book, if it is still there (a refusal may have moved or removed it)."""
         if self._admission.appointments.by_ticket.get(appointment.ticket) is appointment:
             appointment.book.remove(appointment)
 

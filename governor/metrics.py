@@ -390,7 +390,7 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     wait = state.lobby.wait
     yield HistogramMetricFamily(
         "governor_lobby_wait_seconds",
-        "How long a returning client was held before its answer (admitted, or told again at its window's close).",
+        "How long a returning client was held before its answer (admitted, or refused for good at its horizon).",
         buckets=wait.cumulative(),
         sum_value=wait.total,
     )

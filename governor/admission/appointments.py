@@ -1,10 +1,12 @@
 """Appointments: a retry hint that binds. The refused client is told when a slot will be free for
 it, and that slot is kept for it when it comes.
 
-Each capacity limit that refuses with a forecast hint (the global in-flight cap, the token budget)
-has an `AppointmentBook`. A refusal books the next release nobody was promised yet (the release
-forecast, release_forecast.py) and tells the client that time, never earlier (the jitter is
-one-sided and smaller than a release gap). Around its time, in a window `grace` wide
+Each capacity limit that refuses with a forecast hint (the global in-flight cap, the token budget,
+the endpoint caps) has an `AppointmentBook`. A refusal books the next release nobody was promised
+yet (the release forecast, release_forecast.py), if it comes within the promise horizon (else the
+refusal is final and books nothing), and tells the client that time, less what holders are late
+on average ("be here by"; no jitter: the lobby lets in returns that coincide one release at a
+time). Around its time, in a window `grace` wide
 (`--appointment-grace-ms`), the appointment holds what it was promised: the limit counts it as
 taken, so a frame without that appointment is refused while the window lasts, and the client who
 holds it is admitted when it comes. If it does not come, the window closes, the appointment
@@ -24,17 +26,17 @@ The holder is recognised two ways (`Appointments.find`):
 Anything else (unknown, forged, expired, reused or another tenant's ticket) is no ticket: never an
 error and never a slot. A holder that comes before its window is refused again with the time still
 left and keeps its appointment (unless the limit has room for it anyway). A holder that comes
-inside its window but finds the capacity still taken (the forecast was early) keeps its place
-ahead of the appointments made after it, and its ticket: it is told the next release, at least
-half a window away (its new window opens at once, so the capacity is kept for it from the moment
-it frees).
+inside its window but finds the capacity still taken (the forecast was early) is `HOLD`: its door
+parks it in the lobby (governor/lobby.py) until the capacity frees or its promise horizon is
+reached, when it is refused for good. (Without a lobby, as in this core's own tests, it keeps its
+place ahead of the appointments made after it, and its ticket, and is told the next release at
+least half a window away.)
 Holds never let anyone past a cap: they only decide who gets what the cap allows.
 
 Every return is counted by outcome (`OUTCOMES`): the only way to know in production whether the
 hints hold. When most appointments lapse unkept (a flood that never comes back), they stop
 keeping capacity until clients come back for theirs again (`Appointments.binding`). The book is
-bounded (`max_entries`): past it a refusal gets the hint of the book's horizon without an
-appointment. Sans-IO, with the clock passed in.
+bounded (`max_entries`): past it a refusal gets the forecast without an appointment. Sans-IO, with the clock passed in.
 """
 
 from __future__ import annotations
@@ -113,9 +115,9 @@ class Appointment:
         self.closes = 0.0  # the end of its window (`at` + half the grace)
         self.displaced = False  # booked for a displaced request (displacement.py): its return is never displaced
         self.in_lobby = False  # its holder came back and is held until its capacity frees (governor/lobby.py)
-        self.last_call = False  # its window is closing with its holder still held: answer it now
+        self.last_call = False  # its holder, held, has reached its promise horizon: answer it now
         self.came_at = 0.0  # when its holder came back, if it was held
-        self.booked_at = at  # when it was first booked (set by the book): moves keep it
+        self.booked_at = at  # when it was first booked (`refuse` sets it): moves keep it
 
     def opened(self, now: float) -> bool:
         """Whether its window has opened by `now`: `at` <= now + half the grace, the one test of
@@ -172,16 +174,18 @@ class AppointmentBook:
 
     def sweep(self, now: float) -> None:
         """Appointments whose window closed leave the book (lapsed: no-shows); one whose holder
-        waits in the lobby is kept until its last call answers it."""
+        waits in the lobby stays until the lobby answers it (the no-shows after it lapse all the
+        same: the book is in the order of the windows)."""
         entries = self.entries
-        while entries and entries[0].closes <= now:
-            if entries[0].in_lobby:  # its holder is here, its last call late: kept until answered
-                entries[0].closes = now + HINT_RESOLUTION_S
-                break
-            lapsed = entries.pop(0)
+        i = 0
+        while i < len(entries) and entries[i].closes <= now:
+            if entries[i].in_lobby:  # its holder is here: kept until answered
+                i += 1
+                continue
+            lapsed = entries.pop(i)
             self._unrank(lapsed)
             self.registry.lapse(lapsed, now)
-            del self.times[0]
+            del self.times[i]
             self._cumulative = None
 
     def held(self, now: float, appointment: Appointment | None, rank: int = STANDARD_RANK) -> float:
@@ -358,7 +362,7 @@ class AppointmentBook:
         # server whose prefills stall its batch ends requests later than their pace says): no
         # promise that would be kept soon.
         if wait_ms + registry.release_lateness_s * 1000.0 >= policy.horizon_ms:
-            return math.ceil(min(wait_ms, policy.max_ms)), None
+            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
         hint_ms = math.ceil(wait_ms - 1e-6)
@@ -448,8 +452,8 @@ class Appointments:
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
         # How long after the time told the capacity promised comes free, on average (releases
-        # later than forecast: a server whose finish comes a step late, prefills that stall the
-        # batch). Learnt from the holders held for it; added to the forecast of the time told.
+        # later than forecast: a server whose prefills stall its batch). Learnt from the holders
+        # held for it; whether a promise fits the horizon counts it.
         self.release_lateness_s = 0.0
         # The recent share of appointments their clients kept (came back for, in time or not).
         self.trust = 1.0
@@ -574,12 +578,15 @@ class Appointments:
         if ticket is not None:
             appointment = self.by_ticket.get(ticket)
             if appointment is not None and appointment.tenant is tenant:  # another tenant's: no ticket
+                if appointment.in_lobby:
+                    return None  # its holder is here already: a second frame for it is a new client
                 if appointment.closes > now:
                     return appointment
                 appointment.book.sweep(now)  # its window closed and nobody swept it yet: lapse it
         if identity:
             for appointment in self.by_identity.get(identity, ()):
-                if appointment.tenant is tenant and (unique or appointment.opened(now)):
+                # (one held in the lobby has its client: the next one of that identity is this one's)
+                if appointment.tenant is tenant and not appointment.in_lobby and (unique or appointment.opened(now)):
                     if appointment.closes > now:
                         return appointment
                     appointment.book.sweep(now)

@@ -320,9 +320,7 @@ class Admission:
             ask.rank = _CLASS_RANK[ask.priority]
         appointments = self.appointments
         if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):
-            found = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
-            # (one held in the lobby already has its client: a second frame for it is a new one)
-            ask.appointment = None if found is None or found.in_lobby else found
+            ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
         for fits in self._fits:
             fits(ask)
         for check in self._checks:

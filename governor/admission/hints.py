@@ -179,8 +179,8 @@ class DrainHint:
 
 
 class Timeline:
-    """What a limit that keeps no appointments promised its refused clients (the endpoint caps,
-    a tenant's own cap): the k-th client it refuses is told the k-th forecast release not told
+    """What a limit that keeps no appointments promised its refused clients (a tenant's own cap):
+    the k-th client it refuses is told the k-th forecast release not told
     to an earlier one still waiting. Nothing is kept for them: a hint, not a promise. At most
     `bound` times are remembered (a flood re-sending at once cannot grow it without end)."""
 

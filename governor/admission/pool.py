@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import HOLD, AppointmentBook
+from governor.admission.appointments import AppointmentBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
@@ -124,18 +124,11 @@ class Pool:
         # release at any of them nobody was promised, booked and kept for it (with --retry-hint
         # fixed, no forecast: the estimator's base hint below).
         if book is not None:
-            capped = self.capped = tuple(
-                e
-                for e in endpoints
-                if e.up and e.limits.concurrency and not (e.limits.tokens and cost > e.limits.tokens)
-            )
-            free = sum(e.limits.concurrency - e.inflight for e in capped if e.inflight < e.limits.concurrency)
+            usable = self.capped = self._usable(now, cost)
             refusal = self._inflight_refusal
             refusal.hint_ms, refusal.appointment = book.refuse(
-                now, ask.appointment, ask.tenant, ask.identity, 1 - free, 1.0, ask.rank
+                now, ask.appointment, ask.tenant, ask.identity, 1 - self._free(usable), 1.0, ask.rank
             )
-            if refusal.hint_ms != HOLD and refusal.appointment is None and not self._forecast_of(now, capped):
-                refusal.hint_ms = self._fallback_ms(now)  # nothing of theirs in flight to forecast from
             return refusal
         return self._inflight_refusal.at(self._fallback_ms(now))
 
@@ -146,27 +139,38 @@ class Pool:
         capacity = sum(e.limits.concurrency or self.default_capacity for e in self.endpoints if e.up)
         return hints.hint_ms(now, hints.capacity / capacity if capacity else 1.0)
 
-    def _forecast_of(self, now: float, capped: tuple[Endpoint, ...]) -> bool:
-        """Whether any request of these endpoints is in flight (then the book forecast its hint)."""
-        return any(e.inflight for e in capped)
+    def _usable(self, now: float, cost: int) -> tuple[Endpoint, ...]:
+        """The endpoints a frame of this cost could be sent to but for their concurrency caps: up,
+        not paused, its cost within their token budget."""
+        return tuple(
+            e
+            for e in self.endpoints
+            if e.up and e.paused_until <= now and not (e.limits.tokens and cost > e.limits.tokens)
+        )
+
+    @staticmethod
+    def _free(endpoints: tuple[Endpoint, ...]) -> int:
+        """Their free slots (an uncapped endpoint counts for one: it always has room)."""
+        free = 0
+        for e in endpoints:
+            cap = e.limits.concurrency
+            if not cap:
+                return free + 1
+            if e.inflight < cap:
+                free += cap - e.inflight
+        return free
 
     def _kept_from(self, now: float, ask: Ask, book: AppointmentBook) -> bool:
-        """Whether the slots free at the capped endpoints are all kept for appointments whose
+        """Whether the slots free at the endpoints it could use are all kept for appointments whose
         window is open (and that outrank the asker): then the frame is refused like one that met
-        the full caps. Only when every endpoint up is capped: an uncapped one always has room."""
+        the full caps. Never while an uncapped endpoint is usable: it always has room."""
         held = book.held(now, ask.appointment, ask.rank)
         if not held:
             return False
-        free = 0
-        for e in self.endpoints:
-            if not e.up:
-                continue
-            cap = e.limits.concurrency
-            if not cap:
-                return False
-            if e.inflight < cap:
-                free += cap - e.inflight
-        return free - held < 1
+        usable = self._usable(now, ask.cost)
+        if any(not e.limits.concurrency for e in usable):
+            return False
+        return self._free(usable) - held < 1
 
     def charge(self, grant: Grant, now: float) -> None:
         choice, self._choice = self._choice, None

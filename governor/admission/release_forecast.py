@@ -63,7 +63,7 @@ OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
 
 MIN_REMAINING_S = 0.001
-"""The least a request still running is forecast to hold its slot when no step time is known."""
+"""The least a request still running past its forecast end is forecast to hold its slot more."""
 
 FORECAST_ERROR_BUCKETS = (
     -5.0,

@@ -1,6 +1,6 @@
 """The lobby and the promise horizon through the NDJSON door, on a simulated clock: a client that
 comes back for its appointment before its capacity frees is held (no reply) and admitted the
-moment it frees, or told the next release at its window's last call; nobody else is ever held; a
+moment it frees, or refused for good at its promise horizon; nobody else is ever held; a
 held client that leaves gives its place back; a drain answers it; a refusal past the horizon is
 final and books nothing; every frame is answered exactly once."""
 
@@ -14,8 +14,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
+from governor.admission.limits import Grant, Refusal
 from governor.state import ServerState
 from govwire.codec import encode, encode_token, generate_frame
 from tests.fakes import FakeClock, FakeTimers, done_frame, make_ingress, make_state, worker_sends
@@ -376,3 +378,45 @@ def test_a_flood_of_100k_clients_books_only_the_horizon_and_holds_only_the_open_
     registry = state.admission.appointments  # what it keeps is bounded by the appointments, not the 200k frames
     assert len(registry.by_ticket) <= booked and len(registry.by_identity) <= booked
     assert len(registry.lapsed) <= 2 * booked
+
+
+def test_a_held_holder_does_not_keep_the_no_shows_after_it_from_lapsing() -> None:
+    state, clock, timers, ingress, writes = setup()
+    ingress.receive_data(frame("a"))
+    ingress.receive_data(frame("b") + frame("c"))  # b told a's end, c the round after
+    told = {r["id"]: r for r in replies(writes)}
+    clock.advance(told["b"]["retry_hint_ms"] / 1000)
+    ingress.receive_data(frame("b", ticket=told["b"]["retry_ticket"]))  # held: a runs late
+    clock.advance(told["c"]["retry_hint_ms"] / 1000 + 0.1)  # c never comes; its window closed
+    ingress.receive_data(frame("d"))  # any refusal sweeps the book
+    tickets = [e.ticket for e in state.admission.inflight.book.entries]
+    assert told["b"]["retry_ticket"] in tickets and told["c"]["retry_ticket"] not in tickets  # c lapsed, b kept
+
+
+def test_clients_sending_the_same_body_are_each_recognised_while_one_is_held() -> None:
+    """HTTP clients re-sending one body (a load generator's fixed prompt) are told apart by their
+    appointments' windows: one held in the lobby does not make the next one a new client."""
+    clock = FakeClock()
+    endpoint = Endpoint("fake", EndpointLimits(step_ms=STEP_MS), clock())
+    endpoint.up = True
+    state = make_state(max_inflight=1, clock=clock, endpoints=[endpoint], hint_policy=RetryHintPolicy(jitter=0.0))
+    admission = state.admission
+    assert isinstance(admission.decide(clock(), Ask(max_new_tokens=4)), Grant)
+
+    def same_body() -> Ask:
+        ask = Ask(max_new_tokens=4)
+        ask.identity = 42  # the same body, not unique to a client
+        return ask
+
+    first = admission.decide(clock(), same_body())
+    assert isinstance(first, Refusal)
+    one = first.appointment  # (read at once: the limit's refusal object is reused)
+    second = admission.decide(clock(), same_body())
+    assert isinstance(second, Refusal)
+    two = second.appointment
+    assert one is not None and two is not None and one is not two
+    one.in_lobby = True  # the first client is back and held
+    clock.advance(two.at - clock())
+    back = same_body()
+    admission.decide(clock(), back)
+    assert back.appointment is two  # the second client's own appointment, not a new client
