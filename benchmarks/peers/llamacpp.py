@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -132,13 +133,14 @@ async def drive(url: str, workload: Workload, extra: dict[str, Any]) -> tuple[in
         return sum(tokens), time.perf_counter() - start
 
 
-def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], int]:
+def launch_llama_server(argv: list[str], log: Path, prefix: Sequence[str] = ()) -> tuple[Popen[bytes], int]:
+    """llama-server run as `argv` (the binary and its flags) on a free loopback port, under `prefix`
+    (taskset, say), its output in `log`: (process, port) once its /health answers, within 5 min."""
     port = free_port()
-    argv = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "--parallel", "32"]
-    argv += ["--cont-batching", "-c", str(32 * 1024), "--host", "127.0.0.1", "--port", str(port)]
-    log = (out_dir() / "llamacpp" / "llama-server.log").open("wb")
-    proc = Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
+    with log.open("wb") as sink:
+        proc = Popen(
+            [*prefix, *argv, "--host", "127.0.0.1", "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT
+        )
     deadline = time.monotonic() + 300
     while True:
         try:
@@ -148,8 +150,14 @@ def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], 
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
-            raise RuntimeError("llama-server did not start: see benchmarks/out/llamacpp/llama-server.log")
+            raise RuntimeError(f"llama-server did not start: see {log}")
         time.sleep(0.5)
+
+
+def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], int]:
+    argv = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "--parallel", "32"]
+    argv += ["--cont-batching", "-c", str(32 * 1024)]
+    return launch_llama_server(argv, out_dir() / "llamacpp" / "llama-server.log")
 
 
 def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int]:

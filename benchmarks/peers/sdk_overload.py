@@ -60,7 +60,6 @@ import random
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -69,13 +68,11 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-import httpx
 import openai
 import orjson
 
 from benchmarks.harness import rounds as alternating
 from benchmarks.harness.common import (
-    free_port,
     machine,
     markdown_table,
     out_dir,
@@ -363,26 +360,10 @@ def pinning() -> bool:
 
 
 def start_llama_server(binary: Path, model: Path, parallel: int) -> tuple[Popen[bytes], int]:
-    port = free_port()
     argv = [str(binary), "-m", str(model), "--parallel", str(parallel), "--cont-batching"]
-    argv += ["--threads", "1", "--threads-batch", "1", "--ctx-size", str(parallel * 512)]
-    argv += ["--host", "127.0.0.1", "--port", str(port), "--no-webui"]
-    if pinning():
-        argv = ["taskset", "-c", str(SERVER_CORE), *argv]
-    log = out_dir() / "sdk_overload_llama-server.log"
-    with log.open("wb") as sink:
-        proc = Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise RuntimeError(f"llama-server did not start: see {log}")
-        time.sleep(0.5)
+    argv += ["--threads", "1", "--threads-batch", "1", "--ctx-size", str(parallel * 512), "--no-webui"]
+    prefix = ("taskset", "-c", str(SERVER_CORE)) if pinning() else ()
+    return llamacpp.launch_llama_server(argv, out_dir() / "sdk_overload_llama-server.log", prefix)
 
 
 def start_governor(llama_port: int, args: argparse.Namespace) -> tuple[Popen[bytes], int, int]:
