@@ -29,10 +29,10 @@ The doors only parse, call `decide` and render the answer; new limits are added 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments
+from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments, FreeAt
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.displacement import Displacement, Evictor
@@ -81,6 +81,31 @@ _GATING = frozenset(
 )
 """The refusals of shared capacity: one of a higher-class frame closes the lower classes' gates
 (a tenant's own caps, a deadline or draining do not: the lower classes' restraint frees none)."""
+
+
+def _slots_free_at(
+    forecast: ReleaseForecast,
+    hints: RetryHintEstimator,
+    registry: Appointments,
+    book: Callable[[], AppointmentBook],
+    among: Callable[[], Sequence[object]] | None = None,
+) -> FreeAt:
+    """When a slot-counting book's next slot frees (its `FreeAt`): short of `deficit` slots,
+    1 - deficit of them are free now (and held for appointments); the first `ahead` appointments'
+    requests free theirs again after their service. `among`: only the requests of these endpoints
+    count (an endpoint cap's book), read when asked. `book` is read when asked too: the book is
+    built with this function."""
+
+    def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
+        service_s = hints.service_time_s
+        promised = NOTHING_PROMISED
+        if service_s:
+            times = book().times
+            promised = (times if ahead >= len(times) else times[:ahead], service_s + registry.round_delay_s)
+        group = None if among is None else among()
+        return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised, group)
+
+    return free_at
 
 
 class Admission:
@@ -136,17 +161,9 @@ class Admission:
         self.drain = Draining(hints)
         booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
 
-        def slot_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
-            # Short of `deficit` slots: 1 - deficit of them are free now (and held for appointments);
-            # the first `ahead` appointments' requests free theirs again after their service.
-            service_s = hints.service_time_s
-            promised = NOTHING_PROMISED
-            if service_s:
-                times = slots.times if ahead >= len(slots.times) else slots.times[:ahead]
-                promised = (times, service_s + registry.round_delay_s)
-            return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised)
-
-        slots = AppointmentBook(YieldReason.INFLIGHT.value, registry, True, slot_free_at)
+        slots = AppointmentBook(
+            YieldReason.INFLIGHT.value, registry, True, _slots_free_at(forecast, hints, registry, lambda: slots)
+        )
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None)
         self.rate = RateLimit(qps, burst, now)
 
@@ -164,16 +181,8 @@ class Admission:
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
 
-        def endpoint_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
-            # As for the global cap, over the requests of the endpoints at their caps only.
-            service_s = hints.service_time_s
-            promised = NOTHING_PROMISED
-            if service_s:
-                times = endpoint_slots.times if ahead >= len(endpoint_slots.times) else endpoint_slots.times[:ahead]
-                promised = (times, service_s + registry.round_delay_s)
-            free = max(0, 1 - int(deficit))
-            return forecast.slot_free_at(at, math.ceil(need), service_s, free, promised, self.pool.capped)
-
+        # As for the global cap, over the requests of the endpoints at their caps only.
+        endpoint_free_at = _slots_free_at(forecast, hints, registry, lambda: endpoint_slots, lambda: self.pool.capped)
         endpoint_slots = AppointmentBook(YieldReason.ENDPOINT_INFLIGHT.value, registry, True, endpoint_free_at)
         self.pool = Pool(endpoints, max_inflight, hints, forecast, endpoint_slots if booking else None)
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
