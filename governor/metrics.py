@@ -353,19 +353,19 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
         " still no room), never (did not come back).",
         labels=["reason", "outcome"],
     )
-    books = [b for b in (admission.inflight.book, admission.tokens.book, admission.pool.book) if b is not None]
+    open_by_reason = appointments.open_by_reason()
     counts = appointments.outcomes
-    for book in books:  # every series from the first scrape, at 0
+    for reason in open_by_reason:  # every series from the first scrape, at 0
         for outcome in OUTCOMES:
-            outcomes.add_metric([book.reason, outcome], counts.get((book.reason, outcome), 0))
+            outcomes.add_metric([reason, outcome], counts.get((reason, outcome), 0))
     yield outcomes
     booked = GaugeMetricFamily(
         "governor_appointments",
         "Appointments booked and not yet redeemed, by the limit that booked them.",
         labels=["reason"],
     )
-    for book in books:
-        booked.add_metric([book.reason], len(book.entries))
+    for reason, n in open_by_reason.items():
+        booked.add_metric([reason], n)
     yield booked
     yield GaugeMetricFamily(
         "governor_appointments_trust",

@@ -215,11 +215,7 @@ class ServerState:
         errors = sorted(admission.forecast.relative_errors)
         return {
             "outcomes": outcomes,
-            "appointments": {
-                book.reason: len(book.entries)
-                for book in (admission.inflight.book, admission.tokens.book, admission.pool.book)
-                if book
-            },
+            "appointments": admission.appointments.open_by_reason(),
             "forecast_relative_error_p50": round(errors[len(errors) // 2], 4) if errors else None,
             # the share of recent appointments their clients kept: below 0.5 they keep no capacity
             "trust": round(admission.appointments.trust, 4),

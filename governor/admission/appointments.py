@@ -51,7 +51,11 @@ from governor.admission.priority import RANKS, STANDARD_RANK
 
 if TYPE_CHECKING:
     from governor.admission.hints import RetryHintEstimator
-    from governor.admission.tenant import Tenant
+
+Owner = object
+"""The tenant an appointment was booked for (tenant.Tenant): compared by identity only (a ticket
+is valid for its own tenant), so this module needs to know nothing else of tenants (whose own
+caps keep books of these)."""
 
 ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER = "on_time", "early", "late", "yielded_again", "never"
 OUTCOMES = (ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER)
@@ -101,7 +105,7 @@ class Appointment:
         at: float,
         amount: float,
         book: AppointmentBook,
-        tenant: Tenant | None,
+        tenant: Owner | None,
         identity: int,
         rank: int = STANDARD_RANK,
     ) -> None:
@@ -214,7 +218,7 @@ class AppointmentBook:
         return self.cumulative()[opened - 1]
 
     def book(
-        self, at: float, amount: float, tenant: Tenant | None, identity: int, rank: int = STANDARD_RANK
+        self, at: float, amount: float, tenant: Owner | None, identity: int, rank: int = STANDARD_RANK
     ) -> Appointment | None:
         """Promise `amount` at `at`; None when the book is full."""
         if len(self.entries) >= self.max_entries:
@@ -286,7 +290,7 @@ class AppointmentBook:
         self,
         now: float,
         held: Appointment | None,
-        tenant: Tenant | None,
+        tenant: Owner | None,
         identity: int,
         deficit: float,
         amount: float,
@@ -378,12 +382,12 @@ class AppointmentBook:
         return hint_ms, appointment
 
 
-def identity_of(tenant: Tenant | None, resent: object) -> int:
+def identity_of(tenant: Owner | None, resent: object) -> int:
     """What recognises a client re-sending a refused request without its ticket (`Ask.identity`):
-    its tenant's name and what it re-sends (a door's choice: an NDJSON id and prompt, an HTTP
-    body). Python's hash is keyed per process (SipHash): nobody outside can make another
-    request's identity. Never 0 (0 is no identity)."""
-    return hash((None if tenant is None else tenant.name, resent)) or 1
+    its tenant (the object, one per name for the process's life) and what it re-sends (a door's
+    choice: an NDJSON id and prompt, an HTTP body). Python's hash is keyed per process (SipHash):
+    nobody outside can make another request's identity. Never 0 (0 is no identity)."""
+    return hash((tenant, resent)) or 1
 
 
 FreeAt = Callable[[float, float, float, int], "float | None"]
@@ -417,7 +421,7 @@ class Lapsed:
 
     __slots__ = ("at", "reason", "tenant", "keys")
 
-    def __init__(self, at: float, reason: str, tenant: Tenant | None, keys: tuple[object, ...]) -> None:
+    def __init__(self, at: float, reason: str, tenant: Owner | None, keys: tuple[object, ...]) -> None:
         self.at = at  # when its window closed
         self.reason = reason
         self.tenant = tenant
@@ -496,6 +500,14 @@ class Appointments:
         for book in self.books:
             book.regrace()
 
+    def open_by_reason(self) -> dict[str, int]:
+        """The appointments booked and not yet redeemed, by the limit that booked them (the books of
+        every limit that keeps them: one per tenant for the tenants' own caps)."""
+        counts: dict[str, int] = {}
+        for book in self.books:
+            counts[book.reason] = counts.get(book.reason, 0) + len(book.entries)
+        return counts
+
     @property
     def binding(self) -> bool:
         """Whether appointments keep capacity for their holders. Not while most of them lapse
@@ -567,7 +579,7 @@ class Appointments:
                 del self.lapsed[key]
 
     def find(
-        self, ticket: str | None, identity: int, unique: bool, tenant: Tenant | None, now: float
+        self, ticket: str | None, identity: int, unique: bool, tenant: Owner | None, now: float
     ) -> Appointment | None:
         """The live appointment this frame holds, or None: its ticket's (any time before its
         window closes), else the earliest one of its identity whose window is open, or, for an

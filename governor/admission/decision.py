@@ -19,9 +19,10 @@ forecast and the adaptive limit learn from it), and `reroute` moves a request wh
 one without charging the global limits again.
 
 Every admitted request is followed by the release forecast (release_forecast.py) until its end;
-the in-flight cap and the token budget hint from it and keep appointments for the clients they
-refuse (appointments.py). A frame that comes back for its appointment is recognised here, before
-any limit is checked, and the limits holding the appointment let it in.
+the in-flight cap, the token budget, the endpoint caps and each tenant's own in-flight cap hint
+from it and keep appointments for the clients they refuse (appointments.py). A frame that comes
+back for its appointment is recognised here, before any limit is checked, and the limits holding
+the appointment let it in.
 
 The doors only parse, call `decide` and render the answer; new limits are added here.
 """
@@ -53,7 +54,7 @@ from governor.admission.limits import (
 from governor.admission.pool import Pool
 from governor.admission.priority import RANK, CeilingPolicy, PriorityCeilings
 from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
-from governor.admission.tenant import TenantLimits, Tenants
+from governor.admission.tenant import Tenant, TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
@@ -188,7 +189,7 @@ class Admission:
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
-        self.tenant_caps = TenantCaps(forecast, hints)
+        self.tenant_caps = TenantCaps(hints, self._tenant_book if booking else None)
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
         self.ceilings.on_classes = self._activate  # the first frame of another class than standard
@@ -213,6 +214,16 @@ class Admission:
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
         self._fits: tuple[Callable[[Ask], None], ...] = ()
         self._activate()
+
+    def _tenant_book(self, tenant: Tenant) -> AppointmentBook:
+        """A tenant's own `max_inflight` book: as for the global cap, over its own requests."""
+        book = AppointmentBook(
+            YieldReason.TENANT_INFLIGHT.value,
+            self.appointments,
+            True,
+            _slots_free_at(self.forecast, self.hints, self.appointments, lambda: book, lambda: (tenant,)),
+        )
+        return book
 
     def _activate(self) -> None:
         """The limits that can refuse now, in order: draining only while draining, the rate and

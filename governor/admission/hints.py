@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -176,26 +174,3 @@ class DrainHint:
             wait_ms = max_ms
         self._booked = now + wait_ms / 1000.0
         return hints.jittered_ms(wait_ms)
-
-
-class Timeline:
-    """What a limit that keeps no appointments promised its refused clients (a tenant's own cap):
-    the k-th client it refuses is told the k-th forecast release not told
-    to an earlier one still waiting. Nothing is kept for them: a hint, not a promise. At most
-    `bound` times are remembered (a flood re-sending at once cannot grow it without end)."""
-
-    __slots__ = ("_told", "bound")
-
-    def __init__(self, bound: int = 4096) -> None:
-        self._told: deque[float] = deque()  # the times told, oldest first
-        self.bound = bound
-
-    def next(self, now: float, deficit: int, free_at: Callable[[int], float | None]) -> float | None:
-        """The time for a client short of `deficit` releases; None when nothing can be forecast."""
-        told = self._told
-        while told and told[0] <= now:
-            told.popleft()
-        at = free_at(deficit + len(told))
-        if at is not None and len(told) < self.bound:
-            told.append(at)
-        return at

@@ -17,12 +17,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from governor.admission.buckets import make_bucket, updated_bucket
-from governor.admission.hints import DrainHint, RetryHintEstimator, Timeline
+from governor.admission.hints import DrainHint, RetryHintEstimator
 from governor.admission.tally import Tally
 from govwire.request import is_tenant_name
 from govwire.vocab import DEFAULT_TENANT
+
+if TYPE_CHECKING:
+    from governor.admission.appointments import AppointmentBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +97,7 @@ class Tenant:
         "tally",
         "request_drain",
         "token_drain",
-        "release_timeline",
+        "book",
     )
 
     def __init__(self, name: str, limits: TenantLimits, hints: RetryHintEstimator, now: float) -> None:
@@ -110,7 +114,8 @@ class Tenant:
         self.tally = Tally()  # its admitted, executed and yielded frames (accounting.py)
         self.request_drain = DrainHint(hints)  # its fair share's hints (fair_share.py)
         self.token_drain = DrainHint(hints)
-        self.release_timeline = Timeline()  # its max_inflight's hints (tenant_caps.py)
+        # Its max_inflight's appointments (tenant_caps.py), from its first refusal there.
+        self.book: AppointmentBook | None = None
 
     def set_limits(self, limits: TenantLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until what it holds falls under it."""

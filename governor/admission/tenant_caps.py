@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
+from governor.admission.appointments import AppointmentBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
-from governor.admission.release_forecast import ReleaseForecast
+from governor.admission.tenant import Tenant
 from govwire.vocab import YieldReason
 
 
@@ -18,16 +20,18 @@ class TenantCaps:
     holds (requests, token cost) is counted whether it has caps or not: the per-tenant gauges read it.
 
     Under a priority class ceiling (`Ask.ceiling`) a cap counts as that fraction of itself, as the
-    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight`, the forecast
-    release of the tenant's own requests (release_forecast.py), told in turn to its refused
-    clients; for its token cap (and before anything can be forecast), the time what the tenant
-    holds takes to drain enough (hints.DrainHint), booked per tenant. With `--retry-hint fixed`
-    `max_inflight` and `max_inflight_tokens` hint the base value; the buckets keep their exact times."""
+    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight`, an appointment
+    in the tenant's own book (appointments.py, made on its first refusal by `new_book`): the next
+    forecast release of the tenant's own requests nobody was promised, kept for the client it was
+    told to, as the global cap keeps its slots; for its token cap, the time what the tenant holds
+    takes to drain enough (hints.DrainHint), booked per tenant. With `--retry-hint fixed` (no
+    `new_book`) `max_inflight` and `max_inflight_tokens` hint the base value; the buckets keep
+    their exact times."""
 
-    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_forecast", "_hints")
+    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book", "_hints")
 
-    def __init__(self, forecast: ReleaseForecast, hints: RetryHintEstimator) -> None:
-        self._forecast = forecast
+    def __init__(self, hints: RetryHintEstimator, new_book: Callable[[Tenant], AppointmentBook] | None) -> None:
+        self._new_book = new_book
         self._hints = hints
         self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
         self._qps = Refusal(YieldReason.TENANT_QPS)
@@ -54,18 +58,25 @@ class TenantCaps:
         limits = tenant.limits
         ceiling = ask.ceiling
         cap = limits.max_inflight
-        if cap and tenant.inflight + 1 > cap * ceiling:
-            deficit = tenant.inflight + 1 - math.floor(cap * ceiling)
-            hints = self._hints
-            at = None  # with --retry-hint fixed, no forecast: the drain's base hint
-            if hints.policy.adaptive:
-                service_s = hints.service_time_s
-                at = tenant.release_timeline.next(
-                    now, deficit, lambda k: self._forecast.group_free_at(now, tenant, k, service_s)
+        if cap:
+            limit = cap * ceiling
+            book = tenant.book
+            if tenant.inflight + 1 > limit or (
+                book is not None
+                and book.entries
+                and tenant.inflight + 1 + book.held(now, ask.appointment, ask.rank) > limit
+            ):
+                refusal = self._inflight
+                deficit = tenant.inflight + 1 - math.floor(limit)
+                if self._new_book is None:  # --retry-hint fixed: the drain's base hint, nothing kept
+                    refusal.appointment = None
+                    return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
+                if book is None:
+                    book = tenant.book = self._new_book(tenant)
+                refusal.hint_ms, refusal.appointment = book.refuse(
+                    now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
                 )
-            if at is None:
-                return self._inflight.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
-            return self._inflight.at(hints.jittered_ms((at - now) * 1000.0))
+                return refusal
         bucket = tenant.qps_bucket
         if bucket is not None and bucket.level(now) - 1.0 < (1.0 - ceiling) * bucket.burst:
             return self._qps.at(hint_of(bucket.appointment_s(now, 1.0 + (1.0 - ceiling) * bucket.burst)))
@@ -84,6 +95,9 @@ class TenantCaps:
             return
         tenant.inflight += 1
         tenant.tokens += grant.ask.cost
+        book = tenant.book
+        if book is not None and book.entries:
+            book.redeem(grant.ask.appointment, now)
         if tenant.qps_bucket is not None:
             tenant.qps_bucket.take()
         if tenant.token_bucket is not None:

@@ -16,7 +16,7 @@ from governor.admission.appointments import LAPSED_MEMORY_S, Appointment, Appoin
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
-from governor.admission.hints import RetryHintEstimator, RetryHintPolicy, Timeline
+from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import Tenant, TenantLimits
 
@@ -385,14 +385,6 @@ class AppointmentsMachine(RuleBasedStateMachine):
 
 TestAppointmentsMachine = AppointmentsMachine.TestCase
 TestAppointmentsMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
-
-
-def test_a_timeline_tells_releases_in_turn_and_is_bounded() -> None:
-    timeline = Timeline(bound=3)
-    releases = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
-    told = [timeline.next(0.0, 1, lambda k: releases[k - 1]) for _ in range(5)]
-    assert told == [1.0, 2.0, 3.0, 4.0, 4.0]  # past its bound it tells, but remembers no more
-    assert timeline.next(2.5, 1, lambda k: releases[k - 1]) == 2.0  # 1.0 and 2.0 passed: one told left
 
 
 def test_a_flood_that_never_comes_back_stops_appointments_from_keeping_capacity() -> None:

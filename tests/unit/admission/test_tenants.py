@@ -507,8 +507,10 @@ def test_the_shipped_placeholder_secret_is_refused() -> None:
             TenantSecrets.from_text(f"alpha {value}\n", "client-token")
 
 
-def test_a_tenants_own_cap_hints_the_forecast_release_of_its_own_requests() -> None:
-    """tenant_inflight: the next of the tenant's own requests to end, told in turn; nothing kept."""
+def test_a_tenants_own_cap_books_the_forecast_releases_of_its_own_requests_and_keeps_them() -> None:
+    """tenant_inflight: the k-th client refused is told the k-th release of the tenant's own
+    requests nobody was promised (be here by: a millisecond before), and the slot is kept for it:
+    a newcomer of the tenant is refused while the window is open, the holder admitted."""
     state = make_state(
         max_inflight=32,
         hint_policy=RetryHintPolicy(jitter=0.0),
@@ -518,16 +520,29 @@ def test_a_tenants_own_cap_hints_the_forecast_release_of_its_own_requests() -> N
     admission = state.admission
     admission.hints.observe_service_time(0.4)
     tenant = admission.tenants.resolve("a")
+    grants = []
     for at in (0.0, 0.1):  # 4 tokens at the prior step (100 ms, no stream seen): they end at 0.4 and 0.5
-        ask = Ask(tenant=tenant, max_new_tokens=4)
-        assert isinstance(admission.decide(at, ask), Grant)
-    told = []
+        grant = admission.decide(at, Ask(tenant=tenant, max_new_tokens=4))
+        assert isinstance(grant, Grant)
+        grants.append(grant)
+    told, booked = [], []
     for _ in range(3):
         refusal = admission.decide(0.1, Ask(tenant=tenant, max_new_tokens=4))
         assert not isinstance(refusal, Grant) and refusal.reason == "tenant_inflight"
+        assert refusal.appointment is not None and not refusal.final
         told.append(refusal.hint_ms)
+        booked.append(refusal.appointment)
     # its first request's end, its second's, the first slot's next round (a service time, 0.4 s, on)
-    assert told == [300, 400, 700]
+    assert told == [299, 399, 699]
+    assert admission.appointments.open_by_reason()["tenant_inflight"] == 3
+    admission.release(grants[0], executed=True, now=0.399)
+    newcomer = admission.decide(0.399, Ask(tenant=tenant, max_new_tokens=4))
+    assert not isinstance(newcomer, Grant) and newcomer.reason == "tenant_inflight"  # kept for the holder
+    back = Ask(tenant=tenant, max_new_tokens=4)
+    back.appointment = booked[0]  # (as `find` recognises it by its ticket)
+    holder = admission.decide(0.399, back)
+    assert isinstance(holder, Grant)
+    assert admission.appointments.outcomes[("tenant_inflight", "on_time")] == 1
 
 
 def test_a_guaranteed_tenant_is_admitted_past_the_full_cap_up_to_its_allowance() -> None:
