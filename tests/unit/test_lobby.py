@@ -18,6 +18,7 @@ from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
+from governor.admission.tenant import TenantLimits
 from governor.state import ServerState
 from govwire.codec import encode, encode_token, generate_frame
 from tests.fakes import FakeClock, FakeTimers, done_frame, make_ingress, make_state, worker_sends
@@ -93,6 +94,48 @@ def test_the_capacity_is_kept_for_a_held_client_a_newcomer_is_refused_meanwhile(
     assert told["id"] == "c" and told["status"] == "yield"
     timers.fire_due()
     assert "b" in ingress.active and "c" not in ingress.active
+
+
+def test_a_tenants_own_cap_keeps_its_appointments_through_the_lobby() -> None:
+    """tenant_inflight books in the tenant's own book: its holder back early is held, kept from
+    a newcomer of the tenant, and admitted the moment one of the tenant's requests ends, while
+    another tenant is never kept out by it."""
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    endpoint = Endpoint("fake", EndpointLimits(step_ms=STEP_MS), clock())
+    endpoint.up = True
+    state = make_state(
+        max_inflight=8,
+        clock=clock,
+        timers=timers,
+        endpoints=[endpoint],
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(max_inflight=1)},
+        tenant_from_frame=True,
+    )
+    ingress, writes = make_ingress(state)
+
+    def tenant_frame(rid: str, tenant: str, ticket: str | None = None) -> bytes:
+        obj = generate_frame(rid, "p-" + rid, max_new_tokens=4, tenant=tenant)
+        if ticket is not None:
+            obj["retry_ticket"] = ticket
+        return encode(obj)
+
+    ingress.receive_data(tenant_frame("a1", "a") + tenant_frame("a2", "a"))
+    (refused,) = replies(writes)
+    assert (refused["reason"], refused["retry_hint_ms"], "retry_ticket" in refused) == ("tenant_inflight", 39, True)
+    clock.advance(0.039)
+    ingress.receive_data(tenant_frame("a2", "a", refused["retry_ticket"]))
+    assert replies(writes) == [] and "a2" in ingress.in_lobby  # held
+    ingress.receive_data(tenant_frame("b1", "b"))
+    assert "b1" in ingress.active  # another tenant: nothing of its own cap is kept from it
+    clock.advance(0.002)
+    finish(state, ingress, "a1")
+    ingress.receive_data(tenant_frame("a3", "a"))  # a newcomer of a's: the slot is kept for a2
+    assert [(r["status"], r.get("reason")) for r in replies(writes)] == [("done", None), ("yield", "tenant_inflight")]
+    assert timers.fire_due() == 1
+    assert "a2" in ingress.active and not ingress.in_lobby
+    assert state.admission.appointments.outcomes[("tenant_inflight", "on_time")] == 1
 
 
 def test_a_holder_is_held_past_its_window_until_its_capacity_frees() -> None:
