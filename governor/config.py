@@ -357,13 +357,22 @@ def _secret(path: str, flag: str) -> SharedSecret | None:
         raise ConfigError(f"{flag}: {exc}") from None
 
 
-_LIMIT_KEYS = {"concurrency": int, "tokens": int, "qps": float, "burst": float, "weight": float, "step_ms": float}
+_LIMIT_KEYS = {
+    "concurrency": int,
+    "tokens": int,
+    "qps": float,
+    "burst": float,
+    "weight": float,
+    "step_ms": float,
+    "batch": int,
+}
 TARGET_KEYS = ("model", "api_key_file", "served_as", "ignore_eos")  # of an OpenAI-compatible endpoint (http(s)://)
 
 
 def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
-    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W][,step_ms=S]` -> the address and its soft caps
-    (and `step_ms`, the release forecast's prior of its time per token). An ADDRESS that is an `http://` or `https://`
+    """`ADDRESS[,concurrency=N][,tokens=T][,qps=R][,burst=B][,weight=W][,step_ms=S][,batch=N]` -> the address and its
+    soft caps (and, for the release forecast, `step_ms`, its prior of the time per token, and `batch`, how many requests
+    the server runs at once, the rest queued in it). An ADDRESS that is an `http://` or `https://`
     URL (up to `/v1`) is an OpenAI-compatible server, and takes `model=NAME` (required), `api_key_file=PATH`,
     `served_as=NAME` (its name at the front door) and `ignore_eos=pass|refuse` too."""
     address, *options = text.split(",")

@@ -21,17 +21,22 @@ class EndpointLimits:
     weight: float = 1.0
     tokens: int = 0  # the token cost its admitted, unfinished requests may hold
     step_ms: float = 0.0  # the time between two tokens assumed before its first stream (0: the default prior)
+    # How many requests the server runs at once, the rest waiting in its own queue (0: learnt from
+    # its streams): the release forecast models the endpoint as that many running plus a FIFO.
+    batch: int = 0
 
     def __post_init__(self) -> None:
         numbers = (self.qps, self.burst, self.weight, self.step_ms)
         if (
             self.concurrency < 0
             or self.tokens < 0
+            or self.batch < 0
             or not all(math.isfinite(x) and x >= 0 for x in numbers)
             or self.weight == 0
         ):
             raise ValueError(
-                "endpoint limits: concurrency, tokens, qps, burst and step_ms must be finite and >= 0, weight > 0"
+                "endpoint limits: concurrency, tokens, batch, qps, burst and step_ms must be finite and >= 0,"
+                " weight > 0"
             )
         if 0 < self.burst < 1:
             raise ValueError("endpoint limits: burst must be >= 1 (or 0 for the default)")

@@ -21,6 +21,13 @@ admitted together end together, and wrong for a long stream that holds its slot 
   Its remaining tokens are counted from its latest one.
 - **Time to its first token**: its endpoint's recent admission-to-first-token time (before any,
   a step), less what it has waited, at least one step.
+- **A server that runs N at a time** and queues the rest (an OpenAI-compatible server with N
+  slots, a serial one with one): when its endpoint has more admitted than N (its `batch=N`, else
+  learnt: the most requests seen streaming together while another admitted well before waited for
+  its first token), it is N running plus a FIFO: the requests without a first token beyond the
+  N wait in the order admitted, each starting when the earliest running one ends, its first token
+  a step later. Without it, a queued request's end would be read from the endpoint's average time
+  to a first token, and the k-th release of a queue would come too early.
 
 The k-th release from now is the k-th smallest forecast. Past the last request in flight, the
 releases repeat one service time later each round: the requests admitted into the freed slots end
@@ -37,6 +44,7 @@ the benchmark's accuracy figure is the median of.
 
 from __future__ import annotations
 
+import heapq
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
@@ -61,6 +69,10 @@ SMOOTHING = 0.2
 
 OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
+
+QUEUED_AFTER_STEPS = 3
+"""A request admitted this many steps before another's last token and still without a first one
+waits in its server's queue (a server that batches takes a step or two to start a new request)."""
 
 MIN_REMAINING_S = 0.001
 """The least a request still running past its forecast end is forecast to hold its slot more."""
@@ -91,12 +103,15 @@ class EngineModel:
     """One endpoint's speed as its streams show it: the time between two tokens of a request (a
     decode step at the batch it ran in) and the time from admission to a first token."""
 
-    __slots__ = ("step_s", "first_token_s", "endpoint", "end_gap_s")
+    __slots__ = ("step_s", "first_token_s", "endpoint", "end_gap_s", "batch_seen")
 
     def __init__(self, endpoint: Endpoint | None = None) -> None:
         self.step_s: float | None = None  # learnt: None before a stream ended here
         self.first_token_s: float | None = None
         self.endpoint = endpoint
+        # The most requests seen streaming at once here while another waited for its first token
+        # (`ReleaseForecast.ended`): how many the server runs, the rest queued in it. 0: no queue seen.
+        self.batch_seen = 0
         # From a request's last token to its end (the final reply that releases it): a server may
         # send its finish a step later, or after the usage it counts.
         self.end_gap_s = 0.0
@@ -112,6 +127,15 @@ class EngineModel:
             return endpoint.limits.step_ms / 1000.0
         reported = endpoint.reported_step_s
         return PRIOR_STEP_S if reported is None else reported
+
+    @property
+    def batch(self) -> int:
+        """How many requests the server runs at once (its `batch=`, else as learnt; 0: no bound
+        known, every request admitted runs)."""
+        endpoint = self.endpoint
+        if endpoint is not None and endpoint.limits.batch:
+            return endpoint.limits.batch
+        return self.batch_seen
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
@@ -152,6 +176,10 @@ def _kth(a: Callable[[int], float], na: int, b: list[float], after: float, k: in
             lo = x + 1
         else:
             return a_left if a_left > b_left else b_left
+
+
+def _admitted_at(grant: Grant) -> float:
+    return grant.t_admitted
 
 
 def _ewma(old: float | None, sample: float) -> float:
@@ -205,6 +233,8 @@ class ReleaseForecast:
 
     def charge(self, grant: Grant, now: float) -> None:
         grant.t_admitted = now
+        if grant.endpoint not in self.models:  # (charged after the pool chose it) its batch= is read from its model
+            self.model(grant.endpoint)
         self._live[id(grant)] = grant
         self._dirty = True
 
@@ -230,7 +260,10 @@ class ReleaseForecast:
         first = progress.t_first_token
         tokens = progress.tokens_seen
         if executed and first is not None:
-            self.model(grant.endpoint).observe_stream(first, progress.t_last_token, now, tokens)
+            model = self.model(grant.endpoint)
+            model.observe_stream(first, progress.t_last_token, now, tokens)
+            if grant.endpoint is not None and tokens >= 2:
+                self._learn_batch(model, grant, first, progress.t_last_token)
             asked = grant.ask.max_new_tokens
             if asked > 0:
                 self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
@@ -242,11 +275,36 @@ class ReleaseForecast:
             if service > 0:
                 self.relative_errors.append(abs(error) / service)
 
+    def _learn_batch(self, model: EngineModel, grant: Grant, first: float, last: float) -> None:
+        """A request streamed from `first` to `last`. Were requests admitted to its endpoint well
+        before its last token still waiting for their first (longer than a server that batches
+        them takes to start one: `QUEUED_AFTER_STEPS` steps), while only so many streamed beside
+        it, the server runs that many at once and queues the rest: it is learnt (the most seen).
+        The others counted overlap its stream: their first token before its last, their latest
+        after its first (a serial server's next request starts only after its last token)."""
+        endpoint = grant.endpoint
+        step = model.step_s or (last - first)
+        waited_since = last - QUEUED_AFTER_STEPS * step
+        streaming, queued = 1, False
+        for other in self._live.values():
+            if other is grant or other.endpoint is not endpoint:
+                continue
+            progress = other.progress
+            other_first = None if progress is None else progress.t_first_token
+            if other_first is None:
+                queued = queued or other.t_admitted < waited_since
+            elif other_first < last and progress is not None and progress.t_last_token > first:
+                streaming += 1
+        if queued and streaming > model.batch_seen:
+            model.batch_seen = streaming
+
     # -- the forecast --------------------------------------------------------------------------------
 
-    def _release_at(self, grant: Grant, now: float) -> float:
+    def _release_at(self, grant: Grant, now: float, starts_at: float | None = None) -> float:
         """When this request will give back what it was charged: its tokens left at its own pace,
-        else its endpoint's step (learnt, else the prior)."""
+        else its endpoint's step (learnt, else the prior). `starts_at`: it waits in its server's
+        queue until then (the FIFO of an endpoint running a bounded batch), and its first token
+        comes a step after."""
         model = self.model(grant.endpoint)
         learnt = model.step_s
         step = model.prior_step_s if learnt is None else learnt
@@ -265,6 +323,8 @@ class ReleaseForecast:
             step = (progress.t_last_token - first) / (seen - 1)  # its own pace
         if progress is not None and first is not None:
             at = progress.t_last_token + left * step
+        elif starts_at is not None:
+            at = starts_at + left * step
         else:
             to_first = step if model.first_token_s is None else model.first_token_s
             at = grant.t_admitted + to_first
@@ -276,11 +336,32 @@ class ReleaseForecast:
             return at
         return now + (step if step > MIN_REMAINING_S else MIN_REMAINING_S)  # overdue: no sooner than its next token
 
+    def _queue_releases(self, grants: list[Grant], batch: int, now: float) -> list[tuple[float, Grant]]:
+        """The releases of one endpoint's requests when it runs `batch` at once and queues the
+        rest (fewer than it has admitted): those with a first token and the earliest admitted of
+        the others run, ending as `_release_at` says; each of the rest, in the order admitted,
+        starts when the earliest running one ends."""
+        waiting = sorted(
+            (g for g in grants if g.progress is None or g.progress.t_first_token is None), key=_admitted_at
+        )
+        running = [g for g in grants if g.progress is not None and g.progress.t_first_token is not None]
+        room = batch - len(running)
+        if room > 0:
+            running += waiting[:room]
+            waiting = waiting[room:]
+        out = [(self._release_at(g, now), g) for g in running]
+        ends = [at for at, _ in out]
+        heapq.heapify(ends)
+        for grant in waiting:
+            at = self._release_at(grant, now, heapq.heappop(ends))
+            heapq.heappush(ends, at)
+            out.append((at, grant))
+        return out
+
     def _compute(self, now: float, service_s: float | None) -> None:
         pairs = []
         groups: dict[object, list[float]] = {}
-        for grant in self._live.values():
-            at = self._release_at(grant, now)
+        for at, grant in self._releases(now):
             if grant.forecast_s is None:
                 grant.forecast_s = at
             pairs.append((at, grant.ask.cost))
@@ -305,6 +386,28 @@ class ReleaseForecast:
             self._round_s = self._times[-1] - now if self._times else 0.0
         self._computed_at = now
         self._dirty = False
+
+    def _releases(self, now: float) -> list[tuple[float, Grant]]:
+        """Each request's forecast release; an endpoint that runs a bounded batch and has more
+        admitted than that is a FIFO (`_queue_releases`)."""
+        live = self._live.values()
+        batches = {e: m.batch for e, m in self.models.items() if e is not None and m.batch}
+        if not batches:
+            return [(self._release_at(grant, now), grant) for grant in live]
+        out = []
+        queues: dict[Endpoint, list[Grant]] = {}
+        for grant in live:
+            endpoint = grant.endpoint
+            if endpoint is not None and endpoint in batches:
+                queues.setdefault(endpoint, []).append(grant)
+            else:
+                out.append((self._release_at(grant, now), grant))
+        for endpoint, grants in queues.items():
+            if len(grants) > batches[endpoint]:
+                out += self._queue_releases(grants, batches[endpoint], now)
+            else:
+                out += [(self._release_at(grant, now), grant) for grant in grants]
+        return out
 
     def _refresh(self, now: float, service_s: float | None) -> None:
         if self._dirty or now - self._computed_at > STALE_S:

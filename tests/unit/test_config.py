@@ -109,6 +109,10 @@ def test_an_endpoint_carries_its_soft_caps() -> None:
     assert str(address) == "10.0.0.1:7071"
     assert limits == EndpointLimits(concurrency=8, qps=2.5, burst=4.0, weight=2.0)
     assert parse_endpoint("unix:/run/w.sock")[1] == EndpointLimits()
+    _, forecast = parse_endpoint("http://127.0.0.1:8000/v1,model=m,step_ms=2.5,batch=1")
+    assert (forecast.step_ms, forecast.batch) == (2.5, 1)
+    with pytest.raises(ValueError, match="batch"):
+        parse_endpoint("h:1,batch=-1")
 
 
 def test_an_openai_endpoint_takes_a_front_door_name_and_an_ignore_eos_policy() -> None:

@@ -186,3 +186,61 @@ def test_the_list_is_recomputed_when_a_request_ends() -> None:
     assert forecast.slot_free_at(0.55, 1, 1.0) == pytest.approx(1.0)
     forecast.release(first, True)
     assert forecast.slot_free_at(0.55, 1, 1.0) == pytest.approx(1.5)
+
+
+def test_an_endpoint_that_runs_one_at_a_time_is_a_queue_its_releases_one_after_another() -> None:
+    """`batch=1` (a serial server): of three requests admitted together the first runs and the
+    others wait in its queue, each starting when the one before it ends: their ends come one
+    service apart, not together (as they would on a server that batches them)."""
+    serial = Endpoint("serial", EndpointLimits(step_ms=10, batch=1), now=0.0)
+    batching = Endpoint("batching", EndpointLimits(step_ms=10), now=0.0)
+    for endpoint, expected in ((serial, [0.04, 0.08, 0.12]), (batching, [0.04, 0.04, 0.04])):
+        forecast = ReleaseForecast()
+        for _ in range(3):
+            admitted(forecast, 0.0, 4, endpoint=endpoint)  # a first token a step on, then 3 more
+        ends = [forecast.slot_free_at(0.0, k, None) for k in (1, 2, 3)]
+        assert ends == pytest.approx(expected)
+
+
+def test_a_queued_request_starts_when_the_running_one_ends_by_its_own_pace() -> None:
+    serial = Endpoint("serial", EndpointLimits(step_ms=10, batch=1), now=0.0)
+    forecast = ReleaseForecast()
+    _, running = admitted(forecast, 0.0, 4, endpoint=serial)
+    admitted(forecast, 0.0, 4, endpoint=serial)
+    for at in (0.005, 0.025):  # it runs at 20 ms a token: two more to come, at 0.045 and 0.065
+        running.token(at)
+    assert forecast.slot_free_at(0.03, 1, None) == pytest.approx(0.065)
+    assert forecast.slot_free_at(0.03, 2, None) == pytest.approx(0.065 + 4 * 0.01)
+
+
+def _stream(forecast: ReleaseForecast, grant: Grant, stream: Stream, times: list[float]) -> None:
+    for at in times:
+        stream.token(at)
+    forecast.release(grant, executed=True)
+    forecast.ended(grant, True, times[-1])
+
+
+def test_the_batch_of_a_server_that_queues_is_learnt_from_its_streams() -> None:
+    """A serial server: one request streams while another, admitted long before, waits for its
+    first token: it runs one at a time (`batch_seen` 1). A server that batches: two stream
+    together and nobody waits long: no bound is learnt, every request admitted runs."""
+    serial = Endpoint("serial", EndpointLimits(), now=0.0)
+    forecast = ReleaseForecast()
+    first, first_stream = admitted(forecast, 0.0, 4, endpoint=serial)
+    second, second_stream = admitted(forecast, 0.0, 4, endpoint=serial)
+    _stream(forecast, first, first_stream, [0.01, 0.02, 0.03, 0.04])
+    assert forecast.model(serial).batch == 1
+    _stream(forecast, second, second_stream, [0.05, 0.06, 0.07, 0.08])  # alone: it stays 1
+    assert forecast.model(serial).batch == 1
+
+    batching = Endpoint("batching", EndpointLimits(), now=0.0)
+    forecast = ReleaseForecast()
+    a, a_stream = admitted(forecast, 0.0, 4, endpoint=batching)
+    b, b_stream = admitted(forecast, 0.0, 4, endpoint=batching)
+    late, _ = admitted(forecast, 0.035, 4, endpoint=batching)  # admitted a step before a's last token
+    for at in (0.01, 0.02, 0.03):
+        a_stream.token(at)
+        b_stream.token(at + 0.001)
+    _stream(forecast, a, a_stream, [0.04])
+    assert forecast.model(batching).batch == 0  # two streamed together, and `late` has not waited long
+    assert late.progress is not None and late.progress.t_first_token is None
