@@ -509,13 +509,22 @@ def burst_row(b: Burst) -> dict[str, Any]:
     }
 
 
-def record(sitting: Sitting, rounds: list[dict[str, Burst]], configs: list[str], args: argparse.Namespace) -> None:
-    """Per K: requests/s beside the direct burst (headline; bar >= 0.9x), 429s per burst (bar <= 2 per
-    request), TTFT p99 beside direct; and the errors of every burst (headline). The ratios are the
-    tables' medians of per-round ratios."""
+def record(
+    sitting: Sitting,
+    rounds: list[dict[str, Burst]],
+    configs: list[str],
+    args: argparse.Namespace,
+    on_time: dict[str, float | None],
+) -> None:
+    """Per K: requests/s beside the direct burst (headline; bar >= 0.8x at K=1, where every
+    hand-over between two requests idles the serial server, and 0.9x above), 429s per burst (bar
+    <= 2 per request), TTFT p99 beside direct (bar <= 1.15x at K >= 2), the share of returns to an
+    `endpoint_inflight` appointment admitted on time (bar >= 95%); and the errors of every burst
+    (headline). The ratios are the tables' medians of per-round ratios."""
     direct_rps = median_of(rounds, DIRECT, lambda b: b.rps)
     for c in configs[1:]:
         k = c.removeprefix("governor ")
+        serial = k == "K=1"
         ratio = ratio_to_direct(rounds, c, lambda b: b.rps)
         sitting.figure(
             f"requests/s through the governor, {k}",
@@ -523,8 +532,8 @@ def record(sitting: Sitting, rounds: list[dict[str, Burst]], configs: list[str],
             "req/s",
             baseline=("direct to transformers serve", direct_rps),
             ratio=ratio,
-            bar=">= 0.9x",
-            met=ratio >= 0.9,
+            bar=">= 0.8x" if serial else ">= 0.9x",
+            met=ratio >= (0.8 if serial else 0.9),
         )
         refusals = median_of(rounds, c, lambda b: b.refusals)
         sitting.figure(
@@ -535,14 +544,28 @@ def record(sitting: Sitting, rounds: list[dict[str, Burst]], configs: list[str],
             met=refusals <= 2 * args.burst,
             headline=False,
         )
+        ttft_ratio = ratio_to_direct(rounds, c, lambda b: b.p("ttft_first", 99))
         sitting.figure(
             f"TTFT p99 from the first attempt, {k}",
             median_of(rounds, c, lambda b: b.p("ttft_first", 99)),
             "ms",
             baseline=("direct to transformers serve", median_of(rounds, DIRECT, lambda b: b.p("ttft_first", 99))),
-            ratio=ratio_to_direct(rounds, c, lambda b: b.p("ttft_first", 99)),
+            ratio=ttft_ratio,
+            bar=None if serial else "<= 1.15x",
+            met=None if serial else ttft_ratio <= 1.15,
             headline=False,
         )
+        share = on_time.get(c)
+        if share is not None:
+            sitting.figure(
+                f"returns to an endpoint_inflight appointment admitted on time, {k}",
+                100.0 * share,
+                "%",
+                bar=">= 95%",
+                met=share >= 0.95,
+                headline=False,
+                note="the governor's retry-hint outcomes over the whole run (warm-up included)",
+            )
     errors = sum(r[c].n_errors for r in rounds for c in configs)
     sitting.figure("errors, all bursts, direct and through the governor", errors, "requests")
     sitting.details = {"rounds": [{c: burst_row(r[c]) for c in configs} for r in rounds]}
@@ -615,14 +638,18 @@ def main() -> None:
                         flush=True,
                     )
                 rounds.append(results)
+            on_time: dict[str, float | None] = {}
             for name, (_, port, _) in governors.items():
                 s = stats(port)
+                outcomes = s["retry_hints"]["outcomes"].get("endpoint_inflight", {})
+                returns = sum(outcomes.get(o, 0) for o in ("on_time", "early", "late", "yielded_again"))
+                on_time[name] = outcomes.get("on_time", 0) / returns if returns else None
                 yielded = {k: v for k, v in s["yielded_by_reason"].items() if v}
                 failed = {k: v for k, v in s["failed_by_reason"].items() if v}
                 print(
                     f"{name} accounting: received={s['received_total']} executed={s['executed_total']}"
                     f" yielded={s['yielded_total']} {yielded} failed={s['failed_total']} {failed}"
-                    f" rejected={s['rejected_total']}",
+                    f" rejected={s['rejected_total']}; endpoint_inflight returns {outcomes}",
                     flush=True,
                 )
         finally:
@@ -637,7 +664,7 @@ def main() -> None:
         f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}\n"
     )
     print(tables(rounds, configs, args))
-    record(sitting, rounds, configs, args)
+    record(sitting, rounds, configs, args, on_time)
     sitting.write()
 
 
