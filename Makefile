@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
 	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
-	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-small-host \
+	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
 	image image-cuda image-governor clean
 
@@ -200,6 +200,9 @@ bench-openai: $(STAMP)  ## experiment 11b: bursts of 64 in front of transformers
 bench-pool: $(STAMP)  ## the endpoint pool: --max-qps accuracy and retry-hint accuracy
 	$(PY) -m benchmarks.admission.pool_limits
 
+bench-echo-burst: $(STAMP)  ## refused clients back exactly at their hint: admitted on return, lobby wait
+	$(PY) -m benchmarks.admission.echo_burst
+
 bench-sdk-retries: $(STAMP)  ## the real openai SDK at its default retries against an overloaded front door
 	$(PY) -m benchmarks.admission.openai_sdk_retries --rounds 3
 
@@ -219,7 +222,7 @@ soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor
 bench-all-peers: bench-anchors bench-llamacpp bench-sdk-overload bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
 bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
 	$(PY) -m benchmarks.cost.memory
-bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-sdk-retries  ## every benchmark of benchmarks/admission/
+bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-echo-burst bench-sdk-retries  ## every benchmark of benchmarks/admission/
 bench-all-engine: bench-engine bench-dtypes bench-chunked-prefill bench-kv bench-prefill bench-tokenize bench-small-host  ## every CPU benchmark of benchmarks/engine/ (bench-gpu needs CUDA)
 bench-all-robustness: fuzz soak  ## the fuzzer and the soak
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai  ## experiments 1-11 of the sittings, one after another

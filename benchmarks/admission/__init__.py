@@ -7,6 +7,7 @@
 - `tenants`: a noisy neighbour, tenant weights, priority classes.
 - `fleet`: fleet caps shared by three replicas through Redis.
 - `pool_limits`: `--max-qps` accuracy and whether retries at the hint get in.
+- `echo_burst`: a burst whose refused clients come back exactly at their hint: admitted on return, lobby wait.
 - `openai_sdk_retries`: the real openai SDK at its defaults against an overloaded front door.
 
 `make bench-all-admission` runs them all; each has its own `make bench-*` target.
