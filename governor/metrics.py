@@ -367,12 +367,16 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     for reason, n in open_by_reason.items():
         booked.add_metric([reason], n)
     yield booked
-    yield GaugeMetricFamily(
+    trust = GaugeMetricFamily(
         "governor_appointments_trust",
-        "The recent share of appointments their clients came back for (decayed): below 0.5 appointments"
-        " keep no capacity and hints are the plain forecast, until clients come back again.",
-        appointments.trust,
+        "The recent share of appointments their clients came back for (decayed), by the limit that booked"
+        " them: the lowest over its books and the ranks they booked for. Below 0.5 a book's appointments of"
+        " that rank keep no capacity and their hints are the plain forecast, until clients come back again.",
+        labels=["reason"],
     )
+    for reason, value in appointments.trust_by_reason().items():
+        trust.add_metric([reason], value)
+    yield trust
     final = CounterMetricFamily(
         "governor_refused_final",
         "Yields that told their client not to come back (x-should-retry: false, final: true): nothing"

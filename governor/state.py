@@ -218,7 +218,7 @@ class ServerState:
             "appointments": admission.appointments.open_by_reason(),
             "forecast_relative_error_p50": round(errors[len(errors) // 2], 4) if errors else None,
             # the share of recent appointments their clients kept: below 0.5 they keep no capacity
-            "trust": round(admission.appointments.trust, 4),
+            "trust": {reason: round(v, 4) for reason, v in admission.appointments.trust_by_reason().items()},
             "forecast_samples": len(errors),
         }
 

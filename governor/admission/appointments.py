@@ -34,8 +34,9 @@ least half a window away.)
 Holds never let anyone past a cap: they only decide who gets what the cap allows.
 
 Every return is counted by outcome (`OUTCOMES`): the only way to know in production whether the
-hints hold. When most appointments lapse unkept (a flood that never comes back), they stop
-keeping capacity until clients come back for theirs again (`Appointments.binding`). The book is
+hints hold. When most appointments of a book and rank lapse unkept (a flood that never comes
+back), those stop keeping capacity until clients come back for theirs again (`AppointmentBook.trust`:
+per book and rank, so one class's or one tenant's no-shows unbind no one else's). The book is
 bounded (`max_entries`): past it a refusal gets the forecast without an appointment. Sans-IO, with the clock passed in.
 """
 
@@ -76,7 +77,10 @@ TRUST_WEIGHT = 0.05
 """EWMA weight of the newest appointment's fate (kept by its client: 1; lapsed: 0) in the trust."""
 
 MIN_TRUST = 0.5
-"""Below this share of appointments kept, appointments stop keeping capacity (see `binding`)."""
+"""Below this share of a book's appointments of one rank kept, those stop keeping capacity: a
+flood of clients that never come back would otherwise hold every slot it was promised, one window
+after another, for the whole horizon it booked, while the capacity idles. Their hints then are the
+plain forecast; keeping resumes as clients come back (`AppointmentBook.trust`)."""
 
 LAPSED_MEMORY_S = 30.0
 """An appointment whose window closed is remembered this long, so that a late return is counted
@@ -144,6 +148,8 @@ class AppointmentBook:
         "ranks",
         "mixed",
         "max_entries",
+        "trust",
+        "used",
         "_cumulative",
     )
 
@@ -162,6 +168,12 @@ class AppointmentBook:
         self.ranks = [0] * RANKS  # how many live appointments each rank holds (Ask.rank)
         self.mixed = 0  # how many of them are of another rank than standard (0: ranks play no part)
         self.max_entries = max_entries
+        # Per rank, the recent share of its appointments their clients kept (came back for, in
+        # time or not): below MIN_TRUST that rank's appointments keep nothing (`binding`). Per book
+        # and rank, so that a flood of one class or one tenant that never comes back does not
+        # unbind the promises made to the others.
+        self.trust = [1.0] * RANKS
+        self.used = [0] * RANKS  # how many appointments each rank ever booked here (for the gauge)
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
         registry.books.append(self)
 
@@ -201,8 +213,9 @@ class AppointmentBook:
         if not self.entries:
             return 0.0
         self.sweep(now)
-        if not self.registry.binding:
-            return 0.0
+        trust = self.trust
+        if not self.mixed and trust[STANDARD_RANK] < MIN_TRUST:
+            return 0.0  # (every appointment here is of the standard rank, and those keep nothing now)
         own = self.own(appointment)
         if own is not None and own.opened(now):
             rank = own.rank + 1
@@ -211,8 +224,10 @@ class AppointmentBook:
         opened = bisect_right(self.times, now + self.registry.half_grace_s)  # whose window opened
         if not opened:
             return 0.0
-        if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # some ranked below the asker
-            return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank))
+        if ((rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank])) or (
+            self.mixed and min(trust) < MIN_TRUST
+        ):  # some ranked below the asker, or a rank whose appointments keep nothing
+            return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank and trust[e.rank] >= MIN_TRUST))
         if self.unit:
             return float(opened)
         return self.cumulative()[opened - 1]
@@ -224,6 +239,7 @@ class AppointmentBook:
         if len(self.entries) >= self.max_entries:
             return None
         appointment = Appointment(at, amount, self, tenant, identity, rank)
+        self.used[rank] += 1
         self._insert(appointment)
         self.registry.issue(appointment)
         return appointment
@@ -277,13 +293,13 @@ class AppointmentBook:
             return
         registry = self.registry
         if own.opened(now):
-            registry.count(self.reason, ON_TIME)
+            registry.count(self, own.rank, ON_TIME)
             late = (own.came_at if own.in_lobby else now) - own.at  # when it came, held or not
             registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
             # Held, it got its capacity when that freed; not held, the capacity was free already.
             registry.learn_release(now - own.at if own.in_lobby else 0.0)
         else:
-            registry.count(self.reason, EARLY)
+            registry.count(self, own.rank, EARLY)
         self.remove(own)
 
     def refuse(
@@ -300,7 +316,7 @@ class AppointmentBook:
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
         be released before it fits, not counting the appointments; `rank`: its standing (`Ask.rank`:
         a new appointment comes after those of its rank and above, before those of lower ranks)."""
-        # Runs for every frame the limit refuses: the sweep's test, `own` and `binding` inlined.
+        # Runs for every frame the limit refuses: the sweep's test, and `own` inlined.
         registry = self.registry
         free_at = self.free_at
         entries = self.entries
@@ -309,7 +325,7 @@ class AppointmentBook:
         own = held if held is not None and held.book is self else None
         if own is not None:
             if not own.opened(now):  # early: told the time left, keeps its place
-                registry.count(self.reason, EARLY)
+                registry.count(self, own.rank, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
             if registry.lobby:
                 if not own.last_call:
@@ -319,17 +335,17 @@ class AppointmentBook:
                 # Held to the horizon and still no room: the promise is not renewed, it is refused
                 # for good (a client waits on promises at most the horizon).
                 own.last_call = False
-                registry.count(self.reason, YIELDED_AGAIN)
+                registry.count(self, own.rank, YIELDED_AGAIN)
                 registry.learn_release(now - own.at)  # at least this late: it has not freed yet
                 self.remove(own)
                 return max(math.ceil(registry.hints.policy.horizon_ms), 1), None
             # In its window and still no room (the forecast was early): it keeps its place in the
             # book, before every appointment made after it, and its ticket.
-            registry.count(self.reason, YIELDED_AGAIN)
+            registry.count(self, own.rank, YIELDED_AGAIN)
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
-        elif registry.trust < MIN_TRUST:  # not `binding`
+        elif self.trust[rank] < MIN_TRUST:  # that rank's appointments keep nothing now
             # Most appointments lapse unkept (a flood that never comes back): no promise, no
             # booking, the forecast of the release this frame needs ahead of no one.
             release = free_at(now, deficit if deficit > 1.0 else 1.0, deficit, 0)
@@ -419,11 +435,14 @@ class Tickets:
 class Lapsed:
     """An appointment whose window closed unredeemed, remembered for a late return."""
 
-    __slots__ = ("at", "reason", "tenant", "keys")
+    __slots__ = ("at", "book", "rank", "tenant", "keys")
 
-    def __init__(self, at: float, reason: str, tenant: Owner | None, keys: tuple[object, ...]) -> None:
+    def __init__(
+        self, at: float, book: AppointmentBook, rank: int, tenant: Owner | None, keys: tuple[object, ...]
+    ) -> None:
         self.at = at  # when its window closed
-        self.reason = reason
+        self.book = book
+        self.rank = rank
         self.tenant = tenant
         self.keys = keys  # its ticket, and its identity if it had one
 
@@ -435,7 +454,6 @@ class Appointments:
         "half_grace_s",
         "lateness_s",
         "release_lateness_s",
-        "trust",
         "hints",
         "books",
         "by_ticket",
@@ -459,8 +477,6 @@ class Appointments:
         # later than forecast: a server whose prefills stall its batch). Learnt from the holders
         # held for it; whether a promise fits the horizon counts it.
         self.release_lateness_s = 0.0
-        # The recent share of appointments their clients kept (came back for, in time or not).
-        self.trust = 1.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
         self.books: list[AppointmentBook] = []
         self.by_ticket: dict[str, Appointment] = {}
@@ -508,19 +524,25 @@ class Appointments:
             counts[book.reason] = counts.get(book.reason, 0) + len(book.entries)
         return counts
 
-    @property
-    def binding(self) -> bool:
-        """Whether appointments keep capacity for their holders. Not while most of them lapse
-        unkept: a flood of clients that never come back would otherwise hold every slot it was
-        promised, one window after another, for the whole horizon it booked, while the capacity
-        idles. Their hints then are the plain forecast; keeping resumes as clients come back."""
-        return self.trust >= MIN_TRUST
-
-    def count(self, reason: str, outcome: str) -> None:
-        key = (reason, outcome)
+    def count(self, book: AppointmentBook, rank: int, outcome: str) -> None:
+        """A return to an appointment of `book` and `rank` (or its never coming back), counted."""
+        key = (book.reason, outcome)
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
         if outcome != NEVER:  # a client came back for it: the appointments are worth keeping
-            self.trust += TRUST_WEIGHT * (1.0 - self.trust)
+            trust = book.trust
+            trust[rank] += TRUST_WEIGHT * (1.0 - trust[rank])
+
+    def trust_by_reason(self) -> dict[str, float]:
+        """The lowest share kept among the books of each limit and the ranks they booked for (what
+        `governor_appointments_trust` shows: below one half, those appointments keep nothing)."""
+        lowest: dict[str, float] = {}
+        for book in self.books:
+            used = [t for t, n in zip(book.trust, book.used, strict=True) if n]
+            if used:
+                lowest[book.reason] = min(lowest.get(book.reason, 1.0), *used)
+            else:
+                lowest.setdefault(book.reason, 1.0)
+        return lowest
 
     def issue(self, appointment: Appointment) -> None:
         ticket = appointment.ticket = self._new_ticket()
@@ -551,13 +573,14 @@ class Appointments:
 
     def lapse(self, appointment: Appointment, now: float) -> None:
         """Its window closed without it: out of its book; remembered a while for a late return."""
-        self.trust -= TRUST_WEIGHT * self.trust
-        appointment.book.promised -= appointment.amount
+        book = appointment.book
+        book.trust[appointment.rank] -= TRUST_WEIGHT * book.trust[appointment.rank]
+        book.promised -= appointment.amount
         self.forget(appointment)
         keys: tuple[object, ...] = (
             (appointment.ticket, appointment.identity) if appointment.identity else (appointment.ticket,)
         )
-        record = Lapsed(appointment.closes, appointment.book.reason, appointment.tenant, keys)
+        record = Lapsed(appointment.closes, appointment.book, appointment.rank, appointment.tenant, keys)
         for key in keys:
             self.lapsed[key] = record
         self.age(now)
@@ -571,7 +594,7 @@ class Appointments:
             if now - oldest.at < LAPSED_MEMORY_S and len(lapsed) < 65536:
                 return
             self._drop(oldest)
-            self.count(oldest.reason, NEVER)
+            self.count(oldest.book, oldest.rank, NEVER)
 
     def _drop(self, record: Lapsed) -> None:
         for key in record.keys:
@@ -607,6 +630,6 @@ class Appointments:
             record = self.lapsed.get(key) if key else None
             if record is not None and record.tenant is tenant:
                 self._drop(record)
-                self.count(record.reason, LATE)
+                self.count(record.book, record.rank, LATE)
                 break
         return None

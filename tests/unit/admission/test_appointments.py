@@ -12,13 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from governor.admission.appointments import LAPSED_MEMORY_S, Appointment, Appointments
+from governor.admission.appointments import LAPSED_MEMORY_S, MIN_TRUST, TRUST_WEIGHT, Appointment, Appointments
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
+from governor.admission.priority import RANK, STANDARD_RANK
 from governor.admission.tenant import Tenant, TenantLimits
+from govwire.vocab import Priority
 
 GRACE_S = 0.05
 
@@ -397,8 +399,8 @@ def test_a_flood_that_never_comes_back_stops_appointments_from_keeping_capacity(
         engine.start(grant, 0.0)
     for i in range(400):  # the flood: each refused and booked, none ever returns
         assert isinstance(admission.decide(0.0, ask(10, i)), Refusal)
-    registry = admission.appointments
-    assert registry.binding
+    book = admission.inflight.book
+    assert book is not None and book.trust[STANDARD_RANK] >= MIN_TRUST
     now, admitted_at = 0.0, None
     while admitted_at is None and now < 10.0:
         now += 0.005
@@ -408,8 +410,37 @@ def test_a_flood_that_never_comes_back_stops_appointments_from_keeping_capacity(
             admitted_at = now
             engine.start(decision, now)
     assert admitted_at is not None and admitted_at < 1.0, admitted_at  # not after the flood's horizon
-    assert not registry.binding
+    assert book.trust[STANDARD_RANK] < MIN_TRUST
+    assert admission.appointments.trust_by_reason()["inflight"] < MIN_TRUST  # what the gauge shows
     # and a client that keeps its appointment brings keeping back
     for _ in range(40):
-        registry.count("inflight", "on_time")
-    assert registry.binding
+        admission.appointments.count(book, STANDARD_RANK, "on_time")
+    assert book.trust[STANDARD_RANK] >= MIN_TRUST
+
+
+def test_a_flood_of_one_class_that_never_comes_back_unbinds_only_its_own_appointments() -> None:
+    """Trust is per book and rank: sheddable clients booked and gone lapse their rank's trust
+    below one half; a critical client's appointment in the same book still keeps its slot."""
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)  # 0.3 s each
+    book = admission.inflight.book
+    assert book is not None
+    # Ask.rank of each class whose tenant is not over its share (decision.py): 2 x its class rank + 1
+    sheddable, critical = (2 * RANK[p] + 1 for p in (Priority.SHEDDABLE, Priority.CRITICAL))
+    for _ in range(40):  # (what a flood of sheddable no-shows leaves: their rank's trust down)
+        book.trust[sheddable] -= TRUST_WEIGHT * book.trust[sheddable]
+    assert book.trust[sheddable] < MIN_TRUST <= book.trust[critical]
+    holder = admission.decide(0.0, ask(11, 1))
+    assert isinstance(holder, Grant)
+    engine.start(holder, 0.0)
+    frame = ask(11, 2)
+    frame.rank = critical
+    refused = admission.decide(0.05, frame)
+    assert isinstance(refused, Refusal) and refused.appointment is not None
+    engine.run_until(0.3)  # the slot frees: kept for the critical holder in its window
+    newcomer = ask(11, 3)
+    newcomer.rank = critical
+    assert isinstance(admission.decide(0.3, newcomer), Refusal)
+    shed = ask(11, 4)
+    shed.rank = sheddable
+    shed_refused = admission.decide(0.3, shed)
+    assert isinstance(shed_refused, Refusal) and shed_refused.appointment is None  # its rank books nothing
