@@ -19,8 +19,8 @@ forecast and the adaptive limit learn from it), and `reroute` moves a request wh
 one without charging the global limits again.
 
 Every admitted request is followed by the release forecast (release_forecast.py) until its end;
-the in-flight cap, the token budget, the endpoint caps and each tenant's own in-flight cap hint
-from it and keep appointments for the clients they refuse (appointments.py). A frame that comes
+the in-flight cap, the token budget, the endpoint caps and each tenant's own in-flight and token
+caps hint from it and keep appointments for the clients they refuse (appointments.py). A frame that comes
 back for its appointment is recognised here, before any limit is checked, and the limits holding
 the appointment let it in.
 
@@ -109,6 +109,30 @@ def _slots_free_at(
     return free_at
 
 
+def _tokens_free_at(
+    forecast: ReleaseForecast,
+    hints: RetryHintEstimator,
+    registry: Appointments,
+    book: Callable[[], AppointmentBook],
+    among: object = None,
+) -> FreeAt:
+    """When a token-counting book's `need` is back (its `FreeAt`): from the requests in flight (of
+    `among` only, a tenant's own cap) and those the first `ahead` appointments start."""
+
+    def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
+        service_s = hints.service_time_s
+        if not service_s:
+            return forecast.tokens_free_at(at, need, service_s, among=among)
+        kept = book()
+        times, cumulative = kept.times, kept.cumulative()
+        if ahead < len(times):
+            times, cumulative = times[:ahead], cumulative[:ahead]
+        promised = (times, service_s + registry.round_delay_s)
+        return forecast.tokens_free_at(at, need, service_s, promised, cumulative, registry.round_delay_s, among)
+
+    return free_at
+
+
 class Admission:
     __slots__ = (
         "hints",
@@ -168,17 +192,9 @@ class Admission:
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None)
         self.rate = RateLimit(qps, burst, now)
 
-        def tokens_free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
-            service_s = hints.service_time_s
-            if not service_s:
-                return forecast.tokens_free_at(at, need, service_s)
-            times, cumulative = tokens.times, tokens.cumulative()
-            if ahead < len(times):
-                times, cumulative = times[:ahead], cumulative[:ahead]
-            promised = (times, service_s + registry.round_delay_s)
-            return forecast.tokens_free_at(at, need, service_s, promised, cumulative, registry.round_delay_s)
-
-        tokens = AppointmentBook(YieldReason.TOKENS.value, registry, False, tokens_free_at)
+        tokens = AppointmentBook(
+            YieldReason.TOKENS.value, registry, False, _tokens_free_at(forecast, hints, registry, lambda: tokens)
+        )
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
         self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
 
@@ -215,14 +231,16 @@ class Admission:
         self._fits: tuple[Callable[[Ask], None], ...] = ()
         self._activate()
 
-    def _tenant_book(self, tenant: Tenant) -> AppointmentBook:
-        """A tenant's own `max_inflight` book: as for the global cap, over its own requests."""
-        book = AppointmentBook(
-            YieldReason.TENANT_INFLIGHT.value,
-            self.appointments,
-            True,
-            _slots_free_at(self.forecast, self.hints, self.appointments, lambda: book, lambda: (tenant,)),
-        )
+    def _tenant_book(self, tenant: Tenant, tokens: bool) -> AppointmentBook:
+        """A tenant's own `max_inflight` (or `max_inflight_tokens`) book: as for the global cap (or
+        token budget), over its own requests."""
+        forecast, hints, registry = self.forecast, self.hints, self.appointments
+        if tokens:
+            free_at = _tokens_free_at(forecast, hints, registry, lambda: book, tenant)
+        else:
+            free_at = _slots_free_at(forecast, hints, registry, lambda: book, lambda: (tenant,))
+        reason = YieldReason.TENANT_TOKENS if tokens else YieldReason.TENANT_INFLIGHT
+        book = AppointmentBook(reason.value, registry, not tokens, free_at)
         return book
 
     def _activate(self) -> None:

@@ -202,6 +202,8 @@ class ReleaseForecast:
         "_cumulative",
         "_round_s",
         "_groups",
+        "_group_costs",
+        "_group_tokens",
     )
 
     def __init__(self) -> None:
@@ -216,6 +218,8 @@ class ReleaseForecast:
         self._cumulative: list[int] = []  # running sums of the token cost each of them frees
         self._round_s = 0.0  # how much later the next round of releases comes (a service time)
         self._groups: dict[object, list[float]] = {}  # forecast releases by endpoint and by tenant
+        self._group_costs: dict[object, list[tuple[float, int]]] = {}  # the same, with each one's cost
+        self._group_tokens: dict[object, tuple[list[float], list[int]]] = {}  # made from those when read
 
     def __len__(self) -> int:
         return len(self._live)
@@ -361,17 +365,22 @@ class ReleaseForecast:
     def _compute(self, now: float, service_s: float | None) -> None:
         pairs = []
         groups: dict[object, list[float]] = {}
+        costs: dict[object, list[tuple[float, int]]] = {}
         for at, grant in self._releases(now):
             if grant.forecast_s is None:
                 grant.forecast_s = at
-            pairs.append((at, grant.ask.cost))
+            pair = (at, grant.ask.cost)
+            pairs.append(pair)
             for key in (grant.endpoint, grant.ask.tenant):
                 if key is not None:
                     groups.setdefault(key, []).append(at)
+                    costs.setdefault(key, []).append(pair)
         pairs.sort()
         for times in groups.values():
             times.sort()
         self._groups = groups
+        self._group_costs = costs
+        self._group_tokens = {}
         self._times = [at for at, _ in pairs]
         cumulative, total = [], 0
         for _, cost in pairs:
@@ -452,14 +461,16 @@ class ReleaseForecast:
         promised: Promised = NOTHING_PROMISED,
         promised_cumulative: Sequence[float] = (),
         round_delay_s: float = 0.0,
+        among: object = None,
     ) -> float | None:
         """When `amount` token cost will have been given back; None when nothing is in flight (or
         it holds no cost). Cost comes back from the requests in flight at their forecast ends and
         from the requests promised appointments will start (`promised`, ascending, with the
         running sums of their costs): the earliest time the two together reach `amount`. Past all
-        of them, each round of the requests in flight adds a service time and `round_delay_s`."""
+        of them, each round of the requests in flight adds a service time and `round_delay_s`.
+        `among`: only the requests of this endpoint or tenant count (its own token cap's book)."""
         self._refresh(now, service_s)
-        times, cumulative = self._times, self._cumulative
+        times, cumulative = (self._times, self._cumulative) if among is None else self._tokens_of(among)
         if self._round_s <= 0 or not times or cumulative[-1] <= 0:
             return None
         booked = promised_cumulative[-1] if promised_cumulative else 0.0
@@ -488,6 +499,19 @@ class ReleaseForecast:
             if lo < len(sequence) and sequence[lo] + shift < best:
                 best = sequence[lo] + shift
         return max(now, best)
+
+    def _tokens_of(self, key: object) -> tuple[list[float], list[int]]:
+        """The forecast releases of one endpoint's (or tenant's) requests, ascending, and the running
+        sums of their token costs (made when first read after a compute)."""
+        made = self._group_tokens.get(key)
+        if made is None:
+            pairs = sorted(self._group_costs.get(key, ()))
+            cumulative, total = [], 0
+            for _, cost in pairs:
+                total += cost
+                cumulative.append(total)
+            made = self._group_tokens[key] = ([at for at, _ in pairs], cumulative)
+        return made
 
     def _group_times(self, keys: Sequence[object]) -> list[float]:
         """The forecast releases of the requests of these endpoints (or tenants), ascending."""

@@ -97,7 +97,8 @@ class Tenant:
         "tally",
         "request_drain",
         "token_drain",
-        "book",
+        "inflight_book",
+        "tokens_book",
     )
 
     def __init__(self, name: str, limits: TenantLimits, hints: RetryHintEstimator, now: float) -> None:
@@ -114,8 +115,10 @@ class Tenant:
         self.tally = Tally()  # its admitted, executed and yielded frames (accounting.py)
         self.request_drain = DrainHint(hints)  # its fair share's hints (fair_share.py)
         self.token_drain = DrainHint(hints)
-        # Its max_inflight's appointments (tenant_caps.py), from its first refusal there.
-        self.book: AppointmentBook | None = None
+        # Its own caps' appointments (tenant_caps.py: max_inflight, max_inflight_tokens), each from
+        # its first refusal there.
+        self.inflight_book: AppointmentBook | None = None
+        self.tokens_book: AppointmentBook | None = None
 
     def set_limits(self, limits: TenantLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until what it holds falls under it."""

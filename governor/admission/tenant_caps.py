@@ -20,17 +20,16 @@ class TenantCaps:
     holds (requests, token cost) is counted whether it has caps or not: the per-tenant gauges read it.
 
     Under a priority class ceiling (`Ask.ceiling`) a cap counts as that fraction of itself, as the
-    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight`, an appointment
-    in the tenant's own book (appointments.py, made on its first refusal by `new_book`): the next
-    forecast release of the tenant's own requests nobody was promised, kept for the client it was
-    told to, as the global cap keeps its slots; for its token cap, the time what the tenant holds
-    takes to drain enough (hints.DrainHint), booked per tenant. With `--retry-hint fixed` (no
-    `new_book`) `max_inflight` and `max_inflight_tokens` hint the base value; the buckets keep
-    their exact times."""
+    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight` and
+    `max_inflight_tokens`, an appointment in the tenant's own book for that cap (appointments.py,
+    made on its first refusal there by `new_book`): the next forecast release of the tenant's own
+    requests (or of enough of their token cost) nobody was promised, kept for the client it was
+    told to, as the global caps keep theirs. With `--retry-hint fixed` (no `new_book`) they hint
+    the base value (the tenant's drain estimate); the buckets keep their exact times."""
 
     __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book", "_hints")
 
-    def __init__(self, hints: RetryHintEstimator, new_book: Callable[[Tenant], AppointmentBook] | None) -> None:
+    def __init__(self, hints: RetryHintEstimator, new_book: Callable[[Tenant, bool], AppointmentBook] | None) -> None:
         self._new_book = new_book
         self._hints = hints
         self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
@@ -60,7 +59,7 @@ class TenantCaps:
         cap = limits.max_inflight
         if cap:
             limit = cap * ceiling
-            book = tenant.book
+            book = tenant.inflight_book
             if tenant.inflight + 1 > limit or (
                 book is not None
                 and book.entries
@@ -72,7 +71,7 @@ class TenantCaps:
                     refusal.appointment = None
                     return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
                 if book is None:
-                    book = tenant.book = self._new_book(tenant)
+                    book = tenant.inflight_book = self._new_book(tenant, False)
                 refusal.hint_ms, refusal.appointment = book.refuse(
                     now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
                 )
@@ -81,9 +80,22 @@ class TenantCaps:
         if bucket is not None and bucket.level(now) - 1.0 < (1.0 - ceiling) * bucket.burst:
             return self._qps.at(hint_of(bucket.appointment_s(now, 1.0 + (1.0 - ceiling) * bucket.burst)))
         budget = limits.max_inflight_tokens
-        if budget and tenant.tokens + ask.cost > budget * ceiling:
+        if budget:
             excess = tenant.tokens + ask.cost - budget * ceiling
-            return self._tokens.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
+            book = tenant.tokens_book
+            if excess > 0 or (
+                book is not None and book.entries and excess + book.held(now, ask.appointment, ask.rank) > 0
+            ):
+                refusal = self._tokens
+                if self._new_book is None:
+                    refusal.appointment = None
+                    return refusal.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
+                if book is None:
+                    book = tenant.tokens_book = self._new_book(tenant, True)
+                refusal.hint_ms, refusal.appointment = book.refuse(
+                    now, ask.appointment, tenant, ask.identity, excess, ask.cost, ask.rank
+                )
+                return refusal
         bucket = tenant.token_bucket
         if bucket is not None and bucket.level(now) - ask.cost < (1.0 - ceiling) * bucket.burst:
             return self._token_rate.at(hint_of(bucket.appointment_s(now, ask.cost + (1.0 - ceiling) * bucket.burst)))
@@ -95,9 +107,9 @@ class TenantCaps:
             return
         tenant.inflight += 1
         tenant.tokens += grant.ask.cost
-        book = tenant.book
-        if book is not None and book.entries:
-            book.redeem(grant.ask.appointment, now)
+        for book in (tenant.inflight_book, tenant.tokens_book):
+            if book is not None and book.entries:
+                book.redeem(grant.ask.appointment, now)
         if tenant.qps_bucket is not None:
             tenant.qps_bucket.take()
         if tenant.token_bucket is not None:

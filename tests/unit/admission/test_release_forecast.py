@@ -244,3 +244,15 @@ def test_the_batch_of_a_server_that_queues_is_learnt_from_its_streams() -> None:
     _stream(forecast, a, a_stream, [0.04])
     assert forecast.model(batching).batch == 0  # two streamed together, and `late` has not waited long
     assert late.progress is not None and late.progress.t_first_token is None
+
+
+def test_the_token_cost_of_one_tenants_requests_comes_back_at_their_own_ends() -> None:
+    """`among`: a tenant's own token cap counts only its requests' cost (the others' free none of it)."""
+    forecast = ReleaseForecast()
+    mine, other = object(), object()
+    for tokens, cost, tenant in ((2, 50, other), (4, 30, mine), (6, 30, mine)):
+        grant, _ = admitted(forecast, 0.0, tokens, cost=cost)
+        grant.ask.tenant = tenant  # type: ignore[assignment]
+    assert forecast.tokens_free_at(0.0, 50, None) == pytest.approx(2 * PRIOR_STEP_S)  # anyone's
+    assert forecast.tokens_free_at(0.0, 50, None, among=mine) == pytest.approx(6 * PRIOR_STEP_S)
+    assert forecast.tokens_free_at(0.0, 30, None, among=mine) == pytest.approx(4 * PRIOR_STEP_S)

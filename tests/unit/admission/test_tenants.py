@@ -545,6 +545,36 @@ def test_a_tenants_own_cap_books_the_forecast_releases_of_its_own_requests_and_k
     assert admission.appointments.outcomes[("tenant_inflight", "on_time")] == 1
 
 
+def test_a_tenants_token_cap_books_the_release_of_enough_of_its_own_cost_and_keeps_it() -> None:
+    """tenant_tokens: a frame lacking cost under its tenant's max_inflight_tokens is told when
+    enough of that tenant's own requests' cost comes back (another tenant's requests free none of
+    it), and that cost is kept for it: a newcomer of the tenant is refused while the window is open."""
+    state = make_state(
+        max_inflight=32,
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        tenants={"a": TenantLimits(max_inflight_tokens=100), "b": TenantLimits()},
+        tenant_from_frame=True,
+    )
+    admission = state.admission
+    a, b = admission.tenants.resolve("a"), admission.tenants.resolve("b")
+    grants = {}
+    for name, tenant, tokens in (("b", b, 2), ("a", a, 4)):  # b's ends at 0.2 s, a's at 0.4 s (prior step)
+        grant = admission.decide(0.0, Ask(tenant=tenant, max_new_tokens=tokens, cost=60))
+        assert isinstance(grant, Grant)
+        grants[name] = grant
+    refused = admission.decide(0.1, Ask(tenant=a, max_new_tokens=4, cost=60))
+    assert not isinstance(refused, Grant) and refused.reason == "tenant_tokens"
+    booked = refused.appointment  # (a refusal is read at once: the limit's next one reuses it)
+    assert booked is not None and refused.hint_ms == 299  # a's own end, be here by
+    admission.release(grants["a"], executed=True, now=0.4)
+    newcomer = admission.decide(0.4, Ask(tenant=a, max_new_tokens=4, cost=60))
+    assert not isinstance(newcomer, Grant) and newcomer.reason == "tenant_tokens"  # kept for the holder
+    back = Ask(tenant=a, max_new_tokens=4, cost=60)
+    back.appointment = booked
+    assert isinstance(admission.decide(0.4, back), Grant)
+    assert admission.appointments.outcomes[("tenant_tokens", "on_time")] == 1
+
+
 def test_a_guaranteed_tenant_is_admitted_past_the_full_cap_up_to_its_allowance() -> None:
     # Fixed hints: no appointment keeps a slot for the refused frames, the allowance alone acts.
     state = make_state(
