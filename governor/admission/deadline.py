@@ -9,7 +9,8 @@ that much. Starting work that the client will have abandoned only delays everyon
 first token at its deadline is cancelled by the lifecycle.
 
 Before its prediction, a bound from the release forecast (release_forecast.py): an endpoint that
-runs `batch` requests at once (a worker's `--max-running`, from its statistics) starts a request
+runs `batch` requests at once (its `batch=`, a worker's `--max-running` from its statistics, or
+as learnt from its streams) starts a request
 only when one of those ahead of it ends. When that forecast start is already past the deadline,
 the frame is refused at once, even before the TTFT model has seen a first token (a cold model
 cannot know that a queue of long requests is in the way; the forecast can). Its hint is the excess, as for a prediction.
@@ -44,8 +45,9 @@ class DeadlineLimit:
         endpoint = self._pool.choice
         if deadline is None or endpoint is None:
             return None
-        ahead = endpoint.inflight + 1 - endpoint.batch  # must end before it starts there
-        if endpoint.batch and ahead > 0:
+        batch = self._forecast.model(endpoint).batch
+        ahead = endpoint.inflight + 1 - batch  # must end before it starts there
+        if batch and ahead > 0:
             start = self._forecast.group_free_at(now, endpoint, ahead, self._hints.service_time_s)
             if start is not None and start - now > deadline:
                 return self._refusal.at(hint_of(start - now - deadline))

@@ -105,7 +105,8 @@ class Endpoint:
         self.ttft = ttft or TtftModel()
         self.up = False  # set by its link: a down endpoint's capacity does not count
         # How many requests it runs at once, past which they wait inside it (0 = not known): a
-        # worker's --max-running, from its statistics.
+        # worker's --max-running, from its statistics (the forecast's EngineModel.batch reads it,
+        # after the endpoint's own `batch=`).
         self.batch = 0
         # The time per step its worker reports (EngineStats.step_seconds); None: not reported.
         self.reported_step_s: float | None = None

@@ -22,9 +22,10 @@ admitted together end together, and wrong for a long stream that holds its slot 
 - **Time to its first token**: its endpoint's recent admission-to-first-token time (before any,
   a step), less what it has waited, at least one step.
 - **A server that runs N at a time** and queues the rest (an OpenAI-compatible server with N
-  slots, a serial one with one): when its endpoint has more admitted than N (its `batch=N`, else
-  learnt: the most requests seen streaming together while another admitted well before waited for
-  its first token), it is N running plus a FIFO: the requests without a first token beyond the
+  slots, a serial one with one, a worker at its `--max-running`): when its endpoint has more
+  admitted than N (its `batch=N`, else what its worker reports, else learnt: the most requests
+  seen streaming together while another admitted well before waited for its first token), it is N
+  running plus a FIFO: the requests without a first token beyond the
   N wait in the order admitted, each starting when the earliest running one ends, its first token
   a step later. Without it, a queued request's end would be read from the endpoint's average time
   to a first token, and the k-th release of a queue would come too early.
@@ -130,12 +131,13 @@ class EngineModel:
 
     @property
     def batch(self) -> int:
-        """How many requests the server runs at once (its `batch=`, else as learnt; 0: no bound
-        known, every request admitted runs)."""
+        """How many requests the endpoint's server runs at once, the rest queued in it: its
+        `batch=`, else what its worker reports (`--max-running`, Endpoint.batch), else as learnt
+        from its streams; 0: no bound known, every request admitted runs."""
         endpoint = self.endpoint
-        if endpoint is not None and endpoint.limits.batch:
-            return endpoint.limits.batch
-        return self.batch_seen
+        if endpoint is None:
+            return 0
+        return endpoint.limits.batch or endpoint.batch or self.batch_seen
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
