@@ -201,7 +201,14 @@ class Admission:
         # As for the global cap, over the requests of the endpoints at their caps only.
         endpoint_free_at = _slots_free_at(forecast, hints, registry, lambda: endpoint_slots, lambda: self.pool.capped)
         endpoint_slots = AppointmentBook(YieldReason.ENDPOINT_INFLIGHT.value, registry, True, endpoint_free_at)
-        self.pool = Pool(endpoints, max_inflight, hints, forecast, endpoint_slots if booking else None)
+        self.pool = Pool(
+            endpoints,
+            max_inflight,
+            hints,
+            forecast,
+            endpoint_slots if booking else None,
+            self._endpoint_tokens_book if booking else None,
+        )
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
@@ -241,6 +248,12 @@ class Admission:
             free_at = _slots_free_at(forecast, hints, registry, lambda: book, lambda: (tenant,))
         reason = YieldReason.TENANT_TOKENS if tokens else YieldReason.TENANT_INFLIGHT
         book = AppointmentBook(reason.value, registry, not tokens, free_at)
+        return book
+
+    def _endpoint_tokens_book(self, endpoint: Endpoint) -> AppointmentBook:
+        """An endpoint's `tokens=N` book: as for the global token budget, over its own requests."""
+        free_at = _tokens_free_at(self.forecast, self.hints, self.appointments, lambda: book, endpoint)
+        book = AppointmentBook(YieldReason.ENDPOINT_TOKENS.value, self.appointments, False, free_at)
         return book
 
     def _activate(self) -> None:

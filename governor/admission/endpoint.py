@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.admission.ttft import TtftModel
+
+if TYPE_CHECKING:
+    from governor.admission.appointments import AppointmentBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ class Endpoint:
         "paused_until",
         "executed",
         "failed",
+        "tokens_book",
     )
 
     def __init__(self, name: str, limits: EndpointLimits, now: float, ttft: TtftModel | None = None) -> None:
@@ -115,6 +119,8 @@ class Endpoint:
         self.paused_until = 0.0
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`
+        # Its `tokens=N` budget's appointments (pool.py), from its first refusal there.
+        self.tokens_book: AppointmentBook | None = None
 
     def describe(self) -> dict[str, Any]:
         """Its caps and load in `stats` (its link adds what it knows of the other side)."""

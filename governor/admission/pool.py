@@ -4,16 +4,17 @@ A `Limit` (limits.py) that also chooses: `check` finds the least loaded endpoint
 under its concurrency cap, its token budget (`tokens=N`) and its qps bucket (relative to
 capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens and bucket token.
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
-that refills first when a bucket stands in the way, else `endpoint_tokens` with the drain
-estimate of the closest budget when a token budget does, else `endpoint_inflight` with the next
-forecast release not told to an earlier refused client (release_forecast.py), or the service-time
-estimate over the endpoints' summed caps when nothing can be forecast; with `--retry-hint fixed`
-these two hint the base value. An endpoint paused by its own 429/503 is skipped; when every
-endpoint the request fits is paused the refusal is `endpoint_busy` with the time left of the
-earliest pause (its Retry-After). A request costing more than every endpoint's token budget is an
-`OverBudget` error. With no endpoint up at all it does not refuse: the request is admitted
-without an endpoint and fails with `worker_unavailable` (a yield would promise a retry that
-cannot succeed before a worker is back).
+that refills first when a bucket stands in the way, else `endpoint_tokens` with an appointment in
+the token book of the endpoint closest to fitting (the forecast release of enough of its own
+requests' cost nobody was promised, kept for the client told it), else `endpoint_inflight` with
+an appointment at the next forecast release nobody was promised (release_forecast.py), or the
+service-time estimate over the endpoints' summed caps when nothing can be forecast; with
+`--retry-hint fixed` these two hint the base value (a drain estimate for the tokens). An
+endpoint paused by its own 429/503 is skipped; when every endpoint the request fits is paused the
+refusal is `endpoint_busy` with the time left of the earliest pause (its Retry-After). A request
+costing more than every endpoint's token budget is an `OverBudget` error. With no endpoint up at
+all it does not refuse: the request is admitted without an endpoint and fails with
+`worker_unavailable` (a yield would promise a retry that cannot succeed before a worker is back).
 
 The pool also keeps each endpoint's waiting load (requests without a first token and their
 prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
@@ -22,6 +23,7 @@ prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from governor.admission.appointments import AppointmentBook
 from governor.admission.buckets import TokenBucket
@@ -32,6 +34,8 @@ from governor.admission.limits import Grant, Refusal, hint_of, over_budget
 from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
+_ENDPOINT_TOKENS = YieldReason.ENDPOINT_TOKENS.value
+
 
 class Pool:
     def __init__(
@@ -41,8 +45,11 @@ class Pool:
         hints: RetryHintEstimator,
         forecast: ReleaseForecast,
         book: AppointmentBook | None = None,
+        new_tokens_book: Callable[[Endpoint], AppointmentBook] | None = None,
     ) -> None:
         self.endpoints = endpoints
+        # Makes an endpoint's token book on its first endpoint_tokens refusal; None with --retry-hint fixed.
+        self._new_tokens_book = new_tokens_book
         self._forecast = forecast
         # The endpoint_inflight appointments (appointments.py), as the global cap keeps its own;
         # None with --retry-hint fixed.
@@ -70,7 +77,9 @@ class Pool:
         best_index = 0
         best_load = math.inf
         qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
-        token_deficit: tuple[int, Endpoint] | None = None  # the token budget closest to fitting
+        # The token budget closest to fitting: how far over (its appointments included), how far
+        # over without them, and its endpoint.
+        token_deficit: tuple[float, int, Endpoint] | None = None
         paused_until = math.inf  # the earliest end of a 429/503 pause among the endpoints skipped
         any_up = fits_one = unpaused = False
         cost = ask.cost
@@ -92,11 +101,16 @@ class Pool:
             cap = e.limits.concurrency
             if cap and e.inflight >= cap:
                 continue
-            if budget and e.tokens + cost > budget:
+            if budget:
                 deficit = e.tokens + cost - budget
-                if token_deficit is None or deficit < token_deficit[0]:
-                    token_deficit = (deficit, e)
-                continue
+                over: float = deficit
+                kept = e.tokens_book
+                if kept is not None and kept.entries:
+                    over += kept.held(now, ask.appointment, ask.rank)
+                if over > 0:
+                    if token_deficit is None or over < token_deficit[0]:
+                        token_deficit = (over, deficit, e)
+                    continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
                 if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):
                     qps_bucket = e.bucket
@@ -118,8 +132,18 @@ class Pool:
         if qps_bucket is not None:
             return self._qps_refusal.at(hint_of(qps_bucket.appointment_s(now)))
         if token_deficit is not None:
-            deficit, e = token_deficit
-            return self._tokens_refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
+            _, deficit, e = token_deficit
+            refusal = self._tokens_refusal
+            if self._new_tokens_book is None:
+                refusal.appointment = None
+                return refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
+            kept = e.tokens_book
+            if kept is None:
+                kept = e.tokens_book = self._new_tokens_book(e)
+            refusal.hint_ms, refusal.appointment = kept.refuse(
+                now, ask.appointment, ask.tenant, ask.identity, deficit, cost, ask.rank
+            )
+            return refusal
         # Every endpoint it fits is at its cap (or what is free is kept for appointments): the next
         # release at any of them nobody was promised, booked and kept for it (with --retry-hint
         # fixed, no forecast: the estimator's base hint below).
@@ -180,6 +204,11 @@ class Pool:
         if book is not None and book.entries:
             book.redeem(grant.ask.appointment, now)
         endpoint, index = choice
+        held = grant.ask.appointment
+        if held is not None and held.book.reason == _ENDPOINT_TOKENS:
+            # Kept at this endpoint's budget or another's (the least loaded took it): redeemed,
+            # what it kept is anyone's again.
+            held.book.redeem(held, now)
         if endpoint.bucket is not None:
             endpoint.bucket.take()
         ask = grant.ask

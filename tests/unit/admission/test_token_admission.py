@@ -152,6 +152,37 @@ def test_an_endpoint_budget_routes_around_and_then_yields_with_its_reason() -> N
     assert replies(writes)[-1]["code"] == "over_budget"
 
 
+def test_an_endpoint_budget_books_the_release_of_its_own_requests_cost_and_keeps_it() -> None:
+    """endpoint_tokens: told when enough of that endpoint's own requests' cost comes back, the
+    cost kept for the client: a newcomer meets the budget still full while the holder gets in."""
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    endpoint = Endpoint("e", EndpointLimits(tokens=100, step_ms=10), clock())
+    endpoint.up = True
+    state = make_state(
+        max_inflight=8,
+        max_new_tokens=512,
+        clock=clock,
+        timers=timers,
+        upstream=FakeUpstream(),
+        hint_policy=RetryHintPolicy(jitter=0.0),
+        endpoints=[endpoint],
+    )
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a", "x" * 40, max_new_tokens=50) + frame("b", "x" * 40, max_new_tokens=40))
+    # a holds 60 (10 of prompt, 50 out) until its 50 tokens are out, 10 ms apart from a step after
+    # its admission: 0.5 s on; b needs 50 of the 40 left
+    (reply,) = replies(writes)
+    assert (reply["reason"], reply["retry_hint_ms"]) == ("endpoint_tokens", 499) and reply["retry_ticket"]
+    clock.advance(0.5)
+    worker_sends(state, done_frame(ingress.active["a"].uid, "", "length", prompt_tokens=10, completion_tokens=50))
+    ingress.receive_data(frame("c", "x" * 40, max_new_tokens=60))  # a newcomer of 70: b's 50 are kept
+    assert [r["status"] for r in replies(writes)][-2:] == ["done", "yield"] and "c" not in ingress.active
+    ingress.receive_data(frame("b", "x" * 40, max_new_tokens=40, retry_ticket=reply["retry_ticket"]))
+    assert "b" in ingress.active and endpoint.tokens == 50
+    assert state.admission.appointments.outcomes[("endpoint_tokens", "on_time")] == 1
+
+
 class TokenMachine(RuleBasedStateMachine):
     """Frames of random cost (estimated or declared), completions with random real counts, worker
     losses, disconnects and time passing, over a global token budget, a token-rate bucket and two
