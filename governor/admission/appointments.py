@@ -302,6 +302,13 @@ class AppointmentBook:
             registry.count(self, own.rank, EARLY)
         self.remove(own)
 
+    def refused_elsewhere(self, own: Appointment) -> None:
+        """Its holder came in its window but another limit refused it: the appointment goes back
+        (its capacity is anyone's at once, not idle until the window closes) and the return is
+        counted `yielded_again`: it came, so it is no no-show's lapse against the book's trust."""
+        self.registry.count(self, own.rank, YIELDED_AGAIN)
+        self.remove(own)
+
     def refuse(
         self,
         now: float,

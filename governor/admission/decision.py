@@ -388,11 +388,23 @@ class Admission:
                     self._gate(now, ask, refusal)
                 if self._sharing:
                     self.fair.refused(ask.tenant, now, refusal)
+                held = ask.appointment
+                if held is not None and refusal.appointment is not held:
+                    self._refused_elsewhere(held, now)
                 return refusal
         grant = Grant(ask)
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
+
+    def _refused_elsewhere(self, held: Appointment, now: float) -> None:
+        """A frame back for `held` in its window was refused by another limit (one checked before
+        or after the one that booked it: a tenant's share, a rate, the deadline): its appointment
+        goes back rather than keeping capacity idle until its window closes and lapsing against
+        its book's trust. (A limit that booked the frame anew removed it already; a frame back
+        before its window keeps its place.)"""
+        if self.appointments.by_ticket.get(held.ticket) is held and held.opened(now):
+            held.book.refused_elsewhere(held)
 
     def _rank_of(self, now: float, ask: Ask) -> int:
         """Where the frame stands among the appointments (`Ask.rank`): its class, then whether its

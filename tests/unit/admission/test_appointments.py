@@ -18,7 +18,7 @@ from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
-from governor.admission.priority import RANK, STANDARD_RANK
+from governor.admission.priority import RANK, STANDARD_RANK, CeilingPolicy
 from governor.admission.tenant import Tenant, TenantLimits
 from govwire.vocab import Priority
 
@@ -444,3 +444,24 @@ def test_a_flood_of_one_class_that_never_comes_back_unbinds_only_its_own_appoint
     shed.rank = sheddable
     shed_refused = admission.decide(0.3, shed)
     assert isinstance(shed_refused, Refusal) and shed_refused.appointment is None  # its rank books nothing
+
+
+def test_a_holder_refused_in_its_window_by_another_limit_gives_its_appointment_back() -> None:
+    """Back on time for the full cap's slot, but its tenant's own rate refuses it: the slot is
+    not kept idle until the window closes (a newcomer takes it at once), and the return counts
+    `yielded_again`, no lapse against the book's trust."""
+    admission, engine = one_running()
+    admission.set_tenancy({"a": TenantLimits(max_qps=1.0, qps_burst=1.0)}, frozenset(), 0.8, CeilingPolicy(), 0.0)
+    tenant = admission.tenants.resolve("a")
+    refused = admission.decide(0.05, ask(11, 2, tenant=tenant))
+    assert isinstance(refused, Refusal) and refused.reason == "inflight"
+    booked = refused.appointment
+    assert booked is not None and refused.hint_ms == 250
+    assert tenant.qps_bucket is not None
+    tenant.qps_bucket.take()  # (another of a's frames took its rate's one token)
+    engine.run_until(0.3)
+    again = admission.decide(0.3, ask(11, 2, ticket=booked.ticket, tenant=tenant))
+    assert isinstance(again, Refusal) and again.reason == "tenant_qps"
+    assert admission.appointments.outcomes == {("inflight", "yielded_again"): 1}
+    assert admission.inflight.book is not None and not admission.inflight.book.entries
+    assert isinstance(admission.decide(0.3, ask(11, 3)), Grant)  # the slot is anyone's at once
