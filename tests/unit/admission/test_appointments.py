@@ -301,6 +301,9 @@ def test_with_exact_service_times_every_on_time_return_is_admitted(cap: int, tok
             assert admission.inflight.inflight <= cap
             return
         assert ticket is None, f"an on-time return was refused at {at}: {decision!r}"
+        if decision.final:  # past the promise horizon: told no for good, it does not come back
+            assert decision.appointment is None and decision.hint_ms >= admission.horizon_ms
+            return
         assert decision.appointment is not None
         heapq.heappush(returns, (at + decision.hint_ms / 1000, identity, decision.appointment.ticket))
 
