@@ -25,11 +25,13 @@ if TYPE_CHECKING:
     from governor.admission.cost import Ask
 
 CLIENT_DISCONNECTED = "client_disconnected"
+CLIENT_CANCELLED = "client_cancelled"  # a `cancel` for a frame held in the lobby: it never ran
 CONNECTION_SHED = "connection_shed"  # the governor closed the connection (see doors/connection.py)
 REJECT_REASONS = tuple(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestRejected))
 FAILURE_REASONS = (
     *(code for code, cls in ERRORS_BY_CODE.items() if issubclass(cls, RequestFailed)),
     CLIENT_DISCONNECTED,
+    CLIENT_CANCELLED,
     CONNECTION_SHED,
 )
 

@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from orjson import JSONDecodeError, loads
 
-from governor.accounting import CLIENT_DISCONNECTED, ShedReason
+from governor.accounting import CLIENT_CANCELLED, CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments import HOLD, Appointment, identity_of
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
@@ -57,7 +57,7 @@ from govwire.errors import (
 from govwire.framing import TOO_LARGE, Item, LineSplitter
 from govwire.messages import Completion
 from govwire.request import checked_request, frame_op
-from govwire.vocab import DEFAULT_TENANT, Op
+from govwire.vocab import DEFAULT_TENANT, FinishReason, Op
 
 # The logger keeps its name from before the file moved: it is in every log line (logger=governor.ingress).
 log = logging.getLogger("governor.ingress")
@@ -333,9 +333,16 @@ class Ingress:
         if op is Op.CANCEL:
             # Answered by the request's own final reply (`done`, finish_reason "cancelled", once the
             # worker stops it); a cancel for an id not in flight lost a race with that reply: ignored.
-            request = self.active.get(obj["id"])
+            rid = obj["id"]
+            request = self.active.get(rid)
             if request is not None:
                 self._lifecycle.cancel(request)
+                return b""
+            held = self.in_lobby.pop(rid, None)
+            if held is not None:  # never ran: its appointment goes back, it is answered now
+                self._lobby.leave(held)
+                self._accounting.frame_failed(CLIENT_CANCELLED)
+                return encode_done(rid, Completion("", 0, 0, FinishReason.CANCELLED, 0.0))
             return b""
         return encode_stats(obj["id"], self._state.snapshot())
 

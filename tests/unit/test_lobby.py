@@ -230,6 +230,29 @@ def test_a_held_client_that_leaves_gives_its_place_back_and_is_counted() -> None
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
 
 
+def test_a_cancel_for_a_held_frame_answers_it_cancelled_and_gives_its_place_back() -> None:
+    state, clock, timers, ingress, writes = setup()
+    ingress.receive_data(frame("a") + frame("b"))
+    ticket = replies(writes)[0]["retry_ticket"]
+    clock.advance(0.039)
+    ingress.receive_data(frame("b", ticket=ticket))
+    assert "b" in ingress.in_lobby and replies(writes) == []
+    ingress.receive_data(encode({"op": "cancel", "id": "b"}))
+    (reply,) = replies(writes)
+    assert (reply["id"], reply["status"], reply["finish_reason"], reply["completion_tokens"]) == (
+        "b",
+        "done",
+        "cancelled",
+        0,
+    )
+    assert not ingress.in_lobby and len(state.lobby) == 0 and not state.admission.inflight.book.entries
+    assert state.accounting.failed["client_cancelled"] == 1
+    ingress.receive_data(encode({"op": "cancel", "id": "b"}))  # again: nothing held, nothing said
+    finish(state, ingress, "a")
+    assert timers.fire_due() >= 0 and [r["id"] for r in replies(writes)] == ["a"]  # b is never answered twice
+    assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
 def test_a_drain_answers_every_held_frame() -> None:
     state, clock, timers, ingress, writes = setup()
     ingress.receive_data(frame("a"))
