@@ -313,7 +313,9 @@ class Lifecycle:
 
     def busy(self, request: InflightRequest, retry_hint_ms: int) -> None:
         """Its endpoint refused it as full before starting it (an OpenAI-compatible server's
-        429/503): re-routed once, else answered with a late yield."""
+        429/503): re-routed once, else answered with a late yield. The endpoint is paused for
+        that long (its link): when the pause ends its capacity is back, and the lobby is told."""
+        self._timers.call_later(retry_hint_ms / 1000.0, self._freed)
         if self.reroute(request):
             return
         self.settle(request, _YIELDED, _ENDPOINT_BUSY)

@@ -6,7 +6,8 @@ A refused client is told to be back by a little before its slot's forecast relea
 kept for it is not free yet (the forecast was early by a fraction of a token, or the client
 came early on purpose), `Admission.decide` answers `HOLD` rather than a new hint, and the door
 parks the frame here with the callback that renders its answer. A held frame is decided again
-each time a request releases capacity (`freed`, from the lifecycle's settle), holders in the
+each time capacity may have come back (`freed`: from the lifecycle's settle, at the end of an
+endpoint's 429/503 pause, after a reload's new caps), holders in the
 order of their appointments, and answered with the first decision that is not a hold: admitted,
 or refused by another limit. It is decided a last time (`Appointment.last_call`) at the promise
 horizon from its first refusal (or when its window closes, if that is later): the holder is here,

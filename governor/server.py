@@ -201,6 +201,7 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
             endpoint.set_limits(limits, now)
     for name in endpoints:  # in the running pool but no longer in the file: kept as they are
         log.warning("event=reload_endpoint_kept address=%s reason=endpoints_change_on_restart", name)
+    state.lobby.freed()  # a cap raised may let a held client in now
 
 
 def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:

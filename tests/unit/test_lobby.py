@@ -253,6 +253,40 @@ def test_a_cancel_for_a_held_frame_answers_it_cancelled_and_gives_its_place_back
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
 
 
+def test_a_holder_waiting_on_a_paused_endpoint_is_let_in_when_its_pause_ends() -> None:
+    """Two endpoints at their caps; one answers 429 (paused 50 ms, its request yielded): a holder
+    back in its window finds the other still full and the paused one closed, and is held; when
+    the pause ends the lobby is told, and the holder gets the paused endpoint's slot."""
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    endpoints = [Endpoint(name, EndpointLimits(concurrency=1, step_ms=STEP_MS), clock()) for name in ("e1", "e2")]
+    for endpoint in endpoints:
+        endpoint.up = True
+    state = make_state(
+        max_inflight=8, clock=clock, timers=timers, endpoints=endpoints, hint_policy=RetryHintPolicy(jitter=0.0)
+    )
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("a") + frame("b") + frame("c"))
+    (refused,) = replies(writes)
+    assert (refused["id"], refused["reason"]) == ("c", "endpoint_inflight")
+    clock.advance(0.02)
+    b = ingress.active["b"]
+    paused = b.grant.endpoint
+    assert paused is not None
+    paused.paused_until = clock() + 0.05  # (what its link does on a 429 with Retry-After 50 ms)
+    state.lifecycle.busy(b, 50)
+    ingress.flush()
+    assert [r["reason"] for r in replies(writes)] == ["endpoint_busy"]
+    clock.advance(0.019)
+    ingress.receive_data(frame("c", ticket=refused["retry_ticket"]))
+    timers.fire_due()
+    assert "c" in ingress.in_lobby  # the free slot is paused, the other one taken
+    clock.advance(0.031)
+    timers.fire_due()  # the pause's end wakes the lobby
+    timers.fire_due()
+    assert "c" in ingress.active and ingress.active["c"].grant.endpoint is paused
+
+
 def test_a_drain_answers_every_held_frame() -> None:
     state, clock, timers, ingress, writes = setup()
     ingress.receive_data(frame("a"))
