@@ -323,6 +323,7 @@ class AppointmentBook:
         appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
         be released before it fits, not counting the appointments; `rank`: its standing (`Ask.rank`:
         a new appointment comes after those of its rank and above, before those of lower ranks)."""
+        first = now  # when this client was first refused (its promise horizon counts from then)
         # Runs for every frame the limit refuses: the sweep's test, and `own` inlined.
         registry = self.registry
         free_at = self.free_at
@@ -361,7 +362,10 @@ class AppointmentBook:
             return registry.hints.jittered_ms((release - now) * 1000.0), None
         else:
             if held is not None and registry.by_ticket.get(held.ticket) is held:
-                held.book.remove(held)  # refused here now: one appointment per client
+                # Refused here now (another limit's holder): one appointment per client, and its
+                # promise still counts from its first refusal: a promise is made once.
+                first = held.booked_at
+                held.book.remove(held)
             times = self.times
             ahead = len(times)
             need = deficit + self.promised
@@ -388,7 +392,7 @@ class AppointmentBook:
         # Past the horizon, counting what releases have recently come after their time told (a
         # server whose prefills stall its batch ends requests later than their pace says): no
         # promise that would be kept soon.
-        if wait_ms + registry.release_lateness_s * 1000.0 >= policy.horizon_ms:
+        if wait_ms + (now - first + registry.release_lateness_s) * 1000.0 >= policy.horizon_ms:
             return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
@@ -401,7 +405,7 @@ class AppointmentBook:
             return hint_ms, own
         appointment = self.book(at, amount, tenant, identity, rank)
         if appointment is not None:
-            appointment.booked_at = now
+            appointment.booked_at = first
         return hint_ms, appointment
 
 

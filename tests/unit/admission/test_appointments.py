@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from governor.admission.appointments import LAPSED_MEMORY_S, MIN_TRUST, TRUST_WEIGHT, Appointment, Appointments
+from governor.admission.appointments import (
+    LAPSED_MEMORY_S,
+    MIN_TRUST,
+    TRUST_WEIGHT,
+    Appointment,
+    AppointmentBook,
+    Appointments,
+)
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -468,3 +475,21 @@ def test_a_holder_refused_in_its_window_by_another_limit_gives_its_appointment_b
     assert admission.appointments.outcomes == {("inflight", "yielded_again"): 1}
     assert admission.inflight.book is not None and not admission.inflight.book.entries
     assert isinstance(admission.decide(0.3, ask(11, 3)), Grant)  # the slot is anyone's at once
+
+
+def test_a_holder_booked_again_by_another_limit_keeps_its_first_refusal_time() -> None:
+    """One appointment per client, and one promise: a holder of one book refused in its window
+    by another limit that books it anew is promised from its first refusal on, so it is told no
+    for good once that is past the horizon (1 s), not promised a second horizon."""
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), 8)
+    registry = Appointments(GRACE_S, hints)
+    first_book = AppointmentBook("endpoint_inflight", registry, True, lambda at, need, deficit, ahead: at + 0.3)
+    second_book = AppointmentBook("inflight", registry, True, lambda at, need, deficit, ahead: at + 0.3)
+    _, first = first_book.refuse(0.0, None, None, 7, 1.0, 1.0)
+    assert first is not None and first.booked_at == 0.0
+    _, again = second_book.refuse(0.3, first, None, 7, 1.0, 1.0)  # back in its window, refused elsewhere
+    assert again is not None and again.booked_at == 0.0 and not first_book.entries
+    hint_ms, final = first_book.refuse(0.6, again, None, 7, 1.0, 1.0)  # 0.6 + 0.3 is 0.9 s from its first: kept
+    assert final is not None and final.booked_at == 0.0
+    hint_ms, none = second_book.refuse(0.9, final, None, 7, 1.0, 1.0)  # 0.9 + 0.3 s: past the horizon
+    assert none is None and hint_ms >= 1000
