@@ -345,12 +345,13 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
     forecast they are read from is (admission/release_forecast.py)."""
     admission = state.admission
     appointments = admission.appointments
-    appointments.age(state.clock())  # the no-shows past memory count before a scrape
+    appointments.tidy(state.clock())  # closed windows lapse, no-shows past memory count, before a scrape
     outcomes = CounterMetricFamily(
         "governor_retry_hint_outcome",
         "Returns of refused clients to their appointment, by the limit that booked it and outcome:"
         " on_time (came in its window, admitted), early, late, yielded_again (came in its window,"
-        " still no room), never (did not come back).",
+        " still no room), refused_elsewhere (came in its window, refused by another limit), never (did not"
+        " come back).",
         labels=["reason", "outcome"],
     )
     open_by_reason = appointments.open_by_reason()

@@ -208,7 +208,7 @@ class ServerState:
         """Whether the hints hold: each return's outcome by the limit that booked it, the
         appointments open, and the release forecast's median error relative to a service time."""
         admission = self.admission
-        admission.appointments.age(self.clock())  # the no-shows past memory count before a report
+        admission.appointments.tidy(self.clock())  # closed windows lapse, no-shows count, before a report
         outcomes: dict[str, dict[str, int]] = {}
         for (reason, outcome), n in sorted(admission.appointments.outcomes.items()):
             outcomes.setdefault(reason, {})[outcome] = n

@@ -59,9 +59,11 @@ is valid for its own tenant), so this module needs to know nothing else of tenan
 caps keep books of these)."""
 
 ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER = "on_time", "early", "late", "yielded_again", "never"
-OUTCOMES = (ON_TIME, EARLY, LATE, YIELDED_AGAIN, NEVER)
+REFUSED_ELSEWHERE = "refused_elsewhere"
+OUTCOMES = (ON_TIME, EARLY, LATE, YIELDED_AGAIN, REFUSED_ELSEWHERE, NEVER)
 """What became of a retry hint: the holder came in its window and was admitted; came before it;
-came after it (and was treated as a new client); came in it but the capacity was still taken; or
+came after it (and was treated as a new client); came in it but the capacity was still taken;
+came in it but another limit refused it (its appointment went back: not the forecast's fault); or
 never came back (counted when its appointment lapses out of memory)."""
 
 HOLD = 0
@@ -75,6 +77,10 @@ HINT_RESOLUTION_S = 0.001
 
 TRUST_WEIGHT = 0.05
 """EWMA weight of the newest appointment's fate (kept by its client: 1; lapsed: 0) in the trust."""
+
+PROBE_EVERY = 8
+"""While a book's rank keeps nothing, one refusal in this many books an appointment all the same:
+a probe whose client's return brings trust back."""
 
 MIN_TRUST = 0.5
 """Below this share of a book's appointments of one rank kept, those stop keeping capacity: a
@@ -150,6 +156,7 @@ class AppointmentBook:
         "max_entries",
         "trust",
         "used",
+        "probes",
         "_cumulative",
     )
 
@@ -174,6 +181,7 @@ class AppointmentBook:
         # unbind the promises made to the others.
         self.trust = [1.0] * RANKS
         self.used = [0] * RANKS  # how many appointments each rank ever booked here (for the gauge)
+        self.probes = [0] * RANKS  # refusals of each rank while its trust was low (`_not_a_probe`)
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
         registry.books.append(self)
 
@@ -225,8 +233,8 @@ class AppointmentBook:
         if not opened:
             return 0.0
         if ((rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank])) or (
-            self.mixed and min(trust) < MIN_TRUST
-        ):  # some ranked below the asker, or a rank whose appointments keep nothing
+            self.mixed and any(n and t < MIN_TRUST for t, n in zip(trust, self.ranks, strict=True))
+        ):  # some ranked below the asker, or a rank whose appointments here keep nothing
             return float(sum(e.amount for e in self.entries[:opened] if e.rank >= rank and trust[e.rank] >= MIN_TRUST))
         if self.unit:
             return float(opened)
@@ -281,8 +289,12 @@ class AppointmentBook:
             entry.closes = entry.at + half
 
     def own(self, appointment: Appointment | None) -> Appointment | None:
-        """The asker's appointment (`Ask.appointment`) if it is one of this book's."""
-        return appointment if appointment is not None and appointment.book is self else None
+        """The asker's appointment (`Ask.appointment`) if it is one of this book's and still in it
+        (a frame keeps the appointment it came with after the appointment left its book: redeemed,
+        or booked anew by another limit; a re-route or a displacement decides it again)."""
+        if appointment is None or appointment.book is not self:
+            return None
+        return appointment if self.registry.by_ticket.get(appointment.ticket) is appointment else None
 
     def redeem(self, appointment: Appointment | None, now: float) -> None:
         """The asker was admitted (`charge`): if it held one of this book's appointments, it was
@@ -302,11 +314,19 @@ class AppointmentBook:
             registry.count(self, own.rank, EARLY)
         self.remove(own)
 
+    def _not_a_probe(self, rank: int) -> bool:
+        """While a rank's appointments keep nothing (its trust is low), one refusal in
+        `PROBE_EVERY` still books one (keeping nothing either: `held` skips the rank): the clients
+        that come back for those are what brings trust back. Without them nothing would be booked,
+        nobody could come back for anything, and the rank would stay unbound for good."""
+        self.probes[rank] += 1
+        return self.probes[rank] % PROBE_EVERY != 0
+
     def refused_elsewhere(self, own: Appointment) -> None:
         """Its holder came in its window but another limit refused it: the appointment goes back
         (its capacity is anyone's at once, not idle until the window closes) and the return is
-        counted `yielded_again`: it came, so it is no no-show's lapse against the book's trust."""
-        self.registry.count(self, own.rank, YIELDED_AGAIN)
+        counted `refused_elsewhere`: it came, so it is no no-show's lapse against the book's trust."""
+        self.registry.count(self, own.rank, REFUSED_ELSEWHERE)
         self.remove(own)
 
     def refuse(
@@ -330,7 +350,8 @@ class AppointmentBook:
         entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
-        own = held if held is not None and held.book is self else None
+        # (one that left this book already, redeemed or booked anew elsewhere, is no longer its own)
+        own = held if held is not None and held.book is self and registry.by_ticket.get(held.ticket) is held else None
         if own is not None:
             if not own.opened(now):  # early: told the time left, keeps its place
                 registry.count(self, own.rank, EARLY)
@@ -353,7 +374,7 @@ class AppointmentBook:
             ahead = self.entries.index(own)
             need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
-        elif self.trust[rank] < MIN_TRUST:  # that rank's appointments keep nothing now
+        elif self.trust[rank] < MIN_TRUST and self._not_a_probe(rank):  # that rank's keep nothing now
             # Most appointments lapse unkept (a flood that never comes back): no promise, no
             # booking, the forecast of the release this frame needs ahead of no one.
             release = free_at(now, deficit if deficit > 1.0 else 1.0, deficit, 0)
@@ -365,6 +386,8 @@ class AppointmentBook:
                 # Refused here now (another limit's holder): one appointment per client, and its
                 # promise still counts from its first refusal: a promise is made once.
                 first = held.booked_at
+                if held.opened(now):
+                    registry.count(held.book, held.rank, REFUSED_ELSEWHERE)
                 held.book.remove(held)
             times = self.times
             ahead = len(times)
@@ -411,7 +434,7 @@ class AppointmentBook:
 
 def identity_of(tenant: Owner | None, resent: object) -> int:
     """What recognises a client re-sending a refused request without its ticket (`Ask.identity`):
-    its tenant (the object, one per name for the process's life) and what it re-sends (a door's
+    its tenant (the object, one per name while the tenant is configured) and what it re-sends (a door's
     choice: an NDJSON id and prompt, an HTTP body). Python's hash is keyed per process (SipHash):
     nobody outside can make another request's identity. Never 0 (0 is no identity)."""
     return hash((tenant, resent)) or 1
@@ -420,6 +443,10 @@ def identity_of(tenant: Owner | None, resent: object) -> int:
 FreeAt = Callable[[float, float, float, int], "float | None"]
 """When the requests in flight (and those of the first `ahead` appointments) will have released
 `need`, for a client short of `deficit` (release_forecast.py); None when nothing can be forecast."""
+
+NewBook = Callable[[str, object], "AppointmentBook"]
+"""Makes the book of one tenant's or one endpoint's own cap (its reason, the tenant or endpoint):
+the limit makes it on its first refusal there."""
 
 
 class Tickets:
@@ -473,6 +500,7 @@ class Appointments:
         "outcomes",
         "_new_ticket",
         "lobby",
+        "reasons",
     )
 
     def __init__(
@@ -490,6 +518,8 @@ class Appointments:
         self.release_lateness_s = 0.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
         self.books: list[AppointmentBook] = []
+        # The limits that book appointments (none with --retry-hint fixed): reported from the start.
+        self.reasons: tuple[str, ...] = ()
         self.by_ticket: dict[str, Appointment] = {}
         # By identity, the appointments of the clients sending that request, in booking order.
         self.by_identity: dict[int, list[Appointment]] = {}
@@ -528,11 +558,12 @@ class Appointments:
             book.regrace()
 
     def open_by_reason(self) -> dict[str, int]:
-        """The appointments booked and not yet redeemed, by the limit that booked them (the books of
-        every limit that keeps them: one per tenant for the tenants' own caps)."""
-        counts: dict[str, int] = {}
+        """The appointments booked and not yet redeemed, by the limit that booked them (`reasons`,
+        each from the start; the books of a limit: one per tenant or endpoint for their own caps)."""
+        counts = dict.fromkeys(self.reasons, 0)
         for book in self.books:
-            counts[book.reason] = counts.get(book.reason, 0) + len(book.entries)
+            if book.reason in counts:
+                counts[book.reason] += len(book.entries)
         return counts
 
     def count(self, book: AppointmentBook, rank: int, outcome: str) -> None:
@@ -546,13 +577,11 @@ class Appointments:
     def trust_by_reason(self) -> dict[str, float]:
         """The lowest share kept among the books of each limit and the ranks they booked for (what
         `governor_appointments_trust` shows: below one half, those appointments keep nothing)."""
-        lowest: dict[str, float] = {}
+        lowest = dict.fromkeys(self.reasons, 1.0)
         for book in self.books:
             used = [t for t, n in zip(book.trust, book.used, strict=True) if n]
-            if used:
-                lowest[book.reason] = min(lowest.get(book.reason, 1.0), *used)
-            else:
-                lowest.setdefault(book.reason, 1.0)
+            if used and book.reason in lowest:
+                lowest[book.reason] = min(lowest[book.reason], *used)
         return lowest
 
     def issue(self, appointment: Appointment) -> None:
@@ -594,6 +623,16 @@ class Appointments:
         record = Lapsed(appointment.closes, appointment.book, appointment.rank, appointment.tenant, keys)
         for key in keys:
             self.lapsed[key] = record
+        self.age(now)
+
+    def tidy(self, now: float) -> None:
+        """Before a report: every book's closed windows lapse (a book is swept by its own limit's
+        refusals: a tenant gone quiet, or whose cap a reload removed, would keep them), then the
+        lapsed past memory count as never back."""
+        for book in self.books:
+            entries = book.entries
+            if entries and entries[0].closes <= now:
+                book.sweep(now)
         self.age(now)
 
     def age(self, now: float) -> None:

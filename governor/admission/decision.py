@@ -54,12 +54,14 @@ from governor.admission.limits import (
 from governor.admission.pool import Pool
 from governor.admission.priority import RANK, CeilingPolicy, PriorityCeilings
 from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
-from governor.admission.tenant import Tenant, TenantLimits, Tenants
+from governor.admission.tenant import TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 _INFLIGHT = YieldReason.INFLIGHT.value
+_TOKEN_BOOKS = (YieldReason.ENDPOINT_TOKENS.value, YieldReason.TENANT_TOKENS.value)
+"""The own caps' books that count token cost (the others count requests)."""
 _DRAINING = YieldReason.DRAINING.value
 _CLASS_RANK = {priority: 2 * rank + 1 for priority, rank in RANK.items()}
 """`Ask.rank` of a frame of each class whose tenant is not over its share (cost.RANKS)."""
@@ -207,12 +209,24 @@ class Admission:
             hints,
             forecast,
             endpoint_slots if booking else None,
-            self._endpoint_tokens_book if booking else None,
+            self._own_book if booking else None,
         )
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
-        self.tenant_caps = TenantCaps(hints, self._tenant_book if booking else None)
+        self.tenant_caps = TenantCaps(self._own_book if booking else None)
+        if booking:
+            registry.reasons = tuple(
+                reason.value
+                for reason in (
+                    YieldReason.INFLIGHT,
+                    YieldReason.TOKENS,
+                    YieldReason.ENDPOINT_INFLIGHT,
+                    YieldReason.ENDPOINT_TOKENS,
+                    YieldReason.TENANT_INFLIGHT,
+                    YieldReason.TENANT_TOKENS,
+                )
+            )
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
         self.ceilings = PriorityCeilings(CeilingPolicy())
         self.ceilings.on_classes = self._activate  # the first frame of another class than standard
@@ -238,22 +252,17 @@ class Admission:
         self._fits: tuple[Callable[[Ask], None], ...] = ()
         self._activate()
 
-    def _tenant_book(self, tenant: Tenant, tokens: bool) -> AppointmentBook:
-        """A tenant's own `max_inflight` (or `max_inflight_tokens`) book: as for the global cap (or
-        token budget), over its own requests."""
+    def _own_book(self, reason: str, key: object) -> AppointmentBook:
+        """The book of one tenant's (or one endpoint's) own cap, `reason`: as for the global cap or
+        token budget, over the requests of `key` only (appointments.NewBook)."""
         forecast, hints, registry = self.forecast, self.hints, self.appointments
+        tokens = reason in _TOKEN_BOOKS
         if tokens:
-            free_at = _tokens_free_at(forecast, hints, registry, lambda: book, tenant)
+            forecast.cost_groups = True  # (what its forecast reads)
+            free_at = _tokens_free_at(forecast, hints, registry, lambda: book, key)
         else:
-            free_at = _slots_free_at(forecast, hints, registry, lambda: book, lambda: (tenant,))
-        reason = YieldReason.TENANT_TOKENS if tokens else YieldReason.TENANT_INFLIGHT
-        book = AppointmentBook(reason.value, registry, not tokens, free_at)
-        return book
-
-    def _endpoint_tokens_book(self, endpoint: Endpoint) -> AppointmentBook:
-        """An endpoint's `tokens=N` book: as for the global token budget, over its own requests."""
-        free_at = _tokens_free_at(self.forecast, self.hints, self.appointments, lambda: book, endpoint)
-        book = AppointmentBook(YieldReason.ENDPOINT_TOKENS.value, self.appointments, False, free_at)
+            free_at = _slots_free_at(forecast, hints, registry, lambda: book, lambda: (key,))
+        book = AppointmentBook(reason, registry, not tokens, free_at)
         return book
 
     def _activate(self) -> None:
@@ -400,9 +409,9 @@ class Admission:
     def _refused_elsewhere(self, held: Appointment, now: float) -> None:
         """A frame back for `held` in its window was refused by another limit (one checked before
         or after the one that booked it: a tenant's share, a rate, the deadline): its appointment
-        goes back rather than keeping capacity idle until its window closes and lapsing against
-        its book's trust. (A limit that booked the frame anew removed it already; a frame back
-        before its window keeps its place.)"""
+        goes back (counted `refused_elsewhere`) rather than keeping capacity idle until its window
+        closes and lapsing against its book's trust. (A limit that booked the frame anew removed
+        and counted it already; a frame back before its window keeps its place.)"""
         if self.appointments.by_ticket.get(held.ticket) is held and held.opened(now):
             held.book.refused_elsewhere(held)
 
@@ -554,7 +563,7 @@ class Admission:
         they charged. False, changing nothing, when no other endpoint can take it now."""
         pool = self.pool
         try:
-            if self.drain.draining or pool.check(now, grant.ask) is not None:
+            if self.drain.draining or not pool.routes(now, grant.ask):
                 return False
         except OverBudget:  # no endpoint left up has a token budget it fits in
             return False

@@ -23,9 +23,8 @@ prompt tokens), which the TTFT model reads (ttft.py, deadline.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-from governor.admission.appointments import AppointmentBook
+from governor.admission.appointments import AppointmentBook, NewBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
@@ -45,7 +44,7 @@ class Pool:
         hints: RetryHintEstimator,
         forecast: ReleaseForecast,
         book: AppointmentBook | None = None,
-        new_tokens_book: Callable[[Endpoint], AppointmentBook] | None = None,
+        new_tokens_book: NewBook | None = None,
     ) -> None:
         self.endpoints = endpoints
         # Makes an endpoint's token book on its first endpoint_tokens refusal; None with --retry-hint fixed.
@@ -65,13 +64,23 @@ class Pool:
         self._busy_refusal = Refusal(YieldReason.ENDPOINT_BUSY)
         self._drains = {e: DrainHint(hints) for e in endpoints}
 
+    def routes(self, now: float, ask: Ask) -> bool:
+        """Whether an endpoint can take `ask` now (chosen for `charge`), asked for a request already
+        admitted whose endpoint was lost: a refusal here hints nothing and books nothing (nobody
+        would come back for it). Raises `OverBudget` as `check` does."""
+        return self.check(now, ask, booking=False) is None
+
     @property
     def choice(self) -> Endpoint | None:
         """The endpoint the last passing `check` chose (read by the deadline check that follows)."""
         return None if self._choice is None else self._choice[0]
 
-    def check(self, now: float, ask: Ask) -> Refusal | None:
+    def check(self, now: float, ask: Ask, booking: bool = True) -> Refusal | None:
+        """The least loaded endpoint that can take `ask` now, chosen for `charge`; else the refusal,
+        its hint and (`booking`) its appointment. A re-route asks without `booking` (`routes`)."""
         self._choice = None
+        held = ask.appointment
+        own_book = None if held is None else held.book
         endpoints = self.endpoints
         best: Endpoint | None = None
         best_index = 0
@@ -105,10 +114,19 @@ class Pool:
                 deficit = e.tokens + cost - budget
                 over: float = deficit
                 kept = e.tokens_book
-                if kept is not None and kept.entries:
+                if deficit <= 0 and kept is not None and kept.entries:
                     over += kept.held(now, ask.appointment, ask.rank)
                 if over > 0:
-                    if token_deficit is None or over < token_deficit[0]:
+                    # The closest to fitting; but a holder is refused through its own endpoint's
+                    # book, where it keeps its place.
+                    if (
+                        token_deficit is None
+                        or (kept is not None and kept is own_book)
+                        or (
+                            over < token_deficit[0]
+                            and (own_book is None or token_deficit[2].tokens_book is not own_book)
+                        )
+                    ):
                         token_deficit = (over, deficit, e)
                     continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
@@ -127,6 +145,8 @@ class Pool:
         if not fits_one:
             budget = max(e.limits.tokens for e in endpoints if e.up)
             raise over_budget(ask, budget, "every endpoint's tokens=N")
+        if not booking:
+            return self._inflight_refusal  # (`routes`: no hint, nothing booked)
         if paused_until < math.inf and not unpaused:
             return self._busy_refusal.at(hint_of(paused_until - now))
         if qps_bucket is not None:
@@ -139,7 +159,7 @@ class Pool:
                 return refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
             kept = e.tokens_book
             if kept is None:
-                kept = e.tokens_book = self._new_tokens_book(e)
+                kept = e.tokens_book = self._new_tokens_book(_ENDPOINT_TOKENS, e)
             refusal.hint_ms, refusal.appointment = kept.refuse(
                 now, ask.appointment, ask.tenant, ask.identity, deficit, cost, ask.rank
             )
@@ -198,17 +218,17 @@ class Pool:
 
     def charge(self, grant: Grant, now: float) -> None:
         choice, self._choice = self._choice, None
-        if choice is None:
-            return
         book = self.book
         if book is not None and book.entries:
             book.redeem(grant.ask.appointment, now)
-        endpoint, index = choice
         held = grant.ask.appointment
         if held is not None and held.book.reason == _ENDPOINT_TOKENS:
             # Kept at this endpoint's budget or another's (the least loaded took it): redeemed,
             # what it kept is anyone's again.
             held.book.redeem(held, now)
+        if choice is None:
+            return  # no endpoint up: dispatch answers worker_unavailable
+        endpoint, index = choice
         if endpoint.bucket is not None:
             endpoint.bucket.take()
         ask = grant.ask

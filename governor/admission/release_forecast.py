@@ -72,8 +72,9 @@ OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
 
 QUEUED_AFTER_STEPS = 3
-"""A request admitted this many steps before another's last token and still without a first one
-waits in its server's queue (a server that batches takes a step or two to start a new request)."""
+"""A request admitted before another's first token and still without its own this many steps later
+(at that other's last token) waits in its server's queue: a server that batches takes a step or
+two to start a new request."""
 
 MIN_REMAINING_S = 0.001
 """The least a request still running past its forecast end is forecast to hold its slot more."""
@@ -204,6 +205,7 @@ class ReleaseForecast:
         "_cumulative",
         "_round_s",
         "_groups",
+        "cost_groups",
         "_group_costs",
         "_group_tokens",
     )
@@ -220,7 +222,10 @@ class ReleaseForecast:
         self._cumulative: list[int] = []  # running sums of the token cost each of them frees
         self._round_s = 0.0  # how much later the next round of releases comes (a service time)
         self._groups: dict[object, list[float]] = {}  # forecast releases by endpoint and by tenant
-        self._group_costs: dict[object, list[tuple[float, int]]] = {}  # the same, with each one's cost
+        # The same, with each one's cost: kept only once a tenant's or an endpoint's own token cap
+        # books appointments (`cost_groups`, set by admission), which `tokens_free_at(among=)` reads.
+        self.cost_groups = False
+        self._group_costs: dict[object, list[tuple[float, int]]] = {}
         self._group_tokens: dict[object, tuple[list[float], list[int]]] = {}  # made from those when read
 
     def __len__(self) -> int:
@@ -268,8 +273,7 @@ class ReleaseForecast:
         if executed and first is not None:
             model = self.model(grant.endpoint)
             model.observe_stream(first, progress.t_last_token, now, tokens)
-            if grant.endpoint is not None and tokens >= 2:
-                self._learn_batch(model, grant, first, progress.t_last_token)
+            self._learn_batch(model, grant, first, progress.t_last_token)
             asked = grant.ask.max_new_tokens
             if asked > 0:
                 self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
@@ -282,15 +286,24 @@ class ReleaseForecast:
                 self.relative_errors.append(abs(error) / service)
 
     def _learn_batch(self, model: EngineModel, grant: Grant, first: float, last: float) -> None:
-        """A request streamed from `first` to `last`. Were requests admitted to its endpoint well
-        before its last token still waiting for their first (longer than a server that batches
-        them takes to start one: `QUEUED_AFTER_STEPS` steps), while only so many streamed beside
-        it, the server runs that many at once and queues the rest: it is learnt (the most seen).
-        The others counted overlap its stream: their first token before its last, their latest
-        after its first (a serial server's next request starts only after its last token)."""
+        """A request streamed from `first` to `last`. Was a request admitted to its
+        endpoint before its first token still waiting for its own at its last, at least
+        `QUEUED_AFTER_STEPS` steps later (a server that batches starts a new request within a
+        step or two), while only so many streamed beside it, the server runs that many at once
+        and queues the rest: it is learnt (the most seen). Only once a step is known, and not for
+        an endpoint whose batch is given (`batch=`, or its worker's report). The others counted
+        overlap its stream: their first token before its last, their latest after its first (a
+        serial server's next request starts only after its last token)."""
         endpoint = grant.endpoint
-        step = model.step_s or (last - first)
-        waited_since = last - QUEUED_AFTER_STEPS * step
+        step = model.step_s
+        if (
+            endpoint is None
+            or step is None
+            or endpoint.limits.batch
+            or endpoint.batch
+            or last - first < QUEUED_AFTER_STEPS * step
+        ):
+            return
         streaming, queued = 1, False
         for other in self._live.values():
             if other is grant or other.endpoint is not endpoint:
@@ -298,7 +311,7 @@ class ReleaseForecast:
             progress = other.progress
             other_first = None if progress is None else progress.t_first_token
             if other_first is None:
-                queued = queued or other.t_admitted < waited_since
+                queued = queued or other.t_admitted < first
             elif other_first < last and progress is not None and progress.t_last_token > first:
                 streaming += 1
         if queued and streaming > model.batch_seen:
@@ -368,6 +381,7 @@ class ReleaseForecast:
         pairs = []
         groups: dict[object, list[float]] = {}
         costs: dict[object, list[tuple[float, int]]] = {}
+        cost_groups = self.cost_groups
         for at, grant in self._releases(now):
             if grant.forecast_s is None:
                 grant.forecast_s = at
@@ -376,7 +390,8 @@ class ReleaseForecast:
             for key in (grant.endpoint, grant.ask.tenant):
                 if key is not None:
                     groups.setdefault(key, []).append(at)
-                    costs.setdefault(key, []).append(pair)
+                    if cost_groups:
+                        costs.setdefault(key, []).append(pair)
         pairs.sort()
         for times in groups.values():
             times.sort()

@@ -4,15 +4,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-from governor.admission.appointments import AppointmentBook
+from governor.admission.appointments import NewBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
-from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
-from governor.admission.tenant import Tenant
 from govwire.vocab import YieldReason
+
+_TENANT_INFLIGHT, _TENANT_TOKENS = YieldReason.TENANT_INFLIGHT.value, YieldReason.TENANT_TOKENS.value
 
 
 class TenantCaps:
@@ -27,11 +26,10 @@ class TenantCaps:
     told to, as the global caps keep theirs. With `--retry-hint fixed` (no `new_book`) they hint
     the base value (the tenant's drain estimate); the buckets keep their exact times."""
 
-    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book", "_hints")
+    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book")
 
-    def __init__(self, hints: RetryHintEstimator, new_book: Callable[[Tenant, bool], AppointmentBook] | None) -> None:
+    def __init__(self, new_book: NewBook | None) -> None:
         self._new_book = new_book
-        self._hints = hints
         self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
         self._qps = Refusal(YieldReason.TENANT_QPS)
         self._tokens = Refusal(YieldReason.TENANT_TOKENS)
@@ -71,7 +69,7 @@ class TenantCaps:
                     refusal.appointment = None
                     return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
                 if book is None:
-                    book = tenant.inflight_book = self._new_book(tenant, False)
+                    book = tenant.inflight_book = self._new_book(_TENANT_INFLIGHT, tenant)
                 refusal.hint_ms, refusal.appointment = book.refuse(
                     now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
                 )
@@ -91,7 +89,7 @@ class TenantCaps:
                     refusal.appointment = None
                     return refusal.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
                 if book is None:
-                    book = tenant.tokens_book = self._new_book(tenant, True)
+                    book = tenant.tokens_book = self._new_book(_TENANT_TOKENS, tenant)
                 refusal.hint_ms, refusal.appointment = book.refuse(
                     now, ask.appointment, tenant, ask.identity, excess, ask.cost, ask.rank
                 )

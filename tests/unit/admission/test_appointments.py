@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from governor.admission.appointments import (
     LAPSED_MEMORY_S,
     MIN_TRUST,
+    PROBE_EVERY,
     TRUST_WEIGHT,
     Appointment,
     AppointmentBook,
@@ -459,7 +460,7 @@ def test_a_flood_of_one_class_that_never_comes_back_unbinds_only_its_own_appoint
 def test_a_holder_refused_in_its_window_by_another_limit_gives_its_appointment_back() -> None:
     """Back on time for the full cap's slot, but its tenant's own rate refuses it: the slot is
     not kept idle until the window closes (a newcomer takes it at once), and the return counts
-    `yielded_again`, no lapse against the book's trust."""
+    `refused_elsewhere`, no lapse against the book's trust."""
     admission, engine = one_running()
     admission.set_tenancy({"a": TenantLimits(max_qps=1.0, qps_burst=1.0)}, frozenset(), 0.8, CeilingPolicy(), 0.0)
     tenant = admission.tenants.resolve("a")
@@ -472,7 +473,7 @@ def test_a_holder_refused_in_its_window_by_another_limit_gives_its_appointment_b
     engine.run_until(0.3)
     again = admission.decide(0.3, ask(11, 2, ticket=booked.ticket, tenant=tenant))
     assert isinstance(again, Refusal) and again.reason == "tenant_qps"
-    assert admission.appointments.outcomes == {("inflight", "yielded_again"): 1}
+    assert admission.appointments.outcomes == {("inflight", "refused_elsewhere"): 1}
     assert admission.inflight.book is not None and not admission.inflight.book.entries
     assert isinstance(admission.decide(0.3, ask(11, 3)), Grant)  # the slot is anyone's at once
 
@@ -493,3 +494,25 @@ def test_a_holder_booked_again_by_another_limit_keeps_its_first_refusal_time() -
     assert final is not None and final.booked_at == 0.0
     hint_ms, none = second_book.refuse(0.9, final, None, 7, 1.0, 1.0)  # 0.9 + 0.3 s: past the horizon
     assert none is None and hint_ms >= 1000
+
+
+def test_while_a_rank_keeps_nothing_probes_are_booked_and_their_returns_bring_trust_back() -> None:
+    """Trust fell below one half: most refusals of that rank book nothing, but one in PROBE_EVERY
+    still does; its client coming back on time raises trust again, so keeping can resume."""
+    admission, engine = one_running()  # one slot, freed at 0.3 s
+    book = admission.inflight.book
+    assert book is not None
+    book.trust[STANDARD_RANK] = 0.3
+    booked = []
+    for i in range(2 * PROBE_EVERY):
+        refused = admission.decide(0.05, ask(11, 100 + i))
+        assert isinstance(refused, Refusal)
+        if refused.appointment is not None:
+            booked.append(refused.appointment)
+    assert len(booked) == 2  # one probe in every PROBE_EVERY refusals
+    assert admission.decide(0.05, ask(11, 999)).appointment is None  # type: ignore[union-attr]
+    engine.run_until(booked[0].at)
+    before = book.trust[STANDARD_RANK]
+    back = admission.decide(booked[0].at, ask(11, 0, ticket=booked[0].ticket))
+    assert isinstance(back, Grant)
+    assert book.trust[STANDARD_RANK] > before

@@ -215,6 +215,29 @@ def test_a_reroute_takes_an_endpoint_slot_but_not_a_second_global_token() -> Non
     assert routed(grant) is other  # nowhere to go: nothing changed
 
 
+def test_a_reroute_of_a_request_admitted_on_an_appointment_books_nothing_and_redeems_nothing_twice() -> None:
+    """A request let in on its endpoint_tokens appointment loses its endpoint: the re-route asks
+    the pool without booking (nobody would come back for it), finds no room, and changes nothing;
+    its appointment, redeemed at its admission, is not redeemed again."""
+    a = admission(EndpointLimits(tokens=100), EndpointLimits(tokens=100))
+    first, second = (a.decide(0.0, Ask(cost=60, max_new_tokens=4)) for _ in range(2))
+    assert isinstance(first, Grant) and isinstance(second, Grant)
+    refused = a.decide(0.0, Ask(cost=60, max_new_tokens=4))
+    assert isinstance(refused, Refusal) and refused.reason == "endpoint_tokens"
+    booked = refused.appointment
+    assert booked is not None
+    a.release(first, True, 0.4)  # at its forecast end: 4 tokens at the prior step
+    back = Ask(cost=60, max_new_tokens=4)
+    back.ticket = booked.ticket
+    holder = a.decide(0.4, back)
+    assert isinstance(holder, Grant) and a.appointments.outcomes[("endpoint_tokens", "on_time")] == 1
+    place = routed(holder)
+    place.up = False
+    assert not a.reroute(holder, 0.4)  # the other endpoint is full
+    assert routed(holder) is place and place.inflight == 1 and place.tokens == 60
+    assert not a.appointments.by_ticket  # nothing booked by the re-route's question
+
+
 def test_an_endpoint_inflight_hint_is_the_forecast_release_at_the_full_endpoint() -> None:
     # 32 global slots, but one endpoint capped at 2: the next slot there frees when one of its two
     # requests ends (a service time after their admission), told in turn to the clients refused.

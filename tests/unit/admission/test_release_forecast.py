@@ -249,6 +249,7 @@ def test_the_batch_of_a_server_that_queues_is_learnt_from_its_streams() -> None:
 def test_the_token_cost_of_one_tenants_requests_comes_back_at_their_own_ends() -> None:
     """`among`: a tenant's own token cap counts only its requests' cost (the others' free none of it)."""
     forecast = ReleaseForecast()
+    forecast.cost_groups = True  # (as admission sets it when such a cap books its first appointment)
     mine, other = object(), object()
     for tokens, cost, tenant in ((2, 50, other), (4, 30, mine), (6, 30, mine)):
         grant, _ = admitted(forecast, 0.0, tokens, cost=cost)
