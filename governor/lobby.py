@@ -39,8 +39,11 @@ from govwire.errors import RequestRejected
 
 log = logging.getLogger("governor.lobby")
 
-LAST_CALL_S = 0.001
-"""A held frame is decided a last time this long before its promise horizon runs out."""
+LAST_CALL_S = 0.01
+"""A held frame is decided a last time this long before its promise horizon runs out, counted from
+its first refusal here: so that its client, which counts from its own first attempt, hears the
+answer within the horizon, the transit each way and its SDK's own work included (a few
+milliseconds on loopback; 4 ms past the horizon at p99 in benchmarks.peers.sdk_overload with 1 ms)."""
 
 LOBBY_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Seconds a held frame waited for its answer."""
