@@ -70,10 +70,14 @@ from benchmarks.harness.common import fmt, free_port, machine, markdown_table, o
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
 from governor.bench.stats import percentile
+from governor.config import GovernorConfig
 from tests.openai_server import TransformersServe
 from tests.tiny_gpt2 import save_tiny_gpt2
 
 DIRECT = "direct"
+REFUSED_FOR_GOOD = "refused for good (429, x-should-retry: false)"
+BATCH_HORIZON_MS = 10_000.0
+"""A promise horizon past a burst's drain here (a few seconds): the issue's bars are for it."""
 
 
 class Server(TransformersServe):
@@ -220,7 +224,7 @@ async def one_raw(url: str, body: bytes, gate: asyncio.Event, timeout_s: float) 
                 conn.transport.write(request)
                 await conn.waiter
                 if conn.status == 429 and conn.headers.get("x-should-retry") == "false":
-                    sample.error = "refused for good (429, x-should-retry: false)"  # as the SDKs obey it
+                    sample.error = REFUSED_FOR_GOOD  # as the SDKs obey it
                     return sample
                 if conn.status == 429:
                     sample.hints_ms.append(retry_after_ms(conn.headers))
@@ -258,7 +262,7 @@ async def one_httpx(client: httpx.AsyncClient, url: str, body: bytes, gate: asyn
             async with client.stream("POST", url, content=body, headers=headers) as response:
                 if response.status_code == 429 and response.headers.get("x-should-retry") == "false":
                     await response.aread()
-                    sample.error = "refused for good (429, x-should-retry: false)"  # as the SDKs obey it
+                    sample.error = REFUSED_FOR_GOOD  # as the SDKs obey it
                     return sample
                 if response.status_code == 429:
                     await response.aread()
@@ -516,12 +520,16 @@ def record(
     args: argparse.Namespace,
     on_time: dict[str, float | None],
 ) -> None:
-    """Per K: requests/s beside the direct burst (headline; bar >= 0.8x at K=1, where every
-    hand-over between two requests idles the serial server, and 0.9x above), 429s per burst (bar
-    <= 2 per request), TTFT p99 beside direct (bar <= 1.15x at K >= 2), the share of returns to an
-    `endpoint_inflight` appointment admitted on time (bar >= 95%); and the errors of every burst
-    (headline). The ratios are the tables' medians of per-round ratios."""
+    """Per K: requests/s beside the direct burst (headline), 429s per burst (bar <= 2 per request),
+    TTFT p99 beside direct, the share of returns to an `endpoint_inflight` appointment admitted
+    on time; the requests refused for good and the errors of every burst (headline). The issue's
+    bars hold for a promise horizon past the burst's drain (`BATCH_HORIZON_MS`): requests/s >=
+    0.8x at K=1 (every hand-over between two requests idles the serial server) and 0.9x above,
+    TTFT p99 <= 1.15x at K >= 2, returns on time >= 95%; at a shorter horizon the governor tells
+    most of a burst no for good at once, by design, and the figures carry no bar. The ratios are
+    the tables' medians of per-round ratios."""
     direct_rps = median_of(rounds, DIRECT, lambda b: b.rps)
+    batch = horizon_ms(args) >= BATCH_HORIZON_MS
     for c in configs[1:]:
         k = c.removeprefix("governor ")
         serial = k == "K=1"
@@ -532,8 +540,8 @@ def record(
             "req/s",
             baseline=("direct to transformers serve", direct_rps),
             ratio=ratio,
-            bar=">= 0.8x" if serial else ">= 0.9x",
-            met=ratio >= (0.8 if serial else 0.9),
+            bar=None if not batch else ">= 0.8x" if serial else ">= 0.9x",
+            met=None if not batch else ratio >= (0.8 if serial else 0.9),
         )
         refusals = median_of(rounds, c, lambda b: b.refusals)
         sitting.figure(
@@ -551,8 +559,8 @@ def record(
             "ms",
             baseline=("direct to transformers serve", median_of(rounds, DIRECT, lambda b: b.p("ttft_first", 99))),
             ratio=ttft_ratio,
-            bar=None if serial else "<= 1.15x",
-            met=None if serial else ttft_ratio <= 1.15,
+            bar=None if serial or not batch else "<= 1.15x",
+            met=None if serial or not batch else ttft_ratio <= 1.15,
             headline=False,
         )
         share = on_time.get(c)
@@ -561,14 +569,27 @@ def record(
                 f"returns to an endpoint_inflight appointment admitted on time, {k}",
                 100.0 * share,
                 "%",
-                bar=">= 95%",
-                met=share >= 0.95,
+                bar=">= 95%" if batch else None,
+                met=share >= 0.95 if batch else None,
                 headline=False,
                 note="the governor's retry-hint outcomes over the whole run (warm-up included)",
             )
-    errors = sum(r[c].n_errors for r in rounds for c in configs)
+    final = sum(r[c].errors.get(REFUSED_FOR_GOOD, 0) for r in rounds for c in configs)
+    errors = sum(r[c].n_errors for r in rounds for c in configs) - final
+    sitting.figure("refused for good (past the promise horizon), all bursts through the governor", final, "requests")
     sitting.figure("errors, all bursts, direct and through the governor", errors, "requests")
     sitting.details = {"rounds": [{c: burst_row(r[c]) for c in configs} for r in rounds]}
+
+
+def horizon_ms(args: argparse.Namespace) -> float:
+    """The governor's --promise-horizon-ms as `--governor-args` sets it, else its default."""
+    words = args.governor_args.split()
+    for i, word in enumerate(words):
+        if word == "--promise-horizon-ms" and i + 1 < len(words):
+            return float(words[i + 1])
+        if word.startswith("--promise-horizon-ms="):
+            return float(word.partition("=")[2])
+    return GovernorConfig().promise_horizon_ms
 
 
 def variant(args: argparse.Namespace) -> str | None:
