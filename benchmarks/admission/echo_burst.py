@@ -28,13 +28,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from benchmarks.harness.common import machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.harness.common import machine, markdown_table, ndjson_replies, out_dir, start_governor, stats, stop
 from benchmarks.harness.results import Sitting
 from governor.bench.stats import percentile
 from govwire.codec import encode, generate_frame
-from govwire.framing import LineSplitter
 
 WARM = 8
 """Requests of `LONG` tokens admitted and streaming before the burst (the cap's 8 slots)."""
@@ -87,44 +84,40 @@ async def one_round(port: int, burst: int, seed: int) -> Round:
             all_done.set()
 
     async def read() -> None:
-        splitter = LineSplitter(1 << 20)
-        while data := await reader.read(1 << 16):
-            now = time.monotonic()
-            for line in splitter.feed(data):
-                reply: dict[str, Any] = orjson.loads(line)
-                rid, status = reply.get("id"), reply["status"]
-                phase = state.get(rid) if isinstance(rid, str) else None
-                if phase is None:
-                    continue
-                if status == "token" and phase == "warm":
-                    state[rid] = "warm-streaming"
-                    if sum(s == "warm-streaming" for s in state.values()) == WARM:
-                        warm_started.set()
-                elif status == "accepted":
-                    if phase == "first":
-                        result.admitted_first += 1
-                    elif phase == "returned":
-                        result.returned_admitted += 1
-                        result.lobby_wait_ms.append((now - returned_at[rid]) * 1000.0)
-                    if phase in ("first", "returned"):
-                        state[rid] = "accepted"
-                elif status == "yield":
-                    if phase == "first" and reply.get("final"):
-                        result.final_first += 1
-                        settle(rid)
-                    elif phase == "first":
-                        result.promised += 1
-                        hint = reply["retry_hint_ms"]
-                        result.hints_ms.append(hint)
-                        state[rid] = "waiting"
-                        due = now + hint / 1000.0
-                        loop.call_at(loop.time() + hint / 1000.0, come_back, rid, due)
-                    else:
-                        result.returned_refused += 1
-                        result.returned_final += bool(reply.get("final"))
-                        settle(rid)
-                elif status in ("done", "error"):
+        async for now, reply in ndjson_replies(reader):
+            rid, status = reply.get("id"), reply["status"]
+            phase = state.get(rid) if isinstance(rid, str) else None
+            if phase is None:
+                continue
+            if status == "token" and phase == "warm":
+                state[rid] = "warm-streaming"
+                if sum(s == "warm-streaming" for s in state.values()) == WARM:
+                    warm_started.set()
+            elif status == "accepted":
+                if phase == "first":
+                    result.admitted_first += 1
+                elif phase == "returned":
+                    result.returned_admitted += 1
+                    result.lobby_wait_ms.append((now - returned_at[rid]) * 1000.0)
+                if phase in ("first", "returned"):
+                    state[rid] = "accepted"
+            elif status == "yield":
+                if phase == "first" and reply.get("final"):
+                    result.final_first += 1
                     settle(rid)
+                elif phase == "first":
+                    result.promised += 1
+                    hint = reply["retry_hint_ms"]
+                    result.hints_ms.append(hint)
+                    state[rid] = "waiting"
+                    due = now + hint / 1000.0
+                    loop.call_at(loop.time() + hint / 1000.0, come_back, rid, due)
+                else:
+                    result.returned_refused += 1
+                    result.returned_final += bool(reply.get("final"))
+                    settle(rid)
+            elif status in ("done", "error"):
+                settle(rid)
 
     reading = asyncio.create_task(read())
     for i in range(WARM):

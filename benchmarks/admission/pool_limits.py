@@ -28,12 +28,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
-from benchmarks.harness.common import machine, markdown_table, out_dir, start_governor, stop
+from benchmarks.harness.common import machine, markdown_table, ndjson_replies, out_dir, start_governor, stop
 from benchmarks.harness.results import Sitting
 from govwire.codec import encode, generate_frame
-from govwire.framing import LineSplitter
 
 
 @dataclass
@@ -68,37 +65,33 @@ async def offer(port: int, rate: float, seconds: float, retry: bool, **fields: A
             finished.set()
 
     async def read() -> None:
-        splitter = LineSplitter(1 << 20)
-        while data := await reader.read(1 << 16):
-            now = time.monotonic()
-            for line in splitter.feed(data):
-                reply: dict[str, Any] = orjson.loads(line)
-                rid, status = reply["id"], reply["status"]
-                attempt = outstanding.get(rid)
-                if attempt is None:
-                    continue
-                if status == "accepted":
-                    if attempt == 0:
-                        tally.accepted_first += 1
-                        tally.accepted_times.append(now)
-                    else:
-                        tally.retry_accepted += 1
+        async for now, reply in ndjson_replies(reader):
+            rid, status = reply["id"], reply["status"]
+            attempt = outstanding.get(rid)
+            if attempt is None:
+                continue
+            if status == "accepted":
+                if attempt == 0:
+                    tally.accepted_first += 1
+                    tally.accepted_times.append(now)
+                else:
+                    tally.retry_accepted += 1
+                settle(rid)
+            elif status == "yield" and attempt == 0:
+                reason = reply["reason"]
+                tally.yielded_first[reason] = tally.yielded_first.get(reason, 0) + 1
+                if reply.get("final"):
+                    tally.final += 1
                     settle(rid)
-                elif status == "yield" and attempt == 0:
-                    reason = reply["reason"]
-                    tally.yielded_first[reason] = tally.yielded_first.get(reason, 0) + 1
-                    if reply.get("final"):
-                        tally.final += 1
-                        settle(rid)
-                    elif retry:
-                        tally.retried += 1
-                        tally.hints_ms.append(reply["retry_hint_ms"])
-                        outstanding[rid] = -1  # waiting out its hint
-                        loop.call_later(reply["retry_hint_ms"] / 1000, send, rid, 1)
-                    else:
-                        settle(rid)
-                elif status in ("yield", "error"):
+                elif retry:
+                    tally.retried += 1
+                    tally.hints_ms.append(reply["retry_hint_ms"])
+                    outstanding[rid] = -1  # waiting out its hint
+                    loop.call_later(reply["retry_hint_ms"] / 1000, send, rid, 1)
+                else:
                     settle(rid)
+            elif status in ("yield", "error"):
+                settle(rid)
 
     reading = asyncio.create_task(read())
     t0 = time.monotonic()

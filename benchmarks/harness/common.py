@@ -9,10 +9,12 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
+
+import orjson
 
 from benchmarks.harness.results import Machine
 from governor.bench.config import BenchConfig
@@ -20,10 +22,23 @@ from governor.bench.main import measure
 from governor.bench.runner import RunResult
 from governor.bench.stats import Distribution, Summary
 from governor.client import Client
+from govwire.framing import TOO_LARGE, LineSplitter
 
 ROOT = Path(__file__).resolve().parents[2]
 HARNESS = Path(__file__).resolve().parent  # the load tools the benchmarks start as processes
 UNLIMITED = 1_000_000  # --max-inflight for "no cap in practice"
+
+
+async def ndjson_replies(reader: asyncio.StreamReader) -> AsyncIterator[tuple[float, dict[str, Any]]]:
+    """Each reply on a governor's NDJSON connection as it comes, with the time its read returned,
+    until the connection closes."""
+    splitter = LineSplitter(1 << 20)
+    while data := await reader.read(1 << 16):
+        now = time.monotonic()
+        for line in splitter.feed(data):
+            if line is TOO_LARGE:
+                raise ValueError("a reply over 1 MiB: not one the governor sends")
+            yield now, orjson.loads(line)
 
 
 def free_port() -> int:
