@@ -46,6 +46,7 @@ import math
 import os
 from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from governor.admission.priority import RANKS, STANDARD_RANK
@@ -189,11 +190,7 @@ class AppointmentBook:
         """The running sums of the appointments' amounts, in the book's order (recomputed after
         the book changed: read only by the token budget's refusals)."""
         if self._cumulative is None:
-            total, sums = 0.0, []
-            for entry in self.entries:
-                total += entry.amount
-                sums.append(total)
-            self._cumulative = sums
+            self._cumulative = list(accumulate(entry.amount for entry in self.entries))
         return self._cumulative
 
     def sweep(self, now: float) -> None:

@@ -96,8 +96,8 @@ def _slots_free_at(
     """When a slot-counting book's next slot frees (its `FreeAt`): short of `deficit` slots,
     1 - deficit of them are free now (and held for appointments); the first `ahead` appointments'
     requests free theirs again after their service. `among`: only the requests of these endpoints
-    count (an endpoint cap's book), read when asked. `book` is read when asked too: the book is
-    built with this function."""
+    (an endpoint cap's book) or of this tenant (a tenant's `max_inflight`) count, read when
+    asked. `book` is read when asked too: the book is built with this function."""
 
     def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
         service_s = hints.service_time_s
@@ -119,7 +119,8 @@ def _tokens_free_at(
     among: object = None,
 ) -> FreeAt:
     """When a token-counting book's `need` is back (its `FreeAt`): from the requests in flight (of
-    `among` only, a tenant's own cap) and those the first `ahead` appointments start."""
+    `among` only: a tenant's `max_inflight_tokens` or an endpoint's `tokens=N`) and those the
+    first `ahead` appointments start."""
 
     def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
         service_s = hints.service_time_s

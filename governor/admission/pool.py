@@ -86,9 +86,9 @@ class Pool:
         best_index = 0
         best_load = math.inf
         qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
-        # The token budget closest to fitting: how far over (its appointments included), how far
-        # over without them, and its endpoint.
-        token_deficit: tuple[float, int, Endpoint] | None = None
+        # The token budget to refuse through: its rank (the holder's own first, then how far over,
+        # its appointments included), how far over without them, and its endpoint.
+        token_deficit: tuple[tuple[bool, float], int, Endpoint] | None = None
         paused_until = math.inf  # the earliest end of a 429/503 pause among the endpoints skipped
         any_up = fits_one = unpaused = False
         cost = ask.cost
@@ -117,17 +117,11 @@ class Pool:
                 if deficit <= 0 and kept is not None and kept.entries:
                     over += kept.held(now, ask.appointment, ask.rank)
                 if over > 0:
-                    # The closest to fitting; but a holder is refused through its own endpoint's
-                    # book, where it keeps its place.
-                    if (
-                        token_deficit is None
-                        or (kept is not None and kept is own_book)
-                        or (
-                            over < token_deficit[0]
-                            and (own_book is None or token_deficit[2].tokens_book is not own_book)
-                        )
-                    ):
-                        token_deficit = (over, deficit, e)
+                    # A holder is refused through its own endpoint's book, where it keeps its
+                    # place; otherwise through the budget closest to fitting.
+                    key = (kept is None or kept is not own_book, over)
+                    if token_deficit is None or key < token_deficit[0]:
+                        token_deficit = (key, deficit, e)
                     continue
             if e.bucket is not None and e.bucket.level(now) < 1.0:
                 if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):

@@ -50,6 +50,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 
 from governor.admission.endpoint import Endpoint
 from governor.admission.limits import Grant
@@ -399,11 +400,7 @@ class ReleaseForecast:
         self._group_costs = costs
         self._group_tokens = {}
         self._times = [at for at, _ in pairs]
-        cumulative, total = [], 0
-        for _, cost in pairs:
-            total += cost
-            cumulative.append(total)
-        self._cumulative = cumulative
+        self._cumulative = list(accumulate(cost for _, cost in pairs))
         # A request admitted into a freed slot ends about a service time later: the observed one,
         # else the longest forecast (the round the requests in flight now take at most).
         if service_s:
@@ -523,11 +520,7 @@ class ReleaseForecast:
         made = self._group_tokens.get(key)
         if made is None:
             pairs = sorted(self._group_costs.get(key, ()))
-            cumulative, total = [], 0
-            for _, cost in pairs:
-                total += cost
-                cumulative.append(total)
-            made = self._group_tokens[key] = ([at for at, _ in pairs], cumulative)
+            made = self._group_tokens[key] = ([at for at, _ in pairs], list(accumulate(cost for _, cost in pairs)))
         return made
 
     def _group_times(self, keys: Sequence[object]) -> list[float]:
