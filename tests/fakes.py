@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 
+from governor.admission.appointments import PrepaidBook
+from governor.admission.buckets import TokenBucket
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -239,3 +241,11 @@ class FakeTransport:
 
     def replies(self) -> list[dict[str, Any]]:
         return [orjson.loads(line) for line in bytes(self.written).splitlines()]
+
+
+def unspent(bucket: TokenBucket | None, book: PrepaidBook | None, now: float) -> float | None:
+    """What a rate cap has not spent: its bucket's level and what its appointments paid for (a
+    refusal moves its client's tokens from the bucket into its book: appointments.PrepaidBook)."""
+    if bucket is None:
+        return None
+    return round(bucket.level(now) + (book.promised if book is not None else 0.0), 9)

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING
 from governor.admission.priority import RANKS, STANDARD_RANK
 
 if TYPE_CHECKING:
+    from governor.admission.buckets import TokenBucket
     from governor.admission.hints import RetryHintEstimator
 
 Owner = object
@@ -159,6 +160,7 @@ class AppointmentBook:
         "used",
         "probes",
         "_cumulative",
+        "_ranked_at",
     )
 
     def __init__(
@@ -184,6 +186,7 @@ class AppointmentBook:
         self.used = [0] * RANKS  # how many appointments each rank ever booked here (for the gauge)
         self.probes = [0] * RANKS  # refusals of each rank while its trust was low (`_not_a_probe`)
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
+        self._ranked_at = -math.inf  # when the ranks were last re-evaluated (`rerank`)
         registry.books.append(self)
 
     def cumulative(self) -> list[float]:
@@ -218,6 +221,7 @@ class AppointmentBook:
         if not self.entries:
             return 0.0
         self.sweep(now)
+        self.rerank(now)
         trust = self.trust
         if not self.mixed and trust[STANDARD_RANK] < MIN_TRUST:
             return 0.0  # (every appointment here is of the standard rank, and those keep nothing now)
@@ -261,23 +265,52 @@ class AppointmentBook:
         self.times.insert(index, appointment.at)
         self.entries.insert(index, appointment)
         self.promised += appointment.amount
-        self.ranks[appointment.rank] += 1
-        if appointment.rank != STANDARD_RANK:
-            self.mixed += 1
+        self._rank(appointment)
         self._cumulative = None
 
-    def remove(self, appointment: Appointment) -> None:
+    def remove(self, appointment: Appointment, kept: bool = False) -> None:
+        """Out of the book: `kept`, its holder was admitted for it; else it went unused (another
+        limit took the client over, or refused it in its window, or the booking was undone)."""
         index = self.entries.index(appointment)
         del self.entries[index], self.times[index]
         self.promised -= appointment.amount
         self._unrank(appointment)
         self._cumulative = None
         self.registry.forget(appointment)
+        if not kept:
+            self.unused(appointment)
+
+    def unused(self, appointment: Appointment) -> None:
+        """What an appointment that leaves unredeemed gives back (removed unused, or lapsed):
+        nothing here, its capacity was only held while its window was open (`PrepaidBook` pays
+        at booking and gives it back here)."""
+
+    def _rank(self, appointment: Appointment) -> None:
+        self.ranks[appointment.rank] += 1
+        if appointment.rank != STANDARD_RANK:
+            self.mixed += 1
 
     def _unrank(self, appointment: Appointment) -> None:
         self.ranks[appointment.rank] -= 1
         if appointment.rank != STANDARD_RANK:
             self.mixed -= 1
+
+    def rerank(self, now: float) -> None:
+        """Each appointment's rank as it stands now (`Appointments.standing`: its tenant may have
+        gone over its fair share since it was booked, or come back under it), once per instant the
+        book is consulted. Ranks decide who is booked ahead and whose appointments keep capacity
+        from whom: fixed at booking, a flood booked while at its share would keep a newcomer out
+        long after the flood went over it."""
+        standing = self.registry.standing
+        if standing is None or self._ranked_at == now or not self.entries:
+            return
+        self._ranked_at = now
+        for entry in self.entries:
+            rank = standing(entry)
+            if rank != entry.rank:
+                self._unrank(entry)
+                entry.rank = rank
+                self._rank(entry)
 
     def regrace(self) -> None:
         """The grace changed (reload): every window is re-cut around its appointment."""
@@ -309,7 +342,7 @@ class AppointmentBook:
             registry.learn_release(now - own.at if own.in_lobby else 0.0)
         else:
             registry.count(self, own.rank, EARLY)
-        self.remove(own)
+        self.remove(own, kept=True)
 
     def _not_a_probe(self, rank: int) -> bool:
         """While a rank's appointments keep nothing (its trust is low), one refusal in
@@ -325,6 +358,18 @@ class AppointmentBook:
         counted `refused_elsewhere`: it came, so it is no no-show's lapse against the book's trust."""
         self.registry.count(self, own.rank, REFUSED_ELSEWHERE)
         self.remove(own)
+
+    def _take_over(self, held: Appointment | None, now: float) -> float:
+        """Since when the refused client has waited on promises: `now`, or, when it holds another
+        limit's live appointment (refused here now), that appointment's first refusal. One
+        appointment per client: the other one goes (counted `refused_elsewhere` in its window),
+        and a promise is made once: its horizon still counts from the first refusal."""
+        if held is None or self.registry.by_ticket.get(held.ticket) is not held:
+            return now
+        if held.opened(now):
+            self.registry.count(held.book, held.rank, REFUSED_ELSEWHERE)
+        held.book.remove(held)
+        return held.booked_at
 
     def refuse(
         self,
@@ -347,6 +392,7 @@ class AppointmentBook:
         entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
+        self.rerank(now)
         # (one that left this book already, redeemed or booked anew elsewhere, is no longer its own)
         own = held if held is not None and held.book is self and registry.by_ticket.get(held.ticket) is held else None
         if own is not None:
@@ -379,13 +425,7 @@ class AppointmentBook:
                 return registry.hints.hint_ms(now), None
             return registry.hints.jittered_ms((release - now) * 1000.0), None
         else:
-            if held is not None and registry.by_ticket.get(held.ticket) is held:
-                # Refused here now (another limit's holder): one appointment per client, and its
-                # promise still counts from its first refusal: a promise is made once.
-                first = held.booked_at
-                if held.opened(now):
-                    registry.count(held.book, held.rank, REFUSED_ELSEWHERE)
-                held.book.remove(held)
+            first = self._take_over(held, now)
             times = self.times
             ahead = len(times)
             need = deficit + self.promised
@@ -427,6 +467,95 @@ class AppointmentBook:
         if appointment is not None:
             appointment.booked_at = first
         return hint_ms, appointment
+
+
+class PrepaidBook(AppointmentBook):
+    """The appointments of a rate cap: a token bucket (`qps`, `token_rate`, a tenant's `max_qps` and
+    `max_tokens_per_s`). A bucket refills exactly, so its promise is kept by paying for it at once:
+    the refusal takes what its client will need from the bucket now (into debt if it must), and
+    the appointment is when that debt is paid back. Whoever comes after finds the bucket lower by
+    it and is told a later time, so nobody can take the tokens promised: the holder that comes
+    from its time to the end of its window is let in without paying again (`pay`); one that never
+    comes, or that another limit takes over, gives its tokens back (`unused`). A window keeps nothing from anyone (what
+    was promised is out of the bucket already), so no holder waits in the lobby for it."""
+
+    __slots__ = ("bucket",)
+
+    def __init__(
+        self, reason: str, registry: Appointments, unit: bool, bucket: Callable[[], TokenBucket | None]
+    ) -> None:
+        super().__init__(reason, registry, unit, _no_forecast)
+        self.bucket = bucket  # the limit's bucket now (a reload replaces it, keeping its level)
+
+    def prepaid(self, now: float, appointment: Appointment | None) -> bool:
+        """Whether the asker holds an appointment of this book whose tokens are there: paid for at
+        its refusal, it goes through (not before its time: the rate is kept to the microsecond)."""
+        own = self.own(appointment)
+        return own is not None and own.at <= now
+
+    def pay(self, appointment: Appointment | None, now: float) -> bool:
+        """The asker was admitted: whether its appointment here paid for it already. A holder let
+        in before its time (the bucket had room anyway) pays now like anyone, and what its
+        appointment took goes back."""
+        own = self.own(appointment)
+        if own is None:
+            return False
+        paid = own.at <= now
+        self.redeem(own, now)
+        if not paid:
+            self.unused(own)
+        return paid
+
+    def unused(self, appointment: Appointment) -> None:
+        bucket = self.bucket()
+        if bucket is not None:
+            bucket.refund(appointment.amount)
+
+    def refuse(
+        self,
+        now: float,
+        held: Appointment | None,
+        tenant: Owner | None,
+        identity: int,
+        deficit: float,
+        amount: float,
+        rank: int = STANDARD_RANK,
+    ) -> tuple[int, Appointment | None]:
+        """The hint (ms) and the appointment for a frame the bucket cannot take now: `deficit` is
+        what it lacks (its `amount` and what its class's ceiling keeps in the bucket, less the
+        level). Past the promise horizon, final and unpaid; while `rank`'s appointments here are
+        not kept (`trust`), the exact wait, unpaid."""
+        registry = self.registry
+        entries = self.entries
+        if entries and entries[0].closes <= now:
+            self.sweep(now)
+        own = self.own(held)
+        if own is not None:  # before its time (from then on it is let in): the time left, its place kept
+            registry.count(self, own.rank, EARLY)
+            return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
+        bucket = self.bucket()
+        assert bucket is not None  # (the limit refuses only through a bucket)
+        wait_ms = deficit / bucket.rate * 1000.0
+        if self.trust[rank] < MIN_TRUST and self._not_a_probe(rank):
+            return max(1, math.ceil(wait_ms - 1e-6)), None
+        first = self._take_over(held, now)
+        policy = registry.hints.policy
+        if wait_ms + (now - first) * 1000.0 >= policy.horizon_ms:
+            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
+        hint_ms = max(1, math.ceil(wait_ms - 1e-6), math.ceil(policy.min_ms))
+        # Its appointment is when its tokens are there (or its hint, if that is sooner: within a
+        # microsecond's rounding), so that the holder coming back at its hint is let in.
+        wait_s = max(wait_ms, policy.min_ms) / 1000.0
+        appointment = self.book(now + min(wait_s, hint_ms / 1000.0), amount, tenant, identity, rank)
+        if appointment is not None:
+            appointment.booked_at = first
+            bucket.take(amount)
+        return hint_ms, appointment
+
+
+def _no_forecast(at: float, need: float, deficit: float, ahead: int) -> float | None:
+    """A prepaid book's `free_at`: never asked (its refusals compute the bucket's exact time)."""
+    return None
 
 
 def identity_of(tenant: Owner | None, resent: object) -> int:
@@ -498,6 +627,7 @@ class Appointments:
         "_new_ticket",
         "lobby",
         "reasons",
+        "standing",
     )
 
     def __init__(
@@ -526,6 +656,9 @@ class Appointments:
         # Whether a holder that comes in its window before its capacity frees is held (a door
         # with a lobby, governor/lobby.py) rather than told the next release at once.
         self.lobby = False
+        # An appointment's rank now (its class, then whether its tenant is over its fair share),
+        # while tenants share capacity (admission sets it); None: ranks stay as booked.
+        self.standing: Callable[[Appointment], int] | None = None
 
     @property
     def round_delay_s(self) -> float:
@@ -614,6 +747,7 @@ class Appointments:
         book.trust[appointment.rank] -= TRUST_WEIGHT * book.trust[appointment.rank]
         book.promised -= appointment.amount
         self.forget(appointment)
+        book.unused(appointment)
         keys: tuple[object, ...] = (
             (appointment.ticket, appointment.identity) if appointment.identity else (appointment.ticket,)
         )

@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments, FreeAt
+from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments, FreeAt, PrepaidBook
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.displacement import Displacement, Evictor
@@ -54,7 +54,7 @@ from governor.admission.limits import (
 from governor.admission.pool import Pool
 from governor.admission.priority import RANK, CeilingPolicy, PriorityCeilings
 from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
-from governor.admission.tenant import TenantLimits, Tenants
+from governor.admission.tenant import Tenant, TenantLimits, Tenants
 from governor.admission.tenant_caps import TenantCaps
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
@@ -158,6 +158,7 @@ class Admission:
         "displacement",
         "horizon_ms",
         "_sharing",
+        "_lowest",
         "_classes",
         "_every",
         "_limits",
@@ -193,13 +194,15 @@ class Admission:
             YieldReason.INFLIGHT.value, registry, True, _slots_free_at(forecast, hints, registry, lambda: slots)
         )
         self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None)
-        self.rate = RateLimit(qps, burst, now)
+        qps_book = PrepaidBook(YieldReason.QPS.value, registry, True, lambda: self.rate.bucket)
+        self.rate = RateLimit(qps, burst, now, qps_book if booking else None)
 
         tokens = AppointmentBook(
             YieldReason.TOKENS.value, registry, False, _tokens_free_at(forecast, hints, registry, lambda: tokens)
         )
         self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
-        self.token_rate = TokenRate(tokens_per_s, tokens_burst, now)
+        token_rate_book = PrepaidBook(YieldReason.TOKEN_RATE.value, registry, False, lambda: self.token_rate.bucket)
+        self.token_rate = TokenRate(tokens_per_s, tokens_burst, now, token_rate_book if booking else None)
 
         # As for the global cap, over the requests of the endpoints at their caps only.
         endpoint_free_at = _slots_free_at(forecast, hints, registry, lambda: endpoint_slots, lambda: self.pool.capped)
@@ -215,17 +218,21 @@ class Admission:
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
         self.tenants = Tenants(hints, now)
-        self.tenant_caps = TenantCaps(self._own_book if booking else None)
+        self.tenant_caps = TenantCaps(self._own_book if booking else None, registry if booking else None)
         if booking:
             registry.reasons = tuple(
                 reason.value
                 for reason in (
                     YieldReason.INFLIGHT,
+                    YieldReason.QPS,
                     YieldReason.TOKENS,
+                    YieldReason.TOKEN_RATE,
                     YieldReason.ENDPOINT_INFLIGHT,
                     YieldReason.ENDPOINT_TOKENS,
                     YieldReason.TENANT_INFLIGHT,
+                    YieldReason.TENANT_QPS,
                     YieldReason.TENANT_TOKENS,
+                    YieldReason.TENANT_TOKEN_RATE,
                 )
             )
         self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
@@ -234,6 +241,7 @@ class Admission:
         self.displacement = Displacement()
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
+        self._lowest = math.inf  # the lowest contending counter, as of the last frame (`_rank_of`)
         self._classes = False  # whether frames of several classes came: the gates and displacement apply
         self._every: tuple[Limit, ...] = (
             self.drain,
@@ -287,6 +295,7 @@ class Admission:
         if fleet is not None:
             checked.append(fleet)
         self._sharing = len(self.tenants) > 1
+        self.appointments.standing = self._standing if self._sharing else None
         if self._sharing:
             checked.append(self.fair)
         checked += (self.pool, self.deadline)
@@ -425,7 +434,15 @@ class Admission:
         if tenant is None:
             return _CLASS_RANK[ask.priority]
         lowest, _, _ = self.fair.floor(now)
+        self._lowest = lowest
         return _CLASS_RANK[ask.priority] - (tenant.service > lowest)
+
+    def _standing(self, appointment: Appointment) -> int:
+        """An appointment's rank now (Appointments.standing): its class, as booked, then whether its
+        tenant is over its fair share as of this frame (`_rank_of`), as a new frame's would be."""
+        tenant = appointment.tenant
+        rank = appointment.rank | 1  # (its class's rank at its share)
+        return rank if not isinstance(tenant, Tenant) else rank - (tenant.service > self._lowest)
 
     def _gate(self, now: float, ask: Ask, refusal: Refusal) -> None:
         """A frame was refused capacity: the ceilings of the classes below its own apply for

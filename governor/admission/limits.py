@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Protocol
 
-from governor.admission.buckets import make_bucket, updated_bucket
+from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
@@ -27,7 +27,7 @@ from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment, AppointmentBook
+    from governor.admission.appointments import Appointment, AppointmentBook, PrepaidBook
 
 
 class Refusal:
@@ -233,14 +233,48 @@ class InflightLimiter:
         self.inflight -= 1
 
 
+def bucket_refusal(
+    refusal: Refusal, bucket: TokenBucket, book: PrepaidBook | None, now: float, ask: Ask, amount: float
+) -> Refusal | None:
+    """A rate cap's answer to `ask`, which takes `amount` from `bucket` (the cap's class ceiling
+    keeps the rest of the burst in it): None when it may go (it has the tokens, or its appointment
+    in `book` paid for them); else the refusal, whose hint is exact. With a book (appointments.
+    PrepaidBook) the refusal pays for its client's tokens and books the time they are there;
+    without one (`--retry-hint fixed`), the next refill nobody was told of, nothing kept."""
+    if book is not None and book.entries:
+        if book.entries[0].closes <= now:
+            book.sweep(now)  # no-shows give their tokens back before the level is read
+        if book.prepaid(now, ask.appointment):
+            return None
+    need = amount + (1.0 - ask.ceiling) * bucket.burst
+    deficit = need - bucket.level(now)
+    if deficit <= 0:
+        return None
+    if book is None:
+        refusal.appointment = None
+        return refusal.at(hint_of(bucket.appointment_s(now, need)))
+    refusal.hint_ms, refusal.appointment = book.refuse(
+        now, ask.appointment, ask.tenant, ask.identity, deficit, amount, ask.rank
+    )
+    return refusal
+
+
+def bucket_charge(bucket: TokenBucket, book: PrepaidBook | None, grant: Grant, now: float, amount: float) -> None:
+    """Take what an admitted request costs a rate cap, unless its appointment paid for it."""
+    if book is None or not book.entries or not book.pay(grant.ask.appointment, now):
+        bucket.take(amount)
+
+
 class RateLimit:
     """The cap on admissions per second over all endpoints (`--max-qps`, `--qps-burst`); a
-    token bucket, so its hint is exact: the next token nobody was promised yet."""
+    token bucket, so its hint is exact: when the tokens it needs are there, paid for at once and
+    kept for it (`bucket_refusal`)."""
 
-    __slots__ = ("bucket", "_refusal")
+    __slots__ = ("bucket", "book", "_refusal")
 
-    def __init__(self, qps: float, burst: float, now: float) -> None:
+    def __init__(self, qps: float, burst: float, now: float, book: PrepaidBook | None = None) -> None:
         self.bucket = make_bucket(qps, burst, now)
+        self.book = book  # None: nothing kept (--retry-hint fixed)
         self._refusal = Refusal(YieldReason.QPS)
 
     def set_rate(self, qps: float, burst: float, now: float) -> None:
@@ -248,15 +282,11 @@ class RateLimit:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        if bucket is not None:
-            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
-            if bucket.level(now) - 1.0 < floor:
-                return self._refusal.at(hint_of(bucket.appointment_s(now, 1.0 + floor)))
-        return None
+        return None if bucket is None else bucket_refusal(self._refusal, bucket, self.book, now, ask, 1.0)
 
     def charge(self, grant: Grant, now: float) -> None:
         if self.bucket is not None:
-            self.bucket.take()
+            bucket_charge(self.bucket, self.book, grant, now, 1.0)
 
     def refund(self, grant: Grant) -> None:
         if self.bucket is not None:
@@ -320,12 +350,14 @@ class TokenRate:
     tokens-per-minute limit providers bill by, as a bucket of tokens. A request takes its reserved
     cost at admission; at its end the difference with its real cost goes back (an early
     end-of-sequence) or is taken too (a prompt longer than declared), so over time the bucket
-    admits exactly its rate of real tokens. The hint is exact: when the bucket holds the cost."""
+    admits exactly its rate of real tokens. The hint is exact: when the bucket holds the cost, paid
+    for at once and kept for it (`bucket_refusal`)."""
 
-    __slots__ = ("bucket", "_refusal")
+    __slots__ = ("bucket", "book", "_refusal")
 
-    def __init__(self, rate: float, burst: float, now: float) -> None:
+    def __init__(self, rate: float, burst: float, now: float, book: PrepaidBook | None = None) -> None:
         self.bucket = make_bucket(rate, burst, now)
+        self.book = book  # None: nothing kept (--retry-hint fixed)
         self._refusal = Refusal(YieldReason.TOKEN_RATE)
 
     def set_rate(self, rate: float, burst: float, now: float) -> None:
@@ -338,15 +370,11 @@ class TokenRate:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        if bucket is not None:
-            floor = (1.0 - ask.ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
-            if bucket.level(now) - ask.cost < floor:
-                return self._refusal.at(hint_of(bucket.appointment_s(now, ask.cost + floor)))
-        return None
+        return None if bucket is None else bucket_refusal(self._refusal, bucket, self.book, now, ask, ask.cost)
 
     def charge(self, grant: Grant, now: float) -> None:
         if self.bucket is not None:
-            self.bucket.take(grant.ask.cost)
+            bucket_charge(self.bucket, self.book, grant, now, grant.ask.cost)
 
     def refund(self, grant: Grant) -> None:
         return None  # settled by `release` (a request that never ran used 0)

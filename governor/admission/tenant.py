@@ -26,7 +26,7 @@ from govwire.request import is_tenant_name
 from govwire.vocab import DEFAULT_TENANT
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import AppointmentBook
+    from governor.admission.appointments import AppointmentBook, PrepaidBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +99,8 @@ class Tenant:
         "token_drain",
         "inflight_book",
         "tokens_book",
+        "qps_book",
+        "token_rate_book",
     )
 
     def __init__(self, name: str, limits: TenantLimits, hints: RetryHintEstimator, now: float) -> None:
@@ -115,10 +117,11 @@ class Tenant:
         self.tally = Tally()  # its admitted, executed and yielded frames (accounting.py)
         self.request_drain = DrainHint(hints)  # its fair share's hints (fair_share.py)
         self.token_drain = DrainHint(hints)
-        # Its own caps' appointments (tenant_caps.py: max_inflight, max_inflight_tokens), each from
-        # its first refusal there.
+        # Its own caps' appointments (tenant_caps.py), each from its first refusal there.
         self.inflight_book: AppointmentBook | None = None
         self.tokens_book: AppointmentBook | None = None
+        self.qps_book: PrepaidBook | None = None
+        self.token_rate_book: PrepaidBook | None = None
 
     def set_limits(self, limits: TenantLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until what it holds falls under it."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import NewBook
+from governor.admission.appointments import Appointments, NewBook, PrepaidBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
-from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, over_budget
 from govwire.vocab import YieldReason
 
 _TENANT_INFLIGHT, _TENANT_TOKENS = YieldReason.TENANT_INFLIGHT.value, YieldReason.TENANT_TOKENS.value
+_TENANT_QPS, _TENANT_TOKEN_RATE = YieldReason.TENANT_QPS.value, YieldReason.TENANT_TOKEN_RATE.value
 
 
 class TenantCaps:
@@ -19,17 +20,20 @@ class TenantCaps:
     holds (requests, token cost) is counted whether it has caps or not: the per-tenant gauges read it.
 
     Under a priority class ceiling (`Ask.ceiling`) a cap counts as that fraction of itself, as the
-    global caps do. Hints: the bucket caps' exact refill times; for `max_inflight` and
-    `max_inflight_tokens`, an appointment in the tenant's own book for that cap (appointments.py,
-    made on its first refusal there by `new_book`): the next forecast release of the tenant's own
-    requests (or of enough of their token cost) nobody was promised, kept for the client it was
-    told to, as the global caps keep theirs. With `--retry-hint fixed` (no `new_book`) they hint
-    the base value (the tenant's drain estimate); the buckets keep their exact times."""
+    global caps do. Hints: for `max_inflight` and `max_inflight_tokens`, an appointment in the
+    tenant's own book for that cap (appointments.py, made on its first refusal there by
+    `new_book`): the next forecast release of the tenant's own requests (or of enough of their
+    token cost) nobody was promised, kept for the client it was told to, as the global caps keep
+    theirs; for the buckets (`max_qps`, `max_tokens_per_s`), the exact time the tokens are there,
+    paid for at once in the tenant's prepaid book for that bucket (limits.bucket_refusal). With
+    `--retry-hint fixed` (no `new_book`, no `registry`) nothing is kept: the first two hint the
+    base value (the tenant's drain estimate), the buckets their exact refill times."""
 
-    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book")
+    __slots__ = ("_inflight", "_qps", "_tokens", "_token_rate", "_new_book", "_registry")
 
-    def __init__(self, new_book: NewBook | None) -> None:
+    def __init__(self, new_book: NewBook | None, registry: Appointments | None = None) -> None:
         self._new_book = new_book
+        self._registry = registry  # where the rate caps' prepaid books are kept (None: nothing kept)
         self._inflight = Refusal(YieldReason.TENANT_INFLIGHT)
         self._qps = Refusal(YieldReason.TENANT_QPS)
         self._tokens = Refusal(YieldReason.TENANT_TOKENS)
@@ -75,8 +79,13 @@ class TenantCaps:
                 )
                 return refusal
         bucket = tenant.qps_bucket
-        if bucket is not None and bucket.level(now) - 1.0 < (1.0 - ceiling) * bucket.burst:
-            return self._qps.at(hint_of(bucket.appointment_s(now, 1.0 + (1.0 - ceiling) * bucket.burst)))
+        if bucket is not None:
+            book = tenant.qps_book
+            if book is None and self._registry is not None:
+                book = tenant.qps_book = PrepaidBook(_TENANT_QPS, self._registry, True, lambda: tenant.qps_bucket)
+            refused = bucket_refusal(self._qps, bucket, book, now, ask, 1.0)
+            if refused is not None:
+                return refused
         budget = limits.max_inflight_tokens
         if budget:
             excess = tenant.tokens + ask.cost - budget * ceiling
@@ -95,8 +104,13 @@ class TenantCaps:
                 )
                 return refusal
         bucket = tenant.token_bucket
-        if bucket is not None and bucket.level(now) - ask.cost < (1.0 - ceiling) * bucket.burst:
-            return self._token_rate.at(hint_of(bucket.appointment_s(now, ask.cost + (1.0 - ceiling) * bucket.burst)))
+        if bucket is not None:
+            book = tenant.token_rate_book
+            if book is None and self._registry is not None:
+                book = tenant.token_rate_book = PrepaidBook(
+                    _TENANT_TOKEN_RATE, self._registry, False, lambda: tenant.token_bucket
+                )
+            return bucket_refusal(self._token_rate, bucket, book, now, ask, ask.cost)
         return None
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -109,9 +123,9 @@ class TenantCaps:
             if book is not None and book.entries:
                 book.redeem(grant.ask.appointment, now)
         if tenant.qps_bucket is not None:
-            tenant.qps_bucket.take()
+            bucket_charge(tenant.qps_bucket, tenant.qps_book, grant, now, 1.0)
         if tenant.token_bucket is not None:
-            tenant.token_bucket.take(grant.ask.cost)
+            bucket_charge(tenant.token_bucket, tenant.token_rate_book, grant, now, grant.ask.cost)
 
     def refund(self, grant: Grant) -> None:
         tenant = grant.ask.tenant

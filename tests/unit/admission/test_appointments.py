@@ -516,3 +516,24 @@ def test_while_a_rank_keeps_nothing_probes_are_booked_and_their_returns_bring_tr
     back = admission.decide(booked[0].at, ask(11, 0, ticket=booked[0].ticket))
     assert isinstance(back, Grant)
     assert book.trust[STANDARD_RANK] > before
+
+
+def test_an_appointment_ranks_as_its_tenant_stands_when_the_book_is_consulted() -> None:
+    """Booked while its tenant was at its fair share, an appointment ranks lower once that tenant
+    has gone over it: in its window it no longer keeps the slot from a tenant at its share."""
+    admission, engine, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)  # 0.3 s each
+    admission.set_tenancy({"a": TenantLimits(), "b": TenantLimits()}, frozenset(), 0.8, CeilingPolicy(), 0.0)
+    a, b = admission.tenants.resolve("a"), admission.tenants.resolve("b")
+    running = admission.decide(0.0, ask(11, 1, tenant=a))
+    assert isinstance(running, Grant)
+    engine.start(running, 0.0)
+    refused = admission.decide(0.05, ask(11, 2, tenant=a))  # a alone contends: at its share
+    assert isinstance(refused, Refusal) and refused.appointment is not None
+    booked = refused.appointment
+    assert booked.rank == STANDARD_RANK and refused.hint_ms == 250
+    engine.run_until(0.3)  # the slot frees, in a's window
+    # b contends, served less than a for its weight: a is over its share now.
+    b.service, b.contending_until = a.service - 6.0, 10.0
+    admitted = admission.decide(0.3, ask(11, 3, tenant=b))
+    assert isinstance(admitted, Grant)  # a's appointment, ranked as a stands now, kept nothing from b
+    assert booked.rank == STANDARD_RANK - 1

@@ -131,7 +131,9 @@ ENDPOINTS = st.lists(
     max_size=4,
 )
 EVENTS = st.lists(
-    st.tuples(st.sampled_from(["arrive", "arrive", "arrive", "finish", "tick", "flip"]), st.integers(0, 10**6)),
+    st.tuples(
+        st.sampled_from(["arrive", "arrive", "arrive", "return", "finish", "tick", "flip"]), st.integers(0, 10**6)
+    ),
     max_size=200,
 )
 
@@ -141,11 +143,15 @@ EVENTS = st.lists(
 def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
     limits: list[EndpointLimits], max_inflight: int, qps: float, burst: float, events: list[tuple[str, int]]
 ) -> None:
+    """Whatever arrives, returns with a ticket, ends or ticks: no cap is exceeded, no bucket admits
+    past its rate (returns to a rate cap's prepaid appointments included), and a refusal changes
+    nothing but what its appointment paid for: a `qps` one takes its token from the bucket."""
     a = admission(*limits, qps=qps, burst=burst, capacity=max_inflight, max_inflight=max_inflight)
     endpoints = a.pool.endpoints
     now = 0.0
     running: list[Grant] = []
     admitted: list[tuple[float, Endpoint | None]] = []
+    tickets: list[str] = []
 
     def levels() -> list[float | None]:
         return [b.level(now) if b else None for b in [a.rate.bucket, *(e.bucket for e in endpoints)]]
@@ -158,14 +164,37 @@ def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
             e.up = not e.up
         elif kind == "finish" and running:
             a.release(running.pop(n % len(running)), executed=True)
-        elif kind == "arrive":
+        elif kind in ("arrive", "return"):
+            ask = Ask()
+            if kind == "return" and tickets:
+                ask.ticket = tickets.pop(n % len(tickets))
+            a.appointments.tidy(now)  # (what lapses gives its tokens back before, not during, the decision)
             before = (levels(), [e.inflight for e in endpoints], a.inflight.inflight)
-            got = a.decide(now)
+            got = a.decide(now, ask)
             if isinstance(got, Grant):
                 running.append(got)
-                admitted.append((now, got.endpoint))
+                # A qps holder's token was set aside for it from its appointment on: the bucket
+                # counts it spent then, even if the holder comes later in its window.
+                held = ask.appointment
+                paid = held is not None and held.book.reason == "qps" and held.at <= now
+                admitted.append((held.at if paid and held is not None else now, got.endpoint))
             else:
-                assert (levels(), [e.inflight for e in endpoints], a.inflight.inflight) == before
+                booked, held = got.appointment, ask.appointment
+                if booked is not None and booked is not held:
+                    tickets.append(booked.ticket)
+                after = (levels(), [e.inflight for e in endpoints], a.inflight.inflight)
+                assert after[1:] == before[1:] and after[0][1:] == before[0][1:]
+                level, level_before = after[0][0], before[0][0]
+                if level is None or level_before is None:
+                    assert level is level_before
+                else:
+                    # A new qps appointment paid its token; a qps one given back (its holder refused
+                    # by another limit in its time) gave it back.
+                    paid = booked is not None and booked is not held and booked.book.reason == "qps"
+                    gave_back = (
+                        held is not None and held.book.reason == "qps" and held.ticket not in a.appointments.by_ticket
+                    )
+                    assert level == pytest.approx(level_before - paid + gave_back)
         assert a.inflight.inflight <= max_inflight and a.inflight.inflight == len(running)
         assert sum(e.inflight for e in endpoints) == sum(g.endpoint is not None for g in running)
         for e in endpoints:
@@ -187,9 +216,77 @@ def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
 def test_clients_refused_together_are_told_successive_tokens() -> None:
     a = admission(EndpointLimits(), qps=10.0, burst=1.0)
     routed(a.decide(0.0))
-    hints = [refused(a.decide(0.02))[1] for _ in range(3)]
+    hints, tickets = [], []
+    for _ in range(3):
+        answer = a.decide(0.02)  # (a Refusal is reused: read at once)
+        hints.append(refused(answer)[1])
+        assert isinstance(answer, Refusal) and answer.appointment is not None  # paid for at once, kept
+        tickets.append(answer.appointment.ticket)
     assert hints == [80, 180, 280]  # the next token, and the two after it
-    routed(a.decide(0.1))  # the first one, back on time, gets its token
+    assert refused(a.decide(0.1)) == ("qps", 300)  # a newcomer finds the tokens promised: told after them
+    first = Ask()
+    first.ticket = tickets[0]
+    routed(a.decide(0.1, first))  # the first one, back on time, gets its token
+
+
+def back(ticket: str, cost: int = 0) -> Ask:
+    ask = Ask(cost=cost)
+    ask.ticket = ticket
+    return ask
+
+
+def test_a_rate_appointment_nobody_comes_for_gives_its_token_back() -> None:
+    a = admission(EndpointLimits(), qps=10.0, burst=1.0)
+    routed(a.decide(0.0))
+    no_show = a.decide(0.0)
+    assert refused(no_show) == ("qps", 100) and isinstance(no_show, Refusal) and no_show.appointment is not None
+    second = a.decide(0.12)  # inside its window the token is its holder's: told the next one
+    assert refused(second) == ("qps", 80) and isinstance(second, Refusal) and second.appointment is not None
+    ticket = second.appointment.ticket
+    # The no-show's window closed at 0.125: its token went back, and a newcomer takes it at 0.2,
+    # beside the second client, whose own token was paid for.
+    routed(a.decide(0.2))
+    routed(a.decide(0.2, back(ticket)))
+    assert a.appointments.outcomes[("qps", "on_time")] == 1
+
+
+def test_a_rate_holder_is_let_in_from_its_time_not_before_and_pays_once() -> None:
+    a = admission(EndpointLimits(), qps=10.0, burst=1.0)
+    routed(a.decide(0.0))
+    answer = a.decide(0.0)
+    assert isinstance(answer, Refusal) and answer.hint_ms == 100 and answer.appointment is not None
+    ticket = answer.appointment.ticket
+    assert refused(a.decide(0.09, back(ticket))) == ("qps", 10)  # early: the time left, its place kept
+    routed(a.decide(0.1, back(ticket)))
+    bucket = a.rate.bucket
+    assert bucket is not None and bucket.level(0.1) == pytest.approx(0.0)  # paid once, at its refusal
+    assert a.appointments.outcomes == {("qps", "early"): 1, ("qps", "on_time"): 1}
+
+
+def test_a_rate_holder_another_limit_refuses_gives_its_token_back() -> None:
+    a = admission(EndpointLimits(concurrency=1), qps=10.0, burst=1.0)
+    first = a.decide(0.0)
+    answer = a.decide(0.0)
+    assert isinstance(answer, Refusal) and answer.reason == "qps" and answer.appointment is not None
+    ticket = answer.appointment.ticket
+    assert refused(a.decide(0.1, back(ticket)))[0] == "endpoint_inflight"  # its slot is still taken
+    bucket = a.rate.bucket
+    assert bucket is not None and bucket.level(0.1) == pytest.approx(1.0)  # its token came back
+    assert a.appointments.outcomes[("qps", "refused_elsewhere")] == 1
+    a.release(first, executed=True)  # type: ignore[arg-type]
+
+
+def test_a_token_rate_refusal_past_the_horizon_is_final_and_pays_nothing() -> None:
+    a = Admission([], 100, 0.0, 0.0, RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=1000), 100), 0.0)
+    a.set_caps(100, 0.0, 0.0, 0.0, tokens_per_s=100.0, tokens_burst=100.0)
+    assert isinstance(a.decide(0.0, Ask(cost=100)), Grant)
+    promised = a.decide(0.0, Ask(cost=50))  # 0.5 s away: paid for and kept
+    assert isinstance(promised, Refusal) and promised.hint_ms == 500 and promised.appointment is not None
+    assert not promised.final and promised.appointment.amount == 50
+    final = a.decide(0.0, Ask(cost=60))  # 1.1 s away, past the horizon: told so, nothing paid
+    assert isinstance(final, Refusal) and final.final and final.appointment is None
+    bucket = a.token_rate.bucket
+    assert bucket is not None and bucket.level(0.0) == pytest.approx(-50.0)
 
 
 @pytest.mark.parametrize(

@@ -394,7 +394,14 @@ def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
     bucket = state.admission.rate.bucket
     assert bucket is not None and bucket.level(0.0) == 1.0  # the invalid frame's token came back
     ingress.receive_data(frame("c") + frame("d"))
-    assert replies(writes)[-1] == {"id": "d", "status": "yield", "retry_hint_ms": 500, "reason": "qps"}
+    last = replies(writes)[-1]
+    assert {k: last[k] for k in ("id", "status", "retry_hint_ms", "reason")} == {
+        "id": "d",
+        "status": "yield",
+        "retry_hint_ms": 500,  # the next token, exactly
+        "reason": "qps",
+    }
+    assert last["retry_ticket"] and bucket.level(0.0) == -1.0  # paid for at once: kept for "d"
     assert state.admission.inflight.inflight == 2 and endpoint.inflight == 2
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
 
