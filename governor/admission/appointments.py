@@ -506,6 +506,14 @@ class PrepaidBook(AppointmentBook):
             self.unused(own)
         return paid
 
+    def spent_elsewhere(self, appointment: Appointment | None, now: float) -> None:
+        """The asker was admitted without this book's bucket (an endpoint's qps appointment, the
+        request routed to another endpoint, or to none): kept, and what it paid goes back."""
+        own = self.own(appointment)
+        if own is not None:
+            self.redeem(own, now)
+            self.unused(own)
+
     def unused(self, appointment: Appointment) -> None:
         bucket = self.bucket()
         if bucket is not None:

@@ -214,6 +214,7 @@ class Admission:
             forecast,
             endpoint_slots if booking else None,
             self._own_book if booking else None,
+            registry if booking else None,
         )
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
@@ -228,6 +229,7 @@ class Admission:
                     YieldReason.TOKENS,
                     YieldReason.TOKEN_RATE,
                     YieldReason.ENDPOINT_INFLIGHT,
+                    YieldReason.ENDPOINT_QPS,
                     YieldReason.ENDPOINT_TOKENS,
                     YieldReason.TENANT_INFLIGHT,
                     YieldReason.TENANT_QPS,

@@ -11,7 +11,7 @@ from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.admission.ttft import TtftModel
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import AppointmentBook
+    from governor.admission.appointments import AppointmentBook, PrepaidBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,7 @@ class Endpoint:
         "executed",
         "failed",
         "tokens_book",
+        "qps_book",
     )
 
     def __init__(self, name: str, limits: EndpointLimits, now: float, ttft: TtftModel | None = None) -> None:
@@ -119,8 +120,10 @@ class Endpoint:
         self.paused_until = 0.0
         self.executed = 0
         self.failed = 0  # every admitted request that did not end in `done`
-        # Its `tokens=N` budget's appointments (pool.py), from its first refusal there.
+        # Its `tokens=N` budget's and its `qps=N` bucket's appointments (pool.py), each from its
+        # first refusal there.
         self.tokens_book: AppointmentBook | None = None
+        self.qps_book: PrepaidBook | None = None
 
     def describe(self) -> dict[str, Any]:
         """Its caps and load in `stats` (its link adds what it knows of the other side)."""

@@ -234,11 +234,17 @@ class InflightLimiter:
 
 
 def bucket_refusal(
-    refusal: Refusal, bucket: TokenBucket, book: PrepaidBook | None, now: float, ask: Ask, amount: float
+    refusal: Refusal,
+    bucket: TokenBucket,
+    book: PrepaidBook | None,
+    now: float,
+    ask: Ask,
+    amount: float,
+    ceiling: float,
 ) -> Refusal | None:
-    """A rate cap's answer to `ask`, which takes `amount` from `bucket` (the cap's class ceiling
-    keeps the rest of the burst in it): None when it may go (it has the tokens, or its appointment
-    in `book` paid for them); else the refusal, whose hint is exact. With a book (appointments.
+    """A rate cap's answer to `ask`, which takes `amount` from `bucket` (and may leave it no lower
+    than what `ceiling`, its class's, keeps of the burst): None when it may go (it has the tokens,
+    or its appointment in `book` paid for them); else the refusal, whose hint is exact. With a book (appointments.
     PrepaidBook) the refusal pays for its client's tokens and books the time they are there;
     without one (`--retry-hint fixed`), the next refill nobody was told of, nothing kept."""
     if book is not None and book.entries:
@@ -246,7 +252,7 @@ def bucket_refusal(
             book.sweep(now)  # no-shows give their tokens back before the level is read
         if book.prepaid(now, ask.appointment):
             return None
-    need = amount + (1.0 - ask.ceiling) * bucket.burst
+    need = amount + (1.0 - ceiling) * bucket.burst
     deficit = need - bucket.level(now)
     if deficit <= 0:
         return None
@@ -282,7 +288,7 @@ class RateLimit:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        return None if bucket is None else bucket_refusal(self._refusal, bucket, self.book, now, ask, 1.0)
+        return None if bucket is None else bucket_refusal(self._refusal, bucket, self.book, now, ask, 1.0, ask.ceiling)
 
     def charge(self, grant: Grant, now: float) -> None:
         if self.bucket is not None:
@@ -370,7 +376,11 @@ class TokenRate:
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
-        return None if bucket is None else bucket_refusal(self._refusal, bucket, self.book, now, ask, ask.cost)
+        return (
+            None
+            if bucket is None
+            else bucket_refusal(self._refusal, bucket, self.book, now, ask, ask.cost, ask.ceiling)
+        )
 
     def charge(self, grant: Grant, now: float) -> None:
         if self.bucket is not None:

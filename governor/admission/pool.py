@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import AppointmentBook, NewBook
-from governor.admission.buckets import TokenBucket
+from governor.admission.appointments import AppointmentBook, Appointments, NewBook, PrepaidBook
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
-from governor.admission.limits import Grant, Refusal, hint_of, over_budget
+from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, hint_of, over_budget
 from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
 _ENDPOINT_TOKENS = YieldReason.ENDPOINT_TOKENS.value
+_ENDPOINT_QPS = YieldReason.ENDPOINT_QPS.value
 
 
 class Pool:
@@ -45,10 +45,14 @@ class Pool:
         forecast: ReleaseForecast,
         book: AppointmentBook | None = None,
         new_tokens_book: NewBook | None = None,
+        registry: Appointments | None = None,
     ) -> None:
         self.endpoints = endpoints
         # Makes an endpoint's token book on its first endpoint_tokens refusal; None with --retry-hint fixed.
         self._new_tokens_book = new_tokens_book
+        # Where an endpoint's qps bucket keeps its appointments (made on its first endpoint_qps
+        # refusal); None with --retry-hint fixed.
+        self._registry = registry
         self._forecast = forecast
         # The endpoint_inflight appointments (appointments.py), as the global cap keeps its own;
         # None with --retry-hint fixed.
@@ -81,11 +85,14 @@ class Pool:
         self._choice = None
         held = ask.appointment
         own_book = None if held is None else held.book
+        # A holder whose endpoint_qps appointment paid for its token goes to that endpoint.
+        paid = own_book if own_book is not None and own_book.reason == _ENDPOINT_QPS else None
         endpoints = self.endpoints
         best: Endpoint | None = None
         best_index = 0
         best_load = math.inf
-        qps_bucket: TokenBucket | None = None  # the endpoint bucket that refills first
+        qps_endpoint: Endpoint | None = None  # the endpoint whose bucket refills first, and when
+        qps_wait = math.inf
         # The token budget to refuse through: its rank (the holder's own first, then how far over,
         # its appointments included), how far over without them, and its endpoint.
         token_deficit: tuple[tuple[bool, float], int, Endpoint] | None = None
@@ -123,10 +130,20 @@ class Pool:
                     if token_deficit is None or key < token_deficit[0]:
                         token_deficit = (key, deficit, e)
                     continue
-            if e.bucket is not None and e.bucket.level(now) < 1.0:
-                if qps_bucket is None or e.bucket.wait_s(now) < qps_bucket.wait_s(now):
-                    qps_bucket = e.bucket
-                continue
+            bucket = e.bucket
+            if bucket is not None:
+                kept = e.qps_book
+                if kept is not None and kept.entries:
+                    if kept.entries[0].closes <= now:
+                        kept.sweep(now)  # no-shows give their tokens back before the level is read
+                    if paid is kept and kept.prepaid(now, held):  # its token is paid for here: it goes here
+                        best, best_index, best_load = e, index, -math.inf
+                        continue
+                if bucket.level(now) < 1.0:
+                    wait = bucket.wait_s(now)
+                    if wait < qps_wait:
+                        qps_endpoint, qps_wait = e, wait
+                    continue
             load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
             if load < best_load:
                 best, best_index, best_load = e, index, load
@@ -143,8 +160,15 @@ class Pool:
             return self._inflight_refusal  # (`routes`: no hint, nothing booked)
         if paused_until < math.inf and not unpaused:
             return self._busy_refusal.at(hint_of(paused_until - now))
-        if qps_bucket is not None:
-            return self._qps_refusal.at(hint_of(qps_bucket.appointment_s(now)))
+        if qps_endpoint is not None:
+            kept = qps_endpoint.qps_book
+            if kept is None and self._registry is not None:
+                kept = qps_endpoint.qps_book = PrepaidBook(
+                    _ENDPOINT_QPS, self._registry, True, lambda: qps_endpoint.bucket
+                )
+            qps_bucket = qps_endpoint.bucket
+            assert qps_bucket is not None
+            return bucket_refusal(self._qps_refusal, qps_bucket, kept, now, ask, 1.0, 1.0)
         if token_deficit is not None:
             _, deficit, e = token_deficit
             refusal = self._tokens_refusal
@@ -220,11 +244,15 @@ class Pool:
             # Kept at this endpoint's budget or another's (the least loaded took it): redeemed,
             # what it kept is anyone's again.
             held.book.redeem(held, now)
+        paid = None if held is None else held.book
+        if isinstance(paid, PrepaidBook) and paid.reason == _ENDPOINT_QPS:
+            if choice is None or paid is not choice[0].qps_book:
+                paid.spent_elsewhere(held, now)  # its token goes back where it was paid
         if choice is None:
             return  # no endpoint up: dispatch answers worker_unavailable
         endpoint, index = choice
         if endpoint.bucket is not None:
-            endpoint.bucket.take()
+            bucket_charge(endpoint.bucket, endpoint.qps_book, grant, now, 1.0)
         ask = grant.ask
         endpoint.inflight += 1
         endpoint.tokens += ask.cost

@@ -83,7 +83,7 @@ class TenantCaps:
             book = tenant.qps_book
             if book is None and self._registry is not None:
                 book = tenant.qps_book = PrepaidBook(_TENANT_QPS, self._registry, True, lambda: tenant.qps_bucket)
-            refused = bucket_refusal(self._qps, bucket, book, now, ask, 1.0)
+            refused = bucket_refusal(self._qps, bucket, book, now, ask, 1.0, ceiling)
             if refused is not None:
                 return refused
         budget = limits.max_inflight_tokens
@@ -110,7 +110,7 @@ class TenantCaps:
                 book = tenant.token_rate_book = PrepaidBook(
                     _TENANT_TOKEN_RATE, self._registry, False, lambda: tenant.token_bucket
                 )
-            return bucket_refusal(self._token_rate, bucket, book, now, ask, ask.cost)
+            return bucket_refusal(self._token_rate, bucket, book, now, ask, ask.cost, ceiling)
         return None
 
     def charge(self, grant: Grant, now: float) -> None:

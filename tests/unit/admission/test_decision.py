@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from governor.admission.appointments import PrepaidBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
@@ -18,7 +19,7 @@ from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import TenantLimits
 from govwire.vocab import YieldReason
-from tests.fakes import make_state
+from tests.fakes import make_state, unspent
 
 
 def admission(
@@ -145,16 +146,18 @@ def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
 ) -> None:
     """Whatever arrives, returns with a ticket, ends or ticks: no cap is exceeded, no bucket admits
     past its rate (returns to a rate cap's prepaid appointments included), and a refusal changes
-    nothing but what its appointment paid for: a `qps` one takes its token from the bucket."""
+    nothing but where a rate cap's tokens sit (its appointment moves them from the bucket into its
+    book: what is unspent stays the same)."""
     a = admission(*limits, qps=qps, burst=burst, capacity=max_inflight, max_inflight=max_inflight)
     endpoints = a.pool.endpoints
     now = 0.0
     running: list[Grant] = []
-    admitted: list[tuple[float, Endpoint | None]] = []
+    # When, where, the book that paid for it at its appointment (if one did) and that appointment.
+    admitted: list[tuple[float, Endpoint | None, object, float]] = []
     tickets: list[str] = []
 
     def levels() -> list[float | None]:
-        return [b.level(now) if b else None for b in [a.rate.bucket, *(e.bucket for e in endpoints)]]
+        return [unspent(a.rate.bucket, a.rate.book, now), *(unspent(e.bucket, e.qps_book, now) for e in endpoints)]
 
     for kind, n in events:
         if kind == "tick":
@@ -173,39 +176,29 @@ def test_no_limit_is_ever_exceeded_and_refusals_leave_no_trace(
             got = a.decide(now, ask)
             if isinstance(got, Grant):
                 running.append(got)
-                # A qps holder's token was set aside for it from its appointment on: the bucket
-                # counts it spent then, even if the holder comes later in its window.
+                # A holder's tokens were set aside for it at its appointment: the bucket that
+                # paid counts them spent then, even if the holder comes later in its window.
                 held = ask.appointment
-                paid = held is not None and held.book.reason == "qps" and held.at <= now
-                admitted.append((held.at if paid and held is not None else now, got.endpoint))
-            else:
-                booked, held = got.appointment, ask.appointment
-                if booked is not None and booked is not held:
-                    tickets.append(booked.ticket)
-                after = (levels(), [e.inflight for e in endpoints], a.inflight.inflight)
-                assert after[1:] == before[1:] and after[0][1:] == before[0][1:]
-                level, level_before = after[0][0], before[0][0]
-                if level is None or level_before is None:
-                    assert level is level_before
+                if held is not None and isinstance(held.book, PrepaidBook) and held.at <= now:
+                    admitted.append((now, got.endpoint, held.book, held.at))
                 else:
-                    # A new qps appointment paid its token; a qps one given back (its holder refused
-                    # by another limit in its time) gave it back.
-                    paid = booked is not None and booked is not held and booked.book.reason == "qps"
-                    gave_back = (
-                        held is not None and held.book.reason == "qps" and held.ticket not in a.appointments.by_ticket
-                    )
-                    assert level == pytest.approx(level_before - paid + gave_back)
+                    admitted.append((now, got.endpoint, None, now))
+            else:
+                if got.appointment is not None and got.appointment is not ask.appointment:
+                    tickets.append(got.appointment.ticket)
+                assert (levels(), [e.inflight for e in endpoints], a.inflight.inflight) == before
         assert a.inflight.inflight <= max_inflight and a.inflight.inflight == len(running)
         assert sum(e.inflight for e in endpoints) == sum(g.endpoint is not None for g in running)
         for e in endpoints:
             assert not e.limits.concurrency or e.inflight <= e.limits.concurrency
     # admissions in any window [t_i, t_j] never exceed rate * (t_j - t_i) + burst
-    windows: list[tuple[float, float, list[float]]] = [
-        (qps, burst or max(1.0, qps), [t for t, _ in admitted]) if qps else (0.0, 0.0, [])
-    ]
+    windows: list[tuple[float, float, list[float]]] = []
+    if qps:
+        times = sorted(at if book is a.rate.book else t for t, _, book, at in admitted)
+        windows.append((qps, burst or max(1.0, qps), times))
     for e in endpoints:
         if e.limits.qps:
-            times = [t for t, x in admitted if x is e]
+            times = sorted(at if book is e.qps_book else t for t, x, book, at in admitted if x is e)
             windows.append((e.limits.qps, e.limits.burst or max(1.0, e.limits.qps), times))
     for rate, allowance, times in windows:
         for i in range(len(times)):
@@ -287,6 +280,18 @@ def test_a_token_rate_refusal_past_the_horizon_is_final_and_pays_nothing() -> No
     assert isinstance(final, Refusal) and final.final and final.appointment is None
     bucket = a.token_rate.bucket
     assert bucket is not None and bucket.level(0.0) == pytest.approx(-50.0)
+
+
+def test_an_endpoint_qps_holder_goes_to_the_endpoint_that_paid_for_its_token() -> None:
+    a = admission(EndpointLimits(qps=10.0, burst=1.0), EndpointLimits(qps=10.0, burst=1.0))
+    assert {routed(a.decide(0.0)).name, routed(a.decide(0.01)).name} == {"e0", "e1"}  # e0 refills first
+    answer = a.decide(0.02)
+    assert isinstance(answer, Refusal) and answer.reason == "endpoint_qps" and answer.hint_ms == 80
+    assert answer.appointment is not None
+    ticket = answer.appointment.ticket
+    assert refused(a.decide(0.1))[0] == "endpoint_qps"  # e0's token at 0.1 is its holder's
+    assert routed(a.decide(0.1, back(ticket))).name == "e0"
+    assert a.appointments.outcomes[("endpoint_qps", "on_time")] == 1
 
 
 @pytest.mark.parametrize(
