@@ -235,9 +235,12 @@ class Admission:
                     YieldReason.TENANT_QPS,
                     YieldReason.TENANT_TOKENS,
                     YieldReason.TENANT_TOKEN_RATE,
+                    YieldReason.TENANT_SHARE,
                 )
             )
-        self.fair = FairShare(self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints)
+        self.fair = FairShare(
+            self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints, registry if booking else None
+        )
         self.ceilings = PriorityCeilings(CeilingPolicy())
         self.ceilings.on_classes = self._activate  # the first frame of another class than standard
         self.displacement = Displacement()

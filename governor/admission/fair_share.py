@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from governor.admission.appointments import AppointmentBook, Appointments
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, InflightLimiter, Refusal, TokenBudget
@@ -47,7 +48,7 @@ retry hint usually is, so a backlogged tenant waiting out its hint keeps its pla
 class FairShare:
     """The `tenant_share` limit (limits.Limit). Active only with more than one tenant."""
 
-    __slots__ = ("tenants", "threshold", "_inflight", "_tokens", "_hints", "_refusal")
+    __slots__ = ("tenants", "threshold", "_inflight", "_tokens", "_hints", "_refusal", "_registry")
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class FairShare:
         inflight: InflightLimiter,
         tokens: TokenBudget,
         hints: RetryHintEstimator,
+        registry: Appointments | None = None,
     ) -> None:
         self.tenants = tenants
         self.threshold = threshold  # the fraction of the global caps past which shares apply
@@ -63,6 +65,7 @@ class FairShare:
         self._tokens = tokens
         self._hints = hints
         self._refusal = Refusal(YieldReason.TENANT_SHARE)
+        self._registry = registry  # where each tenant's share appointments are kept; None: none (fixed hints)
 
     def usage(self, requests: int, tokens: int) -> float:
         """The fullest global cap as a fraction, were `requests` and `tokens` more admitted."""
@@ -98,7 +101,36 @@ class FairShare:
             return None
         if tenant.inflight < tenant.limits.guaranteed_inflight:
             return None  # within its guarantee: not held to its share
-        return self._refusal.at(self._hint_ms(now, tenant.service - lowest, weight))
+        book = tenant.share_book
+        if book is not None and book.entries:
+            own = book.own(ask.appointment)
+            if own is not None and own.opened(now):
+                return None  # its turn, as it was told
+        refusal = self._refusal
+        gap = tenant.service - lowest
+        registry = self._registry
+        if registry is None:  # --retry-hint fixed: nothing kept
+            refusal.appointment = None
+            return refusal.at(self._hint_ms(now, gap, weight))
+        if book is None:
+            book = tenant.share_book = AppointmentBook(YieldReason.TENANT_SHARE.value, registry, False, self._turn_at)
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, tenant, ask.identity, gap, ask.cost / tenant.limits.weight, ask.rank
+        )
+        return refusal
+
+    def _turn_at(self, at: float, need: float, deficit: float, ahead: int) -> float | None:
+        """A share book's `FreeAt`: when the other contending tenants' counters will have caught up
+        by `need` (how far the tenant's is past the lowest, and what its appointments before this
+        one will add to it), contended capacity serving their total weight at the rate the held
+        tokens drain (Little's law). None while nothing is known of that rate."""
+        hints = self._hints
+        held = self._tokens.held
+        service_s = hints.service_time_s
+        if not service_s or held <= 0:
+            return None
+        _, _, weight = self.floor(at)
+        return at + need * weight * service_s / held
 
     def admits_without(self, now: float, ask: Ask, victim: Grant) -> bool:
         """Whether `check` would pass `ask` once `victim` (dispatched, no token streamed) has given
@@ -163,6 +195,9 @@ class FairShare:
         tenant = grant.ask.tenant
         if tenant is None:
             return
+        book = tenant.share_book
+        if book is not None and book.entries:
+            book.redeem(grant.ask.appointment, now)
         tenant.service += grant.ask.cost / tenant.limits.weight
         if self.usage(0, 0) > self.threshold:  # it took contended capacity (charged already)
             tenant.contending_until = now + CONTENDING_S

@@ -101,6 +101,7 @@ class Tenant:
         "tokens_book",
         "qps_book",
         "token_rate_book",
+        "share_book",
     )
 
     def __init__(self, name: str, limits: TenantLimits, hints: RetryHintEstimator, now: float) -> None:
@@ -122,6 +123,7 @@ class Tenant:
         self.tokens_book: AppointmentBook | None = None
         self.qps_book: PrepaidBook | None = None
         self.token_rate_book: PrepaidBook | None = None
+        self.share_book: AppointmentBook | None = None  # its turns past its fair share (fair_share.py)
 
     def set_limits(self, limits: TenantLimits, now: float) -> None:
         """Live change: a lower cap stops new admissions until what it holds falls under it."""

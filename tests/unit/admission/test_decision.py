@@ -393,6 +393,33 @@ def fixed_hints(max_inflight: int, endpoint: EndpointLimits | None = None, **cap
     return admission
 
 
+def test_a_tenant_past_its_share_is_told_its_turn_and_let_in_at_it() -> None:
+    """Past the threshold a tenant ahead of the others' counters yields `tenant_share` with an
+    appointment: when the others will have caught up, at the rate the held tokens drain. Back in
+    its window it is let in although still ahead (its turn, as told); a frame without it is not."""
+    e = Endpoint("e", EndpointLimits(), 0.0)
+    e.up = True
+    policy = RetryHintPolicy(jitter=0.0, horizon_ms=5000)
+    tenants = {"a": TenantLimits(), "b": TenantLimits()}
+    admission = make_state(max_inflight=100, endpoints=[e], hint_policy=policy, tenants=tenants, share_threshold=0.0)
+    a = admission.admission
+    a.hints.observe_service_time(1.0)
+    ta, tb = a.tenants.resolve("a"), a.tenants.resolve("b")
+    for who in (ta, tb, ta, ta):  # a at 10, b lifted to a's 10 then 20, a at 20, then 30
+        assert isinstance(a.decide(0.0, Ask(cost=10, tenant=who)), Grant)
+    answer = a.decide(0.0, Ask(cost=10, tenant=ta))
+    # 10 ahead of b, two tenants contending, 40 tokens held draining over 1 s: (10 x 2) / 40 s,
+    # less the millisecond of "be here by"
+    assert isinstance(answer, Refusal) and answer.reason == "tenant_share" and answer.hint_ms == 499
+    assert answer.appointment is not None and not answer.final
+    ticket = answer.appointment.ticket
+    assert refused(a.decide(0.499, Ask(cost=10, tenant=ta)))[0] == "tenant_share"  # a newcomer of a's: not its turn
+    turn = back(ticket, cost=10)
+    turn.tenant = ta
+    assert isinstance(a.decide(0.499, turn), Grant)
+    assert a.appointments.outcomes[("tenant_share", "on_time")] == 1
+
+
 def test_with_fixed_hints_every_capacity_refusal_hints_the_base_value() -> None:
     told: dict[str, list[int]] = {}
 
