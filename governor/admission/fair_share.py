@@ -11,7 +11,10 @@ A tenant is *contending* while it has unmet demand or takes contended capacity: 
 - **Past it**, a frame is admitted only if its tenant's counter is the lowest among the
   contending tenants; any other yields `tenant_share`. So contended capacity goes to whoever has
   been served least for its weight, and a tenant below its share is admitted while any capacity
-  is left.
+  is left. The one refused is told its turn (`_turn_at`: when the others' counters will have
+  caught up with its own and with what its earlier turns add) in its tenant's share book
+  (appointments.py); back in its window it passes the share, so its turns come at its weighted
+  share of the contended capacity and its hint binds.
 - **Joining**: a tenant that starts contending has its counter lifted to the lowest contending
   one (VTC's lift), so capacity it did not ask for while others were contending is not owed to it.
 
