@@ -549,7 +549,8 @@ class PrepaidBook(AppointmentBook):
         first = self._take_over(held, now)
         policy = registry.hints.policy
         if wait_ms + (now - first) * 1000.0 >= policy.horizon_ms:
-            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
+            # Final; the exact wait, for information (a bucket's refill is no forecast to clamp).
+            return math.ceil(max(policy.horizon_ms, wait_ms - 1e-6)), None
         hint_ms = max(1, math.ceil(wait_ms - 1e-6), math.ceil(policy.min_ms))
         # Its appointment is when its tokens are there (or its hint, if that is sooner: within a
         # microsecond's rounding), so that the holder coming back at its hint is let in.

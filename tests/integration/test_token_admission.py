@@ -51,6 +51,7 @@ def test_an_early_eos_returns_its_unused_tokens_at_once(start_governor: Start) -
     (reply,) = c.until_final("d")
     assert (reply["status"], reply["reason"]) == ("yield", "token_rate")
     assert 20_000 <= reply["retry_hint_ms"] <= 40_000  # 100 - 6 - 6 - 63 + refill = ~27: 34 s to 61
+    assert reply["final"] is True and "retry_ticket" not in reply  # past the promise horizon: nothing paid
 
 
 def test_a_deadline_that_passes_before_the_first_token_cancels_in_the_worker(
