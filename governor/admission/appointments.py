@@ -160,7 +160,7 @@ class AppointmentBook:
         "used",
         "probes",
         "_cumulative",
-        "_ranked_at",
+        "_ranked",
     )
 
     def __init__(
@@ -186,7 +186,7 @@ class AppointmentBook:
         self.used = [0] * RANKS  # how many appointments each rank ever booked here (for the gauge)
         self.probes = [0] * RANKS  # refusals of each rank while its trust was low (`_not_a_probe`)
         self._cumulative: list[float] | None = []  # running sums of the amounts; None = stale
-        self._ranked_at = -math.inf  # when the ranks were last re-evaluated (`rerank`)
+        self._ranked = 0  # the standings the ranks were last re-evaluated for (`Appointments.standings`)
         registry.books.append(self)
 
     def cumulative(self) -> list[float]:
@@ -221,7 +221,7 @@ class AppointmentBook:
         if not self.entries:
             return 0.0
         self.sweep(now)
-        self.rerank(now)
+        self.rerank()
         trust = self.trust
         if not self.mixed and trust[STANDARD_RANK] < MIN_TRUST:
             return 0.0  # (every appointment here is of the standard rank, and those keep nothing now)
@@ -295,16 +295,17 @@ class AppointmentBook:
         if appointment.rank != STANDARD_RANK:
             self.mixed -= 1
 
-    def rerank(self, now: float) -> None:
+    def rerank(self) -> None:
         """Each appointment's rank as it stands now (`Appointments.standing`: its tenant may have
-        gone over its fair share since it was booked, or come back under it), once per instant the
-        book is consulted. Ranks decide who is booked ahead and whose appointments keep capacity
-        from whom: fixed at booking, a flood booked while at its share would keep a newcomer out
-        long after the flood went over it."""
-        standing = self.registry.standing
-        if standing is None or self._ranked_at == now or not self.entries:
+        gone over its fair share since it was booked, or come back under it), when the book is
+        consulted after the tenants' standings changed (`Appointments.standings`). Ranks decide
+        who is booked ahead and whose appointments keep capacity from whom: fixed at booking, a
+        flood booked while at its share would keep a newcomer out long after it went over it."""
+        registry = self.registry
+        standing = registry.standing
+        if standing is None or self._ranked == registry.standings or not self.entries:
             return
-        self._ranked_at = now
+        self._ranked = registry.standings
         for entry in self.entries:
             rank = standing(entry)
             if rank != entry.rank:
@@ -392,7 +393,7 @@ class AppointmentBook:
         entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
-        self.rerank(now)
+        self.rerank()
         # (one that left this book already, redeemed or booked anew elsewhere, is no longer its own)
         own = held if held is not None and held.book is self and registry.by_ticket.get(held.ticket) is held else None
         if own is not None:
@@ -487,24 +488,35 @@ class PrepaidBook(AppointmentBook):
         super().__init__(reason, registry, unit, _no_forecast)
         self.bucket = bucket  # the limit's bucket now (a reload replaces it, keeping its level)
 
-    def prepaid(self, now: float, appointment: Appointment | None) -> bool:
-        """Whether the asker holds an appointment of this book whose tokens are there: paid for at
-        its refusal, it goes through (not before its time: the rate is kept to the microsecond)."""
+    def prepaid(self, now: float, appointment: Appointment | None, amount: float) -> bool:
+        """Whether the asker, taking `amount`, holds an appointment of this book that paid for it:
+        its time has come (the rate is kept to the microsecond) and it paid at least that much (a
+        ticket names a client, not a cost: a retry that asks for more is a new request)."""
         own = self.own(appointment)
-        return own is not None and own.at <= now
+        return own is not None and own.at <= now and amount <= own.amount
 
-    def pay(self, appointment: Appointment | None, now: float) -> bool:
-        """The asker was admitted: whether its appointment here paid for it already. A holder let
-        in before its time (the bucket had room anyway) pays now like anyone, and what its
-        appointment took goes back."""
+    def pay(self, appointment: Appointment | None, now: float, amount: float) -> bool:
+        """The asker, taking `amount`, was admitted: whether its appointment here paid for it
+        already (what it paid beyond `amount` goes back). A holder let in otherwise (before its
+        time, the bucket having room anyway) pays now like anyone, and what its appointment took
+        goes back."""
         own = self.own(appointment)
         if own is None:
             return False
-        paid = own.at <= now
+        paid = own.at <= now and amount <= own.amount
         self.redeem(own, now)
-        if not paid:
-            self.unused(own)
+        bucket = self.bucket()
+        if bucket is not None:
+            bucket.refund(own.amount - amount if paid else own.amount)
         return paid
+
+    def rebucket(self) -> None:
+        """Its limit's bucket was replaced (a reload). Gone (the rate switched off), the tokens
+        the appointments paid went with it: they keep nothing any more, and their holders come
+        back as new clients. (A bucket kept keeps its debt: updated_bucket.)"""
+        if self.bucket() is None:
+            for entry in list(self.entries):
+                self.remove(entry)
 
     def spent_elsewhere(self, appointment: Appointment | None, now: float) -> None:
         """The asker was admitted without this book's bucket (an endpoint's qps appointment, the
@@ -537,16 +549,25 @@ class PrepaidBook(AppointmentBook):
         entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
+        first = now  # when this client was first refused (its promise horizon counts from then)
         own = self.own(held)
-        if own is not None:  # before its time (from then on it is let in): the time left, its place kept
-            registry.count(self, own.rank, EARLY)
-            return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
+        if own is not None:
+            if own.at > now:  # before its time (from then on it is let in): the time left, its place kept
+                registry.count(self, own.rank, EARLY)
+                return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
+            # In its time, but asking for more than it paid for: what it paid goes back, and it is
+            # booked anew for what it asks (its promise still counts from its first refusal).
+            registry.count(self, own.rank, YIELDED_AGAIN)
+            self.remove(own)
+            deficit -= own.amount  # (what it paid is back in the bucket)
+            first = own.booked_at
         bucket = self.bucket()
         assert bucket is not None  # (the limit refuses only through a bucket)
         wait_ms = deficit / bucket.rate * 1000.0
         if self.trust[rank] < MIN_TRUST and self._not_a_probe(rank):
             return max(1, math.ceil(wait_ms - 1e-6)), None
-        first = self._take_over(held, now)
+        if own is None:
+            first = self._take_over(held, now)
         policy = registry.hints.policy
         if wait_ms + (now - first) * 1000.0 >= policy.horizon_ms:
             # Final; the exact wait, for information (a bucket's refill is no forecast to clamp).
@@ -637,6 +658,7 @@ class Appointments:
         "lobby",
         "reasons",
         "standing",
+        "standings",
     )
 
     def __init__(
@@ -668,6 +690,9 @@ class Appointments:
         # An appointment's rank now (its class, then whether its tenant is over its fair share),
         # while tenants share capacity (admission sets it); None: ranks stay as booked.
         self.standing: Callable[[Appointment], int] | None = None
+        # Counts the changes of the tenants' standings (who is over its share): a book re-ranks
+        # its appointments when consulted after one, not on every frame.
+        self.standings = 0
 
     @property
     def round_delay_s(self) -> float:

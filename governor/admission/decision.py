@@ -159,6 +159,7 @@ class Admission:
         "horizon_ms",
         "_sharing",
         "_lowest",
+        "_over",
         "_classes",
         "_every",
         "_limits",
@@ -247,6 +248,7 @@ class Admission:
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
         self._lowest = math.inf  # the lowest contending counter, as of the last frame (`_rank_of`)
+        self._over: tuple[bool, ...] = ()  # which tenants were over their share then
         self._classes = False  # whether frames of several classes came: the gates and displacement apply
         self._every: tuple[Limit, ...] = (
             self.drain,
@@ -301,6 +303,7 @@ class Admission:
             checked.append(fleet)
         self._sharing = len(self.tenants) > 1
         self.appointments.standing = self._standing if self._sharing else None
+        self.appointments.standings += 1
         if self._sharing:
             checked.append(self.fair)
         checked += (self.pool, self.deadline)
@@ -440,6 +443,10 @@ class Admission:
             return _CLASS_RANK[ask.priority]
         lowest, _, _ = self.fair.floor(now)
         self._lowest = lowest
+        over = tuple(t.service > lowest for t in self.tenants)
+        if over != self._over:  # the books re-rank their appointments when next consulted
+            self._over = over
+            self.appointments.standings += 1
         return _CLASS_RANK[ask.priority] - (tenant.service > lowest)
 
     def _standing(self, appointment: Appointment) -> int:
@@ -454,7 +461,9 @@ class Admission:
         `--priority-hold-s`, or until its appointment's window closes (priority.py)."""
         if refusal.reason in _GATING:
             appointment = refusal.appointment
-            due = appointment.closes if appointment is not None else -math.inf
+            # (a rate cap's appointment paid for its tokens already: no gate need keep them)
+            kept = appointment is not None and not isinstance(appointment.book, PrepaidBook)
+            due = appointment.closes if kept and appointment is not None else -math.inf
             self.ceilings.refused(ask.priority, now, self.hints.gap_s, due)
 
     def _displace(self, now: float, ask: Ask, refusal: Refusal) -> Grant | Refusal | None:

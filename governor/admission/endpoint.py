@@ -144,3 +144,5 @@ class Endpoint:
         """Live change: a lower cap stops new admissions until in-flight falls under it."""
         self.limits = limits
         self.bucket = updated_bucket(self.bucket, limits.qps, limits.burst, now)
+        if self.qps_book is not None:
+            self.qps_book.rebucket()

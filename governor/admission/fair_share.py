@@ -108,7 +108,9 @@ class FairShare:
         if book is not None and book.entries:
             own = book.own(ask.appointment)
             if own is not None and own.opened(now):
-                return None  # its turn, as it was told
+                # Its turn, as it was told, whatever it costs now: what it costs is added to its
+                # counter, which sets its next turns.
+                return None
         refusal = self._refusal
         gap = tenant.service - lowest
         registry = self._registry

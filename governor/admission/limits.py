@@ -250,7 +250,7 @@ def bucket_refusal(
     if book is not None and book.entries:
         if book.entries[0].closes <= now:
             book.sweep(now)  # no-shows give their tokens back before the level is read
-        if book.prepaid(now, ask.appointment):
+        if book.prepaid(now, ask.appointment, amount):
             return None
     need = amount + (1.0 - ceiling) * bucket.burst
     deficit = need - bucket.level(now)
@@ -267,7 +267,7 @@ def bucket_refusal(
 
 def bucket_charge(bucket: TokenBucket, book: PrepaidBook | None, grant: Grant, now: float, amount: float) -> None:
     """Take what an admitted request costs a rate cap, unless its appointment paid for it."""
-    if book is None or not book.entries or not book.pay(grant.ask.appointment, now):
+    if book is None or not book.entries or not book.pay(grant.ask.appointment, now, amount):
         bucket.take(amount)
 
 
@@ -285,6 +285,8 @@ class RateLimit:
 
     def set_rate(self, qps: float, burst: float, now: float) -> None:
         self.bucket = updated_bucket(self.bucket, qps, burst, now)
+        if self.book is not None:
+            self.book.rebucket()
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         bucket = self.bucket
@@ -368,6 +370,8 @@ class TokenRate:
 
     def set_rate(self, rate: float, burst: float, now: float) -> None:
         self.bucket = updated_bucket(self.bucket, rate, burst, now)
+        if self.book is not None:
+            self.book.rebucket()
 
     def fits(self, ask: Ask) -> None:
         bucket = self.bucket

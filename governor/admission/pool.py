@@ -136,7 +136,7 @@ class Pool:
                 if kept is not None and kept.entries:
                     if kept.entries[0].closes <= now:
                         kept.sweep(now)  # no-shows give their tokens back before the level is read
-                    if paid is kept and kept.prepaid(now, held):  # its token is paid for here: it goes here
+                    if paid is kept and kept.prepaid(now, held, 1.0):  # its token is paid for here: it goes here
                         best, best_index, best_load = e, index, -math.inf
                         continue
                 if bucket.level(now) < 1.0:

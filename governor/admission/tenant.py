@@ -130,6 +130,9 @@ class Tenant:
         self.limits = limits
         self.qps_bucket = updated_bucket(self.qps_bucket, limits.max_qps, limits.qps_burst, now)
         self.token_bucket = updated_bucket(self.token_bucket, limits.max_tokens_per_s, limits.tokens_burst, now)
+        for book in (self.qps_book, self.token_rate_book):
+            if book is not None:
+                book.rebucket()
 
     def __repr__(self) -> str:
         return f"Tenant({self.name!r}, inflight={self.inflight}, tokens={self.tokens})"

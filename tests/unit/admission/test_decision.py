@@ -282,6 +282,34 @@ def test_a_token_rate_refusal_past_the_horizon_is_final_and_pays_nothing() -> No
     assert bucket is not None and bucket.level(0.0) == pytest.approx(-50.0)
 
 
+def test_a_token_rate_holder_asking_for_more_than_it_paid_for_is_a_new_request() -> None:
+    policy = RetryHintPolicy(jitter=0.0, horizon_ms=5000)
+    a = Admission([], 100, 0.0, 0.0, RetryHintEstimator(policy, 100), 0.0)
+    a.set_caps(100, 0.0, 0.0, 0.0, tokens_per_s=100.0, tokens_burst=100.0)
+    assert isinstance(a.decide(0.0, Ask(cost=100)), Grant)
+    answer = a.decide(0.0, Ask(cost=1))  # paid for 1 token, at 10 ms
+    assert isinstance(answer, Refusal) and answer.hint_ms == 10 and answer.appointment is not None
+    ticket = answer.appointment.ticket
+    greedy = a.decide(0.01, back(ticket, cost=100))  # the same ticket, for 100 tokens
+    # Its 1 token back (the level at 1 with 10 ms of refill), then 99 short: 990 ms, paid for.
+    assert isinstance(greedy, Refusal) and greedy.reason == "token_rate" and greedy.hint_ms == 990
+    bucket = a.token_rate.bucket
+    assert bucket is not None and bucket.level(0.01) == pytest.approx(-99.0)
+    assert a.appointments.outcomes[("token_rate", "yielded_again")] == 1
+
+
+def test_a_rate_switched_off_takes_its_appointments_with_it() -> None:
+    a = admission(EndpointLimits(), qps=10.0, burst=1.0)
+    routed(a.decide(0.0))
+    answer = a.decide(0.0)
+    assert isinstance(answer, Refusal) and answer.appointment is not None
+    ticket = answer.appointment.ticket
+    a.set_caps(1000, 0.0, 0.0, 0.0)  # no --max-qps: the token it paid went with the bucket
+    a.set_caps(1000, 10.0, 1.0, 0.05)  # back on: a fresh bucket, full
+    routed(a.decide(0.1))  # a newcomer takes the one token
+    assert refused(a.decide(0.1, back(ticket)))[0] == "qps"  # the old ticket is nobody's: no free pass
+
+
 def test_an_endpoint_qps_holder_goes_to_the_endpoint_that_paid_for_its_token() -> None:
     a = admission(EndpointLimits(qps=10.0, burst=1.0), EndpointLimits(qps=10.0, burst=1.0))
     assert {routed(a.decide(0.0)).name, routed(a.decide(0.01)).name} == {"e0", "e1"}  # e0 refills first
