@@ -564,8 +564,13 @@ class PrepaidBook(AppointmentBook):
         bucket = self.bucket()
         assert bucket is not None  # (the limit refuses only through a bucket)
         wait_ms = deficit / bucket.rate * 1000.0
-        if self.trust[rank] < MIN_TRUST and self._not_a_probe(rank):
-            return max(1, math.ceil(wait_ms - 1e-6)), None
+        if self.trust[rank] < MIN_TRUST:
+            if self._not_a_probe(rank):
+                return max(1, math.ceil(wait_ms - 1e-6)), None
+            # A probe pays nothing: its client's return is counted (and brings trust back), but
+            # it takes its tokens like anyone, so the probes of a flood that never comes back
+            # (each one's tokens otherwise lost to a full bucket while it waits) cost nothing.
+            amount = 0.0
         if own is None:
             first = self._take_over(held, now)
         policy = registry.hints.policy

@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from governor.admission.appointments import PrepaidBook
+from governor.admission.appointments import MIN_TRUST, PROBE_EVERY, PrepaidBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
+from governor.admission.priority import STANDARD_RANK
 from governor.admission.tenant import TenantLimits
 from govwire.vocab import YieldReason
 from tests.fakes import make_state, unspent
@@ -296,6 +297,25 @@ def test_a_token_rate_holder_asking_for_more_than_it_paid_for_is_a_new_request()
     bucket = a.token_rate.bucket
     assert bucket is not None and bucket.level(0.01) == pytest.approx(-99.0)
     assert a.appointments.outcomes[("token_rate", "yielded_again")] == 1
+
+
+def test_while_a_flood_never_comes_back_rate_probes_pay_nothing() -> None:
+    a = admission(EndpointLimits(), qps=10.0, burst=1.0)
+    book = a.rate.book
+    bucket = a.rate.bucket
+    assert book is not None and bucket is not None
+    book.trust[STANDARD_RANK] = MIN_TRUST / 2  # (what a flood of no-shows leaves)
+    routed(a.decide(0.0))
+    booked = []
+    for _ in range(PROBE_EVERY):
+        answer = a.decide(0.0)
+        assert isinstance(answer, Refusal) and answer.hint_ms == 100  # the exact wait, unpaid
+        booked.append(answer.appointment)
+    probe = booked[-1]
+    assert booked[:-1] == [None] * (PROBE_EVERY - 1) and probe is not None and probe.amount == 0
+    assert bucket.level(0.0) == 0.0  # nothing paid: the flood's probes cost no tokens
+    routed(a.decide(0.1, back(probe.ticket)))  # its client came back: admitted with the bucket's token
+    assert a.appointments.outcomes[("qps", "on_time")] == 1 and book.trust[STANDARD_RANK] > MIN_TRUST / 2
 
 
 def test_a_rate_switched_off_takes_its_appointments_with_it() -> None:
