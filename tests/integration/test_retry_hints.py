@@ -152,6 +152,44 @@ def test_past_the_promise_horizon_the_sdk_is_told_no_at_once_and_does_not_retry(
     assert metrics.get(("governor_refused_final_total", (("reason", "inflight"),))) == 1
 
 
+def test_a_rate_cap_keeps_the_tokens_it_promised_to_the_sdk(start_governor: Start) -> None:
+    """`--max-qps 5 --qps-burst 1`: five SDK clients at once, at their default retries. One gets
+    the token; each of the other four is told the next token nobody was promised (200, 400, 600,
+    800 ms: inside the 1 s horizon), paid for at once, and gets in on its first retry, re-sending
+    its body at `retry-after-ms` as the SDK does. The window is 200 ms wide, as above, for a loaded
+    2-core machine's late wake-ups."""
+    port = free_port()
+    gov = start_governor(
+        "--http-port", str(port), "--integrity", "optional", "--max-qps", "5", "--qps-burst", "1",
+        "--appointment-grace-ms", "200",
+    )  # fmt: skip
+    texts: dict[int, str] = {}
+    errors: list[BaseException] = []
+    go = threading.Barrier(5)
+
+    def ask(n: int) -> None:
+        try:
+            with sdk(port, timeout=10.0) as client:
+                go.wait(5)
+                texts[n] = client.completions.create(model="gpt2", prompt=f"c{n}", max_tokens=2).choices[0].text
+        except BaseException as exc:  # surfaced by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(n,), daemon=True) for n in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    assert not errors, errors
+    assert texts == {n: f"c{n}" for n in range(5)}  # every one served (the echo returns its prompt)
+    s = gov.stats()
+    assert s["yielded_by_reason"]["qps"] == 4 and not any(s["final_by_reason"].values())  # each once, none for good
+    assert s["received_total"] == 9 and s["executed_total"] == 5  # 5 first attempts and 4 retries
+    hints = s["retry_hints"]
+    assert hints["outcomes"].get("qps", {}).get("on_time") == 4, hints  # each back for the token kept for it
+    assert hints["appointments"].get("qps", 0) == 0, hints
+
+
 def yielded(conn: Conn, rid: str) -> tuple[dict[str, Any], float]:
     """The reply to `rid` (expected a yield) and when it arrived."""
     (reply,) = conn.until_final(rid)
