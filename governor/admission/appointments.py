@@ -268,22 +268,13 @@ class AppointmentBook:
         self._rank(appointment)
         self._cumulative = None
 
-    def remove(self, appointment: Appointment, kept: bool = False) -> None:
-        """Out of the book: `kept`, its holder was admitted for it; else it went unused (another
-        limit took the client over, or refused it in its window, or the booking was undone)."""
+    def remove(self, appointment: Appointment) -> None:
         index = self.entries.index(appointment)
         del self.entries[index], self.times[index]
         self.promised -= appointment.amount
         self._unrank(appointment)
         self._cumulative = None
         self.registry.forget(appointment)
-        if not kept:
-            self.unused(appointment)
-
-    def unused(self, appointment: Appointment) -> None:
-        """What an appointment that leaves unredeemed gives back (removed unused, or lapsed):
-        nothing here, its capacity was only held while its window was open (`PrepaidBook` pays
-        at booking and gives it back here)."""
 
     def _rank(self, appointment: Appointment) -> None:
         self.ranks[appointment.rank] += 1
@@ -343,7 +334,7 @@ class AppointmentBook:
             registry.learn_release(now - own.at if own.in_lobby else 0.0)
         else:
             registry.count(self, own.rank, EARLY)
-        self.remove(own, kept=True)
+        self.remove(own)
 
     def _not_a_probe(self, rank: int) -> bool:
         """While a rank's appointments keep nothing (its trust is low), one refusal in
@@ -471,14 +462,19 @@ class AppointmentBook:
 
 
 class PrepaidBook(AppointmentBook):
-    """The appointments of a rate cap: a token bucket (`qps`, `token_rate`, a tenant's `max_qps` and
-    `max_tokens_per_s`). A bucket refills exactly, so its promise is kept by paying for it at once:
-    the refusal takes what its client will need from the bucket now (into debt if it must), and
-    the appointment is when that debt is paid back. Whoever comes after finds the bucket lower by
-    it and is told a later time, so nobody can take the tokens promised: the holder that comes
-    from its time to the end of its window is let in without paying again (`pay`); one that never
-    comes, or that another limit takes over, gives its tokens back (`unused`). A window keeps nothing from anyone (what
-    was promised is out of the bucket already), so no holder waits in the lobby for it."""
+    """The appointments of a rate cap: a token bucket (`qps`, `token_rate`, an endpoint's `qps=`,
+    a tenant's `max_qps` and `max_tokens_per_s`). A bucket refills exactly, so its promise is kept
+    by paying for it at once: the refusal takes what its client will need from the bucket now
+    (into debt if it must), and the appointment is when that debt is paid back. Whoever comes
+    after finds the bucket lower by it and is told a later time, so nobody can take the tokens
+    promised, and the holder that comes from its time to the end of its window is let in without
+    paying again (`prepaid`). What was paid is spent, whatever becomes of it: a no-show's tokens,
+    or those of a holder another limit refuses, never go back to the bucket, because the
+    appointments booked after it were told times that count them taken (giving them back would
+    let newcomers in ahead of those, past the rate). A no-show thus wastes its tokens, as a
+    capacity book's no-show idles its slot for a window; a flood that never comes back stops being
+    booked (`trust`), and its probes pay nothing. A window keeps nothing from anyone (what was
+    promised is out of the bucket already), so no holder waits in the lobby for it."""
 
     __slots__ = ("bucket",)
 
@@ -488,27 +484,22 @@ class PrepaidBook(AppointmentBook):
         super().__init__(reason, registry, unit, _no_forecast)
         self.bucket = bucket  # the limit's bucket now (a reload replaces it, keeping its level)
 
-    def prepaid(self, now: float, appointment: Appointment | None, amount: float) -> bool:
-        """Whether the asker, taking `amount`, holds an appointment of this book that paid for it:
-        its time has come (the rate is kept to the microsecond) and it paid at least that much (a
-        ticket names a client, not a cost: a retry that asks for more is a new request)."""
-        own = self.own(appointment)
-        return own is not None and own.at <= now and amount <= own.amount
-
-    def pay(self, appointment: Appointment | None, now: float, amount: float) -> bool:
-        """The asker, taking `amount`, was admitted: whether its appointment here paid for it
-        already (what it paid beyond `amount` goes back). A holder let in otherwise (before its
-        time, the bucket having room anyway) pays now like anyone, and what its appointment took
-        goes back."""
+    def credit(self, now: float, appointment: Appointment | None) -> float | None:
+        """What the asker's appointment here paid for it, once its time has come (0.0 for one
+        without an appointment here); None before its time: it is told the time left."""
         own = self.own(appointment)
         if own is None:
-            return False
-        paid = own.at <= now and amount <= own.amount
+            return 0.0
+        return own.amount if own.at <= now else None
+
+    def pay(self, appointment: Appointment | None, now: float, amount: float) -> float:
+        """The asker, taking `amount`, was admitted: what is left for the bucket to take (what its
+        appointment here did not pay for already, which is redeemed)."""
+        own = self.own(appointment)
+        if own is None:
+            return amount
         self.redeem(own, now)
-        bucket = self.bucket()
-        if bucket is not None:
-            bucket.refund(own.amount - amount if paid else own.amount)
-        return paid
+        return max(0.0, amount - own.amount)
 
     def rebucket(self) -> None:
         """Its limit's bucket was replaced (a reload). Gone (the rate switched off), the tokens
@@ -517,19 +508,6 @@ class PrepaidBook(AppointmentBook):
         if self.bucket() is None:
             for entry in list(self.entries):
                 self.remove(entry)
-
-    def spent_elsewhere(self, appointment: Appointment | None, now: float) -> None:
-        """The asker was admitted without this book's bucket (an endpoint's qps appointment, the
-        request routed to another endpoint, or to none): kept, and what it paid goes back."""
-        own = self.own(appointment)
-        if own is not None:
-            self.redeem(own, now)
-            self.unused(own)
-
-    def unused(self, appointment: Appointment) -> None:
-        bucket = self.bucket()
-        if bucket is not None:
-            bucket.refund(appointment.amount)
 
     def refuse(
         self,
@@ -543,24 +521,24 @@ class PrepaidBook(AppointmentBook):
     ) -> tuple[int, Appointment | None]:
         """The hint (ms) and the appointment for a frame the bucket cannot take now: `deficit` is
         what it lacks (its `amount` and what its class's ceiling keeps in the bucket, less the
-        level). Past the promise horizon, final and unpaid; while `rank`'s appointments here are
-        not kept (`trust`), the exact wait, unpaid."""
+        level and what its appointment here paid). Past the promise horizon, final and unpaid;
+        while `rank`'s appointments here are not kept (`trust`), the exact wait, unpaid."""
         registry = self.registry
         entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
         first = now  # when this client was first refused (its promise horizon counts from then)
+        paid = 0.0  # what its appointment here paid already (it asks for more: booked for the rest)
         own = self.own(held)
         if own is not None:
             if own.at > now:  # before its time (from then on it is let in): the time left, its place kept
                 registry.count(self, own.rank, EARLY)
                 return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
-            # In its time, but asking for more than it paid for: what it paid goes back, and it is
-            # booked anew for what it asks (its promise still counts from its first refusal).
+            # In its time, asking for more than it paid for: booked anew for the rest (its promise
+            # still counts from its first refusal).
             registry.count(self, own.rank, YIELDED_AGAIN)
             self.remove(own)
-            deficit -= own.amount  # (what it paid is back in the bucket)
-            first = own.booked_at
+            paid, first = own.amount, own.booked_at
         bucket = self.bucket()
         assert bucket is not None  # (the limit refuses only through a bucket)
         wait_ms = deficit / bucket.rate * 1000.0
@@ -569,8 +547,8 @@ class PrepaidBook(AppointmentBook):
                 return max(1, math.ceil(wait_ms - 1e-6)), None
             # A probe pays nothing: its client's return is counted (and brings trust back), but
             # it takes its tokens like anyone, so the probes of a flood that never comes back
-            # (each one's tokens otherwise lost to a full bucket while it waits) cost nothing.
-            amount = 0.0
+            # cost no tokens.
+            amount = paid
         if own is None:
             first = self._take_over(held, now)
         policy = registry.hints.policy
@@ -584,7 +562,7 @@ class PrepaidBook(AppointmentBook):
         appointment = self.book(now + min(wait_s, hint_ms / 1000.0), amount, tenant, identity, rank)
         if appointment is not None:
             appointment.booked_at = first
-            bucket.take(amount)
+            bucket.take(amount - paid)
         return hint_ms, appointment
 
 
@@ -786,7 +764,6 @@ class Appointments:
         book.trust[appointment.rank] -= TRUST_WEIGHT * book.trust[appointment.rank]
         book.promised -= appointment.amount
         self.forget(appointment)
-        book.unused(appointment)
         keys: tuple[object, ...] = (
             (appointment.ticket, appointment.identity) if appointment.identity else (appointment.ticket,)
         )

@@ -243,16 +243,25 @@ def bucket_refusal(
     ceiling: float,
 ) -> Refusal | None:
     """A rate cap's answer to `ask`, which takes `amount` from `bucket` (and may leave it no lower
-    than what `ceiling`, its class's, keeps of the burst): None when it may go (it has the tokens,
-    or its appointment in `book` paid for them); else the refusal, whose hint is exact. With a book (appointments.
-    PrepaidBook) the refusal pays for its client's tokens and books the time they are there;
-    without one (`--retry-hint fixed`), the next refill nobody was told of, nothing kept."""
+    than what `ceiling`, its class's, keeps of the burst): None when it may go (the bucket holds
+    what its appointment in `book` did not pay for already); else the refusal, whose hint is exact.
+    With a book (appointments.PrepaidBook) the refusal pays for its client's tokens at once and
+    books the time they are there, and a holder before its time is told the time left; without
+    one (`--retry-hint fixed`), the next refill nobody was told of, nothing kept."""
+    credit = 0.0
     if book is not None and book.entries:
         if book.entries[0].closes <= now:
-            book.sweep(now)  # no-shows give their tokens back before the level is read
-        if book.prepaid(now, ask.appointment, amount):
-            return None
-    need = amount + (1.0 - ceiling) * bucket.burst
+            book.sweep(now)
+        paid = book.credit(now, ask.appointment)
+        if paid is None:  # before its time
+            refusal.hint_ms, refusal.appointment = book.refuse(
+                now, ask.appointment, ask.tenant, ask.identity, 0.0, amount, ask.rank
+            )
+            return refusal
+        if amount <= paid:
+            return None  # paid for at its refusal
+        credit = paid
+    need = amount - credit + (1.0 - ceiling) * bucket.burst
     deficit = need - bucket.level(now)
     if deficit <= 0:
         return None
@@ -266,8 +275,10 @@ def bucket_refusal(
 
 
 def bucket_charge(bucket: TokenBucket, book: PrepaidBook | None, grant: Grant, now: float, amount: float) -> None:
-    """Take what an admitted request costs a rate cap, unless its appointment paid for it."""
-    if book is None or not book.entries or not book.pay(grant.ask.appointment, now, amount):
+    """Take what an admitted request costs a rate cap, but what its appointment paid for."""
+    if book is not None and book.entries:
+        amount = book.pay(grant.ask.appointment, now, amount)
+    if amount:
         bucket.take(amount)
 
 

@@ -136,7 +136,7 @@ class Pool:
                 if kept is not None and kept.entries:
                     if kept.entries[0].closes <= now:
                         kept.sweep(now)  # no-shows give their tokens back before the level is read
-                    if paid is kept and kept.prepaid(now, held, 1.0):  # its token is paid for here: it goes here
+                    if paid is kept and kept.credit(now, held):  # its token is paid for here: it goes here
                         best, best_index, best_load = e, index, -math.inf
                         continue
                 if bucket.level(now) < 1.0:
@@ -247,7 +247,7 @@ class Pool:
         paid = None if held is None else held.book
         if isinstance(paid, PrepaidBook) and paid.reason == _ENDPOINT_QPS:
             if choice is None or paid is not choice[0].qps_book:
-                paid.spent_elsewhere(held, now)  # its token goes back where it was paid
+                paid.redeem(held, now)  # (served elsewhere: what it paid there is spent)
         if choice is None:
             return  # no endpoint up: dispatch answers worker_unavailable
         endpoint, index = choice
