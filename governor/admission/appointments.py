@@ -483,6 +483,12 @@ class PrepaidBook(AppointmentBook):
     ) -> None:
         super().__init__(reason, registry, unit, _no_forecast)
         self.bucket = bucket  # the limit's bucket now (a reload replaces it, keeping its level)
+        # A rate's promise costs its tokens when nobody comes for it (a slot's, only a window), so
+        # a rate book starts on probation, at the threshold: it pays for its refusals until the
+        # first one lapses unkept, and again once a client has come back. A flood of clients
+        # that never retry thus costs the tokens booked before its first no-show, not those of
+        # the dozen no-shows a trusted book would take to stop paying.
+        self.trust = [MIN_TRUST] * RANKS
 
     def credit(self, now: float, appointment: Appointment | None) -> float | None:
         """What the asker's appointment here paid for it, once its time has come (0.0 for one
