@@ -2,26 +2,27 @@
 
 `decide(now, ask)` checks every limit and then charges every limit (limits.py), so a frame is
 either admitted with a `Grant` (its endpoint) or refused with a `Refusal` (reason and retry hint)
-and no trace on any limit. The `Ask` is what the frame costs in tokens, its deadline (cost.py),
-its tenant (tenant.py) and its priority class, whose ceiling (priority.py) sets the fraction of
-each cap it may fill; a request that no budget could ever hold raises `OverBudget` before any
-check. The order of the limits is the order of the reasons a client sees when several would
-refuse: draining first, then the tenant's own caps, then the global concurrency, rate and token
-caps, then the tenant's fair share (fair_share.py), then the endpoint pool (which also routes),
-then the deadline (which predicts on the endpoint the pool chose). A refused tenant counts as
-contending for capacity, whichever limit refused it. A frame of a higher class refused shared
-capacity closes the gates of the classes below it for a while (priority.py); one refused by
-the full in-flight cap may first displace a lower-class request that has not started
-(displacement.py), when that slot is all it lacks. `refund` undoes
-a grant whose frame turned out invalid, `release` frees what a running request held once it has
-ended and settles its token cost, `started` records its first token (the TTFT model, the release
-forecast and the adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
+and no trace on any limit but its appointment (which a rate cap pays for at once). The `Ask` is
+what the frame costs in tokens, its deadline (cost.py), its tenant (tenant.py) and its priority
+class, whose ceiling (priority.py) sets the fraction of each cap it may fill; a request that no
+budget could ever hold raises `OverBudget` before any check. The order of the limits is the order
+of the reasons a client sees when several would refuse: draining first, then the tenant's own caps,
+then the global concurrency, rate and token caps, then the tenant's fair share (fair_share.py),
+then the endpoint pool (which also routes), then the deadline (which predicts on the endpoint the
+pool chose). A refused tenant counts as contending for capacity, whichever limit refused it. A
+frame of a higher class refused shared capacity closes the gates of the classes below it for a
+while (priority.py); one refused by the full in-flight cap may first displace a lower-class request
+that has not started (displacement.py), when that slot is all it lacks. `refund` undoes a grant
+whose frame turned out invalid, `release` frees what a running request held once it has ended and
+settles its token cost, `started` records its first token (the TTFT model, the release forecast and
+the adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
 one without charging the global limits again.
 
 Every admitted request is followed by the release forecast (release_forecast.py) until its end;
 the in-flight cap, the token budget, the endpoint caps and each tenant's own in-flight and token
-caps hint from it and keep appointments for the clients they refuse (appointments.py). A frame that comes
-back for its appointment is recognised here, before any limit is checked, and the limits holding
+caps hint from it and keep appointments for the clients they refuse (appointments.py); the rate
+caps keep theirs by paying for them at once, and a tenant past its fair share is told its turn. A
+frame that comes back for its appointment is recognised here, before any limit is checked, and the limits holding
 the appointment let it in.
 
 The doors only parse, call `decide` and render the answer; new limits are added here.

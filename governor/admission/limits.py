@@ -2,7 +2,8 @@
 
 A `Limit` answers four questions about one request (its `Ask`: token cost and deadline), each
 without I/O and with the clock passed in: may it go now (`check`, which charges nothing: a refusal
-leaves no trace on any capacity), take what it costs (`charge`), give back a charge that was never
+leaves no trace on any capacity, but a rate cap's, which pays at once for the tokens it promises
+its client: appointments.PrepaidBook), take what it costs (`charge`), give back a charge that was never
 used (`refund`: the frame turned out invalid after its admission), and give back what a running
 request holds once it has ended (`release`, where a token cost is also settled with the real
 counts). A refusal names its reason and its hint: how long the refused client should wait.
@@ -119,7 +120,8 @@ def over_budget(ask: Ask, budget: int, what: str) -> OverBudget:
 class Limit(Protocol):
     def check(self, now: float, ask: Ask) -> Refusal | None:
         """None when the request may go as far as this limit is concerned. Charges nothing: a
-        refusal only books the refused client's retry appointment."""
+        refusal only books the refused client's retry appointment (which a rate cap pays for at
+        once)."""
 
     def charge(self, grant: Grant, now: float) -> None:
         """Take the request's cost; called only after every limit's `check` passed, at the same `now`."""
@@ -250,8 +252,6 @@ def bucket_refusal(
     one (`--retry-hint fixed`), the next refill nobody was told of, nothing kept."""
     credit = 0.0
     if book is not None and book.entries:
-        if book.entries[0].closes <= now:
-            book.sweep(now)
         paid = book.credit(now, ask.appointment)
         if paid is None:  # before its time
             refusal.hint_ms, refusal.appointment = book.refuse(

@@ -133,12 +133,9 @@ class Pool:
             bucket = e.bucket
             if bucket is not None:
                 kept = e.qps_book
-                if kept is not None and kept.entries:
-                    if kept.entries[0].closes <= now:
-                        kept.sweep(now)  # no-shows give their tokens back before the level is read
-                    if paid is kept and kept.credit(now, held):  # its token is paid for here: it goes here
-                        best, best_index, best_load = e, index, -math.inf
-                        continue
+                if paid is not None and paid is kept and kept.credit(now, held):  # its token is paid for here
+                    best, best_index, best_load = e, index, -math.inf  # so it goes here
+                    continue
                 if bucket.level(now) < 1.0:
                     wait = bucket.wait_s(now)
                     if wait < qps_wait:
