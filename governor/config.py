@@ -124,12 +124,24 @@ class GovernorConfig:
     )
     fleet_renew_ms: float = option(250.0, "how often this replica renews its lease (its share of each fleet cap)")
     fleet_lease_ms: float = option(
-        1000.0, "a lease not renewed for this long lapses: a dead replica's share returns to the others after it"
+        1000.0, "a lease not renewed for this long lapses (then --fleet-unavailable applies)"
     )
-    fleet_unavailable: Literal["local", "closed"] = option(
-        "local",
-        "once the lease lapsed (Redis unreachable): local enforces each fleet cap / the last known replica count;"
-        " closed yields every frame (fleet_unavailable)",
+    fleet_unavailable: Literal["hold", "closed", "local"] = option(
+        "hold",
+        "once the lease lapsed (Redis out of reach): hold admits within the last shares for --fleet-hold-s, then"
+        " closes; closed yields every frame (fleet_unavailable); local enforces each fleet cap / the last known"
+        " replica count, unreserved: the fleet may exceed its caps while others still reach Redis",
+    )
+    fleet_hold_s: float = option(
+        10.0,
+        "with --fleet-unavailable hold: how long a lapsed replica admits within its last shares (Redis keeps them"
+        " reserved that long): size it to your Redis failover time",
+    )
+    fleet_max_request_s: float = option(
+        30.0,
+        "what a lapsed replica admitted stays reserved in Redis this long after its lease (and hold) ran out;"
+        " requests still running then are cancelled (fleet_lease_lost). A dead replica's share returns after"
+        " lease + hold + this",
     )
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive",
@@ -312,6 +324,8 @@ class GovernorConfig:
                 renew_s=self.fleet_renew_ms / 1000,
                 lease_s=self.fleet_lease_ms / 1000,
                 unavailable=self.fleet_unavailable,
+                hold_s=self.fleet_hold_s,
+                max_request_s=self.fleet_max_request_s,
             )
         except ValueError as exc:
             raise ConfigError(f"--fleet-*: {exc}") from None

@@ -44,6 +44,7 @@ from governor.state import ClientCore, ServerState
 from governor.supervisor import WorkerSupervisor
 from govwire.address import Address
 from govwire.auth import SharedSecret, TenantSecrets
+from govwire.errors import FleetLeaseLost
 from govwire.options import ConfigError
 from govwire.request import IntegrityMode, Limits
 from govwire.vocab import WORKER_TOKEN_ENV
@@ -412,7 +413,7 @@ class Server:
             return
         lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
         state.admission.join_fleet(lease)
-        member = FleetMember(config.fleet, config.fleet_name, lease)
+        member = FleetMember(config.fleet, config.fleet_name, lease, on_cut=lambda: _cut_fleet(state))
         stack.push_async_callback(member.close)
         if not await member.join(lease.policy.lease_s):
             log.warning(
@@ -461,6 +462,18 @@ class Server:
         for request in [r for r in leftovers if r.phase is not Phase.SETTLED]:
             state.lifecycle.lose(request, "shutdown: the worker did not confirm cancellation")
             request.owner.flush()
+
+
+def _cut_fleet(state: ServerState) -> int:
+    """The fleet lease's reservation ran out with no renewal: every request still running here is
+    cancelled in its worker and fails `fleet_lease_lost` now, its slots freed, before Redis hands
+    them to other replicas. Returns how many."""
+    running = [r for c in state.connections if c.ingress for r in c.ingress.active.values()]
+    for request in running:
+        state.lifecycle.cancel(request)
+        state.lifecycle.fail(request, FleetLeaseLost("the fleet lease lapsed past its reservation", request.client_id))
+        request.owner.flush()  # a timer fired: no read will flush it
+    return len(running)
 
 
 def _close_connections(state: ServerState) -> None:

@@ -89,6 +89,13 @@ class DeadlineExceeded(RequestFailed):
     code = ErrorCode.DEADLINE_EXCEEDED
 
 
+class FleetLeaseLost(RequestFailed):
+    """The replica lost its fleet lease (Redis out of reach) for longer than the fleet reserves
+    what it held: the request was cancelled so the fleet's cap holds while others take its share."""
+
+    code = ErrorCode.FLEET_LEASE_LOST
+
+
 class InternalError(RequestFailed):
     code = ErrorCode.INTERNAL
 

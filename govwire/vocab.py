@@ -116,6 +116,7 @@ class ErrorCode(StrEnum):
     BUFFER_FULL = "buffer_full"
     OVER_BUDGET = "over_budget"
     DEADLINE_EXCEEDED = "deadline_exceeded"
+    FLEET_LEASE_LOST = "fleet_lease_lost"
     TENANT_MISMATCH = "tenant_mismatch"
 
 

@@ -1,5 +1,5 @@
 """A real redis-server (or valkey-server) on a loopback port, without persistence, for the fleet
-tests and benchmarks; and a loopback TCP relay that delays what the server sends back."""
+tests and benchmarks (tests/fault_proxy.py puts faults between it and a replica)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import threading
 import time
 
 import redis
@@ -87,53 +86,3 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class DelayRelay:
-    """Forwards a loopback port to the server, holding every chunk the server sends back for
-    `delay_s` (a slow Redis, or a slow network, for the client)."""
-
-    def __init__(self, target_port: int, delay_s: float) -> None:
-        self.target_port = target_port
-        self.delay_s = delay_s
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                return
-            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, self.delay_s), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket, delay_s: float) -> None:
-        try:
-            while data := source.recv(65536):
-                if delay_s:
-                    time.sleep(delay_s)
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            source.close()
-            sink.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-    def __enter__(self) -> DelayRelay:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

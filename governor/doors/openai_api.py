@@ -263,6 +263,7 @@ STATUS_OF_CODE: dict[str, int] = {
     ErrorCode.WORKER_UNAVAILABLE: 503,
     ErrorCode.WORKER_LOST: 502,
     ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.FLEET_LEASE_LOST: 503,
     ErrorCode.IDLE_TIMEOUT: 408,
     ErrorCode.TOO_MANY_CONNECTIONS: 503,
     ErrorCode.BUFFER_FULL: 503,

@@ -2,28 +2,48 @@
 -- allocation, so no two replicas ever decide on the same free capacity. The rules are in
 -- governor/fleet/lease.py's docstring and docs/operations.md ("Fleet").
 --
--- KEYS[1]  the fleet's hash: one field per live replica, "EXPIRY_MS" then, per resource,
---          "LIMIT WANT HELD USAGE" (space-separated numbers).
--- ARGV     member id, lease TTL (ms), resource count k, then per resource six numbers:
---          limit (0 = not limited), usage (what it holds now: requests or tokens; 0 for rates),
---          want (its demand), applied (the share it enforces until this reply reaches it),
---          held (1 for a held resource whose grants are whole numbers, 0 for a rate), least (the
---          smallest useful share: one request; a replica that wants any gets at least this much
---          while it is free, or a proportional part under 1 would starve it).
--- Returns  the replica count, then per resource five strings (Lua numbers would be truncated to
---          integers on the way out): its new share, the fleet limit in force, the fleet's usage,
---          the sum of the fleet's wants, and its target (more than its share while the others
---          still hold what it is owed).
+-- KEYS[1]  the fleet's hash: one field per replica, "EXPIRY_MS HOLD_MS RELEASE_MS" (absolute, in
+--          Redis's clock) then, per resource, "LIMIT WANT HELD USAGE" (space-separated numbers).
+--          Before EXPIRY the replica is live; until HOLD what it held stays reserved (a lapsed
+--          replica may still admit within its last share); until RELEASE a held resource stays
+--          reserved (its requests may still run); then the entry is dropped. And the field
+--          "~clock": "TIME_MS FLEET_MS", the fleet's clock (below) as of the last renewal.
+-- ARGV     member id, lease TTL (ms), hold (ms after the expiry), release (ms after the hold),
+--          resource count k, then per resource six numbers: limit (0 = not limited), usage (what
+--          it holds now: requests or tokens; 0 for rates), want (its demand), applied (the share
+--          it enforces until this reply reaches it), held (1 for a held resource whose grants are
+--          whole numbers, 0 for a rate), least (the smallest useful share: one request; a replica
+--          that wants any gets at least this much while it is free, or a proportional part under
+--          1 would starve it).
+-- Returns  the live replica count, the lapsed replicas whose reservations stand, then per
+--          resource six strings (Lua numbers would be truncated to integers on the way out): its
+--          new share, the fleet limit in force, the fleet's usage, the sum of the fleet's wants,
+--          its target (more than its share while the others still hold what it is owed), and
+--          what the others keep reserved (live or lapsed).
 local HEADROOM = 0.05
 local key, me = KEYS[1], ARGV[1]
-local ttl, k = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, hold, release, k = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local entries = redis.call('HGETALL', key)
+
+-- The fleet's clock, in which every expiry is written: Redis's TIME, but advancing by at most half
+-- a lease between two renewals and never backwards, so that a step of Redis's wall clock (or a
+-- failover to a host whose clock differs) can neither expire the live entries (each renewed at
+-- least every half lease) nor freeze them. A real silence longer than that (no replica renewed
+-- at all) only delays expiries: safe.
 local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local time = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local now = time
+for i = 1, #entries, 2 do
+  if entries[i] == '~clock' then
+    local last_time, last = string.match(entries[i + 1], '(%S+) (%S+)')
+    now = tonumber(last) + math.min(math.max(time - tonumber(last_time), 0), math.floor(ttl / 2))
+  end
+end
 
 local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
 local wants, others_held, usages = {}, {}, {}
 for r = 1, k do
-  local at = 3 + (r - 1) * 6
+  local at = 5 + (r - 1) * 6
   limit[r] = tonumber(ARGV[at + 1])
   usage[r] = tonumber(ARGV[at + 2])
   want[r] = tonumber(ARGV[at + 3])
@@ -33,33 +53,39 @@ for r = 1, k do
   wants[r], others_held[r], usages[r] = want[r], 0, usage[r]
 end
 
--- The other live replicas: drop the expired, sum what the rest want, hold and use. The tightest
--- limit any of them reports is the one in force (a rolling change of the limits stays safe).
-local replicas = 1
-local entries = redis.call('HGETALL', key)
+-- The other replicas: drop those whose reservations have all ended; sum what the live ones want
+-- and use, and what every one still keeps reserved. The tightest limit any live one reports is
+-- the one in force (a rolling change of the limits stays safe).
+local replicas, lapsed, last = 1, 0, now + ttl + hold + release
 for i = 1, #entries, 2 do
   local field = entries[i]
-  if field ~= me then
+  if field ~= me and field ~= '~clock' then
     local v = {}
     for x in string.gmatch(entries[i + 1], '%S+') do v[#v + 1] = tonumber(x) end
-    if v[1] <= now then
+    if v[3] <= now then
       redis.call('HDEL', key, field)
     else
-      replicas = replicas + 1
+      local live = now < v[1]
+      if live then replicas = replicas + 1 else lapsed = lapsed + 1 end
+      if v[3] > last then last = v[3] end
       for r = 1, k do
-        local at = 1 + (r - 1) * 4
-        local l = v[at + 1] or 0
-        if limit[r] > 0 and l > 0 and l < limit[r] then limit[r] = l end
-        wants[r] = wants[r] + (v[at + 2] or 0)
-        others_held[r] = others_held[r] + (v[at + 3] or 0)
-        usages[r] = usages[r] + (v[at + 4] or 0)
+        local at = 3 + (r - 1) * 4
+        if live then
+          local l = v[at + 1] or 0
+          if limit[r] > 0 and l > 0 and l < limit[r] then limit[r] = l end
+          wants[r] = wants[r] + (v[at + 2] or 0)
+        end
+        if live or now < v[2] or whole[r] then  -- a held resource stays reserved until RELEASE
+          others_held[r] = others_held[r] + (v[at + 3] or 0)
+          usages[r] = usages[r] + (v[at + 4] or 0)
+        end
       end
     end
   end
 end
 
-local stored = { tostring(now + ttl) }
-local reply = { replicas }
+local stored = { tostring(now + ttl), tostring(now + ttl + hold), tostring(now + ttl + hold + release) }
+local reply = { replicas, lapsed }
 for r = 1, k do
   local share, held, target = 0, 0, 0
   local l = limit[r]
@@ -93,7 +119,8 @@ for r = 1, k do
   reply[#reply + 1] = tostring(usages[r])
   reply[#reply + 1] = tostring(wants[r])
   reply[#reply + 1] = tostring(target)
+  reply[#reply + 1] = tostring(others_held[r])
 end
-redis.call('HSET', key, me, table.concat(stored, ' '))
-redis.call('PEXPIRE', key, ttl * 2)
+redis.call('HSET', key, me, table.concat(stored, ' '), '~clock', string.format('%d %d', time, now))
+redis.call('PEXPIRE', key, last - now + ttl)  -- outlives every reservation in it
 return reply

@@ -20,12 +20,23 @@ callback like any other limit, with no network round trip; member.py renews the 
   share it applies until the reply arrives and (for held limits) its usage: a shrinking share is
   freed only once the replica has applied it, which it reports at once in a confirming renewal.
   So the shares in force at any instant sum to at most the limit, and so does the fleet's usage.
-- **Leases expire.** Each entry carries an expiry `lease_s` after the renewal; the script drops
-  expired entries, so the capacity of a replica that died returns to the others within the TTL.
-  Locally, the lease counts from the moment the renewal was *sent* (before Redis stamped it), so
-  it lapses here no later than Redis forgets it. A lapsed lease follows `--fleet-unavailable`:
-  `closed` yields every frame (`fleet_unavailable`), `local` enforces the limit divided by the
-  last known replica count. The next successful renewal rejoins.
+- **Leases expire, reservations outlast them.** Each entry carries an expiry `lease_s` after the
+  renewal. Locally, the lease counts from the moment the renewal was *sent* (before Redis
+  stamped it), so it lapses here no later than Redis's expiry. Redis cannot tell a dead replica
+  from one cut off from it that still serves, so what an entry holds stays reserved after its
+  expiry for as long as the replica may still use it: `hold_s` more while its fallback may
+  still admit within its last share, then `max_request_s` more for a held resource, by which time
+  the replica has cancelled whatever still runs (`cut_at`). Only then does the script drop the
+  entry and hand its capacity to the others. So the fleet stays under its limits through a
+  partition of any length; the price is that a dead replica's share comes back after
+  lease + hold + max request instead of the lease alone (a replica that stops cleanly deletes its
+  entry at once).
+- **Fallbacks** (`--fleet-unavailable`), once no renewal succeeded for `lease_s`: `hold` keeps
+  admitting within the last shares for `hold_s`, then closes; `closed` admits nothing;
+  `local` enforces the limit divided by the last known replica count for as long as the lapse
+  lasts — unreserved, so the fleet may exceed its limits while another replica still reaches
+  Redis: an explicit opt-in for availability over the cap, and the entry keeps no reservation. The
+  next successful renewal rejoins, within the reservation it kept: no burst over the limits.
 - **Rates.** A replica's rate share runs its own token bucket whose burst is the same fraction of
   the fleet burst; a new bucket starts empty, an existing one keeps what it holds (never above the
   new burst), so the fleet admits at most burst + limit x T over any window of T seconds. A share
@@ -72,11 +83,15 @@ class FleetPolicy:
     tokens_burst: float = 0.0  # 0 = one second's worth
     renew_s: float = 0.25
     lease_s: float = 1.0
-    unavailable: Literal["local", "closed"] = "local"
+    unavailable: Literal["hold", "closed", "local"] = "hold"
+    hold_s: float = 10.0  # with `hold`: how long a lapsed replica admits within its last shares
+    max_request_s: float = 30.0  # how long what a lapsed replica admitted may still run
 
     def __post_init__(self) -> None:
         if not 0 < self.renew_s * 2 <= self.lease_s < math.inf:
             raise ValueError("the lease must last at least two renewal periods (and renewals be > 0)")
+        if not (0 <= self.hold_s < math.inf and 0 < self.max_request_s < math.inf):
+            raise ValueError("the hold must be finite and >= 0, the longest request finite and > 0")
         numbers = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
         if min(self.max_inflight, self.max_inflight_tokens, *numbers) < 0 or not all(map(math.isfinite, numbers)):
             raise ValueError("fleet limits must be finite and >= 0")
@@ -85,14 +100,30 @@ class FleetPolicy:
     def any(self) -> bool:
         return bool(self.max_inflight or self.max_qps or self.max_inflight_tokens or self.max_tokens_per_s)
 
+    @property
+    def tail_s(self) -> tuple[float, float]:
+        """How long Redis keeps a lapsed entry reserved after its expiry: (everything, held
+        resources). Nothing under `local`, which reserves nothing."""
+        if self.unavailable == "local":
+            return 0.0, 0.0
+        hold = self.hold_s if self.unavailable == "hold" else 0.0
+        return hold, hold + self.max_request_s
+
+
+CLOCK_MARGIN = 1e-3
+"""The rate by which this replica's clock may run slow against Redis's (1000 ppm, ten times what
+an unsynchronised quartz drifts): the windows a lapse opens here (the hold, the cut) end this
+much earlier than the reservations Redis keeps for them."""
+
 
 class FleetState(StrEnum):
     """Where this replica's lease stands (`stats` and the logs)."""
 
     JOINING = "joining"  # no renewal has succeeded yet
     LEASED = "leased"
+    HOLDING = "holding"  # lapsed; --fleet-unavailable hold: the last shares, until the hold ends
+    CLOSED = "closed"  # lapsed (or never joined) and admitting nothing: every frame yields
     LOCAL = "local"  # lapsed; --fleet-unavailable local: the limit / the last known replica count
-    CLOSED = "closed"  # lapsed; --fleet-unavailable closed: every frame yields
 
 
 WAITING_MEMORY_S = 1.0
@@ -117,6 +148,7 @@ class Share:
         "largest",
         "fleet_usage",
         "fleet_want",
+        "fleet_granted",
         "refusal",
     )
 
@@ -129,6 +161,7 @@ class Share:
         self.largest = 1.0  # the largest request it refused since the last report (at least 1)
         self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
         self.fleet_want = 0.0
+        self.fleet_granted = 0.0  # what Redis keeps reserved for every replica, this one's share included
         self.refusal = Refusal(reason)
 
     def refuse(self, amount: float, hint_ms: int) -> Refusal:
@@ -264,23 +297,26 @@ class RateShare(Share):
 
 @dataclass(frozen=True, slots=True)
 class LeaseReply:
-    """What one renewal returned: the live replica count, and per resource (RESOURCES order) this
-    replica's share, the limit in force, the fleet's usage, the fleet's wants and this replica's
-    target (above its share while others still hold what it is owed)."""
+    """What one renewal returned: the live replica count, the lapsed replicas whose reservations
+    stand, and per resource (RESOURCES order) this replica's share, the limit in force, the
+    fleet's usage, the fleet's wants, this replica's target (above its share while others still
+    hold what it is owed) and what the others keep reserved."""
 
     replicas: int
+    lapsed: int
     shares: tuple[float, ...]
     limits: tuple[float, ...]
     usage: tuple[float, ...]
     wants: tuple[float, ...]
     targets: tuple[float, ...]
+    others: tuple[float, ...]
 
     @classmethod
     def parse(cls, raw: list[Any]) -> LeaseReply:
-        numbers = [float(x) for x in raw[1:]]
-        if len(numbers) != 5 * len(RESOURCES):
-            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 5 numbers, got {raw!r}")
-        return cls(int(raw[0]), *(tuple(numbers[i::5]) for i in range(5)))
+        numbers = [float(x) for x in raw[2:]]
+        if len(numbers) != 6 * len(RESOURCES):
+            raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 6 numbers, got {raw!r}")
+        return cls(int(raw[0]), int(raw[1]), *(tuple(numbers[i::6]) for i in range(6)))
 
 
 class FleetLease:
@@ -302,6 +338,10 @@ class FleetLease:
         "token_rate",
         "closed",
         "could_grow",
+        "lapsed",
+        "hold_until",
+        "cut_at",
+        "renewed_at",
         "_hints",
         "_others",
         "_reported_at",
@@ -315,7 +355,14 @@ class FleetLease:
         # fleet wants less than a limit (what this replica refuses now would raise its target).
         self.could_grow = True
         self.replicas = 1  # as of the last reply: the local fallback divides the limits by it
+        self.lapsed = 0  # as of the last reply: lapsed replicas whose reservations still stand
         self.valid_until = -math.inf  # the lease in force lapses here (monotonic seconds)
+        self.renewed_at = -math.inf  # when the renewal that granted it was sent
+        # Once it lapses (hold, closed): until when the fallback admits within the last shares, and
+        # when whatever still runs must be cancelled, so that nothing is in use here once Redis
+        # hands the reservation to the others. None: no cut (local, or nothing was ever admitted).
+        self.hold_until = -math.inf
+        self.cut_at: float | None = None
         self.next_renewal = now  # when the member sends its next renewal
         self.rtt_s = 0.0  # the last renewal's round trip
         self.inflight = HeldShare(YieldReason.FLEET_INFLIGHT, hints)
@@ -348,9 +395,15 @@ class FleetLease:
         """Live change of the fleet caps (SIGHUP), reported with the next renewal; the lease's
         timing and fallback stay as they started."""
         kept = self.policy
-        self.set_policy(
-            dataclasses.replace(policy, renew_s=kept.renew_s, lease_s=kept.lease_s, unavailable=kept.unavailable), now
+        timing = dataclasses.replace(
+            policy,
+            renew_s=kept.renew_s,
+            lease_s=kept.lease_s,
+            unavailable=kept.unavailable,
+            hold_s=kept.hold_s,
+            max_request_s=kept.max_request_s,
         )
+        self.set_policy(timing, now)
 
     @property
     def caps_tokens(self) -> bool:
@@ -369,8 +422,11 @@ class FleetLease:
             raise over_budget(ask, int(burst), "the --fleet-tokens-burst")
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
-        if now >= self.valid_until and self.state is FleetState.LEASED:
-            self.lapse(now)
+        state = self.state
+        if now >= self.valid_until and (
+            state is FleetState.LEASED or (state is FleetState.HOLDING and now >= self.hold_until)
+        ):
+            self._fall_back(now)
         if self.closed:
             return self._unavailable.at(self.renewal_hint(now))
         held = self.inflight
@@ -437,21 +493,24 @@ class FleetLease:
         """Apply a renewal's reply; True when a share shrank (the member confirms at once so
         that Redis frees the difference)."""
         self.replicas = max(1, reply.replicas)
+        self.lapsed = reply.lapsed
         self.rtt_s = now - sent_at
-        self.valid_until = sent_at + self.policy.lease_s
-        if now >= self.valid_until:
-            self._fall_back(now)
+        if now >= sent_at + self.policy.lease_s:
+            self.lapse(now)  # the lease it would renew ran out meanwhile: it grants nothing
             return False
+        self.valid_until = sent_at + self.policy.lease_s
+        self.renewed_at = sent_at
         self.state = FleetState.LEASED
         self.closed = False
+        self._set_tail()
         shrank = grow = False
-        for share, granted, usage, want, target in zip(
-            self.shares, reply.shares, reply.usage, reply.wants, reply.targets, strict=True
+        for share, granted, usage, want, target, others in zip(
+            self.shares, reply.shares, reply.usage, reply.wants, reply.targets, reply.others, strict=True
         ):
             shrank = shrank or granted < share.share
             grow = grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
             share.set_share(granted, now)
-            share.fleet_usage, share.fleet_want = usage, want
+            share.fleet_usage, share.fleet_want, share.fleet_granted = usage, want, others + granted
         self.could_grow = grow
         return shrank
 
@@ -460,23 +519,48 @@ class FleetLease:
         """Whether a fleet share refused a frame since the last report (the member renews early)."""
         return any(share.refusals for share in self.shares)
 
+    def _set_tail(self) -> None:
+        """When the lease in force would end its fallback and cut what runs, were it to lapse
+        (both reckoned from its own end, and a little early: CLOCK_MARGIN)."""
+        hold, release = self.policy.tail_s
+        slow = 1.0 - CLOCK_MARGIN
+        self.hold_until = self.renewed_at + (self.policy.lease_s + hold) * slow
+        cut_at = self.renewed_at + (self.policy.lease_s + release) * slow
+        self.cut_at = None if self.policy.unavailable == "local" else cut_at
+
     def lapse(self, now: float) -> None:
         """Apply the fallback if no lease is in force: the one in force ran out with no renewal
         (checked by every frame, and by the member after a failed renewal, so it shows even
-        without traffic), or the first renewal failed."""
-        if self.state is not FleetState.LEASED or now >= self.valid_until:
-            self._fall_back(now)
+        without traffic), or the first renewal failed; and close a hold that has ended."""
+        if self.state is FleetState.LEASED and now < self.valid_until:
+            return
+        if self.state is FleetState.HOLDING and now < self.hold_until:
+            return
+        self._fall_back(now)
 
     def _fall_back(self, now: float) -> None:
-        """No lease in force: the limits divided by the last known replica count, or nothing."""
-        closed = self.closed = self.policy.unavailable == "closed"
+        """No lease in force. `hold`: the last shares until the hold ends (Redis keeps them
+        reserved), then nothing; `closed`, or no lease ever: nothing; `local`: the limits
+        divided by the last known replica count."""
+        unavailable = self.policy.unavailable
+        if unavailable == "local":
+            self.closed = False
+            if self.state is not FleetState.JOINING:
+                self.state = FleetState.LOCAL
+            n = self.replicas
+            for share in (self.inflight, self.tokens):
+                share.set_share(share.limit // n, now)
+            for rate in (self.qps, self.token_rate):
+                rate.set_share(rate.limit / n, now)
+            return
+        if unavailable == "hold" and self.state is not FleetState.JOINING and now < self.hold_until:
+            self.state = FleetState.HOLDING  # its shares stay as the last reply left them
+            return
+        self.closed = True
         if self.state is not FleetState.JOINING:
-            self.state = FleetState.CLOSED if closed else FleetState.LOCAL
-        n = self.replicas
-        for share in (self.inflight, self.tokens):
-            share.set_share(0 if closed else share.limit // n, now)
-        for rate in (self.qps, self.token_rate):
-            rate.set_share(0.0 if closed else rate.limit / n, now)
+            self.state = FleetState.CLOSED
+        for closing in self.shares:
+            closing.set_share(0.0, now)
 
     def describe(self) -> dict[str, Any]:
         """The `stats` view: per resource the fleet limit, this replica's share and usage, and the
@@ -490,5 +574,6 @@ class FleetLease:
                     "used": round(share.used, 3),
                     "fleet_used": round(share.fleet_usage, 3),
                     "fleet_wants": round(share.fleet_want, 3),
+                    "fleet_granted": round(share.fleet_granted, 3),
                 }
-        return {"state": self.state.value, "replicas": self.replicas, "resources": resources_}
+        return {"state": self.state.value, "replicas": self.replicas, "lapsed": self.lapsed, "resources": resources_}

@@ -15,8 +15,11 @@ redis-py's asyncio client, one renewal at a time:
 
 Admission never waits for Redis: a slow or unreachable Redis only delays the next share, and the
 lease lapses on its own (FleetLease.check) when no renewal succeeded for `lease_s`. A failed
-renewal is retried every `renew_s`; the first success rejoins. On shutdown the replica deletes
-its entry so its share returns to the others at once instead of at its expiry.
+renewal is retried every `renew_s`; the first success rejoins. Each success also moves the *cut*:
+a timer at `FleetLease.cut_at`, when, were no other renewal to succeed, Redis would hand what this
+replica holds to the others; if it fires, every request still running here is cancelled
+(`on_cut`), so the fleet's cap holds through a partition however long. On shutdown the replica
+deletes its entry so its share returns to the others at once instead of at its expiry.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ log = logging.getLogger("governor.fleet")
 RENEWAL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 EARLY_FRACTION = 4  # an early renewal comes at most every renew_s / EARLY_FRACTION
 ERROR_LOG_INTERVAL_S = 10.0  # a Redis that stays unreachable is logged this often, not per renewal
+KEY_SUFFIX = "leases:v2"
+"""The fleet's hash is NAME:leases:v2: its entries carry the reservations' ends since v2, which
+replicas of earlier versions (NAME:leases) would misread; the two never share a key."""
 
 
 def default_member_id() -> str:
@@ -70,9 +76,10 @@ class FleetMember:
         lease: FleetLease,
         member_id: str = "",
         clock: Callable[[], float] = time.monotonic,
+        on_cut: Callable[[], int] = lambda: 0,
     ) -> None:
         self.url = redacted(url)
-        self.key = f"{name}:leases"
+        self.key = f"{name}:{KEY_SUFFIX}"
         self.member_id = member_id or default_member_id()
         self.lease = lease
         self._clock = clock
@@ -88,6 +95,9 @@ class FleetMember:
         self._script = self._redis.register_script(LEASE_SCRIPT)
         self.up = False  # the last renewal came back in time: a lease is in force
         self.renewals = {"ok": 0, "error": 0}
+        self.cuts = 0  # times the lease's reservation ran out here with requests cancelled
+        self._on_cut = on_cut
+        self._cut_timer: asyncio.TimerHandle | None = None
         self.renewal_seconds = Histogram(RENEWAL_BUCKETS)
         self._task: asyncio.Task[None] | None = None
         self._last_error_log = -float("inf")
@@ -97,7 +107,14 @@ class FleetMember:
         lease = self.lease
         sent = self._clock()
         lease.next_renewal = sent + lease.policy.renew_s
-        args: list[str | float] = [self.member_id, round(lease.policy.lease_s * 1000), len(RESOURCES)]
+        hold_s, release_s = lease.policy.tail_s
+        args: list[str | float] = [
+            self.member_id,
+            round(lease.policy.lease_s * 1000),
+            round(hold_s * 1000),
+            round((release_s - hold_s) * 1000),
+            len(RESOURCES),
+        ]
         args += lease.report(sent)
         try:
             raw = await self._script(keys=[self.key], args=args)
@@ -113,10 +130,38 @@ class FleetMember:
             self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
             return False
         self.renewals["ok"] += 1
+        self._schedule_cut(now)
         if not self.up or was is not FleetState.LEASED:
             log.info("event=fleet_joined key=%s member=%s replicas=%d", self.key, self.member_id, reply.replicas)
         self.up = True
         return shrank
+
+    def _schedule_cut(self, now: float) -> None:
+        """The cut, moved to the end of what the renewal just granted reserves."""
+        if self._cut_timer is not None:
+            self._cut_timer.cancel()
+            self._cut_timer = None
+        if self.lease.cut_at is not None:
+            self._cut_timer = asyncio.get_running_loop().call_later(self.lease.cut_at - now, self._cut)
+
+    def _cut(self) -> None:
+        """No renewal succeeded until Redis gives up what this replica holds: admit nothing more
+        and cancel what still runs."""
+        self._cut_timer = None
+        now = self._clock()
+        lease = self.lease
+        if lease.cut_at is None or now < lease.cut_at:
+            return
+        lease.lapse(now)
+        cancelled = self._on_cut()
+        self.cuts += 1
+        log.warning(
+            "event=fleet_lease_cut key=%s member=%s cancelled=%d lapsed_s=%.3f",
+            self.key,
+            self.member_id,
+            cancelled,
+            now - lease.valid_until,
+        )
 
     def _failed(self, exc: Exception) -> None:
         self.renewals["error"] += 1
@@ -133,6 +178,12 @@ class FleetMember:
             )
         self.up = False
 
+    def renewal_age_ms(self) -> float | None:
+        """How long ago the renewal that granted the lease in force (or the last one) was sent;
+        None before any succeeded."""
+        renewed = self.lease.renewed_at
+        return None if renewed == -float("inf") else round((self._clock() - renewed) * 1000, 1)
+
     def describe(self) -> dict[str, Any]:
         """The `stats` view: where the lease stands, its shares and the renewals."""
         return {
@@ -145,7 +196,11 @@ class FleetMember:
             "lease_ms": self.lease.policy.lease_s * 1000,
             "unavailable": self.lease.policy.unavailable,
             "renewal_ms": round(self.lease.rtt_s * 1000, 3),
+            "renewal_age_ms": self.renewal_age_ms(),
+            "hold_ms": self.lease.policy.hold_s * 1000,
+            "max_request_ms": self.lease.policy.max_request_s * 1000,
             "renewals": dict(self.renewals),
+            "cuts": self.cuts,
         }
 
     def start(self) -> None:
@@ -182,6 +237,8 @@ class FleetMember:
 
     async def close(self) -> None:
         """Leave the fleet: stop renewing and give the share back at once."""
+        if self._cut_timer is not None:
+            self._cut_timer.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -3,6 +3,7 @@ dict with a simulated clock, renewing real `FleetLease` objects; no Redis, no so
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from typing import Any
@@ -17,11 +18,20 @@ from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
 from governor.config import GovernorConfig
-from governor.fleet.lease import LEASE_SCRIPT, RESOURCES, FleetLease, FleetPolicy, FleetState, LeaseReply
+from governor.fleet.lease import (
+    CLOCK_MARGIN,
+    LEASE_SCRIPT,
+    RESOURCES,
+    FleetLease,
+    FleetPolicy,
+    FleetState,
+    LeaseReply,
+)
 from governor.fleet.member import redacted
 from govwire.errors import OverBudget
 from govwire.options import ConfigError
 from tests.fakes import make_state
+from tests.fleet_probe import reserved
 
 KEY = "fleet:leases"
 
@@ -33,20 +43,22 @@ class LuaRedis:
         self.lua = lua51.LuaRuntime()
         self.hash: dict[str, str] = {}
         self.now = 1000.0
+        self.step = 0.0  # how far Redis's wall clock was stepped (the replicas' clocks are monotonic)
         self._script = self.lua.execute(f"return function(KEYS, ARGV, redis)\n{LEASE_SCRIPT}\nend")
         self._redis = self.lua.table_from({"call": self._call})
 
     def _call(self, command: str, *args: str) -> Any:
         if command == "TIME":
-            micros = round(self.now * 1e6)
+            micros = round((self.now + self.step) * 1e6)
             return self.lua.table_from([str(micros // 1_000_000), str(micros % 1_000_000)])
         if command == "HGETALL":
             return self.lua.table_from([x for pair in self.hash.items() for x in pair])
         if command == "HDEL":
             return int(self.hash.pop(args[1], None) is not None)
         if command == "HSET":
-            self.hash[args[1]] = args[2]
-            return 1
+            pairs = args[1:]
+            self.hash.update(zip(pairs[::2], pairs[1::2], strict=True))
+            return len(pairs) // 2
         if command == "PEXPIRE":
             return 1
         raise AssertionError(f"lease.lua called {command}")
@@ -54,13 +66,15 @@ class LuaRedis:
     def renew(self, member: str, lease: FleetLease) -> LeaseReply:
         """What FleetMember.renew sends, run at `now`."""
         lease.next_renewal = self.now + lease.policy.renew_s
-        args = [member, round(lease.policy.lease_s * 1000), len(RESOURCES), *lease.report(self.now)]
+        hold_s, release_s = lease.policy.tail_s
+        header = [member, round(lease.policy.lease_s * 1000), round(hold_s * 1000), round((release_s - hold_s) * 1000)]
+        args = [*header, len(RESOURCES), *lease.report(self.now)]
         raw = self._script(self.lua.table_from([KEY]), self.lua.table_from([str(a) for a in args]), self._redis)
         return LeaseReply.parse(list(raw.values()))
 
     def held(self, resource: int) -> float:
         """The sum of what Redis keeps reserved for every entry (expired or not)."""
-        return sum(float(value.split()[1 + 4 * resource + 3]) for value in self.hash.values())
+        return reserved({k: v for k, v in self.hash.items() if k != "~clock"}, resource)
 
 
 def hints() -> RetryHintEstimator:
@@ -82,17 +96,22 @@ def admit(lease: FleetLease, now: float, cost: int = 1) -> Grant | Refusal:
 
 class Fleet(RuleBasedStateMachine):
     """Three replicas sharing an in-flight cap and a rate. Renewals run the script when sent and
-    reach the replica later (admissions and releases happen in between); replicas die; the clock
-    moves, never so far that a live replica's entry expires (that is a partition, where the cap is
-    knowingly given up: docs/operations.md)."""
+    reach the replica later (admissions and releases happen in between); replicas die; a replica
+    is cut off from Redis (its renewal in flight lost, whether the script ran or not) while it
+    goes on serving under its fallback, and heals. When its lease's reservation runs out, its
+    member cancels what still runs (`cut_at`). The clock moves, never so far that a connected
+    replica's lease lapses."""
 
     def __init__(self) -> None:
         super().__init__()
         self.redis = LuaRedis()
-        self.policy = FleetPolicy(max_inflight=7, max_qps=50.0, qps_burst=10.0, renew_s=0.25, lease_s=1.0)
+        self.policy = FleetPolicy(
+            max_inflight=7, max_qps=50.0, qps_burst=10.0, renew_s=0.25, lease_s=1.0, hold_s=0.5, max_request_s=0.75
+        )
         start = self.redis.now
         self.leases = [FleetLease(self.policy, hints(), start) for _ in range(3)]
         self.alive = [True] * 3
+        self.connected = [True] * 3
         self.grants: list[list[Grant]] = [[], [], []]
         self.pending: list[tuple[LeaseReply, float] | None] = [None] * 3
         for i in range(3):  # joined, as `serve` does before it listens
@@ -119,7 +138,7 @@ class Fleet(RuleBasedStateMachine):
 
     @rule(i=st.integers(0, 2))
     def send(self, i: int) -> None:
-        if self.alive[i] and self.pending[i] is None:
+        if self.alive[i] and self.connected[i] and self.pending[i] is None:
             self.pending[i] = (self.redis.renew(f"m{i}", self.leases[i]), self.redis.now)
 
     @rule(i=st.integers(0, 2))
@@ -139,31 +158,91 @@ class Fleet(RuleBasedStateMachine):
         self.grants[i] = []  # its requests died with it
         self.pending[i] = None
 
+    @precondition(lambda self: sum(a and c for a, c in zip(self.alive, self.connected, strict=True)) > 1)
+    @rule(i=st.integers(0, 2))
+    def cut_off(self, i: int) -> None:
+        self.connected[i] = False
+        self.pending[i] = None
+
+    @rule(i=st.integers(0, 2))
+    def heal(self, i: int) -> None:
+        """Its path to Redis is back: it renews at once (its member retries every period)."""
+        if self.alive[i] and not self.connected[i]:
+            self.connected[i] = True
+            self.send(i)
+            self.deliver(i)
+
     @rule(dt=st.floats(0.001, 0.3))
     def advance(self, dt: float) -> None:
-        live = [lease.valid_until for lease, alive in zip(self.leases, self.alive, strict=True) if alive]
-        if self.redis.now + dt < min(live):
-            self.redis.now += dt
+        for i, lease in enumerate(self.leases):  # the members' periodic renewals that are due
+            if self.alive[i] and self.connected[i] and self.pending[i] is None and lease.next_renewal <= self.redis.now:
+                self.send(i)
+                self.deliver(i)
+        now = self.redis.now + dt
+        renewing = zip(self.leases, self.alive, self.connected, strict=True)
+        if any(alive and connected and now >= lease.valid_until for lease, alive, connected in renewing):
+            return
+        for lease, grants in zip(self.leases, self.grants, strict=True):
+            if lease.cut_at is not None and now >= lease.cut_at and lease.state is not FleetState.LEASED:
+                for grant in grants:  # what FleetMember's cut does at cut_at
+                    grant.used = grant.ask.cost
+                    lease.release(grant, executed=False)
+                grants.clear()
+        self.redis.now = now
 
     @invariant()
     def grants_never_sum_over_the_limits(self) -> None:
+        now = self.redis.now
         live = [lease for lease, alive in zip(self.leases, self.alive, strict=True) if alive]
+        for lease in live:
+            lease.lapse(now)  # as the next frame's check would: the shares in force now
         assert sum(lease.inflight.holding for lease in live) <= self.policy.max_inflight
         assert sum(lease.inflight.share for lease in live) <= self.policy.max_inflight
         assert sum(lease.qps.share for lease in live) <= self.policy.max_qps + 1e-9
-        banked = sum(lease.qps.bucket.level(self.redis.now) for lease in live if lease.qps.bucket is not None)
+        banked = sum(lease.qps.bucket.level(now) for lease in live if lease.qps.bucket is not None)
         assert banked <= self.policy.qps_burst + 1e-9  # with the rates: <= burst + rate x T over any window
         assert self.redis.held(0) <= self.policy.max_inflight + 1e-9
 
     @invariant()
     def nothing_lapses_while_renewed(self) -> None:
-        assert all(
-            lease.state is FleetState.LEASED for lease, alive in zip(self.leases, self.alive, strict=True) if alive
-        )
+        renewing = zip(self.leases, self.alive, self.connected, strict=True)
+        assert all(lease.state is FleetState.LEASED for lease, alive, connected in renewing if alive and connected)
 
 
 Fleet.TestCase.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 TestFleet = Fleet.TestCase
+
+
+@pytest.mark.parametrize("unavailable", ["hold", "closed", "local"])
+def test_a_replica_cut_off_while_serving_never_takes_the_fleet_over_its_cap(unavailable: str) -> None:
+    """The partition the state machine rarely reaches by chance, walked through: all three
+    replicas hold requests, one is cut off from Redis, the other two want everything. Its
+    reservation stands until its member has cancelled what still ran (hold, closed); only then
+    does its capacity go to the others. `local` is the opt-in that gives the cap up."""
+    fleet = Fleet()
+    for lease in fleet.leases:
+        lease.policy = dataclasses.replace(lease.policy, unavailable=unavailable)
+        lease.set_policy(lease.policy, fleet.redis.now)
+    for _ in range(4):
+        for i in range(3):
+            fleet.admit(i, 3)
+        fleet.advance(0.2)
+    assert all(lease.inflight.holding for lease in fleet.leases)
+    fleet.cut_off(0)
+    cut_off, peak = fleet.leases[0], 0
+    while fleet.redis.now < cut_off.renewed_at + 4.0:
+        fleet.admit(1, 6)
+        fleet.admit(2, 6)
+        fleet.advance(0.05)
+        for lease in fleet.leases:
+            lease.lapse(fleet.redis.now)
+        peak = max(peak, sum(lease.inflight.holding for lease in fleet.leases))
+    if unavailable == "local":
+        assert peak > fleet.policy.max_inflight
+        return
+    assert peak <= fleet.policy.max_inflight
+    assert cut_off.state is FleetState.CLOSED and cut_off.inflight.holding == 0
+    assert sum(lease.inflight.share for lease in fleet.leases[1:]) == fleet.policy.max_inflight  # all back
 
 
 def offer(redis: LuaRedis, lease: FleetLease, clients: int, seconds: float, grants: list[Grant]) -> None:
@@ -224,9 +303,18 @@ def test_shares_follow_demand(demands: list[int], limit: int) -> None:
         assert sum(shares) >= limit - len(demands), (shares, demands, limit)
 
 
-def test_a_dead_replicas_share_returns_after_its_lease() -> None:
+@pytest.mark.parametrize(
+    ("unavailable", "tail_s"), [("hold", 2.0 + 3.0), ("closed", 3.0), ("local", 0.0)], ids=["hold", "closed", "local"]
+)
+def test_a_dead_replicas_share_returns_once_nothing_it_held_can_be_in_use(unavailable: str, tail_s: float) -> None:
+    """Redis cannot tell a dead replica from one cut off that still serves: what it held comes
+    back after its lease plus the hold (2 s) and the longest request (3 s) with `hold`, plus the
+    longest request with `closed`, and after the lease alone with `local` (which reserves
+    nothing) — within a renewal period of that, and not before."""
     redis = LuaRedis()
-    policy = FleetPolicy(max_inflight=30, renew_s=0.25, lease_s=1.0)
+    policy = FleetPolicy(
+        max_inflight=30, renew_s=0.25, lease_s=1.0, unavailable=unavailable, hold_s=2.0, max_request_s=3.0
+    )  # type: ignore[arg-type]
     leases = {f"m{i}": FleetLease(policy, hints(), redis.now) for i in range(3)}
     renew_all(redis, leases)
     dead = leases.pop("m0")
@@ -234,40 +322,75 @@ def test_a_dead_replicas_share_returns_after_its_lease() -> None:
     while len(grants) < 10:  # its load: 10 requests, held until it dies
         offer(redis, dead, 10 - len(grants), policy.renew_s, grants)
         renew_all(redis, {"m0": dead, **leases})
+    died = redis.now
     survivor, held = leases["m1"], []  # the survivor wants everything; m2 nothing
-    waited = 0.0
     while survivor.inflight.share < 30:
         offer(redis, survivor, 30 - len(held), policy.renew_s, held)
-        waited += policy.renew_s
         renew_all(redis, leases)
-        assert waited <= policy.lease_s + policy.renew_s, survivor.describe()
-    assert "m0" not in redis.hash  # dropped by the first renewal past its expiry
-    assert waited > policy.lease_s - policy.renew_s  # not before it expired: its slots were held
+        assert redis.now - died <= policy.lease_s + tail_s + policy.renew_s, survivor.describe()
+        if redis.now - died < policy.lease_s + tail_s - policy.renew_s:  # its slots still reserved
+            assert survivor.inflight.share <= 20 and survivor.inflight.fleet_granted <= 30
+    assert "m0" not in redis.hash  # dropped by the first renewal past its reservation
+    assert redis.now - died > policy.lease_s + tail_s - policy.renew_s
 
 
 # --- this replica's side -------------------------------------------------------------------------
 
 
-def test_after_a_failed_join_and_after_a_lapse_the_fallback_applies() -> None:
-    local = FleetLease(FleetPolicy(max_inflight=9, max_qps=30.0), hints(), 0.0)
-    assert local.state is FleetState.JOINING and local.inflight.share == 0
-    local.lapse(0.0)  # the first renewal failed
+def test_after_a_failed_join_nothing_is_admitted_but_under_local() -> None:
+    """No lease yet, no share to hold: `hold` and `closed` yield fleet_unavailable; `local`
+    enforces the limit over the one replica it knows of."""
+    for unavailable in ("hold", "closed"):
+        lease = FleetLease(FleetPolicy(max_inflight=9, unavailable=unavailable), hints(), 0.0)  # type: ignore[arg-type]
+        lease.lapse(0.0)  # the first renewal failed
+        refusal = lease.check(0.0, Ask())
+        assert isinstance(refusal, Refusal) and refusal.reason == "fleet_unavailable"
+        assert lease.state is FleetState.JOINING and lease.cut_at is None
+    local = FleetLease(FleetPolicy(max_inflight=9, max_qps=30.0, unavailable="local"), hints(), 0.0)
+    local.lapse(0.0)
     assert local.state is FleetState.JOINING and local.inflight.share == 9  # the limit / 1 replica
-    closed = FleetLease(FleetPolicy(max_inflight=9, unavailable="closed"), hints(), 0.0)
-    closed.lapse(0.0)
-    refusal = closed.check(0.0, Ask())
-    assert isinstance(refusal, Refusal) and refusal.reason == "fleet_unavailable"
 
+
+def two_replicas(policy: FleetPolicy) -> tuple[LuaRedis, FleetLease]:
+    """A replica leased beside another, both having renewed twice (shares settled)."""
     redis = LuaRedis()
-    other = FleetLease(local.policy, hints(), redis.now)
-    renew_all(redis, {"local": local, "other": other})
-    renew_all(redis, {"local": local, "other": other})
-    assert local.state is FleetState.LEASED and local.replicas == 2
-    assert local.check(redis.now + 0.5, Ask()) is None
-    local.lapse(redis.now + 0.99)
-    assert local.state is FleetState.LEASED
-    local.lapse(redis.now + 1.0)  # the lease ran out: each cap over the 2 replicas last seen
+    lease, other = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
+    renew_all(redis, {"me": lease, "other": other})
+    renew_all(redis, {"me": lease, "other": other})
+    assert lease.state is FleetState.LEASED and lease.replicas == 2
+    return redis, lease
+
+
+def test_a_lapse_holds_the_last_shares_then_closes_and_sets_the_cut() -> None:
+    policy = FleetPolicy(max_inflight=9, lease_s=1.0, hold_s=2.0, max_request_s=3.0)
+    redis, lease = two_replicas(policy)
+    now, share = redis.now, lease.inflight.share
+    assert share >= 1 and lease.check(now + 0.5, Ask()) is None
+    lease.lapse(now + 0.99)
+    assert lease.state is FleetState.LEASED
+    assert lease.cut_at == pytest.approx(now + 6.0 * (1 - CLOCK_MARGIN))
+    lease.lapse(now + 1.0)  # the lease ran out: the last shares, reserved in Redis for the hold
+    assert lease.state is FleetState.HOLDING and lease.inflight.share == share
+    assert lease.check(now + 2.9, Ask()) is None
+    refusal = lease.check(now + 3.0, Ask())  # the hold is over (a little early: CLOCK_MARGIN)
+    assert isinstance(refusal, Refusal) and refusal.reason == "fleet_unavailable"
+    assert lease.state is FleetState.CLOSED and lease.inflight.share == 0
+    renew_all(redis, {"me": lease})  # the path heals: it rejoins within what it kept reserved
+    assert lease.state is FleetState.LEASED and lease.inflight.share >= 1
+
+
+def test_closed_admits_nothing_once_lapsed_and_local_divides_the_caps() -> None:
+    closed_policy = FleetPolicy(max_inflight=9, max_qps=30.0, unavailable="closed", max_request_s=3.0)
+    redis, closed = two_replicas(closed_policy)
+    now = redis.now
+    assert closed.cut_at == pytest.approx(now + 4.0 * (1 - CLOCK_MARGIN))
+    refusal = closed.check(now + 1.0, Ask())
+    assert isinstance(refusal, Refusal) and refusal.reason == "fleet_unavailable"
+    assert closed.state is FleetState.CLOSED
+    redis, local = two_replicas(dataclasses.replace(closed_policy, unavailable="local"))
+    local.lapse(redis.now + 1.0)  # each cap over the 2 replicas last seen, unreserved: no cut
     assert local.state is FleetState.LOCAL and local.inflight.share == 4 and local.qps.share == 15.0
+    assert local.cut_at is None
 
 
 def test_a_reply_later_than_the_lease_it_renews_grants_nothing() -> None:
@@ -296,7 +419,7 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     assert lease.refusing and lease.could_grow  # the member renews early: the fleet has room
     zero = FleetLease(policy, hints(), now)
     zero.granted(
-        LeaseReply(3, (0.0, 0.0, 0.0, 0.0), (4, 10, 0, 0), (4, 0, 0, 0), (9, 20, 0, 0), (0, 0, 0, 0)), now, now
+        LeaseReply(3, 0, (0.0,) * 4, (4, 10, 0, 0), (4, 0, 0, 0), (9, 20, 0, 0), (0,) * 4, (4, 0, 0, 0)), now, now
     )
     zero.next_renewal = now + 0.2
     refusal = admit(zero, now)  # no share: come back when the next renewal may bring one
@@ -310,7 +433,9 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     next renewal, an exact wait in either mode."""
     hints = RetryHintEstimator(RetryHintPolicy(adaptive=False, jitter=0.0, base_ms=40), 32)
     lease = FleetLease(FleetPolicy(max_inflight=4, max_inflight_tokens=200), hints, 0.0)
-    lease.granted(LeaseReply(2, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0)), 0.0, 0.0)
+    lease.granted(
+        LeaseReply(2, 0, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0), (2, 0, 100, 0)), 0.0, 0.0
+    )
     lease.next_renewal = 0.2
     assert isinstance(admit(lease, 0.0, cost=80), Grant)
     told = []
@@ -322,7 +447,7 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     told.append((refusal.reason, refusal.hint_ms) if isinstance(refusal, Refusal) else None)
     assert told == [("fleet_tokens", 40), None, ("fleet_inflight", 40), ("fleet_inflight", 40)]
     empty = FleetLease(FleetPolicy(max_inflight=4), hints, 0.0)
-    empty.granted(LeaseReply(2, (0, 0, 0, 0), (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0, 0, 0, 0)), 0.0, 0.0)
+    empty.granted(LeaseReply(2, 0, (0,) * 4, (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0,) * 4, (4, 0, 0, 0)), 0.0, 0.0)
     empty.next_renewal = 0.2
     refusal = admit(empty, 0.0)  # no share at all: only the next renewal may bring one
     assert isinstance(refusal, Refusal) and (refusal.reason, refusal.hint_ms) == ("fleet_inflight", 200)
@@ -339,7 +464,8 @@ def test_token_shares_settle_with_the_real_cost() -> None:
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight_tokens=200, max_tokens_per_s=1000.0), hints(), redis.now)
     # Granted half of each (another replica holds the rest): 100 tokens held, 500 per second.
-    lease.granted(LeaseReply(2, (0, 500, 100, 500), (0, 0, 200, 1000), (0,) * 4, (0,) * 4, (0, 500, 100, 500)), 0, 0)
+    shares = (0, 500, 100, 500)
+    lease.granted(LeaseReply(2, 0, shares, (0, 0, 200, 1000), (0,) * 4, (0,) * 4, shares, shares), 0, 0)
     redis.now = 1.0
     grant = admit(lease, redis.now, cost=60)
     assert isinstance(grant, Grant) and lease.tokens.holding == 60
@@ -391,3 +517,32 @@ def test_a_reload_changes_the_fleet_caps_but_not_the_lease_timing() -> None:
     )
     with pytest.raises(OverBudget):  # the fleet token budget is checked from now on
         state.admission.decide(0.0, Ask(cost=101))
+
+
+def test_a_step_of_redis_clock_neither_expires_the_leases_nor_freezes_them() -> None:
+    """Redis's wall clock jumps an hour ahead, then two hours back: the fleet's clock (lease.lua)
+    moves at most a lease per renewal and never backwards, so the live replica's reservation is
+    not dropped by the jump ahead, and a dead one's still comes back in due time after the jump
+    back (about its lease and tail, counted in renewals)."""
+    redis = LuaRedis()
+    policy = FleetPolicy(max_inflight=8, renew_s=0.25, lease_s=1.0, unavailable="closed", max_request_s=1.0)
+    holder, taker = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
+    grants: list[Grant] = []
+    for _ in range(6):
+        offer(redis, holder, 5 - len(grants), policy.renew_s, grants)
+        renew_all(redis, {"holder": holder, "taker": taker})
+    assert len(grants) == 5
+    redis.step = 3600.0  # a step ahead, between two renewals
+    took: list[Grant] = []
+    offer(redis, taker, 8, policy.renew_s, took)
+    renew_all(redis, {"taker": taker})
+    assert taker.inflight.share <= 3 and redis.held(0) <= 8  # the holder's 5 still reserved
+    redis.step = -3600.0  # and back: the holder is now dead
+    renewals = 0
+    while taker.inflight.share < 8:
+        offer(redis, taker, 8 - len(took), policy.renew_s, took)
+        renew_all(redis, {"taker": taker})
+        renewals += 1
+        assert renewals * policy.renew_s <= policy.lease_s + policy.max_request_s + 2 * policy.renew_s
+    # Not before: the step ahead moved the fleet's clock by at most half a lease more than it should.
+    assert renewals * policy.renew_s >= policy.lease_s / 2 + policy.max_request_s - policy.renew_s

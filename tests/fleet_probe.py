@@ -1,0 +1,117 @@
+"""What the fleet tests and benchmark measure, from outside the replicas, every 10 ms:
+
+- `UpstreamWatch`: the requests the fleet's shared echo worker is running, from the statistics
+  it pushes to every link (started with `--stats-interval-s 0.01`). One process counts them, so
+  each sample is the whole fleet's concurrency at one instant, as the upstream the cap protects
+  sees it — unlike a sum of the replicas' own counts, read one after another.
+- `GrantWatch`: what Redis keeps reserved, summed over every replica's entry in the fleet's hash
+  (live or lapsed), per resource: the grants, which must never sum over the cap.
+
+Both run in a thread, from `start()` to `stop()`, and keep every sample (time, value).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import orjson
+import redis
+
+from governor.fleet.lease import RESOURCES
+from governor.fleet.member import KEY_SUFFIX
+
+SAMPLE_S = 0.01
+
+
+class UpstreamWatch:
+    """A link to the echo worker at `address` (HOST:PORT) reading its `~stats` pushes."""
+
+    def __init__(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        self._sock = socket.create_connection((host, int(port)), timeout=5)
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def start(self) -> UpstreamWatch:
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        buffer = b""
+        self._sock.settimeout(0.5)
+        while not self._stop.is_set():
+            try:
+                data = self._sock.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not data:
+                return
+            buffer += data
+            *lines, buffer = buffer.split(b"\n")
+            now = time.monotonic()
+            for line in lines:
+                if line:
+                    frame = orjson.loads(line)
+                    if frame.get("status") == "stats":
+                        self.samples.append((now, int(frame["running"])))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+    def peak(self, since: float = 0.0) -> int:
+        return max((n for t, n in self.samples if t >= since), default=0)
+
+    def mean(self, since: float, until: float = float("inf")) -> float:
+        window = [n for t, n in self.samples if since <= t < until]
+        return sum(window) / len(window) if window else 0.0
+
+
+CLOCK = (b"~clock", "~clock")  # the fleet's clock, beside the replicas' entries
+
+
+def reserved(entries: dict[Any, Any], resource: int = 0) -> float:
+    """What a fleet hash's entries keep reserved of `resource` (RESOURCES order): each entry is
+    "EXPIRY HOLD RELEASE" then per resource "LIMIT WANT HELD USAGE" (governor/fleet/lease.lua)."""
+    return sum(float(value.split()[3 + 4 * resource + 2]) for field, value in entries.items() if field not in CLOCK)
+
+
+class GrantWatch:
+    """Samples the fleet `name`'s hash in the Redis on `port` every 10 ms."""
+
+    def __init__(self, port: int, name: str = "governor") -> None:
+        self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        self.key = f"{name}:{KEY_SUFFIX}"
+        self.samples: list[tuple[float, tuple[float, ...], int]] = []  # (time, reserved per resource, entries)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def start(self) -> GrantWatch:
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            try:
+                entries = self._client.hgetall(self.key)
+            except redis.RedisError:  # Redis down for a while: no sample
+                time.sleep(SAMPLE_S)
+                continue
+            per_resource = tuple(reserved(entries, r) for r in range(len(RESOURCES)))
+            self.samples.append((time.monotonic(), per_resource, len(entries)))
+            time.sleep(SAMPLE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._client.close()
+
+    def peak(self, resource: int = 0) -> float:
+        return max((s[1][resource] for s in self.samples), default=0.0)
