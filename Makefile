@@ -51,15 +51,16 @@ apt-tools:
 	@$(MAKE) --no-print-directory redis-server
 	@$(MAKE) --no-print-directory deploy-tools
 
-# The fleet tests start a real redis-server (or valkey-server) on loopback. Where neither is on the
-# PATH it is installed from the distribution's package (Debian/Ubuntu: apt, as root or with sudo).
+# The fleet tests start a real redis-server (or valkey-server) on loopback, and step one replica's
+# wall clock with libfaketime (Debian's faketime). Where either is missing it is installed from the
+# distribution's packages (Debian/Ubuntu: apt, as root or with sudo).
 redis-server:
-	@command -v redis-server >/dev/null || command -v valkey-server >/dev/null || { \
+	@{ command -v redis-server >/dev/null || command -v valkey-server >/dev/null; } && command -v faketime >/dev/null || { \
 		if ! command -v apt-get >/dev/null; then \
-			echo "the fleet tests need redis-server or valkey-server on the PATH: install one" >&2; exit 1; fi; \
+			echo "the fleet tests need redis-server (or valkey-server) and faketime on the PATH: install them" >&2; exit 1; fi; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
 		$$sudo apt-get update -qq && \
-		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server >/dev/null; }
+		$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server faketime >/dev/null; }
 
 # promtool and prometheus for the deploy/ checks (tests/deploy_tools.py): Debian's `prometheus`
 # package, unpacked into .tools/ rather than installed, so no service starts and no package is

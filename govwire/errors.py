@@ -127,6 +127,7 @@ ERRORS_BY_CODE: dict[str, type[GovernorError]] = {
         WorkerUnavailable,
         WorkerLost,
         DeadlineExceeded,
+        FleetLeaseLost,
         InternalError,
         TooManyConnections,
         IdleTimeout,

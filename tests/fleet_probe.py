@@ -7,21 +7,27 @@
 - `GrantWatch`: what Redis keeps reserved, summed over every replica's entry in the fleet's hash
   (live or lapsed), per resource: the grants, which must never sum over the cap.
 
-Both run in a thread, from `start()` to `stop()`, and keep every sample (time, value).
+Both run in a thread, from `start()` to `stop()`, and keep every sample (time, value). And the
+load they measure: `FleetLoad`, closed-loop clients spread over the replicas.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import orjson
 import redis
 
+from governor.client import AsyncClient, Yielded
+from governor.client.retry import NO_RETRY
 from governor.fleet.lease import RESOURCES
 from governor.fleet.member import KEY_SUFFIX
+from govwire.errors import GovernorError
 
 SAMPLE_S = 0.01
 
@@ -79,8 +85,8 @@ CLOCK = (b"~clock", "~clock")  # the fleet's clock, beside the replicas' entries
 
 def reserved(entries: dict[Any, Any], resource: int = 0) -> float:
     """What a fleet hash's entries keep reserved of `resource` (RESOURCES order): each entry is
-    "EXPIRY HOLD RELEASE" then per resource "LIMIT WANT HELD USAGE" (governor/fleet/lease.lua)."""
-    return sum(float(value.split()[3 + 4 * resource + 2]) for field, value in entries.items() if field not in CLOCK)
+    "EXPIRY HOLD RELEASE SEQ" then per resource "LIMIT WANT HELD USAGE" (governor/fleet/lease.lua)."""
+    return sum(float(value.split()[4 + 4 * resource + 2]) for field, value in entries.items() if field not in CLOCK)
 
 
 class GrantWatch:
@@ -89,7 +95,7 @@ class GrantWatch:
     def __init__(self, port: int, name: str = "governor") -> None:
         self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
         self.key = f"{name}:{KEY_SUFFIX}"
-        self.samples: list[tuple[float, tuple[float, ...], int]] = []  # (time, reserved per resource, entries)
+        self.samples: list[tuple[float, tuple[float, ...], int]] = []  # (time, reserved per resource, replicas)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -105,7 +111,8 @@ class GrantWatch:
                 time.sleep(SAMPLE_S)
                 continue
             per_resource = tuple(reserved(entries, r) for r in range(len(RESOURCES)))
-            self.samples.append((time.monotonic(), per_resource, len(entries)))
+            replicas = sum(1 for field in entries if field not in CLOCK)
+            self.samples.append((time.monotonic(), per_resource, replicas))
             time.sleep(SAMPLE_S)
 
     def stop(self) -> None:
@@ -115,3 +122,48 @@ class GrantWatch:
 
     def peak(self, resource: int = 0) -> float:
         return max((s[1][resource] for s in self.samples), default=0.0)
+
+
+class FleetLoad:
+    """Closed-loop clients in one background thread: `clients[port]` of them on the replica at that
+    port, each sending a generate of `max_new_tokens`, and after a yield waiting for its hint.
+    Counts what each replica did (`done[port]`, `yielded[reason]`, `failed[code]`); a lost
+    connection is retried after 50 ms (a replica restarting), counted in `failed["connection"]`."""
+
+    def __init__(self, clients: dict[int, int], max_new_tokens: int) -> None:
+        self.clients, self.max_new_tokens = clients, max_new_tokens
+        self.done: Counter[int] = Counter()
+        self.done_at: list[tuple[float, int]] = []  # (time, port) of each completion
+        self.yielded: Counter[str] = Counter()
+        self.failed: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> FleetLoad:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._client(port) for port, n in self.clients.items() for _ in range(n)))
+
+    async def _client(self, port: int) -> None:
+        while not self._stop.is_set():
+            try:
+                async with AsyncClient(port=port, retry=NO_RETRY, timeout=30) as client:
+                    while not self._stop.is_set():
+                        try:
+                            await client.generate("fleet", max_new_tokens=self.max_new_tokens)
+                            self.done[port] += 1
+                            self.done_at.append((time.monotonic(), port))
+                        except Yielded as exc:
+                            self.yielded[exc.reason] += 1
+                            await asyncio.sleep(exc.retry_hint_ms / 1000)
+                        except GovernorError as exc:
+                            self.failed[exc.code] += 1
+            except (OSError, ConnectionError, TimeoutError):
+                self.failed["connection"] += 1
+                await asyncio.sleep(0.05)

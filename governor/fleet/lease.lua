@@ -2,28 +2,36 @@
 -- allocation, so no two replicas ever decide on the same free capacity. The rules are in
 -- governor/fleet/lease.py's docstring and docs/operations.md ("Fleet").
 --
--- KEYS[1]  the fleet's hash: one field per replica, "EXPIRY_MS HOLD_MS RELEASE_MS" (absolute, in
---          Redis's clock) then, per resource, "LIMIT WANT HELD USAGE" (space-separated numbers).
+-- KEYS[1]  the fleet's hash: one field per replica, "EXPIRY_MS HOLD_MS RELEASE_MS SEQ" (absolute,
+--          in the fleet's clock; the renewal that wrote it) then, per resource, "LIMIT WANT HELD
+--          USAGE" (space-separated numbers).
 --          Before EXPIRY the replica is live; until HOLD what it held stays reserved (a lapsed
 --          replica may still admit within its last share); until RELEASE a held resource stays
 --          reserved (its requests may still run); then the entry is dropped. And the field
 --          "~clock": "TIME_MS FLEET_MS", the fleet's clock (below) as of the last renewal.
--- ARGV     member id, lease TTL (ms), hold (ms after the expiry), release (ms after the hold),
---          resource count k, then per resource six numbers: limit (0 = not limited), usage (what
+-- ARGV     member id, renewal number (rising: a renewal the replica gave up on that reaches Redis
+--          after a later one changes nothing), lease TTL (ms), hold (ms after the expiry),
+--          release (ms after the hold), resource count k, then per resource six numbers: limit (0 = not limited), usage (what
 --          it holds now: requests or tokens; 0 for rates), want (its demand), applied (the share
 --          it enforces until this reply reaches it), held (1 for a held resource whose grants are
 --          whole numbers, 0 for a rate), least (the smallest useful share: one request; a replica
 --          that wants any gets at least this much while it is free, or a proportional part under
 --          1 would starve it).
--- Returns  the live replica count, the lapsed replicas whose reservations stand, then per
+-- Returns  {-1} for a renewal older than the last one run (the replica gave up on it), else
+--          the live replica count, the lapsed replicas whose reservations stand, then per
 --          resource six strings (Lua numbers would be truncated to integers on the way out): its
 --          new share, the fleet limit in force, the fleet's usage, the sum of the fleet's wants,
 --          its target (more than its share while the others still hold what it is owed), and
 --          what the others keep reserved (live or lapsed).
 local HEADROOM = 0.05
-local key, me = KEYS[1], ARGV[1]
-local ttl, hold, release, k = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local key, me, seq = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local ttl, hold, release, k = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local entries = redis.call('HGETALL', key)
+for i = 1, #entries, 2 do
+  if entries[i] == me and tonumber(string.match(entries[i + 1], '^%S+ %S+ %S+ (%S+)')) >= seq then
+    return { -1 }
+  end
+end
 
 -- The fleet's clock, in which every expiry is written: Redis's TIME, but advancing by at most half
 -- a lease between two renewals and never backwards, so that a step of Redis's wall clock (or a
@@ -43,7 +51,7 @@ end
 local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
 local wants, others_held, usages = {}, {}, {}
 for r = 1, k do
-  local at = 5 + (r - 1) * 6
+  local at = 6 + (r - 1) * 6
   limit[r] = tonumber(ARGV[at + 1])
   usage[r] = tonumber(ARGV[at + 2])
   want[r] = tonumber(ARGV[at + 3])
@@ -69,7 +77,7 @@ for i = 1, #entries, 2 do
       if live then replicas = replicas + 1 else lapsed = lapsed + 1 end
       if v[3] > last then last = v[3] end
       for r = 1, k do
-        local at = 3 + (r - 1) * 4
+        local at = 4 + (r - 1) * 4
         if live then
           local l = v[at + 1] or 0
           if limit[r] > 0 and l > 0 and l < limit[r] then limit[r] = l end
@@ -84,7 +92,7 @@ for i = 1, #entries, 2 do
   end
 end
 
-local stored = { tostring(now + ttl), tostring(now + ttl + hold), tostring(now + ttl + hold + release) }
+local stored = { tostring(now + ttl), tostring(now + ttl + hold), tostring(now + ttl + hold + release), ARGV[2] }
 local reply = { replicas, lapsed }
 for r = 1, k do
   local share, held, target = 0, 0, 0

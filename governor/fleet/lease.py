@@ -313,6 +313,8 @@ class LeaseReply:
 
     @classmethod
     def parse(cls, raw: list[Any]) -> LeaseReply:
+        if len(raw) == 1 and int(raw[0]) == -1:
+            raise ValueError("Redis had run a later renewal of this replica's (this one came late)")
         numbers = [float(x) for x in raw[2:]]
         if len(numbers) != 6 * len(RESOURCES):
             raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 6 numbers, got {raw!r}")
@@ -428,7 +430,11 @@ class FleetLease:
         ):
             self._fall_back(now)
         if self.closed:
-            return self._unavailable.at(self.renewal_hint(now))
+            # Counted as waiting on the in-flight share, so that the renewal that rejoins asks for
+            # what waits here rather than for nothing.
+            hint_ms = self.renewal_hint(now)
+            self.inflight.refuse(1, hint_ms)
+            return self._unavailable.at(hint_ms)
         held = self.inflight
         if held.limit:
             cap = held.share * ask.ceiling

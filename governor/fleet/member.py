@@ -85,11 +85,14 @@ class FleetMember:
         self._clock = clock
         policy = lease.policy
         # Errors must surface at once (the lease, not the client, decides how long to keep
-        # trying): no retries, and no wait longer than the lease itself.
+        # trying): no retries, and no read or connection attempt waits longer than a period.
+        # A renewal lost in a partition then gives way to the next within a period, so a
+        # replica rejoins within about a period of the path healing; the renewal it gave up on
+        # changes nothing should it still reach Redis (the script ignores older renewals).
         self._redis = redis.from_url(
             url,
-            socket_timeout=policy.lease_s,
-            socket_connect_timeout=policy.lease_s,
+            socket_timeout=policy.renew_s,
+            socket_connect_timeout=policy.renew_s,
             retry=Retry(NoBackoff(), 0),
         )
         self._script = self._redis.register_script(LEASE_SCRIPT)
@@ -98,6 +101,7 @@ class FleetMember:
         self.cuts = 0  # times the lease's reservation ran out here with requests cancelled
         self._on_cut = on_cut
         self._cut_timer: asyncio.TimerHandle | None = None
+        self._seq = 0  # renewals sent: the script ignores one that reaches it after a later one
         self.renewal_seconds = Histogram(RENEWAL_BUCKETS)
         self._task: asyncio.Task[None] | None = None
         self._last_error_log = -float("inf")
@@ -108,8 +112,10 @@ class FleetMember:
         sent = self._clock()
         lease.next_renewal = sent + lease.policy.renew_s
         hold_s, release_s = lease.policy.tail_s
+        self._seq += 1
         args: list[str | float] = [
             self.member_id,
+            self._seq,
             round(lease.policy.lease_s * 1000),
             round(hold_s * 1000),
             round((release_s - hold_s) * 1000),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import socket
@@ -137,20 +138,25 @@ class Governor:
 def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
     started: list[Governor] = []
 
-    def start(*flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True) -> Governor:
+    names = itertools.count()
+
+    def start(
+        *flags: str, worker_args: tuple[str, ...] = (), wait_ready: bool = True, env: dict[str, str] | None = None
+    ) -> Governor:
         """A governor; unless flags name an external --worker (or a --config file, which names its
-        endpoints), it spawns one running `worker_args` (the echo engine unless they choose another)."""
+        endpoints), it spawns one running `worker_args` (the echo engine unless they choose another).
+        `env` is added to its environment. Safe to call from several threads at once."""
         port, metrics_port = free_ports(2)
-        log = tmp_path / f"governor-{len(started)}.log"
+        log = tmp_path / f"governor-{next(names)}.log"
         argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
         if "--worker" in flags or "--config" in flags:
             argv += flags
         else:
             engine = () if "--engine" in worker_args else ("--engine", "echo")
             argv += [*flags, "--", *engine, *worker_args]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with log.open("wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment)
         governor = Governor(proc, port, metrics_port, log)
         started.append(governor)
 

@@ -44,6 +44,7 @@ class LuaRedis:
         self.hash: dict[str, str] = {}
         self.now = 1000.0
         self.step = 0.0  # how far Redis's wall clock was stepped (the replicas' clocks are monotonic)
+        self.seq = 0  # renewals sent (one counter for every replica: rising for each of them)
         self._script = self.lua.execute(f"return function(KEYS, ARGV, redis)\n{LEASE_SCRIPT}\nend")
         self._redis = self.lua.table_from({"call": self._call})
 
@@ -67,7 +68,9 @@ class LuaRedis:
         """What FleetMember.renew sends, run at `now`."""
         lease.next_renewal = self.now + lease.policy.renew_s
         hold_s, release_s = lease.policy.tail_s
-        header = [member, round(lease.policy.lease_s * 1000), round(hold_s * 1000), round((release_s - hold_s) * 1000)]
+        self.seq += 1
+        header = [member, self.seq, round(lease.policy.lease_s * 1000), round(hold_s * 1000)]
+        header.append(round((release_s - hold_s) * 1000))
         args = [*header, len(RESOURCES), *lease.report(self.now)]
         raw = self._script(self.lua.table_from([KEY]), self.lua.table_from([str(a) for a in args]), self._redis)
         return LeaseReply.parse(list(raw.values()))
@@ -546,3 +549,16 @@ def test_a_step_of_redis_clock_neither_expires_the_leases_nor_freezes_them() -> 
         assert renewals * policy.renew_s <= policy.lease_s + policy.max_request_s + 2 * policy.renew_s
     # Not before: the step ahead moved the fleet's clock by at most half a lease more than it should.
     assert renewals * policy.renew_s >= policy.lease_s / 2 + policy.max_request_s - policy.renew_s
+
+
+def test_a_renewal_that_reaches_redis_after_a_later_one_changes_nothing() -> None:
+    """The member gives up on a renewal after a period and sends the next; should the one given up
+    on still reach Redis afterwards, the script leaves the entry as the later one wrote it."""
+    redis = LuaRedis()
+    lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    entry = redis.hash["m"]
+    redis.seq -= 1  # the renewal before the last one, arriving late
+    with pytest.raises(ValueError, match="later renewal"):
+        redis.renew("m", lease)
+    assert redis.hash["m"] == entry
