@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.admission.priority import CeilingPolicy
 from governor.admission.tenant import TenantLimits, parse_tenant
 from governor.fleet.lease import FleetPolicy
+from governor.fleet.redis_url import FleetRedis
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option
@@ -105,8 +106,9 @@ class GovernorConfig:
     )
     fleet: str = option(
         "",
-        "redis://[[USER]:PASSWORD@]HOST:PORT/DB (rediss:// for TLS): share the --fleet-* caps with every governor"
-        " using this Redis and --fleet-name, each enforcing a lease renewed in the background",
+        "redis://[[USER]:PASSWORD@]HOST:PORT/DB (rediss:// for TLS), or redis+sentinel://HOST:PORT[,...]/SERVICE"
+        " (the primary Redis Sentinel names): share the --fleet-* caps with every governor using this Redis and"
+        " --fleet-name, each enforcing a lease renewed in the background",
         metavar="URL",
     )
     fleet_name: str = option("governor", "the fleet's key prefix in Redis: replicas with the same name share caps")
@@ -136,6 +138,11 @@ class GovernorConfig:
         10.0,
         "with --fleet-unavailable hold: how long a lapsed replica admits within its last shares (Redis keeps them"
         " reserved that long): size it to your Redis failover time",
+    )
+    fleet_replica_acks: int = option(
+        0,
+        "Redis replicas that must have a renewal (WAIT) before a share it grew is applied, so that a failover"
+        " cannot lose a grant in use; 0 = none (a failover may lose the last renewals' growth)",
     )
     fleet_max_request_s: float = option(
         30.0,
@@ -302,11 +309,11 @@ class GovernorConfig:
             raise ConfigError("--fleet needs a fleet cap: --fleet-max-inflight, --fleet-max-qps or a token one")
         if policy.any and not self.fleet:
             raise ConfigError("the --fleet-max-* caps are shared through Redis: give its --fleet URL")
-        if self.fleet and not self.fleet.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError("--fleet must be a redis://, rediss:// or unix:// URL")
+        if self.fleet_replica_acks < 0:
+            raise ConfigError("--fleet-replica-acks must be >= 0")
         if self.fleet:
             try:
-                password = unquote(urlsplit(self.fleet).password or "")
+                password = FleetRedis.parse(self.fleet).password or ""
             except ValueError as exc:  # e.g. an unclosed [IPv6] host
                 raise ConfigError(f"--fleet: {exc}") from None
             if password.startswith(PLACEHOLDER_PREFIX):

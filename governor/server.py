@@ -413,7 +413,9 @@ class Server:
             return
         lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
         state.admission.join_fleet(lease)
-        member = FleetMember(config.fleet, config.fleet_name, lease, on_cut=lambda: _cut_fleet(state))
+        member = FleetMember(
+            config.fleet, config.fleet_name, lease, on_cut=lambda: _cut_fleet(state), acks=config.fleet_replica_acks
+        )
         stack.push_async_callback(member.close)
         if not await member.join(lease.policy.lease_s):
             log.warning(

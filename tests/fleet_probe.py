@@ -90,10 +90,12 @@ def reserved(entries: dict[Any, Any], resource: int = 0) -> float:
 
 
 class GrantWatch:
-    """Samples the fleet `name`'s hash in the Redis on `port` every 10 ms."""
+    """Samples the fleet `name`'s hash in the Redis on each of `ports` every 10 ms (a primary and
+    its replicas: each sample is the most any of those that answer holds reserved, so a grant
+    counts whichever node a failover promotes)."""
 
-    def __init__(self, port: int, name: str = "governor") -> None:
-        self._client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+    def __init__(self, *ports: int, name: str = "governor") -> None:
+        self._clients = [redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.2) for port in ports]
         self.key = f"{name}:{KEY_SUFFIX}"
         self.samples: list[tuple[float, tuple[float, ...], int]] = []  # (time, reserved per resource, replicas)
         self._stop = threading.Event()
@@ -105,20 +107,23 @@ class GrantWatch:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            try:
-                entries = self._client.hgetall(self.key)
-            except redis.RedisError:  # Redis down for a while: no sample
-                time.sleep(SAMPLE_S)
-                continue
-            per_resource = tuple(reserved(entries, r) for r in range(len(RESOURCES)))
-            replicas = sum(1 for field in entries if field not in CLOCK)
-            self.samples.append((time.monotonic(), per_resource, replicas))
+            views = []
+            for client in self._clients:
+                try:
+                    views.append(client.hgetall(self.key))
+                except redis.RedisError:  # that node down for a while
+                    continue
+            if views:
+                per_resource = tuple(max(reserved(v, r) for v in views) for r in range(len(RESOURCES)))
+                replicas = max(sum(1 for field in v if field not in CLOCK) for v in views)
+                self.samples.append((time.monotonic(), per_resource, replicas))
             time.sleep(SAMPLE_S)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        self._client.close()
+        for client in self._clients:
+            client.close()
 
     def peak(self, resource: int = 0) -> float:
         return max((s[1][resource] for s in self.samples), default=0.0)

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import redis
 
@@ -42,10 +43,12 @@ def free_ports(count: int) -> list[int]:
 
 class RedisServer:
     """`start()` runs the server on `port` (a free one by default); `stop()` kills it; starting
-    it again serves the same port, empty (no persistence), as a restarted Redis would."""
+    it again serves the same port, empty (no persistence), as a restarted Redis would. With
+    `replica_of`, it replicates the server on that port."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, replica_of: int | None = None) -> None:
         self.port = port or free_port()
+        self.replica_of = replica_of
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -54,6 +57,8 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        if self.replica_of is not None:
+            argv += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         while True:
@@ -86,3 +91,52 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class SentinelServer:
+    """One Redis Sentinel (the server binary in sentinel mode, as Debian's redis-sentinel runs it)
+    watching the primary on `primary_port` as `service`, quorum 1, declaring it down after
+    `down_after_ms`. Its config file, which Sentinel rewrites, lives in `directory`."""
+
+    def __init__(self, primary_port: int, directory: Path, service: str = "fleet", down_after_ms: int = 500) -> None:
+        self.port = free_port()
+        self.service = service
+        self.config = directory / f"sentinel-{self.port}.conf"
+        self.config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\n"
+            f"sentinel monitor {service} 127.0.0.1 {primary_port} 1\n"
+            f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+            f"sentinel failover-timeout {service} 5000\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{self.service}"
+
+    def start(self, timeout: float = 10.0) -> SentinelServer:
+        self.proc = subprocess.Popen(
+            [server_binary(), str(self.config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.primary() is not None:
+                    return self
+            except redis.ConnectionError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sentinel did not start on port {self.port}")
+            time.sleep(0.02)
+
+    def primary(self) -> int | None:
+        """The port of the primary it names now."""
+        with redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2) as client:
+            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+        return int(address[1]) if address else None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None

@@ -495,9 +495,10 @@ class FleetLease:
             self._reported_at = now
         return [x for share in self.shares for x in share.report(now, elapsed)]
 
-    def granted(self, reply: LeaseReply, sent_at: float, now: float) -> bool:
+    def granted(self, reply: LeaseReply, sent_at: float, now: float, grow: bool = True) -> bool:
         """Apply a renewal's reply; True when a share shrank (the member confirms at once so
-        that Redis frees the difference)."""
+        that Redis frees the difference). Without `grow` (too few Redis replicas acknowledged
+        it) a share may shrink but not grow: Redis keeps what it granted reserved meanwhile."""
         self.replicas = max(1, reply.replicas)
         self.lapsed = reply.lapsed
         self.rtt_s = now - sent_at
@@ -509,15 +510,17 @@ class FleetLease:
         self.state = FleetState.LEASED
         self.closed = False
         self._set_tail()
-        shrank = grow = False
+        shrank = could_grow = False
         for share, granted, usage, want, target, others in zip(
             self.shares, reply.shares, reply.usage, reply.wants, reply.targets, reply.others, strict=True
         ):
+            if not grow:
+                granted = min(granted, share.share)
             shrank = shrank or granted < share.share
-            grow = grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
+            could_grow = could_grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
             share.set_share(granted, now)
             share.fleet_usage, share.fleet_want, share.fleet_granted = usage, want, others + granted
-        self.could_grow = grow
+        self.could_grow = could_grow
         return shrank
 
     @property

@@ -35,10 +35,12 @@ from typing import Any
 
 import redis.asyncio as redis
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from governor.fleet.lease import LEASE_SCRIPT, RESOURCES, FleetLease, FleetState, LeaseReply
+from governor.fleet.redis_url import FleetRedis
 from governor.latency import Histogram
 
 log = logging.getLogger("governor.fleet")
@@ -56,18 +58,32 @@ def default_member_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def redacted(url: str) -> str:
-    """The Redis URL without its password, for logs and `stats`."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return f"{scheme}{sep}{user + ':' if user else ':'}***@{host}"
+def connect(where: FleetRedis, timeout_s: float) -> redis.Redis:
+    """A client of the fleet's Redis: errors surface at once (the lease, not the client, decides
+    how long to keep trying): no retries, and no read or connection waits longer than
+    `timeout_s`. With Sentinel, every new connection asks the sentinels for the primary, so the
+    renewals follow a failover."""
+    timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if not where.sentinels:
+        return redis.from_url(where.url, retry=Retry(NoBackoff(), 0), **timeouts)
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(where.sentinels), sentinel_kwargs={**timeouts, "password": where.sentinel_password}, **timeouts
+    )
+    primary: redis.Redis = sentinel.master_for(
+        where.service,
+        db=where.db,
+        username=where.username,
+        password=where.password,
+        retry=Retry(NoBackoff(), 0),
+        **timeouts,
+    )
+    return primary
 
 
 class FleetMember:
-    """Renews `lease` in the Redis at `url` under the key prefix `name`."""
+    """Renews `lease` in the Redis at `url` under the key prefix `name`. With `acks` > 0 each
+    renewal also waits (WAIT, at most half a period) for that many Redis replicas to have it, and
+    a share it grew is applied only once they have: a failover then cannot lose a grant in use."""
 
     def __init__(
         self,
@@ -77,25 +93,22 @@ class FleetMember:
         member_id: str = "",
         clock: Callable[[], float] = time.monotonic,
         on_cut: Callable[[], int] = lambda: 0,
+        acks: int = 0,
     ) -> None:
-        self.url = redacted(url)
+        where = FleetRedis.parse(url)
+        self.url = where.redacted()
         self.key = f"{name}:{KEY_SUFFIX}"
         self.member_id = member_id or default_member_id()
         self.lease = lease
         self._clock = clock
-        policy = lease.policy
-        # Errors must surface at once (the lease, not the client, decides how long to keep
-        # trying): no retries, and no read or connection attempt waits longer than a period.
-        # A renewal lost in a partition then gives way to the next within a period, so a
-        # replica rejoins within about a period of the path healing; the renewal it gave up on
-        # changes nothing should it still reach Redis (the script ignores older renewals).
-        self._redis = redis.from_url(
-            url,
-            socket_timeout=policy.renew_s,
-            socket_connect_timeout=policy.renew_s,
-            retry=Retry(NoBackoff(), 0),
-        )
+        # No wait longer than a period: a renewal lost in a partition gives way to the next
+        # within a period, so a replica rejoins within about a period of the path healing; the
+        # renewal it gave up on changes nothing should it still reach Redis (the script ignores
+        # older renewals).
+        self._redis = connect(where, lease.policy.renew_s)
         self._script = self._redis.register_script(LEASE_SCRIPT)
+        self.acks = acks
+        self.unacked = 0  # renewals whose growth was not applied: too few replicas had it in time
         self.up = False  # the last renewal came back in time: a lease is in force
         self.renewals = {"ok": 0, "error": 0}
         self.cuts = 0  # times the lease's reservation ran out here with requests cancelled
@@ -123,7 +136,13 @@ class FleetMember:
         ]
         args += lease.report(sent)
         try:
-            raw = await self._script(keys=[self.key], args=args)
+            if self.acks:
+                pipe = self._redis.pipeline(transaction=False)
+                await self._script(keys=[self.key], args=args, client=pipe)
+                pipe.execute_command("WAIT", self.acks, max(1, round(lease.policy.renew_s * 500)))
+                raw, acked = await pipe.execute()
+            else:
+                raw, acked = await self._script(keys=[self.key], args=args), 0
             reply = LeaseReply.parse(raw)
         except (RedisError, OSError, ValueError) as exc:
             self._failed(exc)
@@ -131,7 +150,10 @@ class FleetMember:
         now = self._clock()
         self.renewal_seconds.observe(now - sent)
         was = lease.state
-        shrank = lease.granted(reply, sent, now)
+        durable = int(acked) >= self.acks
+        if not durable:
+            self.unacked += 1
+        shrank = lease.granted(reply, sent, now, grow=durable)
         if lease.state is not FleetState.LEASED:  # the reply came after the lease it renewed ran out
             self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
             return False
@@ -206,6 +228,8 @@ class FleetMember:
             "hold_ms": self.lease.policy.hold_s * 1000,
             "max_request_ms": self.lease.policy.max_request_s * 1000,
             "renewals": dict(self.renewals),
+            "acks": self.acks,
+            "unacked": self.unacked,
             "cuts": self.cuts,
         }
 

@@ -17,7 +17,7 @@ import pytest
 from tests.fault_proxy import FaultProxy
 from tests.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
 from tests.integration.conftest import Governor, Worker
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import RedisServer, SentinelServer, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -207,3 +207,59 @@ def test_a_replica_whose_wall_clock_steps_keeps_its_lease_and_grants_nothing_twi
     assert load.done[stepped.port] > 0 and not load.failed, load.failed
     renewals = stepped.stats()["fleet"]["renewals"]
     assert renewals["error"] == 0 and renewals["ok"] >= 6 / RENEW_S * 0.8, renewals
+
+
+def test_a_sentinel_failover_under_load_keeps_every_replica_admitting_within_the_cap(
+    start_governor: Callable[..., Governor], start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    """Redis with two replicas and a Sentinel; three loaded governor replicas reach it through
+    `redis+sentinel://` and apply a grown share only once a Redis replica has it
+    (`--fleet-replica-acks 1`). The primary is SIGKILLed: Sentinel promotes a replica, the
+    governors follow it and renew there, and through it all every governor goes on admitting
+    (the hold covers the failover) while the upstream and every Redis node's grants stay within
+    the cap."""
+    cap = 8
+    primary = RedisServer().start()
+    replicas = [RedisServer(replica_of=primary.port).start() for _ in range(2)]
+    nodes = [primary, *replicas]
+    try:
+        deadline = time.monotonic() + 10
+        while any(n.client().info("replication").get("master_link_status") != "up" for n in replicas):
+            assert time.monotonic() < deadline, "the Redis replicas did not sync"
+            time.sleep(0.05)
+        sentinel = SentinelServer(primary.port, tmp_path).start()
+        worker = shared_worker(start_worker)
+        flags = ("--fleet-max-inflight", str(cap), "--fleet-replica-acks", "1")
+        governors = start_replicas(start_governor, worker, [sentinel.url] * 3, *flags)
+        upstream = UpstreamWatch(worker.address).start()
+        grants = GrantWatch(*(node.port for node in nodes)).start()
+        states: list[str] = []
+        with FleetLoad({g.port: 6 for g in governors}, max_new_tokens=5) as load:
+            time.sleep(1.5)
+            primary.stop()
+            killed = time.monotonic()
+            deadline = killed + 15
+            while time.monotonic() < deadline:
+                states += [g.stats()["fleet"]["state"] for g in governors]
+                if sentinel.primary() != primary.port and all(
+                    g.stats()["fleet"]["state"] == "leased" for g in governors
+                ):
+                    break
+                time.sleep(0.05)
+            recovered = time.monotonic()
+            time.sleep(1.0)
+        upstream.stop()
+        grants.stop()
+        sentinel.stop()
+    finally:
+        for node in nodes:
+            node.stop()
+    assert recovered - killed < 15, "the governors did not all renew on the promoted primary"
+    assert "closed" not in states, "a governor stopped admitting during the failover"
+    assert upstream.peak() <= cap, f"the upstream ran {upstream.peak()} at once, over the fleet cap of {cap}"
+    assert grants.peak() <= cap, f"a Redis node held {grants.peak()} granted, over the fleet cap of {cap}"
+    for governor in governors:  # admitting throughout: completions in every half second
+        times = [t for t, port in load.done_at if port == governor.port and killed - 0.5 <= t <= recovered]
+        gaps = [b - a for a, b in zip([killed - 0.5, *times], [*times, recovered], strict=True)]
+        assert max(gaps) < 0.5, f"replica on {governor.port} admitted nothing for {max(gaps):.2f} s"
+    assert not load.failed, load.failed

@@ -27,7 +27,7 @@ from governor.fleet.lease import (
     FleetState,
     LeaseReply,
 )
-from governor.fleet.member import redacted
+from governor.fleet.redis_url import FleetRedis
 from govwire.errors import OverBudget
 from govwire.options import ConfigError
 from tests.fakes import make_state
@@ -496,6 +496,12 @@ def test_token_shares_settle_with_the_real_cost() -> None:
         ({"fleet": "redis://:replace-me-with-a-random-one@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
         ({"fleet": "redis://app:replace%2Dme-x@h/0", "fleet_max_inflight": 8}, "shipped placeholder"),
         ({"fleet": "redis://:pw@[::1/0", "fleet_max_inflight": 8}, "--fleet: Invalid IPv6 URL"),
+        ({"fleet": "redis+sentinel://s1:26379", "fleet_max_inflight": 8}, "name the service"),
+        ({"fleet": "redis+sentinel://s1/mymaster", "fleet_max_inflight": 8}, "a sentinel is HOST:PORT"),
+        ({"fleet": "redis+sentinel://s1:1/m?db=2", "fleet_max_inflight": 8}, "only sentinel_password"),
+        ({"fleet": "redis+sentinel://:replace-me-x@s1:1/m", "fleet_max_inflight": 8}, "shipped placeholder"),
+        ({"fleet": "redis://h/0", "fleet_max_inflight": 8, "fleet_replica_acks": -1}, "acks must be >= 0"),
+        ({"fleet": "redis://h/0", "fleet_max_inflight": 8, "fleet_max_request_s": 0.0}, "longest request"),
     ],
 )
 def test_fleet_configuration_errors(flags: dict[str, Any], message: str) -> None:
@@ -504,9 +510,17 @@ def test_fleet_configuration_errors(flags: dict[str, Any], message: str) -> None
 
 
 def test_urls_are_logged_without_their_password() -> None:
+    def redacted(url: str) -> str:
+        return FleetRedis.parse(url).redacted()
+
     assert redacted("redis://:s3cret@redis:6379/0") == "redis://:***@redis:6379/0"
     assert redacted("rediss://app:s3cret@redis:6380/1") == "rediss://app:***@redis:6380/1"
     assert redacted("redis://redis:6379/0") == "redis://redis:6379/0"
+    sentinel = "redis+sentinel://app:s3cret@s1:26379,[::1]:26380/mymaster/2?sentinel_password=t0p"
+    assert redacted(sentinel) == "redis+sentinel://app:***@s1:26379,[::1]:26380/mymaster/2"
+    where = FleetRedis.parse(sentinel)
+    assert where.sentinels == (("s1", 26379), ("::1", 26380)) and where.service == "mymaster" and where.db == 2
+    assert (where.username, where.password, where.sentinel_password) == ("app", "s3cret", "t0p")
 
 
 def test_a_reload_changes_the_fleet_caps_but_not_the_lease_timing() -> None:
@@ -562,3 +576,22 @@ def test_a_renewal_that_reaches_redis_after_a_later_one_changes_nothing() -> Non
     with pytest.raises(ValueError, match="later renewal"):
         redis.renew("m", lease)
     assert redis.hash["m"] == entry
+
+
+def test_a_renewal_too_few_redis_replicas_acknowledged_may_shrink_a_share_but_not_grow_it() -> None:
+    """--fleet-replica-acks: a grant not yet on enough Redis replicas could be lost in a failover,
+    so the share stays as it was until one that is; a smaller share applies at once."""
+    redis = LuaRedis()
+    lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    assert lease.inflight.share == 1  # alone and wanting nothing: a request of headroom
+    grants: list[Grant] = []
+    offer(redis, lease, 6, lease.policy.renew_s, grants)  # six want in
+    lease.granted(redis.renew("m", lease), redis.now, redis.now, grow=False)
+    assert lease.inflight.share == 1 and lease.could_grow
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    assert lease.inflight.share >= 6
+    grown = lease.inflight.share
+    smaller = LeaseReply(1, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
+    assert lease.granted(smaller, redis.now, redis.now, grow=False)  # shrank: confirmed at once
+    assert lease.inflight.share == 2 < grown
