@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from governor.admission.adaptive_limit import AdaptiveMode
 from governor.admission.appointments import OUTCOMES
 from governor.admission.tally import Tally
-from governor.fleet.lease import RESOURCES
+from governor.fleet.lease import RESOURCES, FleetState
 from governor.fleet.member import FleetMember
 from governor.latency import HINT_BUCKETS, Histogram
 from governor.links.openai_link import OpenAILink
@@ -286,14 +286,29 @@ def _fleet_families(
     )
     state = GaugeMetricFamily(
         "governor_fleet_lease_state",
-        "1 for the lease's state: leased, joining, or lapsed into the --fleet-unavailable fallback (local, closed).",
+        "1 for the lease's state, 0 for the others: leased, joining, or lapsed into the --fleet-unavailable"
+        " fallback (holding, closed, local).",
         labels=["state"],
     )
-    state.add_metric([lease.state.value], 1)
+    for each in FleetState:  # every state, 1 for the current one (a state set: selectors always match)
+        state.add_metric([each.value], int(each is lease.state))
     yield state
     yield GaugeMetricFamily(
         "governor_fleet_replicas", "Live replicas of the fleet, as of the last renewal.", lease.replicas
     )
+    yield GaugeMetricFamily(
+        "governor_fleet_lapsed_replicas",
+        "Replicas whose lease lapsed but whose reservation Redis still keeps (dead, or cut off from Redis and"
+        " perhaps still serving), as of the last renewal.",
+        lease.lapsed,
+    )
+    age_ms = member.renewal_age_ms()
+    if age_ms is not None:
+        yield GaugeMetricFamily(
+            "governor_fleet_renewal_age_seconds",
+            "Since the last successful lease renewal was sent; the lease lapses when it reaches --fleet-lease-ms.",
+            age_ms / 1000,
+        )
     families = {
         "limit": GaugeMetricFamily("governor_fleet_limit", "The fleet-wide cap in force.", labels=["resource"]),
         "share": GaugeMetricFamily(
@@ -316,6 +331,12 @@ def _fleet_families(
             "What the whole fleet asks for (usage plus refused demand), as of this replica's last renewal.",
             labels=["resource"],
         ),
+        "fleet_granted": GaugeMetricFamily(
+            "governor_fleet_granted",
+            "What Redis keeps reserved over every replica (their grants, lapsed ones included), as of this"
+            " replica's last renewal: never above governor_fleet_limit.",
+            labels=["resource"],
+        ),
     }
     for resource, share in zip(RESOURCES, lease.shares, strict=True):
         if share.limit:
@@ -324,6 +345,7 @@ def _fleet_families(
             families["used"].add_metric([resource], share.used)
             families["fleet_used"].add_metric([resource], share.fleet_usage)
             families["fleet_wants"].add_metric([resource], share.fleet_want)
+            families["fleet_granted"].add_metric([resource], share.fleet_granted)
     yield from families.values()
     renewals = CounterMetricFamily(
         "governor_fleet_renewals", "Lease renewals sent to Redis, by result.", labels=["result"]
@@ -331,6 +353,18 @@ def _fleet_families(
     for result, n in sorted(member.renewals.items()):
         renewals.add_metric([result], n)
     yield renewals
+    yield CounterMetricFamily(
+        "governor_fleet_cuts",
+        "Times the lease stayed lapsed past its reservation in Redis and the requests still running were"
+        " cancelled (fleet_lease_lost).",
+        member.cuts,
+    )
+    yield CounterMetricFamily(
+        "governor_fleet_unacked_renewals",
+        "Renewals that too few Redis replicas acknowledged in time (--fleet-replica-acks): a share they grew"
+        " was not applied.",
+        member.unacked,
+    )
     h = member.renewal_seconds
     yield HistogramMetricFamily(
         "governor_fleet_renewal_seconds",

@@ -97,12 +97,20 @@ def _fleet_lines(after: dict[str, Any]) -> list[str]:
         f"fleet {fleet.get('key')} at {fleet.get('url')}: {up}, {state}, {fleet.get('replicas')} replicas,"
         f" renewal {fleet.get('renewal_ms', 0):.1f} ms"
     ]
-    if state in ("local", "closed"):
-        lines[0] += f" (lapsed: --fleet-unavailable {state})"
+    age = fleet.get("renewal_age_ms")
+    if age is not None:
+        lines[0] += f", renewed {age:.0f} ms ago"
+    if state in ("holding", "local", "closed"):
+        lines[0] += f" (lapsed: --fleet-unavailable {fleet.get('unavailable', state)}, now {state})"
+    if fleet.get("lapsed"):
+        lines[0] += f"; {fleet['lapsed']} lapsed replica(s) still reserved"
+    if fleet.get("cuts"):
+        lines[0] += f"; requests cut {fleet['cuts']} time(s)"
     for name, r in (fleet.get("resources") or {}).items():
+        granted = f", granted {r['fleet_granted']:g}" if "fleet_granted" in r else ""
         lines.append(
             f"  {name}: share {r['share']:g} of {r['limit']:g}, using {r['used']:g};"
-            f" fleet using {r['fleet_used']:g}, wanting {r['fleet_wants']:g}"
+            f" fleet using {r['fleet_used']:g}, wanting {r['fleet_wants']:g}{granted}"
         )
     return lines
 

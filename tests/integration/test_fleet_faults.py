@@ -86,7 +86,9 @@ def test_a_partitioned_replica_never_takes_the_fleet_over_its_cap_and_rejoins_wi
             cut_off.wait_until(lambda: cut_off.stats()["fleet"]["state"] != "leased", 3, "the lapse")
             lapsed = time.monotonic()
             done_before = load.done[cut_off.port]
-            time.sleep(3.0)
+            watcher = others[0]  # the others see its reservation stand
+            watcher.wait_until(lambda: watcher.stats()["fleet"]["lapsed"] == 1, 2, "a lapsed replica, reserved")
+            time.sleep(max(0.0, lapsed + 3.0 - time.monotonic()))
             served_while_cut = load.done[cut_off.port] - done_before
             proxy.set("pass")
             healed = time.monotonic()
@@ -119,6 +121,7 @@ def test_a_partitioned_replica_never_takes_the_fleet_over_its_cap_and_rejoins_wi
     for governor in others:
         assert governor.stats()["fleet"]["state"] == "leased"
     assert "event=fleet_lease_cut" in cut_off.log.read_text()  # past its reservation: nothing left running
+    assert cut_off.metrics()[("governor_fleet_cuts_total", ())] == 1
 
 
 def test_sixteen_replicas_share_one_cap_under_skew_and_never_exceed_it(

@@ -307,19 +307,31 @@ def test_a_real_snapshot_renders_the_fleet_lease() -> None:
     # The keys the fleet lines read are the ones FleetMember.describe() writes into stats.
     state = make_state(max_inflight=8)
     assert "fleet" not in render_status(state.snapshot(), state.snapshot(), 1.0)
-    lease = FleetLease(FleetPolicy(max_inflight=64, max_qps=300.0, unavailable="closed"), state.admission.hints, 0.0)
-    state.fleet = FleetMember("redis://:secret@redis:6379/0", "inference", lease, member_id="pod-a")
+    lease = FleetLease(FleetPolicy(max_inflight=64, max_qps=300.0, hold_s=2.0), state.admission.hints, 0.0)
+    clock = [0.5]
+    state.fleet = FleetMember(
+        "redis://:secret@redis:6379/0", "inference", lease, member_id="pod-a", clock=lambda: clock[0]
+    )
+    shares = (20.0, 90.0, 0, 0)
     lease.granted(
-        LeaseReply(3, (20.0, 90.0, 0, 0), (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), (20, 90, 0, 0)), 0.0, 0.001
+        LeaseReply(3, 1, shares, (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), shares, (40, 200, 0, 0)), 0.0, 0.001
     )
     text = render_status(state.snapshot(), state.snapshot(), 1.0)
-    assert "fleet inference:leases at redis://:***@redis:6379/0: DOWN (no lease renewed), leased, 3 replicas," in text
-    assert "  inflight: share 20 of 64, using 0; fleet using 50, wanting 70\n" in text
-    assert "  qps: share 90 of 300, using 0; fleet using 250, wanting 400\n" in text
-    lease.lapse(5.0)
-    assert "closed, 3 replicas, renewal 1.0 ms (lapsed: --fleet-unavailable closed)" in render_status(
-        state.snapshot(), state.snapshot(), 1.0
+    head = "fleet inference:leases:v2 at redis://:***@redis:6379/0: DOWN (no lease renewed), leased, 3 replicas,"
+    assert head in text
+    assert "renewed 500 ms ago; 1 lapsed replica(s) still reserved\n" in text
+    assert "  inflight: share 20 of 64, using 0; fleet using 50, wanting 70, granted 60\n" in text
+    assert "  qps: share 90 of 300, using 0; fleet using 250, wanting 400, granted 290\n" in text
+    clock[0] = 1.5
+    lease.lapse(1.5)
+    text = render_status(state.snapshot(), state.snapshot(), 1.0)
+    assert (
+        "holding, 3 replicas, renewal 1.0 ms, renewed 1500 ms ago (lapsed: --fleet-unavailable hold, now holding)"
+        in text
     )
+    lease.lapse(3.5)
+    text = render_status(state.snapshot(), state.snapshot(), 1.0)
+    assert "(lapsed: --fleet-unavailable hold, now closed)" in text
 
 
 def test_retry_hint_outcomes_show_over_the_interval_only_when_clients_came_back() -> None:
