@@ -144,13 +144,20 @@ class FleetLoad:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
 
-    def __enter__(self) -> FleetLoad:
+    def start(self) -> FleetLoad:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """The clients stop once their request in flight ends."""
         self._stop.set()
         self._thread.join(30)
+
+    def __enter__(self) -> FleetLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     async def _main(self) -> None:
         await asyncio.gather(*(self._client(port) for port, n in self.clients.items() for _ in range(n)))

@@ -126,25 +126,63 @@ class FleetState(StrEnum):
     LOCAL = "local"  # lapsed; --fleet-unavailable local: the limit / the last known replica count
 
 
-WAITING_MEMORY_S = 1.0
-"""How long a measure of the clients waiting on a share is remembered (it decays by e over this
-time, and a higher measure replaces it at once): a client told to wait longer than a renewal
-period refuses nothing while it waits, and must not vanish from its replica's demand meanwhile."""
+class WaitLedger:
+    """How many clients wait on a share, integrated over time: a refused client waits from its
+    refusal until its hint runs out (when it comes back and, refused again, waits anew), so the
+    count is a step function, +amount at the refusal and -amount when its hint ends. `take`
+    returns its integral since the last call (amount-seconds), exactly to a slot: a client told
+    to wait longer than a renewal period counts in every period it waits through, and one that
+    does not come back stops counting when its hint ends — a replica whose clients left asks for
+    nothing a period later. O(1) per refusal (a dict keyed by the slot its wait ends in); the
+    slots passed are swept lazily."""
+
+    SLOT_S = 0.005
+
+    __slots__ = ("_slot", "_count", "_area", "_ends")
+
+    def __init__(self) -> None:
+        self._slot = 0  # the slot swept up to (time / SLOT_S)
+        self._count = 0.0  # waiting now
+        self._area = 0.0  # since the last `take`
+        self._ends: dict[int, float] = {}  # slot -> amount whose wait ends there
+
+    def _sweep(self, now: float) -> None:
+        target = int(now / self.SLOT_S)
+        if not self._ends:  # nobody waits: nothing to integrate
+            self._slot = target
+            return
+        ends, slot, count, area = self._ends, self._slot, self._count, self._area
+        while slot < target:
+            slot += 1
+            area += count * self.SLOT_S
+            if slot in ends:
+                count -= ends.pop(slot)
+                if not ends:
+                    count, slot = 0.0, target
+        self._slot, self._count, self._area = slot, max(0.0, count), area
+
+    def add(self, now: float, amount: float, wait_s: float) -> None:
+        self._sweep(now)
+        self._count += amount
+        end = max(self._slot + 1, int((now + wait_s) / self.SLOT_S))
+        self._ends[end] = self._ends.get(end, 0.0) + amount
+
+    def take(self, now: float) -> float:
+        self._sweep(now)
+        area, self._area = self._area, 0.0
+        return area
 
 
 class Share:
-    """This replica's share of one fleet limit, and what it measures for the next renewal: what
-    its refusals told clients to wait. Summed over a period, the waits handed out divided by the
-    period are how many wait here on average (each waiting client's successive hints cover the
-    time it waits), whatever the hints were computed from; rising at once, decaying over
-    WAITING_MEMORY_S."""
+    """This replica's share of one fleet limit, and what it measures for the next renewal: how
+    many clients its refusals told to wait, on average over the period (WaitLedger), whatever
+    the hints were computed from."""
 
     __slots__ = (
         "limit",
         "share",
         "refusals",
-        "waited",
-        "backlog",
+        "ledger",
         "largest",
         "fleet_usage",
         "fleet_want",
@@ -156,30 +194,27 @@ class Share:
         self.limit: float = 0  # the fleet limit; 0 = not shared
         self.share = 0.0  # the lease: what this replica enforces now
         self.refusals = 0  # frames the share refused since the last report
-        self.waited = 0.0  # and the waits they were told, x their amount (unit-milliseconds)
-        self.backlog = 0.0  # how much waits here, as of the last measured period
+        self.ledger = WaitLedger()  # and the clients they told to wait, over time
         self.largest = 1.0  # the largest request it refused since the last report (at least 1)
         self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
         self.fleet_want = 0.0
         self.fleet_granted = 0.0  # what Redis keeps reserved for every replica, this one's share included
         self.refusal = Refusal(reason)
 
-    def refuse(self, amount: float, hint_ms: int) -> Refusal:
+    def refuse(self, now: float, amount: float, hint_ms: int) -> Refusal:
         """Count a refusal of `amount` told to come back in `hint_ms`, and return it."""
         self.refusals += 1
-        self.waited += amount * hint_ms
+        self.ledger.add(now, amount, hint_ms / 1000.0)
         if amount > self.largest:
             self.largest = amount
         refusal = self.refusal
         refusal.hint_ms = hint_ms
         return refusal
 
-    def waiting(self, elapsed_s: float) -> float:
-        """How much waits here: what waited on average over the period that ends, or what waited
-        before, decayed, if that is more; a new period starts."""
-        self.backlog = max(self.waited / (elapsed_s * 1000.0), self.backlog * math.exp(-elapsed_s / WAITING_MEMORY_S))
-        self.refusals, self.waited, self.largest = 0, 0.0, 1.0
-        return self.backlog
+    def waiting(self, now: float, elapsed_s: float) -> float:
+        """How much waited here on average over the period that ends now; a new period starts."""
+        self.refusals, self.largest = 0, 1.0
+        return self.ledger.take(now) / elapsed_s
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
         """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
@@ -230,16 +265,16 @@ class HeldShare(Share):
         if self.holding + amount <= self.share * ceiling:
             return None
         if not self.holding:
-            return self.refuse(amount, lease.renewal_hint(now))
+            return self.refuse(now, amount, lease.renewal_hint(now))
         excess = self.holding + amount - self.share * ceiling
-        return self.refuse(amount, self.drain.hint_ms(now, excess, amount, self.holding))
+        return self.refuse(now, amount, self.drain.hint_ms(now, excess, amount, self.holding))
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
         """It wants what it holds plus what waited for it; its least share holds the largest
         request it refused."""
         least = self.largest
         if elapsed_s > 0:
-            self.want = self.holding + self.waiting(elapsed_s)
+            self.want = self.holding + self.waiting(now, elapsed_s)
         return self.limit, self.holding, self.want, self.share, 1, least
 
 
@@ -265,10 +300,10 @@ class RateShare(Share):
         keeps); its hint, the bucket's refill, or the next renewal when its share is too small."""
         bucket = self.bucket
         if bucket is None:
-            return self.refuse(amount, lease.renewal_hint(now))
+            return self.refuse(now, amount, lease.renewal_hint(now))
         floor = (1.0 - ceiling) * bucket.burst  # what a class ceiling keeps in the bucket
         if bucket.level(now) - amount < floor:
-            return self.refuse(amount, hint_of(bucket.appointment_s(now, amount + floor)))
+            return self.refuse(now, amount, hint_of(bucket.appointment_s(now, amount + floor)))
         return None
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
@@ -277,7 +312,7 @@ class RateShare(Share):
         least = self.limit * self.largest / self.burst if self.burst else 0.0
         if elapsed_s > 0:
             self.rate = max(0.0, self.admitted) / elapsed_s
-            self.want = self.rate + self.waiting(elapsed_s) / elapsed_s
+            self.want = self.rate + self.waiting(now, elapsed_s) / elapsed_s
             self.admitted = 0.0
         return self.limit, 0.0, self.want, self.share, 0, least
 
@@ -433,7 +468,7 @@ class FleetLease:
             # Counted as waiting on the in-flight share, so that the renewal that rejoins asks for
             # what waits here rather than for nothing.
             hint_ms = self.renewal_hint(now)
-            self.inflight.refuse(1, hint_ms)
+            self.inflight.refuse(now, 1, hint_ms)
             return self._unavailable.at(hint_ms)
         held = self.inflight
         if held.limit:
@@ -447,9 +482,9 @@ class FleetLease:
                 # the share is full.)
                 hints = self._hints
                 if not held.holding or cap < 1 or (not hints.service_time_s and hints.policy.adaptive):
-                    return held.refuse(1, self.renewal_hint(now))
+                    return held.refuse(now, 1, self.renewal_hint(now))
                 deficit = held.holding + 1 - math.floor(cap)
-                return held.refuse(1, hints.hint_ms(now, deficit * hints.capacity / held.share))
+                return held.refuse(now, 1, hints.hint_ms(now, deficit * hints.capacity / held.share))
         for share, by_cost in self._others:
             refusal = share.over(now, ask.cost if by_cost else 1, ask.ceiling, self)
             if refusal is not None:

@@ -178,7 +178,10 @@ class FleetMember:
         self._cut_timer = None
         now = self._clock()
         lease = self.lease
-        if lease.cut_at is None or now < lease.cut_at:
+        if lease.cut_at is None:
+            return
+        if now < lease.cut_at:  # the loop's timers may run a little early by this clock (uvloop: ms)
+            self._cut_timer = asyncio.get_running_loop().call_later(lease.cut_at - now + 0.001, self._cut)
             return
         lease.lapse(now)
         cancelled = self._on_cut()

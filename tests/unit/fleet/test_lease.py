@@ -26,6 +26,7 @@ from governor.fleet.lease import (
     FleetPolicy,
     FleetState,
     LeaseReply,
+    WaitLedger,
 )
 from governor.fleet.redis_url import FleetRedis
 from govwire.errors import OverBudget
@@ -283,7 +284,7 @@ def test_shares_follow_demand(demands: list[int], limit: int) -> None:
     policy = FleetPolicy(max_inflight=limit)
     leases = {f"m{i}": FleetLease(policy, hints(), redis.now) for i in range(len(demands))}
     held: dict[str, list[Grant]] = {member: [] for member in leases}
-    for _ in range(16):  # 4 s: the memory of how many waited (lease.WAITING_MEMORY_S) fades
+    for _ in range(16):  # 4 s: the shares settle
         start = redis.now
         for (member, lease), demand in zip(leases.items(), demands, strict=True):
             while held[member]:  # a new period: every request of the last one ended
@@ -595,3 +596,33 @@ def test_a_renewal_too_few_redis_replicas_acknowledged_may_shrink_a_share_but_no
     smaller = LeaseReply(1, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
     assert lease.granted(smaller, redis.now, redis.now, grow=False)  # shrank: confirmed at once
     assert lease.inflight.share == 2 < grown
+
+
+def test_the_wait_ledger_counts_each_client_until_its_hint_ends() -> None:
+    """Two clients told to wait 600 ms and one 100 ms, at t=10 s: over the periods of 250 ms that
+    follow, 2 + 1 wait, then 2, then 2 for 100 ms of the 250; then nobody, at once."""
+    ledger = WaitLedger()
+    ledger.take(10.0)
+    ledger.add(10.0, 2, 0.6)
+    ledger.add(10.0, 1, 0.1)
+    periods = [ledger.take(10.0 + 0.25 * k) / 0.25 for k in range(1, 5)]
+    assert periods == pytest.approx([2 + 1 * 0.1 / 0.25, 2.0, 2 * 0.1 / 0.25, 0.0], abs=0.05)
+
+
+def test_a_replica_whose_clients_left_asks_for_nothing_a_period_later() -> None:
+    """Its share refused six clients with short hints, then they went elsewhere: the next full
+    period reports no waiting demand (no memory that outlives the hints)."""
+    redis = LuaRedis()
+    lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    grants: list[Grant] = []
+    offer(redis, lease, 6, lease.policy.renew_s, grants)
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    assert lease.inflight.want > 1
+    for grant in grants:
+        lease.release(grant, executed=True)
+    redis.now += lease.policy.renew_s
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    redis.now += lease.policy.renew_s
+    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    assert lease.inflight.want == 0
