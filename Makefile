@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
 	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
-	bench-tenants bench-fleet bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-small-host \
+	bench-tenants bench-fleet bench-fleet-faults bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
 	image image-cuda image-governor clean
 
@@ -192,6 +192,9 @@ bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, pri
 bench-fleet: $(STAMP) redis-server  ## experiment 10: fleet caps through Redis vs per-replica caps; yield/admitted paths; a killed replica
 	$(PY) -m benchmarks.admission.fleet
 
+bench-fleet-faults: $(STAMP) redis-server  ## the fleet at 16 replicas, through a partition (each fallback) and a Sentinel failover
+	$(PY) -m benchmarks.robustness.fleet_faults
+
 bench-http: $(STAMP)  ## experiment 11a: the OpenAI-compatible front door vs the NDJSON port (refusals/s, added latency)
 	$(PY) -m benchmarks.cost.http_front
 
@@ -225,7 +228,7 @@ bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost
 	$(PY) -m benchmarks.cost.memory
 bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-echo-burst bench-sdk-retries  ## every benchmark of benchmarks/admission/
 bench-all-engine: bench-engine bench-dtypes bench-chunked-prefill bench-kv bench-prefill bench-tokenize bench-small-host  ## every CPU benchmark of benchmarks/engine/ (bench-gpu needs CUDA)
-bench-all-robustness: fuzz soak  ## the fuzzer and the soak
+bench-all-robustness: fuzz soak bench-fleet-faults  ## the fuzzer, the soak and the fleet through faults
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai  ## experiments 1-11 of the sittings, one after another
 
 image:  ## the CPU container image (BuildKit; the context is the repository root)

@@ -14,7 +14,9 @@
 3. **Admitted path.** One replica with an echo worker: closed-loop requests with --fleet (a cap
    never reached) and without, alternating: the added TTFT and latency per round.
 4. **A replica killed.** Two replicas, the load on the first, which takes the whole cap; SIGKILL
-   it while the second is loaded too: the time until the second's share is 90% of the cap.
+   it while the second is loaded too: the time until the second's share is 90% of the cap. Redis
+   keeps a lapsed replica's share reserved while it might still serve (its lease and a half, its
+   `--fleet-hold-s`, its `--fleet-max-request-s`: here 0.5 s and 1 s, for requests of ~105 ms).
 
     python -m benchmarks.admission.fleet [--seconds 10] [--rounds 3]
 """
@@ -52,6 +54,7 @@ from benchmarks.harness.rounds import order
 from tests.redis_server import RedisServer
 
 CAP, QPS = 32, 300.0
+KILL_TAIL = ("--fleet-hold-s", "0.5", "--fleet-max-request-s", "1")
 SKEW = (0.7, 0.2, 0.1)
 CLIENTS = 2 * CAP  # closed-loop clients: twice the concurrency cap (and, at ~105 ms a request, twice the rate)
 
@@ -276,7 +279,7 @@ def inflight_share(port: int) -> float:
 
 def killed_replica(redis: RedisServer) -> tuple[float, float]:
     """Seconds until the survivor's share was back at 90% of the cap, and its share before."""
-    flags = ("--max-inflight", "64", "--fleet", redis.url, "--fleet-max-inflight", str(CAP))
+    flags = ("--max-inflight", "64", "--fleet", redis.url, "--fleet-max-inflight", str(CAP), *KILL_TAIL)
     procs, ports = start_replicas([flags] * 2, "fleet-kill")
     first, second = ports
     loads: list[Popen] = []
@@ -340,7 +343,10 @@ def record(
         ("admitted path", added["redis_commands_per_request"]),
     ):
         sitting.figure(f"Redis commands per admitted request, {load}", per_request, "commands", headline=False)
-    sitting.figure("survivor back at 90% of the cap after a replica is killed", 1000 * back, "ms")
+    sitting.figure(
+        "survivor back at 90% of the cap after a replica is killed (reserved: lease x1.5, hold 0.5 s, request 1 s)",
+        1000 * back, "ms", bar="<= 3000 ms (reserved 2.5 s + 2 periods)", met=back <= 3.0,
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -76,6 +76,8 @@ def start_replicas(worker: str, urls: list[str], *flags: str, name: str) -> tupl
         started = list(pool.map(one, enumerate(urls)))
     procs, ports = [p for p, _ in started], [port for _, port in started]
     wait_until(lambda: all(stats(p)["fleet"]["replicas"] == len(urls) for p in ports), 20)
+    # and past a new fleet's first lease, in which no share grows
+    wait_until(lambda: all(stats(p)["fleet"]["resources"]["inflight"]["share"] >= 1 for p in ports), 20)
     return procs, ports
 
 

@@ -7,8 +7,10 @@
 --          USAGE" (space-separated numbers).
 --          Before EXPIRY the replica is live; until HOLD what it held stays reserved (a lapsed
 --          replica may still admit within its last share); until RELEASE a held resource stays
---          reserved (its requests may still run); then the entry is dropped. And the field
---          "~clock": "TIME_MS FLEET_MS", the fleet's clock (below) as of the last renewal.
+--          reserved (its requests may still run); then the entry is dropped. HOLD and RELEASE
+--          include half a lease more than the replica counts on (the fleet clock's `step`). And the field
+--          "~clock": "TIME_MS FLEET_MS BORN_MS", the fleet's clock (below) as of the last renewal,
+--          and when the hash was (re)created in it.
 -- ARGV     member id, renewal number (rising: a renewal the replica gave up on that reaches Redis
 --          after a later one changes nothing), lease TTL (ms), hold (ms after the expiry),
 --          release (ms after the hold), resource count k, then per resource six numbers: limit (0 = not limited), usage (what
@@ -28,25 +30,35 @@ local key, me, seq = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local ttl, hold, release, k = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local entries = redis.call('HGETALL', key)
 for i = 1, #entries, 2 do
-  if entries[i] == me and tonumber(string.match(entries[i + 1], '^%S+ %S+ %S+ (%S+)')) >= seq then
+  if entries[i] == me and (tonumber(string.match(entries[i + 1], '^%S+ %S+ %S+ (%S+)')) or 0) >= seq then
     return { -1 }
   end
 end
 
--- The fleet's clock, in which every expiry is written: Redis's TIME, but advancing by at most half
--- a lease between two renewals and never backwards, so that a step of Redis's wall clock (or a
--- failover to a host whose clock differs) can neither expire the live entries (each renewed at
--- least every half lease) nor freeze them. A real silence longer than that (no replica renewed
--- at all) only delays expiries: safe.
+-- The fleet's clock, in which every expiry is written: Redis's TIME, but advancing by at most
+-- `step` (half a lease) between two renewals and never backwards, so that a step of Redis's wall
+-- clock (or a failover to a host whose clock differs) can neither expire the live entries (each
+-- renewed at least every half lease) nor freeze them. A real silence longer than that (no replica
+-- renewed at all) only delays expiries: safe. Since one renewal may move it `step` too far, the
+-- reservations of a lapsed replica last `step` longer than the replica itself counts on.
 local clock = redis.call('TIME')
 local time = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local now = time
+local step = math.floor(ttl / 2)
+local now, born = time, nil
 for i = 1, #entries, 2 do
   if entries[i] == '~clock' then
-    local last_time, last = string.match(entries[i + 1], '(%S+) (%S+)')
-    now = tonumber(last) + math.min(math.max(time - tonumber(last_time), 0), math.floor(ttl / 2))
+    local last_time, last, created = string.match(entries[i + 1], '(%S+) (%S+) (%S+)')
+    if created then
+      now = tonumber(last) + math.min(math.max(time - tonumber(last_time), 0), step)
+      born = tonumber(created)
+    end
   end
 end
+-- A hash just (re)created — a new fleet, or a Redis that lost it (restarted empty, flushed,
+-- evicted) — knows nothing of what the replicas hold: until every live one has renewed (a
+-- lease), no share grows past what its replica already applies or holds.
+born = born or now
+local frozen = now < born + ttl
 
 local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
 local wants, others_held, usages = {}, {}, {}
@@ -64,13 +76,13 @@ end
 -- The other replicas: drop those whose reservations have all ended; sum what the live ones want
 -- and use, and what every one still keeps reserved. The tightest limit any live one reports is
 -- the one in force (a rolling change of the limits stays safe).
-local replicas, lapsed, last = 1, 0, now + ttl + hold + release
+local replicas, lapsed, last = 1, 0, now + ttl + step + hold + release
 for i = 1, #entries, 2 do
   local field = entries[i]
   if field ~= me and field ~= '~clock' then
     local v = {}
     for x in string.gmatch(entries[i + 1], '%S+') do v[#v + 1] = tonumber(x) end
-    if v[3] <= now then
+    if #v < 4 or v[3] <= now then  -- reservations over (or an entry it cannot read)
       redis.call('HDEL', key, field)
     else
       local live = now < v[1]
@@ -92,7 +104,9 @@ for i = 1, #entries, 2 do
   end
 end
 
-local stored = { tostring(now + ttl), tostring(now + ttl + hold), tostring(now + ttl + hold + release), ARGV[2] }
+local stored = {
+  tostring(now + ttl), tostring(now + ttl + step + hold), tostring(now + ttl + step + hold + release), ARGV[2]
+}
 local reply = { replicas, lapsed }
 for r = 1, k do
   local share, held, target = 0, 0, 0
@@ -112,6 +126,7 @@ for r = 1, k do
     local free = l - others_held[r]
     if whole[r] then free = math.floor(free) end
     share = math.min(target, free)
+    if frozen then share = math.min(share, math.max(applied[r], whole[r] and usage[r] or 0)) end
     if share < 0 then share = 0 end
     -- Still reserved for this replica: what it enforces until the reply reaches it, and, for a
     -- held resource, what it holds now (requests admitted under an earlier, larger share).
@@ -129,6 +144,8 @@ for r = 1, k do
   reply[#reply + 1] = tostring(target)
   reply[#reply + 1] = tostring(others_held[r])
 end
-redis.call('HSET', key, me, table.concat(stored, ' '), '~clock', string.format('%d %d', time, now))
-redis.call('PEXPIRE', key, last - now + ttl)  -- outlives every reservation in it
+redis.call('HSET', key, me, table.concat(stored, ' '), '~clock', string.format('%d %d %d', time, now, born))
+-- The key's own TTL is on Redis's wall clock (a step ahead past it would drop every
+-- reservation at once): a day past the last one, only to clean up after a fleet that is gone.
+redis.call('PEXPIRE', key, last - now + 86400000)
 return reply

@@ -26,11 +26,13 @@ callback like any other limit, with no network round trip; member.py renews the 
   from one cut off from it that still serves, so what an entry holds stays reserved after its
   expiry for as long as the replica may still use it: `hold_s` more while its fallback may
   still admit within its last share, then `max_request_s` more for a held resource, by which time
-  the replica has cancelled whatever still runs (`cut_at`). Only then does the script drop the
-  entry and hand its capacity to the others. So the fleet stays under its limits through a
-  partition of any length; the price is that a dead replica's share comes back after
-  lease + hold + max request instead of the lease alone (a replica that stops cleanly deletes its
-  entry at once).
+  the replica has cancelled whatever still runs (`cut_at`); and half a lease more, what a step of
+  Redis's clock may advance the fleet's clock in one renewal (lease.lua). Only then does the
+  script drop the entry and hand its capacity to the others. A hash Redis lost (or a new one)
+  grows no share for a lease, until every live replica has reported what it holds. So the fleet
+  stays under its limits through a partition of any length; the price is that a dead replica's
+  share comes back after lease x 1.5 + hold + max request instead of the lease alone (a replica
+  that stops cleanly deletes its entry at once).
 - **Fallbacks** (`--fleet-unavailable`), once no renewal succeeded for `lease_s`: `hold` keeps
   admitting within the last shares for `hold_s`, then closes; `closed` admits nothing;
   `local` enforces the limit divided by the last known replica count for as long as the lapse
@@ -530,26 +532,31 @@ class FleetLease:
             self._reported_at = now
         return [x for share in self.shares for x in share.report(now, elapsed)]
 
-    def granted(self, reply: LeaseReply, sent_at: float, now: float, grow: bool = True) -> bool:
+    def granted(self, reply: LeaseReply, sent_at: float, now: float, durable: bool = True) -> bool:
         """Apply a renewal's reply; True when a share shrank (the member confirms at once so
-        that Redis frees the difference). Without `grow` (too few Redis replicas acknowledged
-        it) a share may shrink but not grow: Redis keeps what it granted reserved meanwhile."""
+        that Redis frees the difference). A reply that is not `durable` (too few Redis replicas
+        acknowledged it: a failover may lose it) neither renews the lease nor grows a share; a
+        share may shrink, while the lease in force lasts."""
         self.replicas = max(1, reply.replicas)
         self.lapsed = reply.lapsed
         self.rtt_s = now - sent_at
         if now >= sent_at + self.policy.lease_s:
             self.lapse(now)  # the lease it would renew ran out meanwhile: it grants nothing
             return False
-        self.valid_until = sent_at + self.policy.lease_s
-        self.renewed_at = sent_at
-        self.state = FleetState.LEASED
-        self.closed = False
-        self._set_tail()
+        if durable:
+            self.valid_until = sent_at + self.policy.lease_s
+            self.renewed_at = sent_at
+            self.state = FleetState.LEASED
+            self.closed = False
+            self._set_tail()
+        elif self.state is not FleetState.LEASED or now >= self.valid_until:
+            self.lapse(now)
+            return False
         shrank = could_grow = False
         for share, granted, usage, want, target, others in zip(
             self.shares, reply.shares, reply.usage, reply.wants, reply.targets, reply.others, strict=True
         ):
-            if not grow:
+            if not durable:
                 granted = min(granted, share.share)
             shrank = shrank or granted < share.share
             could_grow = could_grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))

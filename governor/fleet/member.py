@@ -66,9 +66,8 @@ def connect(where: FleetRedis, timeout_s: float) -> redis.Redis:
     timeouts: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if not where.sentinels:
         return redis.from_url(where.url, retry=Retry(NoBackoff(), 0), **timeouts)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        list(where.sentinels), sentinel_kwargs={**timeouts, "password": where.sentinel_password}, **timeouts
-    )
+    asking = {**timeouts, "password": where.sentinel_password, "retry": Retry(NoBackoff(), 0)}
+    sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=asking, **timeouts)  # type: ignore[no-untyped-call]
     primary: redis.Redis = sentinel.master_for(
         where.service,
         db=where.db,
@@ -135,34 +134,43 @@ class FleetMember:
             len(RESOURCES),
         ]
         args += lease.report(sent)
-        try:
-            if self.acks:
-                pipe = self._redis.pipeline(transaction=False)
-                await self._script(keys=[self.key], args=args, client=pipe)
-                pipe.execute_command("WAIT", self.acks, max(1, round(lease.policy.renew_s * 500)))
-                raw, acked = await pipe.execute()
-            else:
-                raw, acked = await self._script(keys=[self.key], args=args), 0
+        try:  # however many round trips a renewal takes (Sentinel, reconnecting), never past the lease
+            raw, acked = await asyncio.wait_for(self._run_script(args), lease.policy.lease_s)
             reply = LeaseReply.parse(raw)
-        except (RedisError, OSError, ValueError) as exc:
+        except (RedisError, OSError, ValueError) as exc:  # TimeoutError is an OSError
             self._failed(exc)
             return False
         now = self._clock()
         self.renewal_seconds.observe(now - sent)
         was = lease.state
-        durable = int(acked) >= self.acks
+        durable = acked >= self.acks
         if not durable:
             self.unacked += 1
-        shrank = lease.granted(reply, sent, now, grow=durable)
-        if lease.state is not FleetState.LEASED:  # the reply came after the lease it renewed ran out
-            self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
+        shrank = lease.granted(reply, sent, now, durable=durable)
+        if lease.state is not FleetState.LEASED:
+            if durable:  # the reply came after the lease it renewed ran out
+                self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))
+            else:
+                self._failed(RuntimeError(f"{acked} of the {self.acks} Redis replicas asked for had the renewal"))
             return False
         self.renewals["ok"] += 1
-        self._schedule_cut(now)
+        if durable:
+            self._schedule_cut(now)
         if not self.up or was is not FleetState.LEASED:
             log.info("event=fleet_joined key=%s member=%s replicas=%d", self.key, self.member_id, reply.replicas)
         self.up = True
         return shrank
+
+    async def _run_script(self, args: list[str | float]) -> tuple[Any, int]:
+        """The script's reply, and with `acks` how many Redis replicas had it in time (WAIT, at
+        most half a period, on the same connection: a pipeline)."""
+        if not self.acks:
+            return await self._script(keys=[self.key], args=args), 0
+        pipe = self._redis.pipeline(transaction=False)
+        await self._script(keys=[self.key], args=args, client=pipe)
+        pipe.execute_command("WAIT", self.acks, max(1, round(self.lease.policy.renew_s * 500)))
+        raw, acked = await pipe.execute()
+        return raw, int(acked)
 
     def _schedule_cut(self, now: float) -> None:
         """The cut, moved to the end of what the renewal just granted reserves."""

@@ -66,9 +66,9 @@ class FleetRedis:
         return cls(url, sentinels, unquote(service), int(db or 0), username, password, sentinel_password)
 
     def redacted(self) -> str:
-        """The URL without its passwords, for logs and `stats`."""
+        """The URL without its passwords (nor its options, which may carry one), for logs and `stats`."""
         scheme, sep, rest = self.url.partition("://")
-        rest = rest.partition("?")[0] if self.sentinels else rest
+        rest = rest.partition("?")[0]
         userinfo, at, host = rest.rpartition("@")
         if not at:
             return f"{scheme}{sep}{rest}"

@@ -42,8 +42,9 @@ class LuaRedis:
 
     def __init__(self) -> None:
         self.lua = lua51.LuaRuntime()
-        self.hash: dict[str, str] = {}
         self.now = 1000.0
+        now_ms = round(self.now * 1000)  # a fleet whose hash has long existed (a new one starts frozen)
+        self.hash: dict[str, str] = {"~clock": f"{now_ms} {now_ms} {now_ms - 3_600_000}"}
         self.step = 0.0  # how far Redis's wall clock was stepped (the replicas' clocks are monotonic)
         self.seq = 0  # renewals sent (one counter for every replica: rising for each of them)
         self._script = self.lua.execute(f"return function(KEYS, ARGV, redis)\n{LEASE_SCRIPT}\nend")
@@ -175,6 +176,11 @@ class Fleet(RuleBasedStateMachine):
             self.connected[i] = True
             self.send(i)
             self.deliver(i)
+
+    @rule(ahead=st.booleans())
+    def step_redis_clock(self, ahead: bool) -> None:
+        """Redis's wall clock steps an hour (the replicas' monotonic clocks do not)."""
+        self.redis.step += 3600.0 if ahead else -3600.0
 
     @rule(dt=st.floats(0.001, 0.3))
     def advance(self, dt: float) -> None:
@@ -308,13 +314,16 @@ def test_shares_follow_demand(demands: list[int], limit: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("unavailable", "tail_s"), [("hold", 2.0 + 3.0), ("closed", 3.0), ("local", 0.0)], ids=["hold", "closed", "local"]
+    ("unavailable", "tail_s"),
+    [("hold", 2.0 + 3.0 + 0.5), ("closed", 3.0 + 0.5), ("local", 0.5)],
+    ids=["hold", "closed", "local"],
 )
 def test_a_dead_replicas_share_returns_once_nothing_it_held_can_be_in_use(unavailable: str, tail_s: float) -> None:
     """Redis cannot tell a dead replica from one cut off that still serves: what it held comes
     back after its lease plus the hold (2 s) and the longest request (3 s) with `hold`, plus the
     longest request with `closed`, and after the lease alone with `local` (which reserves
-    nothing) — within a renewal period of that, and not before."""
+    nothing) — each plus half a lease (the most one renewal may move the fleet's clock too far),
+    within a renewal period of that, and not before."""
     redis = LuaRedis()
     policy = FleetPolicy(
         max_inflight=30, renew_s=0.25, lease_s=1.0, unavailable=unavailable, hold_s=2.0, max_request_s=3.0
@@ -579,23 +588,28 @@ def test_a_renewal_that_reaches_redis_after_a_later_one_changes_nothing() -> Non
     assert redis.hash["m"] == entry
 
 
-def test_a_renewal_too_few_redis_replicas_acknowledged_may_shrink_a_share_but_not_grow_it() -> None:
-    """--fleet-replica-acks: a grant not yet on enough Redis replicas could be lost in a failover,
-    so the share stays as it was until one that is; a smaller share applies at once."""
+def test_a_renewal_too_few_redis_replicas_acknowledged_renews_nothing_and_grows_nothing() -> None:
+    """--fleet-replica-acks: a renewal not yet on enough Redis replicas could be lost in a
+    failover, so it neither extends the lease (nor moves the cut) nor grows a share; a smaller
+    share applies at once."""
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
     lease.granted(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.share == 1  # alone and wanting nothing: a request of headroom
+    valid_until, cut_at = lease.valid_until, lease.cut_at
     grants: list[Grant] = []
     offer(redis, lease, 6, lease.policy.renew_s, grants)  # six want in
-    lease.granted(redis.renew("m", lease), redis.now, redis.now, grow=False)
-    assert lease.inflight.share == 1 and lease.could_grow
+    lease.granted(redis.renew("m", lease), redis.now, redis.now, durable=False)
+    assert lease.inflight.share == 1 and (lease.valid_until, lease.cut_at) == (valid_until, cut_at)
     lease.granted(redis.renew("m", lease), redis.now, redis.now)
-    assert lease.inflight.share >= 6
+    assert lease.inflight.share >= 6 and lease.valid_until > valid_until
     grown = lease.inflight.share
     smaller = LeaseReply(1, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
-    assert lease.granted(smaller, redis.now, redis.now, grow=False)  # shrank: confirmed at once
+    assert lease.granted(smaller, redis.now, redis.now, durable=False)  # shrank: confirmed at once
     assert lease.inflight.share == 2 < grown
+    redis.now = lease.valid_until  # only unacknowledged renewals since: the lease lapses
+    assert not lease.granted(redis.renew("m", lease), redis.now - 0.1, redis.now, durable=False)
+    assert lease.state is FleetState.HOLDING
 
 
 def test_the_wait_ledger_counts_each_client_until_its_hint_ends() -> None:
@@ -626,3 +640,56 @@ def test_a_replica_whose_clients_left_asks_for_nothing_a_period_later() -> None:
     redis.now += lease.policy.renew_s
     lease.granted(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.want == 0
+
+
+def test_a_hash_redis_lost_grows_no_share_until_every_live_replica_has_renewed() -> None:
+    """Redis restarted empty (or the key was flushed): the first replica to renew finds nobody
+    holding anything. For a lease and a step it keeps what it applies and holds, however much it
+    wants, so the other replica, whose requests still run, is not overrun; then shares follow
+    demand again."""
+    redis = LuaRedis()
+    policy = FleetPolicy(max_inflight=8)
+    a, b = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
+    held: dict[str, list[Grant]] = {"a": [], "b": []}
+    for _ in range(8):
+        for name, lease in (("a", a), ("b", b)):
+            offer(redis, lease, 4 - len(held[name]), policy.renew_s, held[name])
+        renew_all(redis, {"a": a, "b": b})
+    assert len(held["a"]) == len(held["b"]) == 4
+    redis.hash.clear()
+    for grant in held["a"][:2]:
+        a.release(grant, executed=True)
+    more: list[Grant] = []
+    start = redis.now
+    while redis.now < start + policy.lease_s * 1.5:
+        offer(redis, a, 8, policy.renew_s, more)  # a wants the whole cap
+        renew_all(redis, {"a": a, "b": b})
+        assert a.inflight.share + b.inflight.share <= 8
+        assert a.inflight.holding + b.inflight.holding <= 8
+    for grant in held["b"]:  # b's requests end: past the freeze, a's demand is met
+        b.release(grant, executed=True)
+    for _ in range(4):
+        offer(redis, a, 8, policy.renew_s, more)
+        renew_all(redis, {"a": a, "b": b})
+    assert a.inflight.share > 4
+
+
+def test_a_step_of_redis_clock_ahead_never_ends_a_cut_off_replicas_reservation_before_its_cut() -> None:
+    """The holder is cut off from Redis with five requests running (it cancels them at its cut);
+    Redis's clock jumps an hour ahead while the taker renews every 50 ms wanting the whole cap.
+    The jump moves the fleet's clock half a lease too far at most, and the reservation lasts that
+    much longer than the holder counts on: until its cut, the two never hold more than 8."""
+    redis = LuaRedis()
+    policy = FleetPolicy(max_inflight=8, renew_s=0.25, lease_s=1.0, unavailable="closed", max_request_s=1.0)
+    holder, taker = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
+    grants: list[Grant] = []
+    for _ in range(6):
+        offer(redis, holder, 5 - len(grants), policy.renew_s, grants)
+        renew_all(redis, {"holder": holder, "taker": taker})
+    assert holder.inflight.holding == 5 and holder.cut_at is not None
+    redis.step = 3600.0
+    took: list[Grant] = []
+    while redis.now < holder.cut_at:
+        offer(redis, taker, 8 - len(took), 0.05, took)
+        renew_all(redis, {"taker": taker})
+        assert taker.inflight.holding + holder.inflight.holding <= 8, holder.cut_at - redis.now
