@@ -184,9 +184,11 @@ def partition(unavailable: str, partition_s: float) -> dict[str, Any]:
         "grants_over_cap": over([g[0] for _, g, _ in grants.samples], cap),
         "grants_peak": grants.peak(),
         "reservation_back_after_s": gone,
-        "reserved_for_s": LEASE_S + (hold_s if unavailable == "hold" else 0.0) + max_request_s
-        if unavailable != "local"
-        else LEASE_S,
+        # reserved after its last renewal: the lease and half a lease (lease.lua's clock step),
+        # then the hold and the longest request (none under local, which reserves nothing)
+        "reserved_for_s": 1.5 * LEASE_S
+        + (hold_s if unavailable == "hold" else 0.0)
+        + (max_request_s if unavailable != "local" else 0.0),
         "mean_use_while_cut": statistics.mean(during) / cap,
         "leased_after_heal_s": leased - healed,
         "share_after_heal_s": shared - healed,

@@ -240,13 +240,25 @@ class HeldShare(Share):
     """A fleet limit on what running requests hold (requests or token cost): the share is a
     whole number of them."""
 
-    __slots__ = ("holding", "want", "drain")
+    __slots__ = ("holding", "want", "drain", "reported")
 
     def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
         super().__init__(reason)
         self.holding = 0
         self.want = 0.0  # as of the last measured period
         self.drain = DrainHint(hints)
+        self.reported = 0  # what it held at the last report (Redis keeps at least that reserved)
+
+    @property
+    def giving_back(self) -> bool:
+        """Whether a renewal now would free capacity other replicas wait for: the fleet wanted
+        more than the limit at the last reply, and since the last report this replica's requests
+        above a share that shrank have ended, or most of its share lies idle."""
+        if not self.limit or self.fleet_want <= self.limit:
+            return False
+        drained = self.reported > self.share >= self.holding
+        idle = self.share - self.holding >= max(1.0, self.share / 2)
+        return drained or idle
 
     def take(self, amount: int) -> None:
         self.holding += amount
@@ -277,6 +289,7 @@ class HeldShare(Share):
         least = self.largest
         if elapsed_s > 0:
             self.want = self.holding + self.waiting(now, elapsed_s)
+        self.reported = self.holding
         return self.limit, self.holding, self.want, self.share, 1, least
 
 
@@ -569,6 +582,11 @@ class FleetLease:
     def refusing(self) -> bool:
         """Whether a fleet share refused a frame since the last report (the member renews early)."""
         return any(share.refusals for share in self.shares)
+
+    @property
+    def giving_back(self) -> bool:
+        """Whether a held share could free capacity the fleet waits for (the member renews early)."""
+        return self.state is FleetState.LEASED and (self.inflight.giving_back or self.tokens.giving_back)
 
     def _set_tail(self) -> None:
         """When the lease in force would end its fallback and cut what runs, were it to lapse

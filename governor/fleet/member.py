@@ -11,7 +11,9 @@ redis-py's asyncio client, one renewal at a time:
   last reply said a renewal could bring more (the replica is under its target while others give
   back, or the fleet wants less than a limit), so a replica whose load grows takes free capacity
   without waiting a whole period, and a fleet whose shares have settled under contention renews
-  once a period.
+  once a period; and while this replica could give back capacity a contended fleet waits for
+  (its requests above a share that shrank have ended, or most of its share lies idle), so a share
+  moves to where the load went within a period or two.
 
 Admission never waits for Redis: a slow or unreachable Redis only delays the next share, and the
 lease lapses on its own (FleetLease.check) when no renewal succeeded for `lease_s`. A failed
@@ -258,11 +260,13 @@ class FleetMember:
                 await self.renew()
                 continue
             # Sleep until the period ends, waking every early_s to renew early while the fleet
-            # caps refuse frames here.
+            # caps refuse frames here and a renewal could bring more, or while this replica has
+            # capacity to give back to a fleet that waits for it.
             while True:
                 now = self._clock()
                 wait = lease.next_renewal - now
-                early = lease.refusing and lease.could_grow and now - (lease.next_renewal - renew_s) >= early_s
+                wanted = (lease.refusing and lease.could_grow) or lease.giving_back
+                early = wanted and now - (lease.next_renewal - renew_s) >= early_s
                 if wait <= 0 or early:
                     break
                 await asyncio.sleep(min(wait, early_s))
