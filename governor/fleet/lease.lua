@@ -9,29 +9,34 @@
 --          replica may still admit within its last share); until RELEASE a held resource stays
 --          reserved (its requests may still run); then the entry is dropped. HOLD and RELEASE
 --          include half a lease more than the replica counts on (the fleet clock's `step`). And the field
---          "~clock": "TIME_MS FLEET_MS BORN_MS", the fleet's clock (below) as of the last renewal,
---          and when the hash was (re)created in it.
+--          "~clock": "TIME_MS FLEET_MS FROZEN_MS", the fleet's clock (below) as of the last
+--          renewal, and until when in it no share grows.
 -- ARGV     member id, renewal number (rising: a renewal the replica gave up on that reaches Redis
---          after a later one changes nothing), lease TTL (ms), hold (ms after the expiry),
---          release (ms after the hold), resource count k, then per resource six numbers: limit (0 = not limited), usage (what
+--          after a later one changes nothing), the number of the last renewal whose reply it
+--          applied (0 if none), lease TTL (ms), hold (ms after the expiry), release (ms after
+--          the hold), resource count k, then per resource six numbers: limit (0 = not limited), usage (what
 --          it holds now: requests or tokens; 0 for rates), want (its demand), applied (the share
 --          it enforces until this reply reaches it), held (1 for a held resource whose grants are
 --          whole numbers, 0 for a rate), least (the smallest useful share: one request; a replica
 --          that wants any gets at least this much while it is free, or a proportional part under
 --          1 would starve it).
 -- Returns  {-1} for a renewal older than the last one run (the replica gave up on it), else
---          the live replica count, the lapsed replicas whose reservations stand, then per
+--          the live replica count, its renewal number, the lapsed replicas whose reservations stand, then per
 --          resource six strings (Lua numbers would be truncated to integers on the way out): its
 --          new share, the fleet limit in force, the fleet's usage, the sum of the fleet's wants,
 --          its target (more than its share while the others still hold what it is owed), and
 --          what the others keep reserved (live or lapsed).
 local HEADROOM = 0.05
-local key, me, seq = KEYS[1], ARGV[1], tonumber(ARGV[2])
-local ttl, hold, release, k = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local key, me, seq, applied_seq = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, hold, release, k = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local entries = redis.call('HGETALL', key)
+local stored_seq = 0
 for i = 1, #entries, 2 do
-  if entries[i] == me and (tonumber(string.match(entries[i + 1], '^%S+ %S+ %S+ (%S+)')) or 0) >= seq then
-    return { -1 }
+  if entries[i] == me then
+    stored_seq = tonumber(string.match(entries[i + 1], '^%S+ %S+ %S+ (%S+)')) or 0
+    if stored_seq >= seq then
+      return { -1 }
+    end
   end
 end
 
@@ -44,26 +49,33 @@ end
 local clock = redis.call('TIME')
 local time = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local step = math.floor(ttl / 2)
-local now, born = time, nil
+local now, frozen_until = time, nil
 for i = 1, #entries, 2 do
   if entries[i] == '~clock' then
-    local last_time, last, created = string.match(entries[i + 1], '(%S+) (%S+) (%S+)')
-    if created then
+    local last_time, last, until_ = string.match(entries[i + 1], '^(%S+) (%S+) ?(%S*)')
+    if last then
       now = tonumber(last) + math.min(math.max(time - tonumber(last_time), 0), step)
-      born = tonumber(created)
+      frozen_until = tonumber(until_) or now
     end
   end
 end
 -- A hash just (re)created — a new fleet, or a Redis that lost it (restarted empty, flushed,
 -- evicted) — knows nothing of what the replicas hold: until every live one has renewed (a
--- lease), no share grows past what its replica already applies or holds.
-born = born or now
-local frozen = now < born + ttl
+-- lease), no share grows past what its replica already applies or holds. A replica whose entry
+-- is older than the last renewal it applied proves that Redis lost writes (the hash, a failover
+-- without the replicas' acknowledgement, a restore from a snapshot): the same freeze, from now,
+-- and a step longer (the clock may have jumped with the data). What Redis lost of a replica cut
+-- off at the time — its reservation — it cannot know: docs/operations.md says so.
+frozen_until = frozen_until or now + ttl
+if stored_seq < applied_seq then
+  frozen_until = math.max(frozen_until, now + ttl + step)
+end
+local frozen = now < frozen_until
 
 local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
 local wants, others_held, usages = {}, {}, {}
 for r = 1, k do
-  local at = 6 + (r - 1) * 6
+  local at = 7 + (r - 1) * 6
   limit[r] = tonumber(ARGV[at + 1])
   usage[r] = tonumber(ARGV[at + 2])
   want[r] = tonumber(ARGV[at + 3])
@@ -80,9 +92,13 @@ local replicas, lapsed, last = 1, 0, now + ttl + step + hold + release
 for i = 1, #entries, 2 do
   local field = entries[i]
   if field ~= me and field ~= '~clock' then
-    local v = {}
-    for x in string.gmatch(entries[i + 1], '%S+') do v[#v + 1] = tonumber(x) end
-    if #v < 4 or v[3] <= now then  -- reservations over (or an entry it cannot read)
+    local v, unreadable = {}, false
+    for x in string.gmatch(entries[i + 1], '%S+') do
+      local n = tonumber(x)
+      if n == nil then unreadable = true end
+      v[#v + 1] = n or 0
+    end
+    if unreadable or #v < 4 or v[3] <= now then  -- reservations over (or an entry it cannot read)
       redis.call('HDEL', key, field)
     else
       local live = now < v[1]
@@ -107,7 +123,7 @@ end
 local stored = {
   tostring(now + ttl), tostring(now + ttl + step + hold), tostring(now + ttl + step + hold + release), ARGV[2]
 }
-local reply = { replicas, lapsed }
+local reply = { replicas, seq, lapsed }
 for r = 1, k do
   local share, held, target = 0, 0, 0
   local l = limit[r]
@@ -144,7 +160,7 @@ for r = 1, k do
   reply[#reply + 1] = tostring(target)
   reply[#reply + 1] = tostring(others_held[r])
 end
-redis.call('HSET', key, me, table.concat(stored, ' '), '~clock', string.format('%d %d %d', time, now, born))
+redis.call('HSET', key, me, table.concat(stored, ' '), '~clock', string.format('%d %d %d', time, now, frozen_until))
 -- The key's own TTL is on Redis's wall clock (a step ahead past it would drop every
 -- reservation at once): a day past the last one, only to clean up after a fleet that is gone.
 redis.call('PEXPIRE', key, last - now + 86400000)

@@ -28,8 +28,10 @@ callback like any other limit, with no network round trip; member.py renews the 
   still admit within its last share, then `max_request_s` more for a held resource, by which time
   the replica has cancelled whatever still runs (`cut_at`); and half a lease more, what a step of
   Redis's clock may advance the fleet's clock in one renewal (lease.lua). Only then does the
-  script drop the entry and hand its capacity to the others. A hash Redis lost (or a new one)
-  grows no share for a lease, until every live replica has reported what it holds. So the fleet
+  script drop the entry and hand its capacity to the others. A new hash grows no share for a
+  lease, nor, for a lease and a half, one a replica's renewal shows Redis lost writes of (its
+  entry older than the last renewal it applied): until every live replica has reported what it
+  holds. So the fleet
   stays under its limits through a partition of any length; the price is that a dead replica's
   share comes back after lease x 1.5 + hold + max request instead of the lease alone (a replica
   that stops cleanly deletes its entry at once).
@@ -128,6 +130,10 @@ class FleetState(StrEnum):
     LOCAL = "local"  # lapsed; --fleet-unavailable local: the limit / the last known replica count
 
 
+HELD_HORIZON_S = 30.0
+RATE_HORIZON_S = 1.0
+
+
 class WaitLedger:
     """How many clients wait on a share, integrated over time: a refused client waits from its
     refusal until its hint runs out (when it comes back and, refused again, waits anew), so the
@@ -135,14 +141,15 @@ class WaitLedger:
     returns its integral since the last call (amount-seconds), exactly to a slot: a client told
     to wait longer than a renewal period counts in every period it waits through, and one that
     does not come back stops counting when its hint ends — a replica whose clients left asks for
-    nothing a period later. O(1) per refusal (a dict keyed by the slot its wait ends in); the
-    slots passed are swept lazily."""
+    nothing a period later. A refusal costs a dict update (keyed by the slot its wait ends in) and
+    the sweep of the slots passed since the last one (5 ms each, while anyone waits)."""
 
     SLOT_S = 0.005
 
-    __slots__ = ("_slot", "_count", "_area", "_ends")
+    __slots__ = ("horizon_s", "_slot", "_count", "_area", "_ends")
 
-    def __init__(self) -> None:
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s  # the longest wait it counts
         self._slot = 0  # the slot swept up to (time / SLOT_S)
         self._count = 0.0  # waiting now
         self._area = 0.0  # since the last `take`
@@ -164,6 +171,8 @@ class WaitLedger:
         self._slot, self._count, self._area = slot, max(0.0, count), area
 
     def add(self, now: float, amount: float, wait_s: float) -> None:
+        """`amount` waits from now for `wait_s`, counted for at most the ledger's horizon."""
+        wait_s = min(wait_s, self.horizon_s)
         self._sweep(now)
         self._count += amount
         end = max(self._slot + 1, int((now + wait_s) / self.SLOT_S))
@@ -173,6 +182,11 @@ class WaitLedger:
         self._sweep(now)
         area, self._area = self._area, 0.0
         return area
+
+    def now(self, now: float) -> float:
+        """How many wait at `now`."""
+        self._sweep(now)
+        return self._count
 
 
 class Share:
@@ -192,11 +206,11 @@ class Share:
         "refusal",
     )
 
-    def __init__(self, reason: YieldReason) -> None:
+    def __init__(self, reason: YieldReason, horizon_s: float) -> None:
         self.limit: float = 0  # the fleet limit; 0 = not shared
         self.share = 0.0  # the lease: what this replica enforces now
         self.refusals = 0  # frames the share refused since the last report
-        self.ledger = WaitLedger()  # and the clients they told to wait, over time
+        self.ledger = WaitLedger(horizon_s)  # and the clients they told to wait, over time
         self.largest = 1.0  # the largest request it refused since the last report (at least 1)
         self.fleet_usage = 0.0  # the fleet's usage and wants, as of the last reply
         self.fleet_want = 0.0
@@ -243,22 +257,26 @@ class HeldShare(Share):
     __slots__ = ("holding", "want", "drain", "reported")
 
     def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
-        super().__init__(reason)
+        # A client waits as long as the release timeline says (a long request, a long wait),
+        # within the hints' own clamp.
+        super().__init__(reason, HELD_HORIZON_S)
         self.holding = 0
         self.want = 0.0  # as of the last measured period
         self.drain = DrainHint(hints)
         self.reported = 0  # what it held at the last report (Redis keeps at least that reserved)
 
-    @property
-    def giving_back(self) -> bool:
+    def giving_back(self, now: float) -> bool:
         """Whether a renewal now would free capacity other replicas wait for: the fleet wanted
         more than the limit at the last reply, and since the last report this replica's requests
-        above a share that shrank have ended, or most of its share lies idle."""
+        above a share that shrank have ended, or most of a share of two or more lies idle (held
+        by nobody, awaited by no client here; a share of one is the least a replica that wants any
+        keeps, so renewing for it would change nothing)."""
         if not self.limit or self.fleet_want <= self.limit:
             return False
-        drained = self.reported > self.share >= self.holding
-        idle = self.share - self.holding >= max(1.0, self.share / 2)
-        return drained or idle
+        if self.reported > self.share >= self.holding:
+            return True
+        unused = self.share - self.holding - self.ledger.now(now)
+        return self.share >= 2 and unused >= max(1.0, self.share / 2)
 
     def take(self, amount: int) -> None:
         self.holding += amount
@@ -299,7 +317,9 @@ class RateShare(Share):
     __slots__ = ("burst", "bucket", "admitted", "rate", "want")
 
     def __init__(self, reason: YieldReason) -> None:
-        super().__init__(reason)
+        # A rate's hint is its bucket's refill at this replica's share, which a renewal may change at
+        # once: a client told to wait past a lease is counted for a lease.
+        super().__init__(reason, RATE_HORIZON_S)
         self.burst = 0.0  # the fleet's burst
         self.bucket: TokenBucket | None = None  # None: no share big enough for one request
         self.admitted = 0.0  # since the last report
@@ -347,12 +367,13 @@ class RateShare(Share):
 
 @dataclass(frozen=True, slots=True)
 class LeaseReply:
-    """What one renewal returned: the live replica count, the lapsed replicas whose reservations
-    stand, and per resource (RESOURCES order) this replica's share, the limit in force, the
+    """What one renewal returned: the live replica count, the renewal's number, the lapsed
+    replicas whose reservations stand, and per resource (RESOURCES order) this replica's share, the limit in force, the
     fleet's usage, the fleet's wants, this replica's target (above its share while others still
     hold what it is owed) and what the others keep reserved."""
 
     replicas: int
+    seq: int  # the renewal's number
     lapsed: int
     shares: tuple[float, ...]
     limits: tuple[float, ...]
@@ -365,10 +386,10 @@ class LeaseReply:
     def parse(cls, raw: list[Any]) -> LeaseReply:
         if len(raw) == 1 and int(raw[0]) == -1:
             raise ValueError("Redis had run a later renewal of this replica's (this one came late)")
-        numbers = [float(x) for x in raw[2:]]
+        numbers = [float(x) for x in raw[3:]]
         if len(numbers) != 6 * len(RESOURCES):
             raise ValueError(f"a lease reply has {len(RESOURCES)} resources of 6 numbers, got {raw!r}")
-        return cls(int(raw[0]), int(raw[1]), *(tuple(numbers[i::6]) for i in range(6)))
+        return cls(int(raw[0]), int(raw[1]), int(raw[2]), *(tuple(numbers[i::6]) for i in range(6)))
 
 
 class FleetLease:
@@ -394,6 +415,7 @@ class FleetLease:
         "hold_until",
         "cut_at",
         "renewed_at",
+        "applied_seq",
         "_hints",
         "_others",
         "_reported_at",
@@ -410,6 +432,7 @@ class FleetLease:
         self.lapsed = 0  # as of the last reply: lapsed replicas whose reservations still stand
         self.valid_until = -math.inf  # the lease in force lapses here (monotonic seconds)
         self.renewed_at = -math.inf  # when the renewal that granted it was sent
+        self.applied_seq = 0  # that renewal's number: Redis holds at least it, unless it lost writes
         # Once it lapses (hold, closed): until when the fallback admits within the last shares, and
         # when whatever still runs must be cancelled, so that nothing is in use here once Redis
         # hands the reservation to the others. None: no cut (local, or nothing was ever admitted).
@@ -559,6 +582,7 @@ class FleetLease:
         if durable:
             self.valid_until = sent_at + self.policy.lease_s
             self.renewed_at = sent_at
+            self.applied_seq = max(self.applied_seq, reply.seq)
             self.state = FleetState.LEASED
             self.closed = False
             self._set_tail()
@@ -583,10 +607,16 @@ class FleetLease:
         """Whether a fleet share refused a frame since the last report (the member renews early)."""
         return any(share.refusals for share in self.shares)
 
-    @property
-    def giving_back(self) -> bool:
+    def giving_back(self, now: float) -> bool:
         """Whether a held share could free capacity the fleet waits for (the member renews early)."""
-        return self.state is FleetState.LEASED and (self.inflight.giving_back or self.tokens.giving_back)
+        return self.state is FleetState.LEASED and (self.inflight.giving_back(now) or self.tokens.giving_back(now))
+
+    def known_seq(self, now: float) -> int:
+        """The number of the last renewal whose reply it applied, while Redis must still hold
+        its entry (the script reads an entry older than that as writes Redis lost); 0 once the
+        reservation may have ended (a step before Redis drops it), and before any lease."""
+        _, release = self.policy.tail_s
+        return self.applied_seq if now < self.renewed_at + self.policy.lease_s + release else 0
 
     def _set_tail(self) -> None:
         """When the lease in force would end its fallback and cut what runs, were it to lapse

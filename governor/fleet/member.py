@@ -130,6 +130,7 @@ class FleetMember:
         args: list[str | float] = [
             self.member_id,
             self._seq,
+            lease.known_seq(sent),
             round(lease.policy.lease_s * 1000),
             round(hold_s * 1000),
             round((release_s - hold_s) * 1000),
@@ -155,8 +156,8 @@ class FleetMember:
             else:
                 self._failed(RuntimeError(f"{acked} of the {self.acks} Redis replicas asked for had the renewal"))
             return False
-        self.renewals["ok"] += 1
         if durable:
+            self.renewals["ok"] += 1
             self._schedule_cut(now)
         if not self.up or was is not FleetState.LEASED:
             log.info("event=fleet_joined key=%s member=%s replicas=%d", self.key, self.member_id, reply.replicas)
@@ -265,7 +266,7 @@ class FleetMember:
             while True:
                 now = self._clock()
                 wait = lease.next_renewal - now
-                wanted = (lease.refusing and lease.could_grow) or lease.giving_back
+                wanted = (lease.refusing and lease.could_grow) or lease.giving_back(now)
                 early = wanted and now - (lease.next_renewal - renew_s) >= early_s
                 if wait <= 0 or early:
                     break

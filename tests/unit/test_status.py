@@ -314,7 +314,9 @@ def test_a_real_snapshot_renders_the_fleet_lease() -> None:
     )
     shares = (20.0, 90.0, 0, 0)
     lease.granted(
-        LeaseReply(3, 1, shares, (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), shares, (40, 200, 0, 0)), 0.0, 0.001
+        LeaseReply(3, 1, 1, shares, (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), shares, (40, 200, 0, 0)),
+        0.0,
+        0.001,
     )
     text = render_status(state.snapshot(), state.snapshot(), 1.0)
     head = "fleet inference:leases:v2 at redis://:***@redis:6379/0: DOWN (no lease renewed), leased, 3 replicas,"

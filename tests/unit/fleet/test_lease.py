@@ -44,7 +44,7 @@ class LuaRedis:
         self.lua = lua51.LuaRuntime()
         self.now = 1000.0
         now_ms = round(self.now * 1000)  # a fleet whose hash has long existed (a new one starts frozen)
-        self.hash: dict[str, str] = {"~clock": f"{now_ms} {now_ms} {now_ms - 3_600_000}"}
+        self.hash: dict[str, str] = {"~clock": f"{now_ms} {now_ms} 0"}
         self.step = 0.0  # how far Redis's wall clock was stepped (the replicas' clocks are monotonic)
         self.seq = 0  # renewals sent (one counter for every replica: rising for each of them)
         self._script = self.lua.execute(f"return function(KEYS, ARGV, redis)\n{LEASE_SCRIPT}\nend")
@@ -71,7 +71,7 @@ class LuaRedis:
         lease.next_renewal = self.now + lease.policy.renew_s
         hold_s, release_s = lease.policy.tail_s
         self.seq += 1
-        header = [member, self.seq, round(lease.policy.lease_s * 1000), round(hold_s * 1000)]
+        header = [member, self.seq, lease.known_seq(self.now), round(lease.policy.lease_s * 1000), round(hold_s * 1000)]
         header.append(round((release_s - hold_s) * 1000))
         args = [*header, len(RESOURCES), *lease.report(self.now)]
         raw = self._script(self.lua.table_from([KEY]), self.lua.table_from([str(a) for a in args]), self._redis)
@@ -432,7 +432,7 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     assert lease.refusing and lease.could_grow  # the member renews early: the fleet has room
     zero = FleetLease(policy, hints(), now)
     zero.granted(
-        LeaseReply(3, 0, (0.0,) * 4, (4, 10, 0, 0), (4, 0, 0, 0), (9, 20, 0, 0), (0,) * 4, (4, 0, 0, 0)), now, now
+        LeaseReply(3, 1, 0, (0.0,) * 4, (4, 10, 0, 0), (4, 0, 0, 0), (9, 20, 0, 0), (0,) * 4, (4, 0, 0, 0)), now, now
     )
     zero.next_renewal = now + 0.2
     refusal = admit(zero, now)  # no share: come back when the next renewal may bring one
@@ -447,7 +447,9 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     hints = RetryHintEstimator(RetryHintPolicy(adaptive=False, jitter=0.0, base_ms=40), 32)
     lease = FleetLease(FleetPolicy(max_inflight=4, max_inflight_tokens=200), hints, 0.0)
     lease.granted(
-        LeaseReply(2, 0, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0), (2, 0, 100, 0)), 0.0, 0.0
+        LeaseReply(2, 1, 0, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0), (2, 0, 100, 0)),
+        0.0,
+        0.0,
     )
     lease.next_renewal = 0.2
     assert isinstance(admit(lease, 0.0, cost=80), Grant)
@@ -460,7 +462,7 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     told.append((refusal.reason, refusal.hint_ms) if isinstance(refusal, Refusal) else None)
     assert told == [("fleet_tokens", 40), None, ("fleet_inflight", 40), ("fleet_inflight", 40)]
     empty = FleetLease(FleetPolicy(max_inflight=4), hints, 0.0)
-    empty.granted(LeaseReply(2, 0, (0,) * 4, (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0,) * 4, (4, 0, 0, 0)), 0.0, 0.0)
+    empty.granted(LeaseReply(2, 1, 0, (0,) * 4, (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0,) * 4, (4, 0, 0, 0)), 0.0, 0.0)
     empty.next_renewal = 0.2
     refusal = admit(empty, 0.0)  # no share at all: only the next renewal may bring one
     assert isinstance(refusal, Refusal) and (refusal.reason, refusal.hint_ms) == ("fleet_inflight", 200)
@@ -478,7 +480,7 @@ def test_token_shares_settle_with_the_real_cost() -> None:
     lease = FleetLease(FleetPolicy(max_inflight_tokens=200, max_tokens_per_s=1000.0), hints(), redis.now)
     # Granted half of each (another replica holds the rest): 100 tokens held, 500 per second.
     shares = (0, 500, 100, 500)
-    lease.granted(LeaseReply(2, 0, shares, (0, 0, 200, 1000), (0,) * 4, (0,) * 4, shares, shares), 0, 0)
+    lease.granted(LeaseReply(2, 1, 0, shares, (0, 0, 200, 1000), (0,) * 4, (0,) * 4, shares, shares), 0, 0)
     redis.now = 1.0
     grant = admit(lease, redis.now, cost=60)
     assert isinstance(grant, Grant) and lease.tokens.holding == 60
@@ -604,7 +606,7 @@ def test_a_renewal_too_few_redis_replicas_acknowledged_renews_nothing_and_grows_
     lease.granted(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.share >= 6 and lease.valid_until > valid_until
     grown = lease.inflight.share
-    smaller = LeaseReply(1, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
+    smaller = LeaseReply(1, 99, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
     assert lease.granted(smaller, redis.now, redis.now, durable=False)  # shrank: confirmed at once
     assert lease.inflight.share == 2 < grown
     redis.now = lease.valid_until  # only unacknowledged renewals since: the lease lapses
@@ -615,7 +617,7 @@ def test_a_renewal_too_few_redis_replicas_acknowledged_renews_nothing_and_grows_
 def test_the_wait_ledger_counts_each_client_until_its_hint_ends() -> None:
     """Two clients told to wait 600 ms and one 100 ms, at t=10 s: over the periods of 250 ms that
     follow, 2 + 1 wait, then 2, then 2 for 100 ms of the 250; then nobody, at once."""
-    ledger = WaitLedger()
+    ledger = WaitLedger(30.0)
     ledger.take(10.0)
     ledger.add(10.0, 2, 0.6)
     ledger.add(10.0, 1, 0.1)
@@ -644,11 +646,11 @@ def test_a_replica_whose_clients_left_asks_for_nothing_a_period_later() -> None:
 
 def test_a_hash_redis_lost_grows_no_share_until_every_live_replica_has_renewed() -> None:
     """Redis restarted empty (or the key was flushed): the first replica to renew finds nobody
-    holding anything. For a lease and a step it keeps what it applies and holds, however much it
-    wants, so the other replica, whose requests still run, is not overrun; then shares follow
-    demand again."""
+    holding anything, but it held a lease, so the hash was lost. For a lease and a half no share
+    grows past what its replica applies or holds, however much it wants, so b, whose requests
+    still run, is not overrun; then shares follow demand."""
     redis = LuaRedis()
-    policy = FleetPolicy(max_inflight=8)
+    policy = FleetPolicy(max_inflight=8, hold_s=0.5, max_request_s=1.0)
     a, b = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
     held: dict[str, list[Grant]] = {"a": [], "b": []}
     for _ in range(8):
@@ -661,17 +663,31 @@ def test_a_hash_redis_lost_grows_no_share_until_every_live_replica_has_renewed()
         a.release(grant, executed=True)
     more: list[Grant] = []
     start = redis.now
-    while redis.now < start + policy.lease_s * 1.5:
+    while redis.now < start + 1.5 * policy.lease_s - policy.renew_s:
         offer(redis, a, 8, policy.renew_s, more)  # a wants the whole cap
         renew_all(redis, {"a": a, "b": b})
-        assert a.inflight.share + b.inflight.share <= 8
-        assert a.inflight.holding + b.inflight.holding <= 8
+        assert a.inflight.share <= 4 and a.inflight.holding + b.inflight.holding <= 8
     for grant in held["b"]:  # b's requests end: past the freeze, a's demand is met
         b.release(grant, executed=True)
     for _ in range(4):
         offer(redis, a, 8, policy.renew_s, more)
         renew_all(redis, {"a": a, "b": b})
     assert a.inflight.share > 4
+
+
+def test_a_new_fleet_grows_no_share_in_its_first_lease_only() -> None:
+    """A hash nobody had a lease in: its replicas hold nothing yet, so the first lease is all the
+    freeze lasts."""
+    redis = LuaRedis()
+    redis.hash.clear()
+    lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
+    grants: list[Grant] = []
+    start = redis.now
+    while lease.inflight.share < 6:
+        offer(redis, lease, 6 - len(grants), lease.policy.renew_s, grants)
+        renew_all(redis, {"m": lease})
+        assert redis.now - start <= lease.policy.lease_s + 2 * lease.policy.renew_s
+    assert redis.now - start >= lease.policy.lease_s
 
 
 def test_a_step_of_redis_clock_ahead_never_ends_a_cut_off_replicas_reservation_before_its_cut() -> None:
@@ -693,3 +709,55 @@ def test_a_step_of_redis_clock_ahead_never_ends_a_cut_off_replicas_reservation_b
         offer(redis, taker, 8 - len(took), 0.05, took)
         renew_all(redis, {"taker": taker})
         assert taker.inflight.holding + holder.inflight.holding <= 8, holder.cut_at - redis.now
+
+
+def test_a_hash_restored_from_an_old_snapshot_grows_no_share_until_every_live_replica_has_renewed() -> None:
+    """Redis restarts from a dump a minute old: its entries look current to the fleet's clock,
+    but Redis's own clock shows nobody renewed for more than half a lease, so no share grows past
+    what its replica applies until every live one has renewed: b, whose load came back first,
+    does not take what a (still leased, its requests running) holds."""
+    redis = LuaRedis()
+    policy = FleetPolicy(max_inflight=8, renew_s=0.25, lease_s=1.0)
+    a, b = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
+    ga: list[Grant] = []
+    gb: list[Grant] = []
+
+    def period(na: int, nb: int) -> None:
+        offer(redis, a, na - len(ga), policy.renew_s, ga)
+        offer(redis, b, nb - len(gb), 0.0, gb)
+        renew_all(redis, {"a": a, "b": b})
+
+    for _ in range(12):
+        period(2, 6)
+    snapshot = dict(redis.hash)
+    redis.now += 60  # the load moves during the next minute
+    for _ in range(40):
+        while len(gb) > 2:
+            b.release(gb.pop(), executed=True)
+        period(6, 2)
+    assert a.inflight.holding == 6
+    redis.hash = snapshot  # the restart, loading the dump
+    for _ in range(4):  # b's load comes back first, and it renews before a
+        offer(redis, b, 6 - len(gb), 0.05, gb)
+        b.granted(redis.renew("b", b), redis.now, redis.now)
+        assert a.inflight.holding + b.inflight.holding <= 8
+
+
+def test_a_replica_renews_early_to_give_back_only_what_it_does_not_use() -> None:
+    """In a contended fleet, a share of 6 held by nobody and awaited by nobody is given back at
+    once (an early renewal); a share of one, the least a replica that wants any keeps, is not
+    (renewing would change nothing), nor a share whose clients wait for it."""
+    lease = FleetLease(FleetPolicy(max_inflight=8), hints(), 0.0)
+    share = lease.inflight
+    share.limit, share.fleet_want = 8, 12.0  # contended as of the last reply
+    lease.state = FleetState.LEASED
+    share.set_share(6.0, 0.0)
+    assert lease.giving_back(0.0)
+    share.set_share(1.0, 0.0)
+    assert not lease.giving_back(0.0)
+    share.set_share(6.0, 0.0)
+    share.refuse(0.0, 5, 500)  # five clients told to come back in 500 ms
+    assert not lease.giving_back(0.1)
+    assert lease.giving_back(0.6)  # they did not come back
+    share.fleet_want = 6.0  # uncontended: nobody waits for it
+    assert not lease.giving_back(0.6)
