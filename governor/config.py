@@ -148,7 +148,7 @@ class GovernorConfig:
         30.0,
         "what a lapsed replica admitted stays reserved in Redis this long after its lease (and hold) ran out;"
         " requests still running then are cancelled (fleet_lease_lost). A dead replica's share returns after"
-        " lease + hold + this",
+        " 1.5 x lease + hold + this",
     )
     retry_hint: Literal["adaptive", "fixed"] = option(
         "adaptive",
