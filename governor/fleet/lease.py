@@ -557,6 +557,14 @@ class FleetLease:
 
     # --- the lease -----------------------------------------------------------------------------
 
+    def renewal_args(self, member: str, seq: int, now: float) -> list[str | float]:
+        """The script's ARGV for renewal number `seq` of `member`, sent at `now` (lease.lua's
+        header says what each is): the one place that knows their order."""
+        hold_s, release_s = self.policy.tail_s
+        tail_ms = (round(hold_s * 1000), round((release_s - hold_s) * 1000))
+        head: list[str | float] = [member, seq, self.known_seq(now), round(self.policy.lease_s * 1000), *tail_ms]
+        return [*head, len(RESOURCES), *self.report(now)]
+
     def report(self, now: float) -> list[float]:
         """The renewal's per-resource numbers (the script's ARGV after its header). A new
         measurement period starts unless the last one began under half a renewal period ago (a

@@ -41,7 +41,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from governor.fleet.lease import LEASE_SCRIPT, RESOURCES, FleetLease, FleetState, LeaseReply
+from governor.fleet.lease import LEASE_SCRIPT, FleetLease, FleetState, LeaseReply
 from governor.fleet.redis_url import FleetRedis
 from governor.latency import Histogram
 
@@ -125,18 +125,8 @@ class FleetMember:
         lease = self.lease
         sent = self._clock()
         lease.next_renewal = sent + lease.policy.renew_s
-        hold_s, release_s = lease.policy.tail_s
         self._seq += 1
-        args: list[str | float] = [
-            self.member_id,
-            self._seq,
-            lease.known_seq(sent),
-            round(lease.policy.lease_s * 1000),
-            round(hold_s * 1000),
-            round((release_s - hold_s) * 1000),
-            len(RESOURCES),
-        ]
-        args += lease.report(sent)
+        args = lease.renewal_args(self.member_id, self._seq, sent)
         try:  # however many round trips a renewal takes (Sentinel, reconnecting), never past the lease
             raw, acked = await asyncio.wait_for(self._run_script(args), lease.policy.lease_s)
             reply = LeaseReply.parse(raw)

@@ -21,7 +21,6 @@ from governor.config import GovernorConfig
 from governor.fleet.lease import (
     CLOCK_MARGIN,
     LEASE_SCRIPT,
-    RESOURCES,
     FleetLease,
     FleetPolicy,
     FleetState,
@@ -69,11 +68,8 @@ class LuaRedis:
     def renew(self, member: str, lease: FleetLease) -> LeaseReply:
         """What FleetMember.renew sends, run at `now`."""
         lease.next_renewal = self.now + lease.policy.renew_s
-        hold_s, release_s = lease.policy.tail_s
         self.seq += 1
-        header = [member, self.seq, lease.known_seq(self.now), round(lease.policy.lease_s * 1000), round(hold_s * 1000)]
-        header.append(round((release_s - hold_s) * 1000))
-        args = [*header, len(RESOURCES), *lease.report(self.now)]
+        args = lease.renewal_args(member, self.seq, self.now)
         raw = self._script(self.lua.table_from([KEY]), self.lua.table_from([str(a) for a in args]), self._redis)
         return LeaseReply.parse(list(raw.values()))
 
