@@ -17,6 +17,7 @@ import pytest
 from tests.fault_proxy import FaultProxy
 from tests.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
 from tests.integration.conftest import Governor, Worker
+from tests.integration.test_fleet import share_of
 from tests.redis_server import RedisServer, SentinelServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -50,10 +51,6 @@ def start_replicas(
         governor.wait_until(lambda g=governor: g.stats()["fleet"]["replicas"] == size, 10, "all replicas joined")
         governor.wait_until(lambda g=governor: share_of(g) >= 1, 10, "a share")
     return governors
-
-
-def share_of(governor: Governor) -> float:
-    return float(governor.stats()["fleet"]["resources"]["inflight"]["share"])
 
 
 @pytest.mark.parametrize(("unavailable", "hold_s"), [("hold", 1.0), ("closed", 0.0)], ids=["hold", "closed"])

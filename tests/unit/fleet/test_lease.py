@@ -544,11 +544,9 @@ def test_a_reload_changes_the_fleet_caps_but_not_the_lease_timing() -> None:
         state.admission.decide(0.0, Ask(cost=101))
 
 
-def test_a_step_of_redis_clock_neither_expires_the_leases_nor_freezes_them() -> None:
-    """Redis's wall clock jumps an hour ahead, then two hours back: the fleet's clock (lease.lua)
-    moves at most a lease per renewal and never backwards, so the live replica's reservation is
-    not dropped by the jump ahead, and a dead one's still comes back in due time after the jump
-    back (about its lease and tail, counted in renewals)."""
+def holder_and_taker() -> tuple[LuaRedis, FleetPolicy, FleetLease, FleetLease]:
+    """Two replicas under a cap of 8 (`closed`, longest request 1 s), the holder holding five
+    requests, the taker nothing: the setting of the tests of Redis's clock steps."""
     redis = LuaRedis()
     policy = FleetPolicy(max_inflight=8, renew_s=0.25, lease_s=1.0, unavailable="closed", max_request_s=1.0)
     holder, taker = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
@@ -556,7 +554,16 @@ def test_a_step_of_redis_clock_neither_expires_the_leases_nor_freezes_them() -> 
     for _ in range(6):
         offer(redis, holder, 5 - len(grants), policy.renew_s, grants)
         renew_all(redis, {"holder": holder, "taker": taker})
-    assert len(grants) == 5
+    assert holder.inflight.holding == 5
+    return redis, policy, holder, taker
+
+
+def test_a_step_of_redis_clock_neither_expires_the_leases_nor_freezes_them() -> None:
+    """Redis's wall clock jumps an hour ahead, then two hours back: the fleet's clock (lease.lua)
+    moves at most a lease per renewal and never backwards, so the live replica's reservation is
+    not dropped by the jump ahead, and a dead one's still comes back in due time after the jump
+    back (about its lease and tail, counted in renewals)."""
+    redis, policy, holder, taker = holder_and_taker()
     redis.step = 3600.0  # a step ahead, between two renewals
     took: list[Grant] = []
     offer(redis, taker, 8, policy.renew_s, took)
@@ -691,14 +698,8 @@ def test_a_step_of_redis_clock_ahead_never_ends_a_cut_off_replicas_reservation_b
     Redis's clock jumps an hour ahead while the taker renews every 50 ms wanting the whole cap.
     The jump moves the fleet's clock half a lease too far at most, and the reservation lasts that
     much longer than the holder counts on: until its cut, the two never hold more than 8."""
-    redis = LuaRedis()
-    policy = FleetPolicy(max_inflight=8, renew_s=0.25, lease_s=1.0, unavailable="closed", max_request_s=1.0)
-    holder, taker = FleetLease(policy, hints(), redis.now), FleetLease(policy, hints(), redis.now)
-    grants: list[Grant] = []
-    for _ in range(6):
-        offer(redis, holder, 5 - len(grants), policy.renew_s, grants)
-        renew_all(redis, {"holder": holder, "taker": taker})
-    assert holder.inflight.holding == 5 and holder.cut_at is not None
+    redis, policy, holder, taker = holder_and_taker()
+    assert holder.cut_at is not None
     redis.step = 3600.0
     took: list[Grant] = []
     while redis.now < holder.cut_at:
