@@ -7,6 +7,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,13 +51,18 @@ class RedisServer:
         self.port = port or free_port()
         self.replica_of = replica_of
         self.proc: subprocess.Popen[bytes] | None = None
+        self.directory: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        # Its own directory: a primary writes an RDB file for a replica's full sync even with
+        # --save "", and it must not land in the working directory.
+        self.directory = tempfile.TemporaryDirectory(prefix="redis-")
         argv = [server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", self.directory.name]
         if self.replica_of is not None:
             argv += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -85,6 +91,9 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
         self.proc = None
+        if self.directory is not None:
+            self.directory.cleanup()
+            self.directory = None
 
     def __enter__(self) -> RedisServer:
         return self.start()
