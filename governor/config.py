@@ -172,7 +172,12 @@ class GovernorConfig:
     max_frame_bytes: int = option(MIB, "longest accepted frame in bytes, newline excluded")
     max_new_tokens_limit: int = option(4096, "largest max_new_tokens a request may ask for")
     integrity: Literal["required", "optional", "off"] = option(
-        "required", "size+sha256 of the prompt: required, optional (verified when present) or off"
+        "required", "NDJSON port: size+sha256 of the prompt: required, optional (verified when present) or off"
+    )
+    http_integrity: Literal["required", "optional", "off"] = option(
+        "optional",
+        "front door: the body's Content-Digest (sha-256): optional (verified when present; the OpenAI SDKs send"
+        " none), required or off",
     )
     drain_timeout_s: float = option(30.0, "on SIGTERM, how long in-flight requests may finish")
     max_connections: int = option(10_000, "client connections held at once; one more is refused (too_many_connections)")

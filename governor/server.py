@@ -391,6 +391,7 @@ class Server:
             max_body_bytes=config.max_frame_bytes,
             max_pipelined=config.http_max_pipelined,
             request_timeout_s=config.http_request_timeout_s,
+            integrity=IntegrityMode(config.http_integrity),
         )
 
         def http_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:

@@ -125,6 +125,7 @@ class HttpLimits:
     max_header_bytes: int = 64 * 1024  # request line and headers of one request
     max_pipelined: int = 16  # requests parsed and waiting behind the one being answered
     request_timeout_s: float = 10.0  # a request's headers and body must arrive within this
+    integrity: IntegrityMode = IntegrityMode.OPTIONAL  # Content-Digest (--http-integrity)
 
 
 def status_line(status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
@@ -577,14 +578,14 @@ class HttpIngress:
 
     def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
         """RFC 9530 `Content-Digest` over the body: verified when present (sha-256; other
-        algorithms are ignored), required under `--integrity required`."""
-        mode = self._state.limits.integrity
+        algorithms are ignored), required under `--http-integrity required`."""
+        mode = self._limits.integrity
         if mode is IntegrityMode.OFF:
             return
         header = message.headers.get(b"content-digest")
         if header is None:
             if mode is IntegrityMode.REQUIRED:
-                raise BadFrame("Content-Digest: sha-256=:<base64>: is required (--integrity required)", rid)
+                raise BadFrame("Content-Digest: sha-256=:<base64>: is required (--http-integrity required)", rid)
             return
         digests = http_sfv.Dictionary()  # type: ignore[attr-defined]
         try:

@@ -36,7 +36,7 @@ def front_door(
     """A governor with the front door on a free port, spawning a GPT-2 worker on `model_dir` (or,
     with None, the echo engine with the `echo` flags)."""
     port = free_port()
-    all_flags = ("--http-port", str(port), "--integrity", "optional", *flags)
+    all_flags = ("--http-port", str(port), *flags)  # no integrity flag: the door's default serves the SDKs
     if model_dir is None:
         return start_governor(*all_flags, worker_args=echo), port
     return gpt2_governor(start_governor, model_dir, *all_flags), port

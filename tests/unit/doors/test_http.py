@@ -246,16 +246,27 @@ def test_a_busy_endpoint_before_the_first_token_is_a_late_429_and_balances() -> 
     assert refused.status == 429 and orjson.loads(refused.body)["error"]["code"] == "endpoint_busy"
 
 
-def test_content_digest_is_verified_and_required_under_integrity_required() -> None:
-    state = make_state(max_inflight=8, integrity=IntegrityMode.REQUIRED)
+def test_content_digest_is_verified_and_required_under_http_integrity_required() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.OFF)  # the NDJSON port's: not the door's
+    required = HttpLimits(integrity=IntegrityMode.REQUIRED)
     body = orjson.dumps(completion())
     good = "content-digest: sha-256=:" + base64.b64encode(hashlib.sha256(body).digest()).decode() + ":"
-    assert Client(state).send(post(body, good)) == []  # admitted
-    (missing,) = Client(state).send(post(body))
-    assert missing.status == 400 and b"Content-Digest" in missing.body
-    (wrong,) = Client(state).send(post(body, "content-digest: sha-256=:" + base64.b64encode(b"x" * 32).decode() + ":"))
-    assert wrong.status == 400 and orjson.loads(wrong.body)["error"]["code"] == "integrity"
+    assert Client(state, required).send(post(body, good)) == []  # admitted
+    (missing,) = Client(state, required).send(post(body))
+    assert missing.status == 400 and b"Content-Digest" in missing.body and b"--http-integrity" in missing.body
+    wrong = "content-digest: sha-256=:" + base64.b64encode(b"x" * 32).decode() + ":"
+    (mismatch,) = Client(state, required).send(post(body, wrong))
+    assert mismatch.status == 400 and orjson.loads(mismatch.body)["error"]["code"] == "integrity"
     assert state.admission.inflight.inflight == 1 and balanced(state)  # the failures were refunded
+
+
+def test_the_door_verifies_a_digest_when_present_by_default_whatever_the_ndjson_port_requires() -> None:
+    state = make_state(max_inflight=8, integrity=IntegrityMode.REQUIRED)
+    body = orjson.dumps(completion())
+    assert Client(state).send(post(body)) == []  # no Content-Digest (as the OpenAI SDKs send): admitted
+    (mismatch,) = Client(state).send(post(body, "content-digest: sha-256=:" + base64.b64encode(b"y" * 32).decode() + ":"))
+    assert mismatch.status == 400 and orjson.loads(mismatch.body)["error"]["code"] == "integrity"
+    assert state.admission.inflight.inflight == 1 and balanced(state)
 
 
 def test_too_many_pipelined_requests_stop_the_reading() -> None:
