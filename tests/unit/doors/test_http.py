@@ -264,7 +264,8 @@ def test_the_door_verifies_a_digest_when_present_by_default_whatever_the_ndjson_
     state = make_state(max_inflight=8, integrity=IntegrityMode.REQUIRED)
     body = orjson.dumps(completion())
     assert Client(state).send(post(body)) == []  # no Content-Digest (as the OpenAI SDKs send): admitted
-    (mismatch,) = Client(state).send(post(body, "content-digest: sha-256=:" + base64.b64encode(b"y" * 32).decode() + ":"))
+    wrong = "content-digest: sha-256=:" + base64.b64encode(b"y" * 32).decode() + ":"
+    (mismatch,) = Client(state).send(post(body, wrong))
     assert mismatch.status == 400 and orjson.loads(mismatch.body)["error"]["code"] == "integrity"
     assert state.admission.inflight.inflight == 1 and balanced(state)
 
