@@ -36,6 +36,10 @@ FAILURE_REASONS = (
 )
 
 
+ATTEMPTS = ("first", "retry")
+ANSWERS = ("admitted", "yielded")
+
+
 class Outcome(StrEnum):
     EXECUTED = "executed"
     REJECTED = "rejected"
@@ -88,6 +92,8 @@ class Accounting:
         "tokens_settled",
         "deadlines",
         "classes",
+        "attempts",
+        "blind_retries",
         "_by_outcome",
     )
 
@@ -111,6 +117,10 @@ class Accounting:
         self.tokens_settled = 0  # their real cost, summed as they settle
         self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
         self.classes = {priority: Tally() for priority in Priority}
+        # Admission's answers by attempt: a retry is a frame back for its appointment or one whose
+        # client says it retries; of those, the blind ones held no valid appointment.
+        self.attempts = {attempt: dict.fromkeys(ANSWERS, 0) for attempt in ATTEMPTS}
+        self.blind_retries = dict.fromkeys(ANSWERS, 0)
         self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed, Outcome.YIELDED: self.yielded}
 
     # -- frames: each is counted once, with its fate -------------------------------------------------
@@ -121,6 +131,7 @@ class Accounting:
         self.yielded[reason] += 1
         if final:
             self.final[reason] += 1
+        self._attempt(ask, "yielded")
         self.classes[ask.priority].yielded[reason] += 1
         if ask.tenant is not None:
             ask.tenant.tally.yielded[reason] += 1
@@ -130,8 +141,18 @@ class Accounting:
         self.received += 1
         self.tokens_reserved += ask.cost
         self.classes[ask.priority].admitted += 1
+        self._attempt(ask, "admitted")
         if ask.tenant is not None:
             ask.tenant.tally.admitted += 1
+
+    def _attempt(self, ask: Ask, answer: str) -> None:
+        if ask.appointment is not None:
+            self.attempts["retry"][answer] += 1
+        elif ask.retry:
+            self.attempts["retry"][answer] += 1
+            self.blind_retries[answer] += 1
+        else:
+            self.attempts["first"][answer] += 1
 
     def frame_rejected(self, code: str) -> None:
         """Received and refused as invalid before admission (or the frame that hit a bug)."""

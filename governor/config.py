@@ -12,10 +12,16 @@ from governor.admission.priority import CeilingPolicy
 from governor.admission.tenant import TenantLimits, parse_tenant
 from governor.fleet.lease import FleetPolicy
 from governor.fleet.redis_url import FleetRedis
+from governor.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option
 from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB
+
+SDK_MAX_RETRY_AFTER_MS = 120_000
+"""The longest `Retry-After` the OpenAI Python SDK honours (openai-python #3555): it treats a longer
+one as not retryable. The front door never hints longer (checked against --promise-horizon-ms and
+--retry-hint-max-ms when it is on)."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +84,35 @@ class GovernorConfig:
         "[,max_tokens_per_s=R][,tokens_burst=B]",
         metavar="TENANT",
     )
-    tenant_from: Literal["auth", "frame"] = option(
+    tenant_from: Literal["auth", "frame", "header"] = option(
         "auth",
         "auth: a connection's tenant is the one its secret names in --auth-token-file (a frame naming another is"
-        " refused); frame: each frame's tenant field (trusted clients). Unknown or absent: the default tenant",
+        " refused); frame: each frame's tenant field (trusted clients); header: the front door's"
+        " x-llm-d-inference-fairness-id (trusted clients; the NDJSON port as auth). Unknown or absent: the default"
+        " tenant",
+    )
+    trusted_gateway: tuple[str, ...] = option(
+        (),
+        "an address or CIDR block of a gateway (llm-d, Envoy) whose x-llm-d-inference-fairness-id names the"
+        " tenant of the requests it forwards to the front door; repeatable",
+        metavar="CIDR",
+    )
+    objective: tuple[str, ...] = option(
+        (),
+        "NAME=critical|standard|sheddable: the class of front-door requests whose x-llm-d-inference-objective"
+        " names this InferenceObjective; repeatable (an objective not listed is ignored)",
+        metavar="NAME=CLASS",
+    )
+    priority_critical_from: int = option(
+        1, "an integer x-dynamo-request-priority of at least this makes a request critical"
+    )
+    priority_sheddable_below: int = option(
+        0, "an integer x-dynamo-request-priority below this makes a request sheddable (GAIE: negative)"
+    )
+    shed_blind_retries: bool = option(
+        False,
+        "retries without a valid appointment (x-stainless-retry-count > 0, a stale ticket) may fill only"
+        " --sheddable-ceiling of each cap while a first attempt was refused capacity within --priority-hold-s",
     )
     tenant_share_from: float = option(
         0.8,
@@ -157,7 +188,11 @@ class GovernorConfig:
     )
     retry_hint_ms: float = option(50.0, "base retry hint, used before any service time is observed")
     retry_hint_min_ms: float = option(1.0, "lower clamp of retry_hint_ms")
-    retry_hint_max_ms: float = option(10_000.0, "upper clamp of retry_hint_ms (raised to the promise horizon)")
+    retry_hint_max_ms: float = option(
+        10_000.0,
+        "upper clamp of retry_hint_ms (raised to the promise horizon); with --http-port at most 120000, the"
+        " longest Retry-After the OpenAI SDKs honour",
+    )
     promise_horizon_ms: float = option(
         1000.0,
         "a refused client is promised a slot only when one frees within this long; beyond it the refusal"
@@ -249,6 +284,11 @@ class GovernorConfig:
                 f"--max-frame-bytes must be in [64, {MAX_FRAME_BYTES_LIMIT}]",
             ),
             (self.max_new_tokens_limit >= 1, "--max-new-tokens-limit must be >= 1"),
+            (
+                not self.http_port or max(self.promise_horizon_ms, self.retry_hint_max_ms) <= SDK_MAX_RETRY_AFTER_MS,
+                f"with --http-port, --promise-horizon-ms and --retry-hint-max-ms must be <= {SDK_MAX_RETRY_AFTER_MS}:"
+                " the OpenAI SDKs give up on a longer Retry-After",
+            ),
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
             (
                 math.isfinite(self.max_qps + self.qps_burst) and self.max_qps >= 0 and self.qps_burst >= 0,
@@ -309,6 +349,7 @@ class GovernorConfig:
             seen.add(address)
         self.tenant_limits()
         self.ceiling_policy()
+        self.gateway_policy()
         policy = self.fleet_policy()
         if self.fleet and not policy.any:
             raise ConfigError("--fleet needs a fleet cap: --fleet-max-inflight, --fleet-max-qps or a token one")
@@ -323,6 +364,21 @@ class GovernorConfig:
                 raise ConfigError(f"--fleet: {exc}") from None
             if password.startswith(PLACEHOLDER_PREFIX):
                 raise ConfigError("--fleet: the password is the shipped placeholder (replace-me…); create a random one")
+
+    def gateway_policy(self) -> GatewayPolicy:
+        """How far the front door trusts gateway headers, and how their priorities map to classes."""
+        try:
+            trusted = tuple(parse_trusted(text) for text in self.trusted_gateway)
+            objectives = dict(parse_objective(text) for text in self.objective)
+            return GatewayPolicy(
+                self.tenant_from == "header",
+                trusted,
+                objectives,
+                self.priority_critical_from,
+                self.priority_sheddable_below,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"--trusted-gateway, --objective, --priority-*: {exc}") from None
 
     def fleet_policy(self) -> FleetPolicy:
         try:

@@ -78,6 +78,10 @@ def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
             continue
         try:
             value: Any = kind(text) if kind in (int, float) else text
+            if kind is bool:
+                value = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}[text.lower()]
+        except KeyError:
+            raise ConfigError(f"${variable}: {text!r} is not a boolean (true or false)") from None
         except ValueError:
             raise ConfigError(f"${variable}: {text!r} is not a valid {kind.__name__}") from None
         values[f.name] = _checked(f"${variable}", f.name, value, kind)
@@ -113,7 +117,11 @@ def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
                 caps = "".join(f"\n{key} = {getattr(tenant_limits, key)!r}" for key in TENANT_KEYS)
                 endpoints.append(f"[[tenant]]  # {source}\nname = {name!r}{caps}")
             continue
-        shown = orjson.dumps(value).decode() if isinstance(value, str) else repr(value)
+        # TOML: strings and arrays as JSON writes them, booleans lower-case, numbers as Python does
+        if isinstance(value, str | tuple | bool):
+            shown = orjson.dumps(list(value) if isinstance(value, tuple) else value).decode()
+        else:
+            shown = repr(value)
         lines.append(f"{f.name} = {shown}  # {source}")
     if config.worker_args:
         lines.append(f"# spawned worker flags (after --): {' '.join(config.worker_args)}")
@@ -166,7 +174,10 @@ def _table_spec(path: str, kind: str, head: str, keys: tuple[str, ...], index: i
 
 
 def _checked(where: str, key: str, value: Any, kind: Any) -> Any:
-    if typing.get_origin(kind) is Literal:
+    if typing.get_origin(kind) is tuple:  # a repeatable flag: an array of strings
+        ok = isinstance(value, list) and all(isinstance(item, str) for item in value)
+        value = tuple(value) if ok else value
+    elif typing.get_origin(kind) is Literal:
         ok = value in typing.get_args(kind)
     elif kind is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)

@@ -443,9 +443,10 @@ def _hint_families(state: ServerState) -> Iterator[CounterMetricFamily | GaugeMe
 
 
 class GovernorCollector(Collector):
-    def __init__(self, state: ServerState, upstream: Upstream) -> None:
+    def __init__(self, state: ServerState, upstream: Upstream, served_model: str = "gpt2") -> None:
         self._state = state
         self._upstream = upstream
+        self._served_model = served_model
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
         s = self._state
@@ -495,6 +496,25 @@ class GovernorCollector(Collector):
                 family.add_metric([reason], n)
             yield family
         yield from _endpoint_families(self._upstream, now)
+        yield from _model_server_families(s, self._upstream, self._served_model)
+        attempts = CounterMetricFamily(
+            "governor_requests",
+            "Generate frames admission answered, by attempt (retry: back for an appointment, or the client"
+            " says so, e.g. x-stainless-retry-count > 0) and answer.",
+            labels=["attempt", "answer"],
+        )
+        for attempt, by_answer in acc.attempts.items():
+            for answer, n in by_answer.items():
+                attempts.add_metric([attempt, answer], n)
+        yield attempts
+        blind = CounterMetricFamily(
+            "governor_blind_retries",
+            'Retries without a valid appointment (of governor_requests_total{attempt="retry"}), by answer.',
+            labels=["answer"],
+        )
+        for answer, n in acc.blind_retries.items():
+            blind.add_metric([answer], n)
+        yield blind
         yield from _token_families(s, now)
         yield from _hint_families(s)
         yield from _tenant_families(s, now)
@@ -530,9 +550,50 @@ class GovernorCollector(Collector):
         yield hints
 
 
-def build_registry(state: ServerState, upstream: Upstream) -> CollectorRegistry:
+def _model_server_families(state: ServerState, upstream: Upstream, served_model: str) -> Iterator[GaugeMetricFamily]:
+    """The gauges a Gateway API Inference Extension endpoint picker scrapes from a vLLM pod, as the
+    governor sees them, one series per model the front door serves (vLLM's `model_name` label):
+    running = its endpoints' admitted, unfinished requests; waiting = the returning clients held
+    in the lobby (nothing else waits here: a refusal is an answer); the KV cache's use = the mean
+    of what its governor workers report, left out for a model no worker serves (an
+    OpenAI-compatible server exports its own)."""
+    running = GaugeMetricFamily(
+        "vllm:num_requests_running",
+        "Requests admitted by the governor and not finished, per served model (GAIE model-server protocol).",
+        labels=["model_name"],
+    )
+    waiting = GaugeMetricFamily(
+        "vllm:num_requests_waiting",
+        "Requests held in the governor's lobby for their appointment (nothing else waits), per served model.",
+        labels=["model_name"],
+    )
+    kv = GaugeMetricFamily(
+        "vllm:kv_cache_usage_perc",
+        "Mean share (0-1) of the KV cache in use over the governor's workers serving the model.",
+        labels=["model_name"],
+    )
+    by_model: dict[str, list[WorkerLink | OpenAILink]] = {}
+    for link in upstream.links:
+        name = link.target.served_name if isinstance(link, OpenAILink) else served_model
+        by_model.setdefault(name, []).append(link)
+    held = len(state.lobby)
+    for name, links in by_model.items():
+        running.add_metric([name], sum(link.endpoint.inflight for link in links))
+        waiting.add_metric([name], held)
+        usage = [
+            ratio
+            for link in links
+            if isinstance(link, WorkerLink) and (ratio := link.engine_stats.kv_cache_usage_ratio) is not None
+        ]
+        if usage:
+            kv.add_metric([name], sum(usage) / len(usage))
+    yield from (running, waiting, kv)
+
+
+def build_registry(state: ServerState, upstream: Upstream, served_model: str = "gpt2") -> CollectorRegistry:
+    """`served_model`: the name the front door serves the governor's own workers as."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(GovernorCollector(state, upstream))
+    registry.register(GovernorCollector(state, upstream, served_model))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     GCCollector(registry=registry)

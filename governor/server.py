@@ -86,7 +86,7 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
     )
     auth = config.client_secret()
     apply_tenancy(admission, config, auth, now)
-    return ServerState(
+    state = ServerState(
         limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
         admission=admission,
         upstream=upstream,
@@ -99,6 +99,8 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
             calibrate=config.token_estimate == "calibrated",
         ),
     )
+    state.tenant_from = config.tenant_from
+    return state
 
 
 def served_models(upstream: Upstream, served_model: str) -> list[str]:
@@ -154,6 +156,7 @@ RELOADABLE = (
     "standard_ceiling",
     "priority_hold_s",
     "preempt",
+    "shed_blind_retries",
     "fleet_max_inflight",
     "fleet_max_qps",
     "fleet_qps_burst",
@@ -173,6 +176,7 @@ def apply_tenancy(admission: Admission, config: GovernorConfig, auth: TenantSecr
         now,
         preempt=config.preempt == "on",
     )
+    admission.shed_blind_retries = config.shed_blind_retries
 
 
 def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
@@ -347,7 +351,9 @@ class Server:
         stack.callback(sweeper.cancel)
         lag_sampler = asyncio.create_task(sample_loop_lag(state.latency.event_loop_lag, loop.time))
         stack.callback(lag_sampler.cancel)
-        registry = build_registry(state, upstream)  # scraped on --metrics-port and the front door's /metrics
+        registry = build_registry(
+            state, upstream, config.served_model
+        )  # scraped on --metrics-port and the front door's /metrics
         if config.metrics_port:
             metrics = MetricsEndpoint(registry, upstream.not_ready)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
@@ -392,10 +398,14 @@ class Server:
             max_pipelined=config.http_max_pipelined,
             request_timeout_s=config.http_request_timeout_s,
             integrity=IntegrityMode(config.http_integrity),
+            gateway=config.gateway_policy(),
         )
 
         def http_core(state: ServerState, write: Callable[[bytes], None], protocol: GovernorProtocol) -> ClientCore:
-            return HttpIngress(state, write, http_limits, models, protocol.pause_reading, protocol.finish, metrics)
+            trusted = http_limits.gateway.trusts(protocol.peer)
+            return HttpIngress(
+                state, write, http_limits, models, protocol.pause_reading, protocol.finish, metrics, trusted
+            )
 
         loop = asyncio.get_running_loop()
         return await loop.create_server(

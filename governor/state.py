@@ -101,6 +101,7 @@ class ServerState:
         "limits",
         "auth",
         "tenant_from_frame",
+        "tenant_from",
         "clock",
         "costs",
         "admission",
@@ -131,6 +132,7 @@ class ServerState:
         self.auth = auth
         # --tenant-from frame: each frame's `tenant` field names its tenant (the clients are trusted).
         self.tenant_from_frame = tenant_from_frame
+        self.tenant_from = "frame" if tenant_from_frame else "auth"  # (--tenant-from header: set by the server)
         self.clock = clock
         self.costs = costs or CostModel(4.0, 1.0, limits.max_new_tokens)  # what a frame costs in tokens
         self.admission = admission
@@ -177,7 +179,7 @@ class ServerState:
             "bytes_per_token": round(self.costs.bytes_per_token, 4),
             "deadlines": dict(acc.deadlines),
             "adaptive_limit": {"mode": adaptive.policy.mode.value, "limit": adaptive.limit, "knee": adaptive.knee},
-            "tenant_from": "frame" if self.tenant_from_frame else "auth",
+            "tenant_from": self.tenant_from,
             "tenant_share_from": admission.fair.threshold,
             "tenants": self._tenants(now),
             "classes": self._classes(now),
@@ -198,6 +200,9 @@ class ServerState:
             "retry_hints": self._retry_hints(),
             "lobby": {"held": len(self.lobby), "answered_total": self.lobby.wait.count},
             "final_by_reason": dict(acc.final),
+            # Admission's answers to first attempts and retries (a blind retry held no appointment).
+            "attempts": {**{a: dict(n) for a, n in acc.attempts.items()}, "blind_retry": dict(acc.blind_retries)},
+            "shed_blind_retries": admission.shed_blind_retries,
             "worker_restarts": acc.worker_restarts,
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),

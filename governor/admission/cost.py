@@ -58,6 +58,7 @@ class Ask:
         "identity_unique",
         "appointment",
         "rank",
+        "retry",
     )
 
     def __init__(
@@ -92,6 +93,9 @@ class Ask:
         # Where it stands among the appointments (appointments.py): its class, then whether its
         # tenant is at or below its fair share (set by admission; standard, at its share: 3).
         self.rank = STANDARD_RANK
+        # The client says this is a retry (x-stainless-retry-count > 0, a retry ticket): one
+        # without a valid appointment (`appointment` None once decided) is a blind retry.
+        self.retry = False
 
     def __repr__(self) -> str:
         tenant = None if self.tenant is None else self.tenant.name

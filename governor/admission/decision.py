@@ -158,6 +158,8 @@ class Admission:
         "appointments",
         "displacement",
         "horizon_ms",
+        "shed_blind_retries",
+        "_first_refused_until",
         "_sharing",
         "_lowest",
         "_over",
@@ -246,6 +248,10 @@ class Admission:
         self.ceilings = PriorityCeilings(CeilingPolicy())
         self.ceilings.on_classes = self._activate  # the first frame of another class than standard
         self.displacement = Displacement()
+        # --shed-blind-retries: a retry without a valid appointment may fill only the sheddable
+        # ceiling of each cap while a first attempt was refused capacity lately (until then).
+        self.shed_blind_retries = False
+        self._first_refused_until = -math.inf
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
         self._lowest = math.inf  # the lowest contending counter, as of the last frame (`_rank_of`)
@@ -400,6 +406,8 @@ class Admission:
         appointments = self.appointments
         if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):
             ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
+        if self.shed_blind_retries and ask.retry and ask.appointment is None and self._first_refused_until > now:
+            ask.ceiling = min(ask.ceiling, self.ceilings.policy.sheddable)  # shed before first attempts
         for fits in self._fits:
             fits(ask)
         for check in self._checks:
@@ -416,6 +424,10 @@ class Admission:
                     self._gate(now, ask, refusal)
                 if self._sharing:
                     self.fair.refused(ask.tenant, now, refusal)
+                first = not ask.retry and ask.appointment is None
+                if self.shed_blind_retries and first and refusal.reason in _GATING:
+                    hold = max(self.hints.gap_s, self.ceilings.policy.hold_s)
+                    self._first_refused_until = max(self._first_refused_until, now + hold)
                 held = ask.appointment
                 if held is not None and refusal.appointment is not held:
                     self._refused_elsewhere(held, now)
@@ -424,6 +436,40 @@ class Admission:
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
+
+    def headroom(self, grant: Grant, now: float) -> int:
+        """How many more requests like the one `grant` admitted the limit that binds first would
+        admit now, after it (llm-d's `x-llm-d-flow-band-headroom-requests`: a count, shared, nothing
+        kept for the reader): the free slots of each in-flight cap (global, its endpoint's, its
+        tenant's, the fleet share), and the free tokens of each token budget and rate bucket over
+        this request's cost. Read after the grant was charged; only for the front door's answers."""
+        ask = grant.ask
+        cost = max(1, ask.cost)
+        inflight = self.inflight
+        room = inflight.max_inflight - inflight.inflight
+        tokens = self.tokens
+        if tokens.max_tokens:
+            room = min(room, (tokens.max_tokens - tokens.held) // cost)
+        for bucket, amount in ((self.rate.bucket, 1), (self.token_rate.bucket, cost)):
+            if bucket is not None:
+                room = min(room, int(bucket.level(now) // amount))
+        endpoint = grant.endpoint
+        if endpoint is not None:
+            limits = endpoint.limits
+            if limits.concurrency:
+                room = min(room, limits.concurrency - endpoint.inflight)
+            if limits.tokens:
+                room = min(room, (limits.tokens - endpoint.tokens) // cost)
+        tenant = ask.tenant
+        if tenant is not None:
+            own = tenant.limits
+            if own.max_inflight:
+                room = min(room, own.max_inflight - tenant.inflight)
+            if own.max_inflight_tokens:
+                room = min(room, (own.max_inflight_tokens - tenant.tokens) // cost)
+        if self.fleet is not None:
+            room = min(room, self.fleet.room(cost))
+        return max(0, room)
 
     def _refused_elsewhere(self, held: Appointment, now: float) -> None:
         """A frame back for `held` in its window was refused by another limit (one checked before

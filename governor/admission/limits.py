@@ -145,6 +145,9 @@ class SharedLimit(Limit, Protocol):
     def fits(self, ask: Ask) -> None:
         """OverBudget for a request larger than a whole budget: no wait would let it in."""
 
+    def room(self, cost: int) -> int:
+        """How many more requests of this `cost` its held shares would admit now."""
+
 
 class Draining:
     """While the governor drains for shutdown, every new request yields."""

@@ -51,7 +51,7 @@ class GovernorProtocol(asyncio.Protocol):
         "_transport",
         "_ingress",
         "_buffered",
-        "_peer",
+        "peer",
         "_make_core",
         "_turns",
         "protocol",
@@ -77,7 +77,7 @@ class GovernorProtocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._ingress: ClientCore | None = None
         self._buffered = 0  # this connection's share of state.buffered_bytes
-        self._peer = ""
+        self.peer: object = None  # the socket's peername (the front door trusts gateways by it)
         # Reading stops while the client does not read (writing paused) or, on HTTP, while as many
         # requests as may be pipelined wait: it resumes only when neither holds.
         self._writing_paused = False
@@ -87,7 +87,7 @@ class GovernorProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
-        self._peer = str(transport.get_extra_info("peername"))
+        self.peer = transport.get_extra_info("peername")
         state = self._state
         self._ingress = self._make_core(state, self._transport.write, self)  # it words the refusal below
         if len(state.connections) >= self.limits.max_connections:
@@ -239,7 +239,7 @@ class GovernorProtocol(asyncio.Protocol):
             "event=connection_shed reason=%s protocol=%s peer=%s tenant=%s inflight=%d",
             reason,
             self.protocol,
-            self._peer,
+            self.peer,
             tenant,
             inflight,
         )

@@ -36,6 +36,15 @@ from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments import HOLD, Appointment, identity_of
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
+from governor.doors import gateway
+from governor.doors.gateway import (
+    DROPPED,
+    DROPPED_REASON,
+    HEADROOM,
+    NO_ENDPOINTS,
+    QUEUE_DURATION,
+    SATURATED,
+)
 from governor.doors.openai_api import (
     DONE_EVENT,
     STATUS_OF_CODE,
@@ -54,6 +63,7 @@ from governor.doors.openai_api import (
     wants_usage,
 )
 from governor.doors.shared import admit_and_dispatch, flush_pending
+from governor.gateway_policy import GatewayPolicy
 from governor.lifecycle import InflightRequest
 from governor.lobby import Held
 from governor.state import ServerState
@@ -70,7 +80,7 @@ from govwire.errors import (
 )
 from govwire.messages import Completion
 from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request, is_tenant_name
-from govwire.vocab import DEFAULT_TENANT, YieldReason
+from govwire.vocab import DEFAULT_TENANT, ErrorCode, YieldReason
 
 log = logging.getLogger("governor.http")
 
@@ -91,7 +101,9 @@ _REASONS = {
     504: b"Gateway Timeout",
 }
 _JSON = b"application/json"
-_HEADERS_READ = frozenset({b"content-length", b"authorization", b"content-digest", b"retry-ticket"})
+_HEADERS_READ = frozenset(
+    {b"content-length", b"authorization", b"content-digest", b"retry-ticket", *gateway.HEADERS_IN}
+)
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
 _GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
@@ -101,13 +113,13 @@ _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
 _YIELD_HEAD = (
     b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"x-should-retry: true\r\nretry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
+    b"x-should-retry: true\r\nretry-after-ms: %d\r\nretry-after: %d\r\n" + DROPPED + b": %s\r\n%s%s\r\n"
 )
 # A final refusal (past the promise horizon): no wait to honour. `x-should-retry: false` is what
 # the Stainless-generated SDKs (openai, anthropic) obey before any retry count or Retry-After.
 _FINAL_HEAD = (
     b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"x-should-retry: false\r\n%s\r\n"
+    b"x-should-retry: false\r\n" + DROPPED + b": %s\r\n%s\r\n"
 )
 # The same bytes for every yield of a reason: load generators count errors by their body (aiperf
 # keys them by status, reason and body), so a number in it made a row per hint. The wait is in
@@ -126,6 +138,7 @@ class HttpLimits:
     max_pipelined: int = 16  # requests parsed and waiting behind the one being answered
     request_timeout_s: float = 10.0  # a request's headers and body must arrive within this
     integrity: IntegrityMode = IntegrityMode.OPTIONAL  # Content-Digest (--http-integrity)
+    gateway: GatewayPolicy = field(default_factory=GatewayPolicy)  # which gateway headers count, and how
 
 
 def status_line(status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
@@ -140,6 +153,14 @@ def status_line(status: int, headers: list[tuple[bytes, bytes]], keep_alive: boo
 def response(status: int, body: bytes, keep_alive: bool, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
     headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode()), *(extra or ())]
     return status_line(status, headers, keep_alive) + body
+
+
+def _error_response(error: GovernorError, keep: bool) -> bytes:
+    """An admitted request's error, before any of its response: a 503 because no endpoint is up
+    says so in llm-d's words too (`rejected-no-endpoints`)."""
+    status = STATUS_OF_CODE.get(error.code, 500)
+    extra = [(DROPPED, NO_ENDPOINTS)] if error.code == ErrorCode.WORKER_UNAVAILABLE else None
+    return response(status, error_body(status, error), keep, extra)
 
 
 def chunk(data: bytes) -> bytes:
@@ -162,6 +183,7 @@ class _Message:
     keep_alive: bool = True
     http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
     upgrade: bool = False
+    gateway: bool = False  # it carries a gateway header (gateway.HEADERS_IN)
 
 
 @dataclass(slots=True)
@@ -180,6 +202,7 @@ class _Exchange:
     relayed: bool = False  # an OpenAI-compatible endpoint's events went out as they came
     usage_sent: bool = False  # one of them carried the usage
     body: bytes = b""  # the request's body: what an SDK re-sends, recognised if it is told to come back
+    feedback: list[tuple[bytes, bytes]] = field(default_factory=list)  # llm-d's headers on its 200
 
     def piece(self, data: bytes, last: bool = False) -> bytes:
         """Stream bytes in the response's framing."""
@@ -202,8 +225,12 @@ class HttpIngress:
         on_backlog: Callable[[bool], None] = lambda paused: None,
         on_close: Callable[[ShedReason | None], None] = lambda reason: None,
         metrics: Callable[[], bytes] | None = None,
+        trusted: bool = False,
     ) -> None:
         self._state = state
+        # Whether this connection's gateway headers may name its tenant (--tenant-from header, or
+        # a --trusted-gateway peer).
+        self._trusted = trusted
         # GET /metrics: the same exposition as --metrics-port (aiperf and others scrape the API's
         # base URL, where vLLM, TGI and SGLang serve it); no auth, as on the metrics port.
         self._metrics = metrics
@@ -301,6 +328,8 @@ class HttpIngress:
         key = name.lower()
         if key not in _HEADERS_READ:
             return
+        if key in gateway.HEADERS_IN:
+            message.gateway = True
         # A repeated one is joined, as RFC 9110 allows for lists.
         if key in message.headers:
             message.headers[key] += b", " + value
@@ -454,6 +483,7 @@ class HttpIngress:
         # so refusing stays cheap whatever the body holds.
         frame: dict[str, Any] | None = None
         messages = None
+        said: gateway.GatewayAsk | None = None
         try:
             body = orjson.loads(raw)
             if type(body) is not dict:
@@ -461,6 +491,13 @@ class HttpIngress:
             model = body.get("model")
             if type(model) is not str or model not in self._models:
                 raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
+            if message.gateway:  # its class and deadline go into the body, where every check reads them
+                said = gateway.read(message.headers, self._limits.gateway, self._trusted)
+                gateway.apply(said, body)
+                tenant = said.tenant
+                user = body.get("user")
+                if tenant is not None and state.tenant_from_frame and type(user) is str and user != tenant:
+                    raise BadFrame(f"{gateway.FAIRNESS_ID[0].decode()} {tenant!r} contradicts the body's user")
             if chat:  # the messages' text is what the cost is estimated from: checked first
                 frame, messages = chat_frame_of(body, rid)
         except orjson.JSONDecodeError as exc:
@@ -469,13 +506,16 @@ class HttpIngress:
             return self._rejected(exc, keep)
         ask = state.costs.ask(frame if frame is not None else cost_view(body))
         user = body.get("user")
-        if state.tenant_from_frame and type(user) is str and is_tenant_name(user):
+        if said is not None and said.tenant is not None:  # a trusted gateway's fairness id
+            ask.tenant = state.admission.tenants.resolve(said.tenant)
+        elif state.tenant_from_frame and type(user) is str and is_tenant_name(user):
             ask.tenant = state.admission.tenants.resolve(user)
         else:
             ask.tenant = state.admission.tenants.resolve(self.tenant)
+        ticket = message.headers.get(b"retry-ticket")
+        ask.retry = ticket is not None or (said is not None and said.retry_count > 0)
         appointments = state.admission.appointments
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
-            ticket = message.headers.get(b"retry-ticket")
             ask.ticket = None if ticket is None else ticket.decode("latin-1").strip()
             ask.identity = identity_of(ask.tenant, raw)
         try:
@@ -517,6 +557,7 @@ class HttpIngress:
         state = self._state
 
         def answer(decision: Grant | Refusal | RequestRejected) -> None:
+            since = self._lobby.since if self._lobby is not None else state.clock()
             self._lobby = None
             accounting = state.accounting
             received = accounting.received
@@ -527,7 +568,8 @@ class HttpIngress:
                 reply = self._refused(ask, decision, raw, keep)
             else:
                 now = state.clock()
-                reply = self._admitted(message, cast(Grant, decision), body, frame, messages, model, raw, now)
+                grant = cast(Grant, decision)
+                reply = self._admitted(message, grant, body, frame, messages, model, raw, now, now - since)
             accounting.http_received += accounting.received - received
             self._pending.append(reply)
             if not keep and self._exchange is None:
@@ -547,8 +589,10 @@ class HttpIngress:
         model: str,
         raw: bytes,
         now: float,
+        queued_s: float = 0.0,
     ) -> bytes:
-        """Checked, dispatched, and its response begun (`_exchange`); or the error that refunded it."""
+        """Checked, dispatched, and its response begun (`_exchange`); or the error that refunded it.
+        `queued_s`: how long it was held in the lobby."""
         state = self._state
         keep = message.keep_alive
         chat = frame is not None
@@ -565,15 +609,22 @@ class HttpIngress:
 
         admitted = admit_and_dispatch(state.lifecycle, self, rid, grant, now, check)
         if isinstance(admitted, GovernorError):
-            status = STATUS_OF_CODE.get(admitted.code, 500)
-            return response(status, error_body(status, admitted), keep)
+            return _error_response(admitted, keep)
         request, generate = admitted
         stream = generate.stream
         chunked = message.http11
         keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
         created = int(time.time())
         usage = wants_usage(body)
-        self._exchange = _Exchange(request, str(model), stream, usage, keep, created, chat, chunked, body=raw)
+        # llm-d's response feedback: how long it waited (in the lobby), and how many more like it
+        # would be admitted now.
+        feedback = [
+            (QUEUE_DURATION, b"%d" % round(queued_s * 1000)),
+            (HEADROOM, b"%d" % state.admission.headroom(grant, now)),
+        ]
+        self._exchange = _Exchange(
+            request, str(model), stream, usage, keep, created, chat, chunked, body=raw, feedback=feedback
+        )
         return b""
 
     def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
@@ -615,13 +666,14 @@ class HttpIngress:
         `x-should-retry: false`, no wait, and the code `overloaded` (its `reason`: the limit)."""
         word = reason.encode()
         close = b"" if keep else b"connection: close\r\n"
+        dropped = DROPPED_REASON.get(reason, SATURATED)
         if final:
             body = _FINAL_BODY % (word, word)
-            return _FINAL_HEAD % (len(body), close) + body
+            return _FINAL_HEAD % (len(body), dropped, close) + body
         status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
         body = _YIELD_BODY % (word, kind, word, word)
         extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
-        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), extra, close) + body
+        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), dropped, extra, close) + body
 
     def _fail(self, status: int, error: GovernorError) -> None:
         """A request the parser cannot go on with: counted now, answered after the requests before
@@ -638,7 +690,7 @@ class HttpIngress:
     def _head(self, exchange: _Exchange) -> None:
         if not exchange.headers_sent:
             exchange.headers_sent = True
-            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache")]
+            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache"), *exchange.feedback]
             if exchange.chunked:
                 headers.append((b"transfer-encoding", b"chunked"))
             self._pending.append(status_line(200, headers, exchange.keep_alive))
@@ -691,7 +743,8 @@ class HttpIngress:
             self._pending.append(exchange.piece(final + usage + DONE_EVENT, last=True))
         else:
             render = chat_response if exchange.chat else completion_response
-            self._pending.append(response(200, render(rid, model, created, completion), exchange.keep_alive))
+            body = render(rid, model, created, completion)
+            self._pending.append(response(200, body, exchange.keep_alive, exchange.feedback))
         self._next(exchange)
 
     def send_error(self, request: InflightRequest, error: GovernorError) -> None:
@@ -701,8 +754,7 @@ class HttpIngress:
         if exchange.headers_sent:
             self._pending.append(exchange.piece(error_event(error) + DONE_EVENT, last=True))
         else:
-            status = STATUS_OF_CODE.get(error.code, 500)
-            self._pending.append(response(status, error_body(status, error), exchange.keep_alive))
+            self._pending.append(_error_response(error, exchange.keep_alive))
         self._next(exchange)
 
     def send_yield(

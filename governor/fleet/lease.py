@@ -496,6 +496,18 @@ class FleetLease:
         if self.token_rate.limit and ask.cost > burst:
             raise over_budget(ask, int(burst), "the --fleet-tokens-burst")
 
+    def room(self, cost: int) -> int:
+        """How many more requests of this `cost` the in-flight and token shares would admit now
+        (none while closed; the rate shares are left out)."""
+        if self.closed:
+            return 0
+        room = math.inf
+        if self.inflight.limit:
+            room = self.inflight.share - self.inflight.holding
+        if self.tokens.limit:
+            room = min(room, (self.tokens.share - self.tokens.holding) // max(1, cost))
+        return int(room) if room < math.inf else 2**31
+
     def check(self, now: float, ask: Ask) -> Refusal | None:
         state = self.state
         if now >= self.valid_until and (

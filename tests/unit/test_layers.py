@@ -137,6 +137,7 @@ def test_the_scheduler_and_its_bookkeeping_need_no_torch(bookkeeping: str) -> No
 # else of the governor. A module is in the layer whose name is its longest prefix.
 LAYERS: dict[str, frozenset[str]] = {
     "governor.latency": frozenset(),  # the histograms: everything records into them
+    "governor.gateway_policy": frozenset(),  # which gateway headers the front door trusts: configuration
     "governor.admission": frozenset({"governor.latency"}),  # the decision and its limits: pure
     "governor.fleet": frozenset({"governor.admission", "governor.latency"}),  # a lease is one more limit
     "governor.accounting": frozenset({"governor.admission"}),
@@ -155,7 +156,14 @@ LAYERS: dict[str, frozenset[str]] = {
         }
     ),
     "governor.doors": frozenset(
-        {"governor.state", "governor.lobby", "governor.lifecycle", "governor.accounting", "governor.admission"}
+        {
+            "governor.state",
+            "governor.lobby",
+            "governor.lifecycle",
+            "governor.accounting",
+            "governor.admission",
+            "governor.gateway_policy",
+        }
     ),
     "governor.metrics_server": frozenset(),
     "governor.metrics": frozenset(

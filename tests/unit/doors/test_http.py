@@ -16,14 +16,17 @@ from hypothesis import strategies as st
 from governor.accounting import ShedReason
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
+from governor.admission.limits import Refusal
+from governor.admission.tenant import TenantLimits
 from governor.doors.http import HttpIngress, HttpLimits
+from governor.gateway_policy import GatewayPolicy
 from governor.state import ServerState
 from govwire.auth import TenantSecrets
 from govwire.codec import encode_token
-from govwire.errors import BadFrame
+from govwire.errors import BadFrame, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import IntegrityMode
-from govwire.vocab import FinishReason
+from govwire.vocab import FinishReason, Priority
 from tests.fakes import FakeClock, FakeTransportWrites, FakeUpstream, done_frame, make_state
 
 
@@ -73,12 +76,18 @@ def completion(prompt: str = "hi", **fields: Any) -> dict[str, Any]:
 
 
 class Client:
-    def __init__(self, state: ServerState, limits: HttpLimits | None = None) -> None:
+    def __init__(self, state: ServerState, limits: HttpLimits | None = None, trusted: bool = False) -> None:
         self.writes = FakeTransportWrites()
         self.closed: list[ShedReason | None] = []
         self.backlog: list[bool] = []
         self.core = HttpIngress(
-            state, self.writes, limits or HttpLimits(), ["gpt2"], self.backlog.append, self.closed.append
+            state,
+            self.writes,
+            limits or HttpLimits(),
+            ["gpt2"],
+            self.backlog.append,
+            self.closed.append,
+            trusted=trusted,
         )
 
     def send(self, data: bytes) -> list[Parsed]:
@@ -429,3 +438,126 @@ def test_a_429_carries_the_appointments_ticket_and_the_retry_is_let_in_by_it_or_
     assert Client(state).send(post(completion("mine"))) == []
     assert state.admission.appointments.outcomes[("inflight", "on_time")] == 1
     assert balanced(state)
+
+
+# -- the gateway contract (doors/gateway.py): headers in, headers out ----------------------------------
+
+
+def test_every_refusal_says_why_in_llm_ds_words_beside_the_governors_reason() -> None:
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0))
+    assert Client(state).send(post(completion(max_tokens=4))) == []  # admitted; ends within the horizon
+    (yielded,) = Client(state).send(post(completion()))
+    assert yielded.status == 429 and yielded.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+    assert orjson.loads(yielded.body)["error"]["code"] == "inflight"  # the governor's own reason stays
+    final_state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0))
+    assert Client(final_state).send(post(completion(max_tokens=16))) == []  # past the 1 s horizon
+    (final,) = Client(final_state).send(post(completion()))
+    assert final.headers["x-should-retry"] == "false"
+    assert final.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
+    state.admission.start_draining()
+    (draining,) = Client(state).send(post(completion()))
+    assert draining.status == 503 and draining.headers["x-llm-d-request-dropped-reason"] == "rejected-shutting-down"
+    assert balanced(state) and balanced(final_state)
+    # No endpoint up: the upstream fails the admitted request before any of its response.
+    down = make_state(integrity=IntegrityMode.OFF, upstream=FakeUpstream())
+    client = Client(down)
+    client.send(post(completion()))
+    client.core.send_error(next(iter(client.core.active.values())), WorkerUnavailable("no endpoint is up"))
+    client.core.flush()
+    (unavailable,) = client.responses()
+    assert (
+        unavailable.status == 503 and unavailable.headers["x-llm-d-request-dropped-reason"] == "rejected-no-endpoints"
+    )
+
+
+def test_an_admitted_response_carries_its_queue_time_and_the_headroom_left() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, integrity=IntegrityMode.OFF, upstream=upstream)
+    client, stream = Client(state), Client(state)
+    client.send(post(completion("a")))
+    stream.send(post(completion("b", stream=True)))
+    uid_a, uid_b = list(upstream.dispatched)
+    upstream.worker_sends(done_frame(uid_a, "A", completion_tokens=1))
+    (plain,) = client.responses()
+    # admitted first, with 3 of the 4 slots left after it
+    assert plain.headers["x-llm-d-flow-queue-duration-ms"] == "0"
+    assert plain.headers["x-llm-d-flow-band-headroom-requests"] == "3"
+    upstream.worker_sends(encode_token(uid_b, 0, 7, "B"), done_frame(uid_b, "B", completion_tokens=1))
+    (streamed,) = stream.responses()
+    assert streamed.headers["x-llm-d-flow-band-headroom-requests"] == "2"  # a was still in flight
+    assert balanced(state)
+
+
+def test_the_headroom_is_that_of_the_limit_that_binds_first() -> None:
+    endpoint = Endpoint("fake", EndpointLimits(concurrency=8), 0.0)
+    endpoint.up = True
+    state = make_state(max_inflight=8, integrity=IntegrityMode.OFF, endpoints=[endpoint], max_inflight_tokens=100)
+    grant = state.admission.decide(0.0, state.costs.ask({"prompt": "x" * 40, "max_new_tokens": 20}))
+    assert not isinstance(grant, Refusal)
+    # 30 tokens held of 100: 70 free, two more of this cost; 7 slots free
+    assert state.admission.headroom(grant, 0.0) == 2
+
+
+def test_a_trusted_gateways_headers_set_tenant_class_and_deadline() -> None:
+    upstream = FakeUpstream()
+    state = make_state(
+        max_inflight=4, integrity=IntegrityMode.OFF, upstream=upstream, tenants={"team-a": TenantLimits()}
+    )
+    limits = HttpLimits(gateway=GatewayPolicy(objectives={"chat": Priority.CRITICAL}))
+    gateway_headers = (
+        "x-llm-d-inference-fairness-id: team-a",
+        "x-llm-d-inference-objective: chat",
+        "x-llm-d-inference-ttl: 2s",
+        "x-llm-d-slo-ttft-ms: 1500",
+    )
+    assert Client(state, limits, trusted=True).send(post(completion(), *gateway_headers)) == []
+    assert Client(state, limits, trusted=False).send(post(completion(), *gateway_headers)) == []
+    (trusted, _), (untrusted, _) = upstream.dispatched.values()
+    assert trusted.grant.ask.tenant.name == "team-a" and untrusted.grant.ask.tenant.name == "default"
+    assert trusted.grant.ask.priority is Priority.CRITICAL and trusted.grant.ask.deadline_s == 1.5
+    assert state.accounting.classes[Priority.CRITICAL].admitted == 2  # the class is not a matter of trust
+
+
+@pytest.mark.parametrize(
+    ("header", "named"),
+    [
+        ("x-llm-d-inference-ttl: -1s", "x-llm-d-inference-ttl"),
+        ("x-dynamo-request-priority: -1", "priority"),  # sheddable, against the body's critical
+        ("x-dynamo-request-priority: soon", "x-dynamo-request-priority"),
+        ("x-llm-d-inference-fairness-id: a\r\nx-llm-d-inference-fairness-id: b", "x-llm-d-inference-fairness-id"),
+        ("x-stainless-retry-count: -2", "x-stainless-retry-count"),
+    ],
+)
+def test_a_bad_gateway_header_is_a_400_naming_it_and_nothing_leaks(header: str, named: str) -> None:
+    state = make_state(max_inflight=2, integrity=IntegrityMode.OFF)
+    (answer,) = Client(state, trusted=True).send(post(completion(priority="critical"), *header.split("\r\n")))
+    error = orjson.loads(answer.body)["error"]
+    assert answer.status == 400 and error["code"] == "bad_frame" and named in error["message"]
+    assert state.admission.inflight.inflight == 0 and balanced(state)
+
+
+def test_retries_are_told_from_first_attempts_and_blind_ones_shed_first() -> None:
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=5, integrity=IntegrityMode.OFF, upstream=upstream)
+    state.admission.shed_blind_retries = True
+    first = ("x-stainless-retry-count: 0",)
+    retry = ("x-stainless-retry-count: 1",)
+    for n in range(5):  # the first a blind retry: no first attempt was refused, so it may fill every cap
+        assert Client(state).send(post(completion(str(n)), *(retry if n == 0 else first))) == []
+    assert state.accounting.attempts == {"first": {"admitted": 4, "yielded": 0}, "retry": {"admitted": 1, "yielded": 0}}
+    assert state.accounting.blind_retries == {"admitted": 1, "yielded": 0}
+    (refused,) = Client(state).send(post(completion("5"), *first))  # full: a first attempt is refused
+    assert refused.status == 429
+    uid = next(iter(upstream.dispatched))
+    upstream.worker_sends(done_frame(uid, "x", completion_tokens=1))  # one slot frees: 4 of 5 in flight
+    # Now a blind retry may fill only the sheddable ceiling (0.8 of 5: 4): refused; a first attempt is not.
+    (blind,) = Client(state).send(post(completion("6"), *retry))
+    assert blind.status == 429 and orjson.loads(blind.body)["error"]["code"] == "inflight"
+    assert Client(state).send(post(completion("7"), *first)) == []
+    assert state.accounting.attempts == {"first": {"admitted": 5, "yielded": 1}, "retry": {"admitted": 1, "yielded": 1}}
+    assert state.accounting.blind_retries == {"admitted": 1, "yielded": 1}
+    assert balanced(state)
+    # Without --shed-blind-retries a retry is only counted apart.
+    upstream.worker_sends(done_frame(list(upstream.dispatched)[1], "x", completion_tokens=1))
+    state.admission.shed_blind_retries = False
+    assert Client(state).send(post(completion("8"), *retry)) == []
