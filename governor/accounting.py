@@ -36,7 +36,6 @@ FAILURE_REASONS = (
 )
 
 
-ATTEMPTS = ("first", "retry")
 ANSWERS = ("admitted", "yielded")
 
 
@@ -92,7 +91,9 @@ class Accounting:
         "tokens_settled",
         "deadlines",
         "classes",
-        "attempts",
+        "first_admitted",
+        "first_yielded",
+        "retries",
         "blind_retries",
         "_by_outcome",
     )
@@ -118,8 +119,11 @@ class Accounting:
         self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
         self.classes = {priority: Tally() for priority in Priority}
         # Admission's answers by attempt: a retry is a frame back for its appointment or one whose
-        # client says it retries; of those, the blind ones held no valid appointment.
-        self.attempts = {attempt: dict.fromkeys(ANSWERS, 0) for attempt in ATTEMPTS}
+        # client says it retries; of those, the blind ones held no valid appointment. (First
+        # attempts, the common case, in plain ints: the yield path counts them.)
+        self.first_admitted = 0
+        self.first_yielded = 0
+        self.retries = dict.fromkeys(ANSWERS, 0)
         self.blind_retries = dict.fromkeys(ANSWERS, 0)
         self._by_outcome = {Outcome.REJECTED: self.rejected, Outcome.FAILED: self.failed, Outcome.YIELDED: self.yielded}
 
@@ -131,7 +135,10 @@ class Accounting:
         self.yielded[reason] += 1
         if final:
             self.final[reason] += 1
-        self._attempt(ask, "yielded")
+        if ask.retry or ask.appointment is not None:
+            self._retry(ask, "yielded")
+        else:
+            self.first_yielded += 1
         self.classes[ask.priority].yielded[reason] += 1
         if ask.tenant is not None:
             ask.tenant.tally.yielded[reason] += 1
@@ -141,18 +148,17 @@ class Accounting:
         self.received += 1
         self.tokens_reserved += ask.cost
         self.classes[ask.priority].admitted += 1
-        self._attempt(ask, "admitted")
+        if ask.retry or ask.appointment is not None:
+            self._retry(ask, "admitted")
+        else:
+            self.first_admitted += 1
         if ask.tenant is not None:
             ask.tenant.tally.admitted += 1
 
-    def _attempt(self, ask: Ask, answer: str) -> None:
-        if ask.appointment is not None:
-            self.attempts["retry"][answer] += 1
-        elif ask.retry:
-            self.attempts["retry"][answer] += 1
+    def _retry(self, ask: Ask, answer: str) -> None:
+        self.retries[answer] += 1
+        if ask.appointment is None:
             self.blind_retries[answer] += 1
-        else:
-            self.attempts["first"][answer] += 1
 
     def frame_rejected(self, code: str) -> None:
         """Received and refused as invalid before admission (or the frame that hit a bug)."""
@@ -198,6 +204,11 @@ class Accounting:
         self.shed[reason] += 1
 
     # -- reading ----------------------------------------------------------------------------------
+
+    @property
+    def attempts(self) -> dict[str, dict[str, int]]:
+        """Admission's answers by attempt (`ATTEMPTS`) and answer (`ANSWERS`)."""
+        return {"first": {"admitted": self.first_admitted, "yielded": self.first_yielded}, "retry": dict(self.retries)}
 
     @property
     def yielded_total(self) -> int:

@@ -201,7 +201,7 @@ class ServerState:
             "lobby": {"held": len(self.lobby), "answered_total": self.lobby.wait.count},
             "final_by_reason": dict(acc.final),
             # Admission's answers to first attempts and retries (a blind retry held no appointment).
-            "attempts": {**{a: dict(n) for a, n in acc.attempts.items()}, "blind_retry": dict(acc.blind_retries)},
+            "attempts": {**acc.attempts, "blind_retry": dict(acc.blind_retries)},
             "shed_blind_retries": admission.shed_blind_retries,
             "worker_restarts": acc.worker_restarts,
             "rerouted_total": acc.rerouted,

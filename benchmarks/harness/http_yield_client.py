@@ -26,17 +26,25 @@ from benchmarks.harness.yield_client import PROMPT, Pipeline, drive
 REFUSED = 429
 
 
-def completion_request(model: str, prompt: str, max_tokens: int) -> bytes:
+SDK_HEADERS = (
+    "X-Stainless-Lang: python\r\n"
+    "X-Stainless-Package-Version: 2.52.0\r\n"
+    "X-Stainless-Retry-Count: 0\r\n"
+    "X-Stainless-Read-Timeout: 600\r\n"
+)
+"""What the openai SDK adds to every request (a first attempt's retry count), for `--sdk-headers`."""
+
+
+def completion_request(model: str, prompt: str, max_tokens: int, sdk: bool = False) -> bytes:
     """One `POST /v1/completions` as a plain keep-alive client writes it (no Content-Digest: the
-    governor under test runs with `--integrity optional`)."""
+    door does not require one by default), with `sdk` as the openai SDK writes it."""
     body = orjson.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens})
     head = (
         "POST /v1/completions HTTP/1.1\r\n"
         "Host: 127.0.0.1\r\n"
         "User-Agent: governor-bench/1\r\n"
         "Accept: application/json\r\n"
-        "Content-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        "Content-Type: application/json\r\n" + (SDK_HEADERS if sdk else "") + f"Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -64,9 +72,9 @@ class HttpPipeline(Pipeline):
 
 
 async def run(
-    port: int, connections: int, seconds: float, warmup: float, batch: int, window: int, model: str
+    port: int, connections: int, seconds: float, warmup: float, batch: int, window: int, model: str, sdk: bool = False
 ) -> dict[str, object]:
-    requests = [completion_request(model, PROMPT, 16)] * (batch * 50)
+    requests = [completion_request(model, PROMPT, 16, sdk)] * (batch * 50)
     pipes, result = await drive(port, connections, seconds, warmup, lambda: HttpPipeline(requests, batch, window))
     not_429: dict[str, int] = {}
     for pipe in pipes:
@@ -93,8 +101,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="requests per write")
     parser.add_argument("--window", type=int, default=1024, help="requests in flight per connection")
     parser.add_argument("--model", default="gpt2", help="the governor's --served-model")
+    parser.add_argument("--sdk-headers", action="store_true", help="the x-stainless-* headers the openai SDK sends")
     a = parser.parse_args()
-    result = uvloop.run(run(a.port, a.connections, a.seconds, a.warmup, a.batch, a.window, a.model))
+    result = uvloop.run(run(a.port, a.connections, a.seconds, a.warmup, a.batch, a.window, a.model, a.sdk_headers))
     print(orjson.dumps(result).decode())
 
 

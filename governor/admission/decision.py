@@ -424,8 +424,7 @@ class Admission:
                     self._gate(now, ask, refusal)
                 if self._sharing:
                     self.fair.refused(ask.tenant, now, refusal)
-                first = not ask.retry and ask.appointment is None
-                if self.shed_blind_retries and first and refusal.reason in _GATING:
+                if self.shed_blind_retries and not ask.retry and ask.appointment is None and refusal.reason in _GATING:
                     hold = max(self.hints.gap_s, self.ceilings.policy.hold_s)
                     self._first_refused_until = max(self._first_refused_until, now + hold)
                 held = ask.appointment

@@ -101,9 +101,11 @@ _REASONS = {
     504: b"Gateway Timeout",
 }
 _JSON = b"application/json"
-_HEADERS_READ = frozenset(
-    {b"content-length", b"authorization", b"content-digest", b"retry-ticket", *gateway.HEADERS_IN}
-)
+# The headers read, each with whether it is a gateway's (gateway.HEADERS_IN); the rest are skipped.
+_HEADERS_READ = {
+    **dict.fromkeys((b"content-length", b"authorization", b"content-digest", b"retry-ticket"), False),
+    **dict.fromkeys(gateway.HEADERS_IN, True),
+}
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
 _GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
@@ -183,7 +185,7 @@ class _Message:
     keep_alive: bool = True
     http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
     upgrade: bool = False
-    gateway: bool = False  # it carries a gateway header (gateway.HEADERS_IN)
+    gateway: int = 0  # how many gateway headers it carries (gateway.HEADERS_IN)
 
 
 @dataclass(slots=True)
@@ -326,10 +328,11 @@ class HttpIngress:
         if message is None or len(name) not in _HEADER_LENGTHS:  # most headers, without a lower()
             return
         key = name.lower()
-        if key not in _HEADERS_READ:
+        kind = _HEADERS_READ.get(key)
+        if kind is None:
             return
-        if key in gateway.HEADERS_IN:
-            message.gateway = True
+        if kind:
+            message.gateway += 1
         # A repeated one is joined, as RFC 9110 allows for lists.
         if key in message.headers:
             message.headers[key] += b", " + value
@@ -491,7 +494,9 @@ class HttpIngress:
             model = body.get("model")
             if type(model) is not str or model not in self._models:
                 raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
-            if message.gateway:  # its class and deadline go into the body, where every check reads them
+            # Its class and deadline go into the body, where every check reads them; an SDK's first
+            # attempt, the common case (its retry count 0 and nothing else), says nothing to read.
+            if message.gateway and (message.gateway > 1 or message.headers.get(gateway.RETRY_COUNT) != b"0"):
                 said = gateway.read(message.headers, self._limits.gateway, self._trusted)
                 gateway.apply(said, body)
                 tenant = said.tenant
@@ -513,7 +518,8 @@ class HttpIngress:
         else:
             ask.tenant = state.admission.tenants.resolve(self.tenant)
         ticket = message.headers.get(b"retry-ticket")
-        ask.retry = ticket is not None or (said is not None and said.retry_count > 0)
+        if ticket is not None or (said is not None and said.retry_count > 0):
+            ask.retry = True
         appointments = state.admission.appointments
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
             ask.ticket = None if ticket is None else ticket.decode("latin-1").strip()
