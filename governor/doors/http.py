@@ -115,8 +115,9 @@ _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
 _YIELD_HEAD = (
     b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"x-should-retry: true\r\nretry-after-ms: %d\r\nretry-after: %d\r\n" + DROPPED + b": %s\r\n%s%s\r\n"
+    b"x-should-retry: true\r\n" + DROPPED + b": %s\r\n"
 )
+_YIELD_WAIT = b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
 # A final refusal (past the promise horizon): no wait to honour. `x-should-retry: false` is what
 # the Stainless-generated SDKs (openai, anthropic) obey before any retry count or Retry-After.
 _FINAL_HEAD = (
@@ -131,6 +132,27 @@ _FINAL_BODY = (
     b'{"error":{"message":"overloaded: no capacity within the promise horizon (%s); do not retry now",'
     b'"type":"rate_limit_error","param":null,"code":"overloaded","reason":"%s","final":true}}'
 )
+
+
+def _yield_parts(reason: str) -> tuple[bytes, bytes]:
+    """A yield of `reason`, but its wait: the head up to `retry-after-ms`, and the body."""
+    word = reason.encode()
+    status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
+    body = _YIELD_BODY % (word, kind, word, word)
+    return _YIELD_HEAD % (status, phrase, len(body), DROPPED_REASON.get(reason, SATURATED)), body
+
+
+def _final(reason: str, keep: bool) -> bytes:
+    """A final refusal of `reason`: the same bytes every time."""
+    word = reason.encode()
+    body = _FINAL_BODY % (word, word)
+    close = b"" if keep else b"connection: close\r\n"
+    return _FINAL_HEAD % (len(body), DROPPED_REASON.get(reason, SATURATED), close) + body
+
+
+# Built once: the refusal path under overload only adds the wait.
+_YIELDS = {reason.value: _yield_parts(reason.value) for reason in YieldReason}
+_FINALS = {(reason.value, keep): _final(reason.value, keep) for reason in YieldReason for keep in (True, False)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -670,16 +692,12 @@ class HttpIngress:
         and `Retry-After` beside `x-should-retry: true`; a booked appointment's ticket goes in a
         `retry-ticket` header (the retry sends it back). A `final` one is a 429 with
         `x-should-retry: false`, no wait, and the code `overloaded` (its `reason`: the limit)."""
-        word = reason.encode()
-        close = b"" if keep else b"connection: close\r\n"
-        dropped = DROPPED_REASON.get(reason, SATURATED)
         if final:
-            body = _FINAL_BODY % (word, word)
-            return _FINAL_HEAD % (len(body), dropped, close) + body
-        status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
-        body = _YIELD_BODY % (word, kind, word, word)
+            return _FINALS.get((reason, keep)) or _final(reason, keep)
+        head, body = _YIELDS.get(reason) or _yield_parts(reason)
+        close = b"" if keep else b"connection: close\r\n"
         extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
-        return _YIELD_HEAD % (status, phrase, len(body), hint_ms, -(-hint_ms // 1000), dropped, extra, close) + body
+        return head + _YIELD_WAIT % (hint_ms, -(-hint_ms // 1000), extra, close) + body
 
     def _fail(self, status: int, error: GovernorError) -> None:
         """A request the parser cannot go on with: counted now, answered after the requests before
