@@ -133,6 +133,7 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
     headers = refused.value.response.headers
     hint_ms = int(headers["retry-after-ms"])
     assert 1 <= hint_ms < 1000 and headers["retry-after"] == "1"  # whole seconds, rounded up
+    assert headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"  # a gateway's word for it
     body = refused.value.body
     assert isinstance(body, dict) and body["code"] == "inflight" and body["message"] == "yielded: inflight"
     # With the SDK's own retries (it reads retry-after-ms first), the request gets in once the
@@ -144,6 +145,12 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
     assert holder_done.is_set()
     s = gov.stats()
     assert s["yielded_by_reason"]["inflight"] >= 2  # the refused one, and at least one of the retries
+    # The SDK says which attempt it is (x-stainless-retry-count): its retries are counted apart, the
+    # one admitted among them; with fixed hints no appointment is booked, so every retry is blind.
+    attempts = s["attempts"]
+    assert attempts["retry"]["admitted"] == 1 and attempts["retry"]["yielded"] >= 1
+    assert attempts["first"] == {"admitted": 1, "yielded": 2}  # the holder; x, and y before its retries
+    assert s["attempts"]["blind_retry"] == attempts["retry"]
     balanced(gov)
     # The front door's own /metrics (where aiperf looks): the hints handed out, by reason.
     scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
@@ -154,6 +161,7 @@ def test_a_yield_is_a_429_the_sdk_retries_after_the_hint(start_governor: Start) 
         if line.startswith('governor_retry_hint_seconds_count{reason="inflight"}')
     ]
     assert float(count.split()[-1]) == s["yielded_by_reason"]["inflight"]
+    assert 'governor_requests_total{answer="admitted",attempt="retry"} 1.0' in scrape.text
 
 
 def raw(port: int, data: bytes, timeout: float = 5.0) -> bytes:

@@ -709,14 +709,18 @@ def test_promql_extraction_finds_every_metric_family() -> None:
 
 
 def json_patch_add(document: Any, ops: list[dict[str, Any]]) -> Any:
-    """RFC 6902 `add` operations (all the overlay uses), as kustomize applies them."""
+    """RFC 6902 `add` and `replace` operations (all the overlays use), as kustomize applies them
+    (a `replace` needs its target to exist)."""
     for op in ops:
-        assert op["op"] == "add", op
+        assert op["op"] in ("add", "replace"), op
         *parents, last = op["path"].lstrip("/").split("/")
         node = document
         for key in parents:
             node = node[int(key)] if isinstance(node, list) else node[key]
-        if isinstance(node, list):
+        if op["op"] == "replace":
+            node[int(last) if isinstance(node, list) else last]  # noqa: B018 (raises if absent)
+            node[int(last) if isinstance(node, list) else last] = op["value"]
+        elif isinstance(node, list):
             node.insert(len(node) if last == "-" else int(last), op["value"])
         else:
             node[last] = op["value"]
@@ -807,3 +811,56 @@ def test_the_declared_torch_bound_fits_transformers_and_the_cuda_image() -> None
     base = re.search(r"^FROM pytorch/pytorch:([0-9.]+)-", (DEPLOY / "Dockerfile.cuda").read_text(), re.M)
     assert base is not None, "Dockerfile.cuda no longer starts from a pytorch/pytorch:<version>-… image"
     assert Version(base.group(1)) >= ours, f"the CUDA image's torch {base.group(1)} is below torch>={ours}"
+
+
+GAIE = DEPLOY / "gaie"
+INFERENCE_POOL_SPEC = {"selector", "targetPorts", "appProtocol", "endpointPickerRef"}
+ENDPOINT_PICKER_REF = {"group", "kind", "name", "port", "failureMode"}
+
+
+def gaie_deployment() -> dict[str, Any]:
+    """The Deployment as the GAIE overlay leaves it (its one patch applied)."""
+    kustomization = yaml.safe_load((GAIE / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../k8s", "inferencepool.yaml", "networkpolicy.yaml"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"]["kind"] == "Deployment" and patch["target"]["name"] == "inference"
+    deployment = copy.deepcopy(the(k8s_objects(), "Deployment"))
+    governor = deployment["spec"]["template"]["spec"]["containers"][1]
+    assert governor["name"] == "governor" and governor["command"][2] == "--host"  # the patch's indices
+    return json_patch_add(deployment, yaml.safe_load((GAIE / patch["path"]).read_text()))  # type: ignore[no-any-return]
+
+
+def gaie_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    docs = [yaml.safe_load((GAIE / name).read_text()) for name in ("inferencepool.yaml", "networkpolicy.yaml")]
+    return {(o["kind"], o["metadata"]["name"]): o for o in docs}
+
+
+def test_the_gaie_overlay_makes_the_governed_pods_an_inference_pool(secret: Path) -> None:
+    """The InferencePool's CRD is not on a package registry (GAIE ships it in its release
+    manifests), so it is checked here by the structure of GAIE's v1 API (api/v1/inferencepool_types.go):
+    required selector.matchLabels and targetPorts (1-8 ports), an endpointPickerRef with a name and,
+    for a Service, a port, and no field v1 does not have."""
+    deployment = gaie_deployment()
+    governor = _containers(deployment)["governor"]
+    config = parse_command(governor["command"], secret)[1].config
+    assert config.host == "0.0.0.0" and config.http_port == 8000 and config.auth_token_file  # still a token
+    assert config.gateway_policy().trusted and config.gateway_policy().objectives  # parsed as the governor does
+    assert {"name": "http", "containerPort": config.http_port} in governor["ports"]
+
+    objects = gaie_objects()
+    pool = objects[("InferencePool", "inference")]
+    assert pool["apiVersion"] == "inference.networking.k8s.io/v1"
+    spec = pool["spec"]
+    assert set(spec) <= INFERENCE_POOL_SPEC and {"selector", "targetPorts"} <= set(spec)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert set(spec["selector"]) == {"matchLabels"} and spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["targetPorts"] == [{"number": config.http_port}]  # the front door, whose /metrics it scrapes too
+    picker = spec["endpointPickerRef"]
+    assert set(picker) <= ENDPOINT_PICKER_REF and picker["name"]
+    assert picker.get("kind", "Service") != "Service" or 1 <= picker["port"]["number"] <= 65535
+    assert picker.get("failureMode", "FailClose") in ("FailOpen", "FailClose")
+
+    policy = objects[("NetworkPolicy", "inference-front-door")]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": config.http_port}]

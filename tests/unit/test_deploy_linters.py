@@ -3,10 +3,11 @@ systemd-analyze. tests/unit/test_deploy.py checks what only this project knows (
 command lines, the ports agree); these check what the tools know (schemas, Dockerfile practice,
 systemd's parser). A missing tool skips with the way to get it (tests/deploy_tools.py).
 
-The ServiceMonitor and the Kustomizations have no schema in kubernetes-validate (a CRD, and
-kustomize's own config); the prometheus-operator's CRD is not on a package registry, so the
-ServiceMonitor is checked by structure in test_deploy.py and live, the way the operator scrapes it,
-in tests/integration/test_deploy_live.py. The kustomizations are built by `kubectl kustomize` where
+The ServiceMonitor, the InferencePool and the Kustomizations have no schema in kubernetes-validate
+(two CRDs, and kustomize's own config); neither the prometheus-operator's CRD nor GAIE's is on a
+package registry, so the ServiceMonitor and the InferencePool are checked by structure in
+test_deploy.py (and the ServiceMonitor live, the way the operator scrapes it, in
+tests/integration/test_deploy_live.py). The kustomizations are built by `kubectl kustomize` where
 kubectl is installed (it is on no package registry this project can install from).
 """
 
@@ -21,11 +22,22 @@ import pytest
 import yaml
 
 from tests.deploy_tools import tool
-from tests.unit.test_deploy import DEPLOY, FLEET, K8S, SYSTEMD, fleet_deployment, fleet_objects, k8s_objects
+from tests.unit.test_deploy import (
+    DEPLOY,
+    FLEET,
+    GAIE,
+    K8S,
+    SYSTEMD,
+    fleet_deployment,
+    fleet_objects,
+    gaie_deployment,
+    gaie_objects,
+    k8s_objects,
+)
 
 # The oldest Kubernetes still in wide use, one in the middle, and the newest the tool knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.33.0", "1.37.0")
-NO_SCHEMA = {"Kustomization", "ServiceMonitor"}
+NO_SCHEMA = {"Kustomization", "ServiceMonitor", "InferencePool"}
 DOCKERFILES = sorted(p for p in DEPLOY.glob("Dockerfile*") if not p.name.endswith(".dockerignore"))
 # `systemd-analyze security` rates exposure 0.0 (locked down) to 10.0; "OK" ends at 3.9. Both
 # units score about 2 (the governor 1.7, the worker 2.1: it keeps @resources for torch's threads).
@@ -62,7 +74,12 @@ def manifests() -> list[tuple[str, dict[str, Any]]]:
     """Every object `kubectl apply -k deploy/k8s` or `-k deploy/k8s-fleet` would send."""
     base = [(f"k8s/{kind}/{name}", obj) for (kind, name), obj in k8s_objects().items()]
     fleet = [(f"k8s-fleet/{kind}/{name}", obj) for (kind, name), obj in fleet_objects().items()]
-    return [*base, *fleet, ("k8s-fleet/Deployment/inference (patched)", fleet_deployment())]
+    gaie = [(f"gaie/{kind}/{name}", obj) for (kind, name), obj in gaie_objects().items()]
+    patched = [
+        ("k8s-fleet/Deployment/inference (patched)", fleet_deployment()),
+        ("gaie/Deployment/inference (patched)", gaie_deployment()),
+    ]
+    return [*base, *fleet, *gaie, *patched]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -77,7 +94,7 @@ def test_kubernetes_validate_accepts_every_manifest_strictly(version: str) -> No
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{where} is invalid for Kubernetes {version}: {exc.message} at {list(exc.path)}")
         checked += 1
-    assert checked >= 9  # Deployment (and patched), HPA, Service, NetworkPolicy x2, Secret x2, StatefulSet...
+    assert checked >= 11  # Deployment (and patched x2), HPA, Service, NetworkPolicy x3, Secret x2, StatefulSet...
 
 
 def test_kubernetes_validate_rejects_a_misplaced_field() -> None:
@@ -96,7 +113,7 @@ def kustomize(directory: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(built.stdout) if o}
 
 
-def test_kustomize_builds_both_kustomizations_into_the_objects_the_tests_model() -> None:
+def test_kustomize_builds_the_kustomizations_into_the_objects_the_tests_model() -> None:
     """The tests above read the manifests themselves (and apply the fleet patch themselves);
     kustomize's own build must agree, and pass kubernetes-validate too."""
     kubernetes_validate = kubernetes_validate_module()
@@ -106,7 +123,10 @@ def test_kustomize_builds_both_kustomizations_into_the_objects_the_tests_model()
     fleet = kustomize(FLEET)
     assert set(fleet) == expected | {key for key in fleet_objects() if key[0] != "Secret"}
     assert fleet[("Deployment", "inference")] == fleet_deployment()
-    for (kind, _), obj in [*base.items(), *fleet.items()]:
+    gaie = kustomize(GAIE)
+    assert set(gaie) == expected | set(gaie_objects())
+    assert gaie[("Deployment", "inference")] == gaie_deployment()
+    for (kind, _), obj in [*base.items(), *fleet.items(), *gaie.items()]:
         if kind not in NO_SCHEMA:
             kubernetes_validate.validate(obj, KUBERNETES_VERSIONS[-1], strict=True)
 
