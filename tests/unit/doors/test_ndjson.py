@@ -439,3 +439,23 @@ def test_a_retry_ticket_of_any_shape_is_no_ticket_never_an_error(junk: Any) -> N
     ingress.receive_data(frame("x", "new", retry_ticket=b["retry_ticket"]))  # b's ticket, another frame
     assert len(upstream.dispatched) == 2
     assert state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
+
+
+def test_a_frame_with_a_retry_ticket_is_a_retry_and_blind_without_its_appointment() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, upstream=upstream, clock=clock, hint_policy=RetryHintPolicy(jitter=0.0))
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("hold", max_new_tokens=2) + frame("b"))
+    (b,) = replies(writes)
+    assert b["status"] == "yield" and b["retry_ticket"]
+    ingress.receive_data(frame("stale", "other", retry_ticket="t-unknown"))  # a ticket nobody booked
+    clock.advance(0.2)
+    (uid,) = upstream.dispatched
+    upstream.worker_sends(done_frame(uid, "done", completion_tokens=1))
+    ingress.receive_data(frame("b", retry_ticket=b["retry_ticket"]))  # back for its appointment
+    assert replies(writes)[-1]["status"] != "yield"
+    accounting = state.accounting
+    assert accounting.attempts == {"first": {"admitted": 1, "yielded": 1}, "retry": {"admitted": 1, "yielded": 1}}
+    assert accounting.blind_retries == {"admitted": 0, "yielded": 1}  # the stale ticket's
+    assert accounting.unbalanced_by(state.admission.inflight.inflight) == 0
