@@ -18,6 +18,7 @@ from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Refusal
 from governor.admission.tenant import TenantLimits
+from governor.doors import gateway
 from governor.doors.http import HttpIngress, HttpLimits
 from governor.gateway_policy import GatewayPolicy
 from governor.state import ServerState
@@ -316,6 +317,47 @@ def test_any_bytes_get_responses_or_a_close_and_every_request_is_accounted(chunk
         assert balanced(state)
     for parsed in client.responses():  # whatever came back parses as HTTP responses
         assert parsed.status in (200, 400, 404, 405, 413, 429, 431, 503)
+
+
+GATEWAY_NAMES = sorted(name.decode() for name in gateway.HEADERS_IN)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(GATEWAY_NAMES),
+            st.one_of(
+                st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), max_size=70),
+                st.sampled_from(["0", "1", "-1", "2s", "1500ms", "-1s", "1e309", "nan", "inf", "9" * 40, "chat"]),
+            ),
+        ),
+        max_size=6,
+    ),
+    st.booleans(),
+    st.sampled_from([None, "critical", "sheddable", 7]),
+)
+def test_any_gateway_headers_get_an_answer_and_leave_the_counters_balanced(
+    headers: list[tuple[str, str]], trusted: bool, priority: object
+) -> None:
+    """Malformed, oversized, repeated or contradicting: a 400 naming the header, or an answer,
+    never a crash or a leaked slot (repeated names are sent as repeated header lines)."""
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, upstream=upstream, tenants={"a": TenantLimits()})
+    limits = HttpLimits(gateway=GatewayPolicy(objectives={"chat": Priority.CRITICAL}))
+    client = Client(state, limits, trusted=trusted)
+    body = completion() if priority is None else completion(priority=priority)
+    answers = client.send(post(body, *(f"{name}: {value}" for name, value in headers)))
+    if not answers:  # admitted: its response comes with its completion
+        assert state.admission.inflight.inflight == 1
+    else:
+        (answer,) = answers
+        error = orjson.loads(answer.body)["error"]
+        assert answer.status == 400 and error["code"] == "bad_frame", answer
+        assert "x-" in error["message"] or "priority" in error["message"], error  # it names what is wrong
+        assert state.admission.inflight.inflight == 0
+    assert balanced(state)
+
     client.core.connection_lost()
     assert state.admission.inflight.inflight == 0 and balanced(state)
 
