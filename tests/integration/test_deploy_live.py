@@ -132,7 +132,13 @@ def test_a_live_prometheus_evaluates_every_deploy_query_and_the_operator_keeps_t
     # promtool's lint of the exposition itself (metric names, help, units, counters' _total).
     _, exposition = governor.http("/metrics")
     lint = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=30)
-    assert lint.returncode == 0 and not lint.stdout.strip(), lint.stdout + lint.stderr
+    # The GAIE model-server protocol names its gauges as vLLM does (`vllm:num_requests_running`):
+    # the lint's "no ':' outside recording rules" convention is the one finding they may have
+    # (vLLM's own exposition has it too); anything else about them, or any other finding, fails.
+    protocol_names = re.compile(r"^vllm:\w+ metric names should not contain ':'$")
+    lines = [line.strip() for line in (lint.stdout + lint.stderr).splitlines() if line.strip()]
+    assert not [line for line in lines if not protocol_names.match(line)], lint.stdout + lint.stderr
+    assert lint.returncode == 0 or lines  # a failing exit only for that finding
 
     shipped_job, rule_files = shipped_scrape_config(target)
     config = {
