@@ -84,10 +84,12 @@ def accounting(port: int) -> str:
 # -- a. the refusal path ----------------------------------------------------------------------------
 
 
-def http_yield_rate(port: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One benchmarks.harness.http_yield_client run (its own process, like the NDJSON client)."""
+def http_yield_rate(port: int, args: argparse.Namespace, sdk: bool = False) -> dict[str, Any]:
+    """One benchmarks.harness.http_yield_client run (its own process, like the NDJSON client);
+    `sdk`: with the headers the openai SDK adds."""
     argv = ["--port", str(port), "--seconds", str(args.seconds), "--connections", str(args.connections)]
     argv += ["--window", str(args.window), "--batch", str(args.batch), "--model", MODEL]
+    argv += ["--sdk-headers"] if sdk else []
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.harness.http_yield_client", *argv],
         cwd=ROOT,

@@ -28,9 +28,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-import orjson
-
-from benchmarks.cost.http_front import cpu_seconds
+from benchmarks.cost.http_front import cpu_seconds, http_yield_rate
 from benchmarks.harness.common import (
     ROOT,
     free_port,
@@ -47,7 +45,6 @@ from benchmarks.harness.rounds import order
 from governor.client import Client
 from govwire.codec import encode, generate_frame
 
-MODEL = "gpt2"
 TARGET = 0.97
 
 
@@ -90,18 +87,7 @@ class Governor:
     def measure(self, args: argparse.Namespace, sdk: bool) -> dict[str, Any]:
         """One client run: its 429s per second and the governor's CPU µs per refusal."""
         cpu0, yielded0 = cpu_seconds(self.proc.pid), stats(self.port)["yielded_total"]
-        argv = ["--port", str(self.http_port), "--seconds", str(args.seconds), "--model", MODEL]
-        argv += ["--connections", str(args.connections), "--window", str(args.window), "--batch", str(args.batch)]
-        out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.harness.http_yield_client", *argv, *(["--sdk-headers"] if sdk else [])],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        result: dict[str, Any] = orjson.loads(out.stdout)
-        if result["not_429"]:
-            raise AssertionError(f"{self.name}: answers other than 429 while the slot was held: {result}")
+        result = http_yield_rate(self.http_port, args, sdk)  # (raises on any answer but a 429)
         cpu, yielded = cpu_seconds(self.proc.pid) - cpu0, stats(self.port)["yielded_total"] - yielded0
         assert stats(self.port)["inflight"] == 1, f"{self.name}: the holder lost its slot"
         return {"rate": result["responses_per_s"], "cpu_us": cpu / yielded * 1e6}

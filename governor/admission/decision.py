@@ -444,28 +444,20 @@ class Admission:
         this request's cost. Read after the grant was charged; only for the front door's answers."""
         ask = grant.ask
         cost = max(1, ask.cost)
-        inflight = self.inflight
-        room = inflight.max_inflight - inflight.inflight
-        tokens = self.tokens
-        if tokens.max_tokens:
-            room = min(room, (tokens.max_tokens - tokens.held) // cost)
+        # (cap, held, what one more request takes), each cap that is set
+        inflight, tokens = self.inflight, self.tokens
+        caps = [(inflight.max_inflight, inflight.inflight, 1), (tokens.max_tokens, tokens.held, cost)]
+        endpoint, tenant = grant.endpoint, ask.tenant
+        if endpoint is not None:
+            limits = endpoint.limits
+            caps += [(limits.concurrency, endpoint.inflight, 1), (limits.tokens, endpoint.tokens, cost)]
+        if tenant is not None:
+            own = tenant.limits
+            caps += [(own.max_inflight, tenant.inflight, 1), (own.max_inflight_tokens, tenant.tokens, cost)]
+        room = min((cap - held) // per for cap, held, per in caps if cap)
         for bucket, amount in ((self.rate.bucket, 1), (self.token_rate.bucket, cost)):
             if bucket is not None:
                 room = min(room, int(bucket.level(now) // amount))
-        endpoint = grant.endpoint
-        if endpoint is not None:
-            limits = endpoint.limits
-            if limits.concurrency:
-                room = min(room, limits.concurrency - endpoint.inflight)
-            if limits.tokens:
-                room = min(room, (limits.tokens - endpoint.tokens) // cost)
-        tenant = ask.tenant
-        if tenant is not None:
-            own = tenant.limits
-            if own.max_inflight:
-                room = min(room, own.max_inflight - tenant.inflight)
-            if own.max_inflight_tokens:
-                room = min(room, (own.max_inflight_tokens - tenant.tokens) // cost)
         if self.fleet is not None:
             room = min(room, self.fleet.room(cost))
         return max(0, room)
