@@ -406,8 +406,12 @@ class Admission:
         appointments = self.appointments
         if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):
             ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
-        if self.shed_blind_retries and ask.retry and ask.appointment is None and self._first_refused_until > now:
-            ask.ceiling = min(ask.ceiling, self.ceilings.policy.sheddable)  # shed before first attempts
+        # Shed before first attempts: a blind retry held to the sheddable ceiling, and then refused,
+        # was refused by that cap and no shortage of its class: it closes no class gate, displaces
+        # nobody and does not contend for a fair share.
+        shed = self.shed_blind_retries and ask.retry and ask.appointment is None and self._first_refused_until > now
+        if shed:
+            ask.ceiling = min(ask.ceiling, self.ceilings.policy.sheddable)
         for fits in self._fits:
             fits(ask)
         for check in self._checks:
@@ -416,13 +420,13 @@ class Admission:
                 if refusal.hint_ms == HOLD:
                     return refusal  # not an answer yet: its holder waits in the lobby
                 refusal.final = self.is_final(refusal.reason, refusal.hint_ms)
-                if self._classes:
+                if self._classes and not shed:
                     if refusal.reason == _INFLIGHT and self.displacement.armed:
                         displaced = self._displace(now, ask, refusal)
                         if displaced is not None:
                             return displaced
                     self._gate(now, ask, refusal)
-                if self._sharing:
+                if self._sharing and not shed:
                     self.fair.refused(ask.tenant, now, refusal)
                 if self.shed_blind_retries and not ask.retry and ask.appointment is None and refusal.reason in _GATING:
                     hold = max(self.hints.gap_s, self.ceilings.policy.hold_s)
@@ -441,23 +445,39 @@ class Admission:
         admit now, after it (llm-d's `x-llm-d-flow-band-headroom-requests`: a count, shared, nothing
         kept for the reader): the free slots of each in-flight cap (global, its endpoint's, its
         tenant's, the fleet share), and the free tokens of each token budget and rate bucket over
-        this request's cost. Read after the grant was charged; only for the front door's answers."""
+        this request's cost, as admission would count them for its class: under its ceiling (the
+        global and tenant caps and buckets), less what the appointments kept in the global books
+        hold. Read after the grant was charged; only for the front door's answers."""
         ask = grant.ask
         cost = max(1, ask.cost)
-        # (cap, held, what one more request takes), each cap that is set
+        ceiling = ask.ceiling
         inflight, tokens = self.inflight, self.tokens
-        caps = [(inflight.max_inflight, inflight.inflight, 1), (tokens.max_tokens, tokens.held, cost)]
+        kept = [
+            book.held(now, None, ask.rank) if book is not None and book.entries else 0.0
+            for book in (inflight.book, tokens.book)
+        ]
+        # (cap, held, what one more request takes), each cap that is set
+        caps = [
+            (inflight.max_inflight * ceiling, inflight.inflight + kept[0], 1),
+            (tokens.max_tokens * ceiling, tokens.held + kept[1], cost),
+        ]
+        buckets = [(self.rate.bucket, 1, ceiling), (self.token_rate.bucket, cost, ceiling)]
         endpoint, tenant = grant.endpoint, ask.tenant
         if endpoint is not None:
             limits = endpoint.limits
             caps += [(limits.concurrency, endpoint.inflight, 1), (limits.tokens, endpoint.tokens, cost)]
+            buckets.append((endpoint.bucket, 1, 1.0))
         if tenant is not None:
             own = tenant.limits
-            caps += [(own.max_inflight, tenant.inflight, 1), (own.max_inflight_tokens, tenant.tokens, cost)]
-        room = min((cap - held) // per for cap, held, per in caps if cap)
-        for bucket, amount in ((self.rate.bucket, 1), (self.token_rate.bucket, cost)):
-            if bucket is not None:
-                room = min(room, int(bucket.level(now) // amount))
+            caps += [
+                (own.max_inflight * ceiling, tenant.inflight, 1),
+                (own.max_inflight_tokens * ceiling, tenant.tokens, cost),
+            ]
+            buckets += [(tenant.qps_bucket, 1, ceiling), (tenant.token_bucket, cost, ceiling)]
+        room = int(min((cap - held) // per for cap, held, per in caps if cap))
+        for bucket, amount, share in buckets:
+            if bucket is not None:  # what a class ceiling keeps in a bucket is not its to take
+                room = min(room, int((bucket.level(now) - (1.0 - share) * bucket.burst) // amount))
         if self.fleet is not None:
             room = min(room, self.fleet.room(cost))
         return max(0, room)

@@ -75,10 +75,11 @@ DROPPED_REASON |= {
 }
 
 _MAX_VALUE_BYTES = 64  # a number, a duration, a name: nothing longer is one
-_GO_DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|μs|ms|s|m|h))+")
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_GO_DURATION = re.compile(r"(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|µs|μs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_MS = {"ns": 1e-6, "us": 1e-3, "µs": 1e-3, "μs": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0, "h": 3_600_000.0}
-_NUMBER = re.compile(r"\d{1,15}(?:\.\d{1,9})?")
+_NUMBER = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+_INTEGER = re.compile(r"-?[0-9]{1,10}")  # ASCII digits only (int() takes others, and `_`)
 _I32 = 2**31
 
 
@@ -117,10 +118,9 @@ def _integer(headers: dict[bytes, bytes], name: bytes) -> int | None:
     if found is None:
         return None
     text = found[1]
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadFrame(f"{name.decode()}: {text[:32]!r} is not an integer") from None
+    if _INTEGER.fullmatch(text) is None:
+        raise BadFrame(f"{name.decode()}: {text[:32]!r} is not an integer")
+    value = int(text)
     if not -_I32 <= value < _I32:
         raise BadFrame(f"{name.decode()}: {value} is outside a 32-bit integer")
     return value

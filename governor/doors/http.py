@@ -854,4 +854,6 @@ class HttpIngress:
         if self._exchange is not None and self._exchange.headers_sent:
             return b""
         status = STATUS_OF_CODE.get(error.code, 503)
-        return response(status, error_body(status, error), False)
+        # (a connection refused for capacity, too_many_connections or buffer_full, says so to a gateway)
+        extra = [(DROPPED, SATURATED)] if status == 503 else None
+        return response(status, error_body(status, error), False, extra)

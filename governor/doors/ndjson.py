@@ -232,11 +232,13 @@ class Ingress:
                 TenantMismatch(f"this connection acts as tenant {self.tenant!r} (--tenant-from auth)", rid)
             )
         ticket = obj.get("retry_ticket")
-        if ticket is not None:  # the client says it retries (counted apart; a blind one without its appointment)
+        if type(ticket) is not str:
+            ticket = None  # (a ticket of any other shape is none)
+        elif ticket:  # the client says it retries (counted apart; a blind one without its appointment)
             ask.retry = True
         appointments = self._appointments
         if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
-            ask.ticket = ticket if type(ticket) is str else None
+            ask.ticket = ticket
             ask.identity = identity_of(ask.tenant, resent(rid, obj))
             ask.identity_unique = True  # an id names one client's request
         try:

@@ -65,7 +65,7 @@ def test_a_ttl_is_a_go_duration_and_an_slo_milliseconds_and_the_tighter_is_the_d
     assert read(headers(x_slo_ttft_ms="2.5"), POLICY, False).deadline_ms == 2.5
     both = headers(x_llm_d_inference_ttl="2s", x_llm_d_slo_ttft_ms="300")
     assert read(both, POLICY, False).deadline_ms == 300
-    for bad in ("-1s", "0s", "soon", "1500", "", "25h"):
+    for bad in ("-1s", "0s", "soon", "1500", "", "25h", "\u0663s"):
         refused("x-llm-d-inference-ttl", x_llm_d_inference_ttl=bad)
     for bad in ("-1", "0", "250ms", "1e3"):
         refused("x-llm-d-slo-ttft-ms", x_llm_d_slo_ttft_ms=bad)
@@ -76,6 +76,8 @@ def test_the_sdk_retry_count_marks_a_retry() -> None:
     assert read(headers(x_stainless_retry_count="2"), POLICY, False).retry_count == 2
     refused("x-stainless-retry-count", x_stainless_retry_count="-1")
     refused("x-stainless-retry-count", x_stainless_retry_count="two")
+    refused("x-stainless-retry-count", x_stainless_retry_count="1_000")  # int() would take it
+    refused("x-stainless-retry-count", x_stainless_retry_count="\u0663")  # an Arabic-Indic 3: ASCII digits only
 
 
 def test_the_headers_go_into_the_body_and_a_contradiction_is_refused() -> None:

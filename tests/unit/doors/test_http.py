@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.accounting import ShedReason
+from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
-from governor.admission.limits import Refusal
+from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import TenantLimits
 from governor.doors import gateway
 from governor.doors.http import HttpIngress, HttpLimits
@@ -538,6 +539,36 @@ def test_the_headroom_is_that_of_the_limit_that_binds_first() -> None:
     assert not isinstance(grant, Refusal)
     # 30 tokens held of 100: 70 free, two more of this cost; 7 slots free
     assert state.admission.headroom(grant, 0.0) == 2
+
+
+def test_the_headroom_counts_under_the_requests_class_ceiling() -> None:
+    state = make_state(max_inflight=10, integrity=IntegrityMode.OFF)
+    admission = state.admission
+    for _ in range(6):
+        assert not isinstance(admission.decide(0.0, Ask()), Refusal)
+    admission.ceilings.ceiling(Priority.CRITICAL, 0.0)  # a critical frame came ...
+    admission.ceilings.refused(Priority.CRITICAL, 0.0, 0.0)  # ... and was refused: the gates below close
+    sheddable = admission.decide(0.0, Ask(priority=Priority.SHEDDABLE))
+    assert isinstance(sheddable, Grant) and sheddable.ask.ceiling == 0.8
+    # 7 of 10 in flight, but a sheddable request may fill 8: one more, not three
+    assert admission.headroom(sheddable, 0.0) == 1
+    assert isinstance(admission.decide(0.0, Ask(priority=Priority.SHEDDABLE)), Grant)
+    assert isinstance(admission.decide(0.0, Ask(priority=Priority.SHEDDABLE)), Refusal)
+
+
+def test_a_blind_retry_shed_by_its_own_cap_closes_no_gate_for_first_attempts() -> None:
+    state = make_state(max_inflight=10, integrity=IntegrityMode.OFF)
+    admission = state.admission
+    admission.shed_blind_retries = True
+    grants = [admission.decide(0.0, Ask()) for _ in range(10)]
+    assert isinstance(admission.decide(0.0, Ask()), Refusal)  # a first attempt refused: blind retries are capped
+    admission.release(grants[0], True, 0.0)  # 9 of 10
+    blind = Ask(priority=Priority.CRITICAL)
+    blind.retry = True
+    assert isinstance(admission.decide(0.0, blind), Refusal)  # held to 8 of 10, critical or not
+    # ... which is no shortage of critical capacity: a standard first attempt still gets the last slot
+    assert admission.ceilings.current(0.0)["standard"] == 1.0
+    assert isinstance(admission.decide(0.0, Ask()), Grant)
 
 
 def test_a_trusted_gateways_headers_set_tenant_class_and_deadline() -> None:
