@@ -122,9 +122,11 @@ class BlockManager:
         return True
 
     def cache_computed(self, seq: Sequence) -> None:
-        """Key the blocks of `seq` that are now full of computed tokens, so that later sequences
-        can reuse them. A block whose key another block already holds stays private."""
-        full = min(seq.num_computed // self.block_size, len(seq.block_table))
+        """Key the blocks of `seq` that are now full of computed, known tokens, so that later
+        sequences can reuse them. A block whose key another block already holds stays private."""
+        # Known tokens only: while steps overlap, the cache may already hold (or be about to hold)
+        # rows for tokens not yet confirmed, and a key names token ids.
+        full = min(min(seq.num_computed, seq.num_known_tokens) // self.block_size, len(seq.block_table))
         if not self.prefix_caching or full <= seq.num_keyed_blocks:  # most steps: no block filled up
             return
         self._extend_keys(seq, full)

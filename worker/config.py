@@ -57,6 +57,11 @@ class WorkerConfig:
     cuda_graphs: bool = option(
         True, "gpt2: on cuda, replay decode steps from CUDA graphs captured at start; --no-cuda-graphs: all eager"
     )
+    async_scheduling: Literal["auto", "on", "off"] = option(
+        "auto",
+        "gpt2: launch the next step before reading the last one's tokens, so host work (scheduling,"
+        " detokenizing, sending) overlaps the device's; auto = on for cuda, off on the cpu (the cpu is the device)",
+    )
     tokenizer_nice: int = option(
         10,
         "gpt2: niceness of the thread that tokenizes prompts (Linux), so that on a CPU-bound worker running"

@@ -76,9 +76,11 @@ def context_buckets(max_context: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: GPT2, cache: KVCache, max_batch: int, capture: Capture) -> None:
+    def __init__(self, model: GPT2, cache: KVCache, token_buf: Tensor, max_batch: int, capture: Capture) -> None:
+        """`token_buf`: the runner's last sampled token by slot; its last entry is scratch."""
         self.model = model
         self.cache = cache
+        self.token_buf = token_buf
         self.scale = model.shape.head_dim**-0.5
         self.batch_buckets = batch_buckets(max_batch)
         self.context_buckets = context_buckets(model.shape.n_positions)
@@ -87,12 +89,14 @@ class DecodeGraphs:
         block_size = self.block_size = cache.block_size
         max_blocks = -(-model.shape.n_positions // block_size)
         # The static inputs, padding values everywhere until a step fills its first rows.
-        self.input_ids = torch.zeros(size, dtype=torch.long, device=device)
+        self.scratch_slot = token_buf.numel() - 1
+        self.token_slots = torch.full((size,), self.scratch_slot, dtype=torch.long, device=device)
         self.positions = torch.zeros(size, dtype=torch.long, device=device)
         self.slots = torch.full((size,), cache.scratch_block * block_size, dtype=torch.long, device=device)
         self.tables = torch.full((size, max_blocks), cache.scratch_block, dtype=torch.long, device=device)
         self.lens = torch.ones(size, dtype=torch.long, device=device)
         self.rows = torch.arange(size, device=device)
+        self.width = max_blocks  # columns a step may have written: all, before the first
         self.logits = torch.empty(size, model.shape.vocab_size, dtype=cache.keys.dtype, device=device)
         started = time.perf_counter()
         self.graphs: dict[tuple[int, int], Replay] = {}
@@ -105,7 +109,8 @@ class DecodeGraphs:
         decode = GatherDecode(
             self.rows[:batch], self.tables[:batch], self.lens[:batch], width, self.block_size, self.scale
         )
-        packed = PackedBatch(self.input_ids[:batch], self.positions[:batch], self.slots[:batch], decode, [], None, None)
+        input_ids = self.token_buf.index_select(0, self.token_slots[:batch])
+        packed = PackedBatch(input_ids, self.positions[:batch], self.slots[:batch], decode, [], None, None)
         self.logits[:batch] = self.model(packed, self.cache)
 
     def bucket(self, n: int, max_len: int) -> tuple[int, int] | None:
@@ -115,14 +120,24 @@ class DecodeGraphs:
         return None if batch is None or width is None else (batch, width)
 
     def run(
-        self, bucket: tuple[int, int], input_ids: Tensor, positions: Tensor, slots: Tensor, tables: Tensor, lens: Tensor
+        self,
+        bucket: tuple[int, int],
+        token_slots: Tensor,
+        positions: Tensor,
+        slots: Tensor,
+        tables: Tensor,
+        lens: Tensor,
     ) -> Tensor:
         """Replay the bucket's graph for these n rows (device tensors [n], tables [n, W]); logits [n, V]."""
-        n, (batch, _) = input_ids.numel(), bucket
-        self.input_ids[:n] = input_ids
+        n, (batch, _) = token_slots.numel(), bucket
+        width = tables.shape[1]
+        self.token_slots[:n] = token_slots
         self.positions[:n] = positions
         self.slots[:n] = slots
-        self.tables[:n, : tables.shape[1]] = tables
+        self.tables[:n, :width] = tables
+        if width < self.width:  # columns a wider step left
+            self.tables[:, width : self.width] = self.cache.scratch_block
+        self.width = width
         self.lens[:n] = lens
         self._pad(n, batch)  # rows a larger earlier step left behind
         self.graphs[bucket]()
@@ -131,8 +146,8 @@ class DecodeGraphs:
     def _pad(self, start: int, end: int) -> None:
         if start < end:
             scratch = self.cache.scratch_block
-            self.input_ids[start:end] = 0
+            self.token_slots[start:end] = self.scratch_slot
             self.positions[start:end] = 0
             self.slots[start:end] = scratch * self.block_size
-            self.tables[start:end, 0] = scratch
+            self.tables[start:end] = scratch
             self.lens[start:end] = 1

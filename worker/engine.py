@@ -1,8 +1,18 @@
-"""The GPT-2 engine's synchronous core: add / cancel / step. One thread drives it (backends/gpt2.py).
+"""The GPT-2 engine's core: add / cancel / step. One thread drives it (backends/gpt2.py).
 
-`step()` = schedule → run → postprocess, as in nano-vllm. It returns the events of that step
+`step()` = schedule → launch → postprocess, as in nano-vllm. It returns the events of that step
 (tokens, finished requests) instead of calling anyone, so it can be tested and benchmarked
 without sockets or threads.
+
+With `overlap` (the default on a GPU) a step launches the next forward before it reads the last
+one's tokens, as vLLM's async scheduling and SGLang's overlap scheduler do: the host schedules,
+plans, detokenizes and emits step t while the device runs step t+1, which feeds each sequence its
+step-t token from the device (runner.py). The price is paid at the edges: a sequence that samples
+end-of-sequence, or is cancelled, at step t has already been given a row in step t+1, which is
+thrown away; its blocks return when step t+1 is done (scheduler.py). A length stop is known when
+scheduling and costs nothing. Steps that would preempt, a failed step and stopping first complete
+the step in flight (`drain`). Without overlap (the CPU, where the device is the host's own cores)
+the same code completes each step before the next is scheduled. Both give the same tokens.
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from govwire.errors import BadFrame
 from govwire.messages import Completion
@@ -19,14 +29,17 @@ from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
 from worker.cuda_graphs import CudaGraphCapture
 from worker.loading import LoadedModel
-from worker.runner import ModelRunner
-from worker.scheduler import Chunk, Scheduler, SchedulerConfig
-from worker.sequence import SamplingParams, Sequence
+from worker.runner import ModelRunner, StepHandle
+from worker.scheduler import NEEDS_DRAIN, ScheduledStep, Scheduler, SchedulerConfig
+from worker.sequence import SamplingParams, Sequence, SequenceStatus
 from worker.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenEvent:
+    """A streamed token. Not frozen: one is made per token, and a frozen dataclass's `__init__`
+    (an `object.__setattr__` per field) costs twice as much."""
+
     seq: Sequence
     index: int
     token_id: int
@@ -62,28 +75,42 @@ class LLMEngine:
         scheduler: Scheduler,
         max_context: int,
         clock: Callable[[], float] = time.perf_counter,
+        overlap: bool = False,
     ) -> None:
         self.runner = runner
         self.tokenizer = tokenizer
         self.scheduler = scheduler
         self.max_context = max_context
         self.clock = clock
+        self.overlap = overlap
         self.counters = EngineCounters()
         self._eos = tokenizer.eos_token_id
         self._detokenizers: dict[Sequence, IncrementalDetokenizer] = {}
+        self._in_flight: _Launched | None = None
+        self._last_done = 0.0  # when the last step completed: overlapping steps count busy time once
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, config: SchedulerConfig, cuda_graphs: bool = True) -> LLMEngine:
+    def for_model(
+        cls, loaded: LoadedModel, config: SchedulerConfig, cuda_graphs: bool = True, overlap: bool | None = None
+    ) -> LLMEngine:
         """An engine over a loaded model: its own paged KV cache of `config.num_blocks` blocks; on
-        CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False."""
+        CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False, and steps
+        overlap unless `overlap` is False (None: on CUDA only)."""
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
-        runner = ModelRunner(loaded.model, config.num_blocks, config.kv_block_size, config.max_batch_size, capture)
-        return cls(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
+        config = replace(config, max_model_len=config.max_model_len or loaded.shape.n_positions)
+        runner = ModelRunner(loaded.model, config, capture)
+        return cls(
+            runner,
+            loaded.tokenizer,
+            Scheduler(config),
+            max_context=loaded.shape.n_positions,
+            overlap=on_cuda if overlap is None else overlap,
+        )
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self._in_flight is not None or self.scheduler.has_work
 
     def add(self, request: GenerateRequest) -> Sequence:
         """Tokenize and queue a request (see `add_tokenized`)."""
@@ -128,50 +155,84 @@ class LLMEngine:
     def fail_all(self) -> None:
         """Drop every request after a failed step (its state may be half-updated); blocks are freed.
         They end without a finish reason: their replies are errors (backends/gpt2.py)."""
+        self._in_flight = None
+        self.scheduler.abandon_in_flight()
         now = self.clock()
         for seq in [*self.scheduler.running, *self.scheduler.waiting]:
             self.scheduler.finish(seq, None, now)
         self._detokenizers.clear()
 
     def step(self) -> list[Event]:
-        """One batched forward: schedule → run → postprocess."""
+        """One batched forward: schedule → launch → postprocess. With `overlap`, the step
+        postprocessed is the one launched by the previous call, after this call's is launched."""
         started = self.clock()
-        chunks = self.scheduler.schedule(started)
-        if not chunks:
-            return []
-        sampled = self.runner.run(chunks)
-        return self._postprocess(chunks, sampled, started, self.clock())
+        events: list[Event] = []
+        scheduled = self.scheduler.schedule(started, may_preempt=self._in_flight is None)
+        if scheduled == NEEDS_DRAIN:
+            events = self.drain()
+            scheduled = self.scheduler.schedule(started)
+        assert scheduled != NEEDS_DRAIN  # nothing is in flight now
+        launched = None
+        if scheduled is not None:
+            launched = _Launched(scheduled, self.runner.launch(scheduled, self.scheduler.tables), started)
+        previous, self._in_flight = self._in_flight, launched if self.overlap else None
+        if previous is not None:
+            events += self._complete(previous)
+        if launched is not None and not self.overlap:
+            events += self._complete(launched)
+        return events
 
-    def _postprocess(self, chunks: list[Chunk], sampled: list[int], started: float, now: float) -> list[Event]:
-        """Advance each scheduled sequence by its chunk; a sampled token is streamed, or ends it."""
+    def drain(self) -> list[Event]:
+        """Complete the step in flight, if any."""
+        launched, self._in_flight = self._in_flight, None
+        return [] if launched is None else self._complete(launched)
+
+    def _complete(self, launched: _Launched) -> list[Event]:
+        """Wait for a step's tokens; each is streamed, or ends its sequence. A sequence that ended
+        while the step was in flight gets nothing from it."""
+        step = launched.step
+        tokens = launched.handle.wait()
+        now = self.clock()
+        scheduler = self.scheduler
+        scheduler.step_done(step.step)
         counters = self.counters
         counters.steps += 1
-        counters.step_sequences += len(chunks)
-        counters.busy_seconds += now - started
-        tokens = iter(sampled)
+        counters.step_sequences += len(step.decode) + len(step.prefill)
+        counters.busy_seconds += now - max(launched.started, self._last_done)
+        self._last_done = now
+        blocks = scheduler.blocks
+        for chunk in step.prefill:
+            counters.prefill_tokens += chunk.end - chunk.start
+            if chunk.seq.status is SequenceStatus.RUNNING:
+                blocks.cache_computed(chunk.seq)
+        keying = blocks.prefix_caching
+        block_size = blocks.block_size
+        eos = self._eos
+        detokenizers = self._detokenizers
+        running = SequenceStatus.RUNNING
         events: list[Event] = []
-        for chunk in chunks:
-            seq = chunk.seq
-            if chunk.is_prefill:
-                counters.prefill_tokens += chunk.num_tokens
-            self.scheduler.computed(seq, chunk.end)
-            if not chunk.samples:
+        generated = 0
+        for seq, token in zip(step.sampling, tokens, strict=True):
+            seq.num_pending -= 1
+            if seq.status is not running:  # ended while this step was in flight
                 continue
-            token = next(tokens)
             if seq.t_first_token is None:
                 seq.t_first_token = now
-            if token == self._eos and seq.stop_on_eos:
+            if token == eos and seq.stop_on_eos:
                 events.append(self._finish(seq, FinishReason.EOS, now))
                 continue
-            seq.output_ids.append(token)
-            counters.generated_tokens += 1
-            detokenizer = self._detokenizers[seq]
-            text = detokenizer.push(token)
-            if len(seq.output_ids) < seq.max_new_tokens:
-                events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text))
+            output = seq.output_ids
+            output.append(token)
+            generated += 1
+            if keying and seq.num_computed // block_size > seq.num_keyed_blocks:
+                blocks.cache_computed(seq)
+            detokenizer = detokenizers[seq]
+            if len(output) < seq.max_new_tokens:
+                events.append(TokenEvent(seq, len(output) - 1, token, detokenizer.push(token)))
             else:
-                events.append(TokenEvent(seq, len(seq.output_ids) - 1, token, text + detokenizer.flush()))
+                events.append(TokenEvent(seq, len(output) - 1, token, detokenizer.push(token) + detokenizer.flush()))
                 events.append(self._finish(seq, FinishReason.LENGTH, now))
+        counters.generated_tokens += generated
         return events
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> FinishEvent:
@@ -179,6 +240,13 @@ class LLMEngine:
         del self._detokenizers[seq]
         self.counters.finished += 1
         return FinishEvent(seq, completion_of(seq, self.tokenizer.decode(seq.output_ids)))
+
+
+@dataclass(slots=True)
+class _Launched:
+    step: ScheduledStep
+    handle: StepHandle
+    started: float
 
 
 def completion_of(seq: Sequence, text: str) -> Completion:

@@ -33,13 +33,30 @@ its next token, so its stream goes on without a gap or a repeat. Nothing is admi
 that preempted. With `kv_reservation="worst-case"` a sequence takes the blocks for its whole life
 (prompt + max_new_tokens - 1) at admission instead, and is never preempted: fewer run at once, but
 no stream ever stalls for a recompute.
+
+The batch is persistent (vLLM's InputBatch, SGLang's request pool): an admitted sequence takes a
+slot, a row of `tables` (numpy, the block table mirrored once per block added, not rebuilt per
+step) and of the runner's device token buffer, where the token it sampled last waits to be fed
+back. A steady decode step is then one short loop over the decoding sequences (a block check and
+two counters each) and array operations in the runner: no per-row objects. A step returns the
+decoding sequences with their slots and positions, and `Chunk`s for prompt chunks only.
+
+Steps may overlap (engine.py): the scheduler plans step t+1 while step t runs, so a sequence
+scheduled at t is scheduled again with its token still pending (the runner feeds it from the
+device buffer), and its length stop is known here: one with `max_new_tokens` tokens confirmed or
+pending is not scheduled. Blocks and slots of a sequence that ends while a step is in flight are
+given back when that step is done (`step_done`), since it may still write them. A preemption
+needs the victim's tokens confirmed: while a step is in flight, a step that would preempt is not
+planned (`NEEDS_DRAIN`), and the engine completes the step in flight first.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import numpy as np
 
 from govwire.vocab import FinishReason
 from worker.block_manager import BlockManager
@@ -58,13 +75,14 @@ class SchedulerConfig:
     kv_block_size: int = 16
     prefix_caching: bool = True
     kv_reservation: Literal["paged", "worst-case"] = "paged"
+    max_model_len: int = 0  # longest sequence in tokens (the model's context); 0 = the pool
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "prefill_max_batch_size", "max_prefill_tokens", "kv_block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.max_running < 0:
-            raise ValueError("max_running must be >= 0")
+        if self.max_running < 0 or self.max_model_len < 0:
+            raise ValueError("max_running and max_model_len must be >= 0")
         if self.kv_cache_tokens < self.kv_block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
         if self.kv_reservation not in ("paged", "worst-case"):
@@ -79,25 +97,48 @@ class SchedulerConfig:
         """Blocks in the pool: the budget in whole blocks."""
         return self.kv_cache_tokens // self.kv_block_size
 
+    @property
+    def max_blocks_per_seq(self) -> int:
+        """Columns of the persistent block table: a sequence never holds more."""
+        longest = min(self.max_model_len or self.kv_cache_tokens, self.kv_cache_tokens)
+        return -(-longest // self.kv_block_size)
+
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """Tokens [start, end) of `seq` go through the model this step; `samples` if a token follows.
-    `is_prefill`: prompt tokens (or a preempted sequence's tokens again), under the prefill budget;
-    else one fed-back token, under the decode batch."""
+    """Prompt tokens [start, end) of `seq` (or a preempted sequence's tokens again) go through the
+    model this step, under the prefill budget; `samples`: the chunk ends its prefill, and the
+    step samples its first (next) token."""
 
     seq: Sequence
     start: int
     end: int
-    is_prefill: bool
-
-    @property
-    def samples(self) -> bool:
-        return self.end == self.seq.num_tokens
+    samples: bool
 
     @property
     def num_tokens(self) -> int:
         return self.end - self.start
+
+
+@dataclass(slots=True)
+class ScheduledStep:
+    """One step's rows, decode rows first. A decode row feeds its sequence's last sampled token
+    (from the runner's token buffer: it may still be in flight) at `positions[i]`."""
+
+    step: int  # the scheduler's step number; `step_done(step)` once it has run
+    decode: list[Sequence]
+    slots: list[int]  # of the decode rows
+    positions: list[int]  # of the decode rows
+    prefill: list[Chunk] = field(default_factory=list)
+
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The sequences this step samples a token for, in the order of its sampled rows."""
+        return self.decode + [chunk.seq for chunk in self.prefill if chunk.samples]
+
+
+NEEDS_DRAIN: Final = "needs-drain"
+"""`schedule`'s answer when the step would preempt while another is in flight."""
 
 
 class Scheduler:
@@ -105,54 +146,90 @@ class Scheduler:
         self.config = config
         self.blocks = BlockManager(config.num_blocks, config.kv_block_size, config.prefix_caching)
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # in order of admission: the last is preempted first
+        self.running: dict[Sequence, None] = {}  # in order of admission: the last is preempted first
         self.num_preemptions = 0
         self._watermark = int(WATERMARK * config.num_blocks)
         self._worst_case = config.kv_reservation == "worst-case"
         self._steps = 0
+        cap = config.running_cap
+        # The persistent batch: a row per slot, written when a block is added.
+        self.tables = np.zeros((cap, config.max_blocks_per_seq), dtype=np.int64)
+        self._free_slots = list(reversed(range(cap)))  # a stack: slot 0 is taken first
+        self._decoding: list[Sequence] = []  # running sequences that decode, in admission order
+        self._prefilling: list[Sequence] = []  # running sequences with prompt tokens to go
+        self._membership_changed = False  # rebuild the two lists above from `running`
+        self._in_flight: list[int] = []  # steps scheduled and not done, oldest first
+        self._deferred: list[tuple[int, Sequence]] = []  # (step, sequence): released when it is done
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._in_flight)
+
     def fits_ever(self, seq: Sequence) -> bool:
         """Whether the pool, all to itself, holds `seq` at its longest."""
-        return self.blocks.blocks_for(seq.max_kv_tokens) <= self.config.num_blocks
+        return self.blocks.blocks_for(seq.max_kv_tokens) <= min(self.config.num_blocks, self.tables.shape[1])
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self, now: float) -> list[Chunk]:
-        """The next step's chunks: decodes first, then prompt chunks up to the prefill budget (new
-        prompts before those under way, which keep half of it)."""
+    def schedule(self, now: float, may_preempt: bool = True) -> ScheduledStep | None | Literal["needs-drain"]:
+        """The next step: decodes first, then prompt chunks up to the prefill budget (new prompts
+        before those under way, which keep half of it); None if nothing can run. Scheduling
+        advances the sequences as if the step had run (`num_computed`, `num_pending`).
+        `may_preempt` False: answer `NEEDS_DRAIN` instead of preempting."""
         config = self.config
-        self._steps += 1
-        decoding = [seq for seq in self.running if not seq.is_prefilling]
+        if self._membership_changed:
+            self._decoding = [seq for seq in self.running if seq.is_decoding]
+            self._prefilling = [seq for seq in self.running if not seq.is_decoding]
+            self._membership_changed = False
+        decoding = self._decoding
         if len(decoding) > config.max_batch_size:
             # Least recently stepped first; all of them, not only max_batch_size: one that makes
             # room by preempting itself (the newest, while older ones not stepped this time hold
             # the blocks) gives its place to the next, so a step never stalls with work left.
-            decoding.sort(key=lambda seq: seq.last_step)
+            decoding = sorted(decoding, key=_last_step)
         preemptions = self.num_preemptions
+        span = config.kv_block_size
         chosen: list[Sequence] = []
         for seq in decoding:
             if len(chosen) >= config.max_batch_size and _running(chosen) >= config.max_batch_size:
                 break
-            if seq.status is SequenceStatus.RUNNING:  # else preempted for an older one this step
+            if seq.status is not SequenceStatus.RUNNING:  # preempted for an older one this step
+                continue
+            if len(seq.output_ids) + seq.num_pending >= seq.max_new_tokens:
+                continue  # its last token is in flight
+            if seq.num_computed >= len(seq.block_table) * span:  # crosses into a new block
+                if not may_preempt and not self._grows_without_preempting(seq):
+                    return NEEDS_DRAIN
                 self._make_room(seq, seq.num_computed + 1)  # which may preempt one chosen before it
-                if seq.status is SequenceStatus.RUNNING:
-                    chosen.append(seq)
-        chunks = [
-            Chunk(seq, seq.num_computed, seq.num_tokens, False)
-            for seq in chosen
-            if seq.status is SequenceStatus.RUNNING
-        ]
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue
+            chosen.append(seq)
+        step = self._steps + 1
+        slots: list[int] = []
+        positions: list[int] = []
+        if self.num_preemptions != preemptions:
+            chosen = [seq for seq in chosen if seq.status is SequenceStatus.RUNNING]
+        for seq in chosen:
+            slots.append(seq.slot)
+            positions.append(seq.num_computed)
+            seq.num_computed += 1
+            seq.num_pending += 1
+            seq.last_step = step
+        scheduled = ScheduledStep(step, chosen, slots, positions)
         # The prompt budget: new prompts first, so a short request that arrives while a long
         # prompt is being prefilled starts at the next step instead of after the long one's last
         # chunk; but prompts already under way keep at least half of it, so a stream of new ones
         # cannot starve them.
         budget = config.max_prefill_tokens
-        underway = [seq for seq in self.running if seq.is_prefilling]
+        if self.num_preemptions == preemptions:
+            underway = list(self._prefilling)
+        else:  # a victim may have been prefilling
+            underway = [seq for seq in self.running if not seq.is_decoding]
         kept = min(max(1, budget // 2), sum(seq.num_tokens - seq.num_computed for seq in underway))
         budget -= kept
         admitted = 0
@@ -162,6 +239,7 @@ class Scheduler:
             and waiting
             and admitted < config.prefill_max_batch_size
             and len(self.running) < config.running_cap
+            and self._free_slots
             and self.num_preemptions == preemptions
         ):
             seq = waiting[0]
@@ -173,55 +251,109 @@ class Scheduler:
             seq.num_admissions += 1
             if seq.t_admitted is None:
                 seq.t_admitted = now
-            self.running.append(seq)
+            seq.slot = self._free_slots.pop()
+            self._write_table(seq, 0)
+            self.running[seq] = None
+            self._membership_changed = True
             admitted += 1
-            budget -= self._add_prefill_chunk(chunks, seq, budget)
+            budget -= self._add_prefill_chunk(scheduled, seq, budget, step)
         budget += kept
         for seq in underway:
             if budget:
-                budget -= self._add_prefill_chunk(chunks, seq, budget)
-        for chunk in chunks:
-            chunk.seq.last_step = self._steps
-        return chunks
+                budget -= self._add_prefill_chunk(scheduled, seq, budget, step)
+        if not chosen and not scheduled.prefill:
+            return None
+        self._steps = step
+        self._in_flight.append(step)
+        return scheduled
+
+    def step_done(self, step: int) -> None:
+        """Step `step` (and every earlier one) has run: what ended meanwhile gives back its blocks."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0] <= step:
+            in_flight.pop(0)
+        if self._deferred:
+            kept = []
+            for until, seq in self._deferred:
+                if until <= step:
+                    self._release(seq)
+                else:
+                    kept.append((until, seq))
+            self._deferred = kept
+
+    def _grows_without_preempting(self, seq: Sequence) -> bool:
+        return self.blocks.blocks_for(seq.num_computed + 1) - len(seq.block_table) <= self.blocks.num_available
 
     def _make_room(self, seq: Sequence, num_tokens: int) -> None:
         """Grow `seq`'s table to `num_tokens`, preempting the most recently admitted sequences
         (maybe `seq` itself) until it fits."""
+        held = len(seq.block_table)
         while not self.blocks.grow(seq, num_tokens):
-            victim = self.running[-1]
+            victim = next(reversed(self.running))
             self._preempt(victim)
             if victim is seq:
                 return
+        self._write_table(seq, held)
 
     def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.blocks.free(seq)
+        assert not self._in_flight, "preempting while a step is in flight: its tokens are not confirmed"
+        del self.running[seq]
+        self._release(seq)
         seq.num_computed = 0
+        seq.num_pending = 0
+        seq.is_decoding = False
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+        self._membership_changed = True
 
-    @staticmethod
-    def _add_prefill_chunk(chunks: list[Chunk], seq: Sequence, budget: int) -> int:
-        end = min(seq.num_tokens, seq.num_computed + budget)
-        chunks.append(Chunk(seq, seq.num_computed, end, True))
-        return end - seq.num_computed
+    def _write_table(self, seq: Sequence, start: int) -> None:
+        """Mirror `seq`'s block table from column `start` into its slot's row."""
+        table = seq.block_table
+        self.tables[seq.slot, start : len(table)] = table[start:]
 
-    def computed(self, seq: Sequence, end: int) -> None:
-        """After a step: `seq`'s tokens up to `end` are in the cache (and its full blocks cached)."""
+    def _add_prefill_chunk(self, scheduled: ScheduledStep, seq: Sequence, budget: int, step: int) -> int:
+        start = seq.num_computed
+        end = min(seq.num_tokens, start + budget)
+        samples = end == seq.num_tokens
+        scheduled.prefill.append(Chunk(seq, start, end, samples))
         seq.num_computed = end
-        self.blocks.cache_computed(seq)
+        seq.last_step = step
+        if samples:
+            seq.num_pending += 1
+            seq.is_decoding = True
+            self._membership_changed = True
+        return end - start
 
     def finish(self, seq: Sequence, reason: FinishReason | None, now: float) -> None:
-        """Take `seq` out of the batch and return its blocks; `reason` None: it failed."""
+        """Take `seq` out of the batch and give back its blocks (once the steps in flight, which
+        may still write them, are done); `reason` None: it failed."""
         if seq.status is SequenceStatus.RUNNING:
-            self.running.remove(seq)
-            self.blocks.free(seq)
+            del self.running[seq]
+            self._membership_changed = True
+            if self._in_flight:
+                self._deferred.append((self._in_flight[-1], seq))
+            else:
+                self._release(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.t_finished = now
+
+    def abandon_in_flight(self) -> None:
+        """Forget the steps in flight (they failed): give back what waited for them."""
+        if self._in_flight:
+            self.step_done(self._in_flight[-1])
+
+    def _release(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        self._free_slots.append(seq.slot)
+        seq.slot = -1
+
+
+def _last_step(seq: Sequence) -> int:
+    return seq.last_step
 
 
 def _running(seqs: list[Sequence]) -> int:

@@ -37,6 +37,11 @@ class Sequence:
     not all in the cache, or (after a preemption) more than one of its tokens is missing, the
     sequence is prefilling (maybe in chunks): its prompt, then the tokens it had generated;
     afterwards each step feeds the last sampled token. Compared by identity: two requests never share a sequence.
+
+    While steps overlap (engine.py), the scheduler runs ahead of the tokens: a step that samples for
+    it adds one to `num_pending` when it is scheduled, and the token joins `output_ids` (or ends
+    the sequence) when that step completes. `num_computed` counts the rows scheduled into the
+    cache, in flight or done; `output_ids` holds confirmed tokens only.
     """
 
     request_id: str
@@ -47,6 +52,9 @@ class Sequence:
     t_arrival: float
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
+    num_pending: int = 0  # tokens sampled by scheduled steps that have not completed
+    slot: int = -1  # its row in the scheduler's persistent batch while admitted (scheduler.py)
+    is_decoding: bool = False  # its prefill is scheduled: each step feeds one token
     block_table: list[int] = field(default_factory=list)  # KV blocks holding its tokens, in order
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks (block_manager.py)
     num_keyed_blocks: int = 0  # leading blocks of its table already offered to the prefix cache
@@ -66,6 +74,12 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
+        """Prompt, confirmed and pending tokens: what the scheduler plans with."""
+        return len(self.prompt_ids) + len(self.output_ids) + self.num_pending
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Prompt and confirmed tokens: the ids the host knows."""
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
@@ -78,7 +92,7 @@ class Sequence:
         return self.num_computed < len(self.prompt_ids) or self.num_tokens - self.num_computed > 1
 
     def tokens(self, start: int, end: int) -> list[int]:
-        """Token ids [start, end) of prompt + output."""
+        """Token ids [start, end) of prompt + output (known ones: end <= num_known_tokens)."""
         n = len(self.prompt_ids)
         if end <= n:
             return self.prompt_ids[start:end]

@@ -36,7 +36,7 @@ class EagerCapture:
 
 def graph_engine(loaded: LoadedModel, capture: EagerCapture, max_batch_size: int = 8) -> LLMEngine:
     config = SchedulerConfig(max_batch_size=max_batch_size, max_running=8, max_prefill_tokens=64, kv_cache_tokens=4096)
-    runner = ModelRunner(loaded.model, config.num_blocks, config.kv_block_size, config.max_batch_size, capture)
+    runner = ModelRunner(loaded.model, config, capture)
     return LLMEngine(runner, loaded.tokenizer, Scheduler(config), max_context=loaded.shape.n_positions)
 
 
@@ -83,3 +83,27 @@ def test_steps_with_prompt_chunks_or_more_rows_than_the_largest_bucket_run_eager
         engine.add(request(rid, "x", 3))
     engine.step()
     assert capture.replays == Counter({(1, 64): 1})
+
+
+def test_a_narrower_step_leaves_no_stale_block_in_the_static_table(loaded: LoadedModel) -> None:
+    """Every entry a step does not write holds the scratch block, so a kernel that walked the
+    whole width would read padding, never another sequence's blocks."""
+    engine = graph_engine(loaded, EagerCapture())
+    graphs = engine.runner.graphs
+    assert graphs is not None
+    scratch = engine.runner.cache.scratch_block
+    engine.add(request("wide", "Continuous batching lets requests join and leave. " * 2, 30))
+    engine.add(request("narrow", "x", 40))
+    while engine.scheduler.running and max(len(s.block_table) for s in engine.scheduler.running) < 2:
+        engine.step()
+    engine.step()
+    assert graphs.width >= 2
+    wide = next(s for s in engine.scheduler.running if s.request_id == "wide")
+    engine.cancel(wide)
+    engine.step()  # "narrow" alone, in its one block
+    (narrow,) = engine.scheduler.running
+    assert len(narrow.block_table) == 1 and graphs.width == 1
+    assert graphs.tables[0, 0].item() == narrow.block_table[0]
+    others = graphs.tables.clone()
+    others[0, 0] = scratch
+    assert bool((others == scratch).all())

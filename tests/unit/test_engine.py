@@ -106,7 +106,7 @@ def test_cancel_mid_decode_leaves_the_batch_and_frees_its_kv_blocks(loaded: Load
     assert event is not None
     assert event.completion.finish_reason == "cancelled"
     assert event.completion.completion_tokens == len(long.output_ids) > 0
-    assert engine.scheduler.running == [other]
+    assert list(engine.scheduler.running) == [other]
     assert engine.scheduler.blocks.num_used == len(other.block_table) > 0
     drain(engine)
     assert engine.scheduler.blocks.num_used == 0

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,9 +15,10 @@ from govwire.errors import GovernorError
 from govwire.messages import Completion
 from govwire.options import ConfigError
 from govwire.request import GenerateRequest
-from worker.backends.gpt2 import PREFILL_TOKENS, GPT2Backend
+from worker.backends.gpt2 import PREFILL_TOKENS, GPT2Backend, _Cancel, _Handle, _Submit, _Tokenized
 from worker.config import WorkerConfig
 from worker.errors import ModelLoadError
+from worker.runner import StepHandle
 from worker.tokenizer import HFTokenizer, Tokenizer
 
 
@@ -56,17 +59,17 @@ def test_a_failing_step_fails_every_held_request_once_and_the_engine_serves_on(c
         await backend.start()
         assert backend._engine is not None
         runner = backend._engine.runner
-        real_run = runner.run
+        real_launch = runner.launch
 
-        def broken(chunks: object) -> list[int]:
+        def broken(*args: object) -> StepHandle:
             raise RuntimeError("boom")
 
-        runner.run = broken  # type: ignore[method-assign]
+        runner.launch = broken  # type: ignore[method-assign]
         sinks = [Sink(), Sink()]
         for i, sink in enumerate(sinks):
             backend.submit(request(str(i)), sink)
         await settle(*sinks)
-        runner.run = real_run  # type: ignore[method-assign]
+        runner.launch = real_launch  # type: ignore[method-assign]
         after = Sink()
         backend.submit(request("after"), after)
         await settle(after)
@@ -132,13 +135,13 @@ def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, m
         await backend.start()
         assert backend._engine is not None
         runner = backend._engine.runner
-        real_run = runner.run
+        real_launch = runner.launch
 
-        def recording_run(chunks: object) -> list[int]:
+        def recording_launch(*args: Any) -> StepHandle:
             threads.add(threading.current_thread().name)
-            return real_run(chunks)  # type: ignore[arg-type]
+            return real_launch(*args)
 
-        runner.run = recording_run  # type: ignore[method-assign]
+        runner.launch = recording_launch  # type: ignore[method-assign]
         sink = Sink()
         backend.submit(request("r", 4), sink)
         await settle(sink)
@@ -291,3 +294,64 @@ def test_the_prompt_budget_defaults_to_the_devices_and_an_explicit_one_is_kept(t
     assert asyncio.run(budget(max_prefill_tokens=300)) == 300
     with pytest.raises(ConfigError, match="max-prefill-tokens"):
         WorkerConfig(max_prefill_tokens=-1)
+
+
+def test_a_request_whose_start_fails_gets_internal_and_the_rest_of_its_inbox_is_served(
+    config: WorkerConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        backend = GPT2Backend(config)
+        await backend.start()
+        engine = backend._engine
+        assert engine is not None
+        real_add = engine.add_tokenized
+
+        def add(request: GenerateRequest, prompt_ids: list[int]) -> Any:
+            if request.id == "bad":
+                raise RuntimeError("cannot start")
+            return real_add(request, prompt_ids)
+
+        monkeypatch.setattr(engine, "add_tokenized", add)
+        sinks = {rid: Sink() for rid in ("first", "bad", "last")}
+        handles = {rid: _Handle(backend) for rid in sinks}
+        with backend._wakeup:  # one inbox, read by the engine thread in one go
+            for rid, sink in sinks.items():
+                backend._inbox.append(_Tokenized(_Submit(handles[rid], request(rid, 4), sink), [1, 2, 3]))
+            backend._inbox.append(_Cancel(handles["last"]))
+            backend._wakeup.notify()
+        await settle(*sinks.values())
+        await backend.close()
+        bad = sinks["bad"].finals
+        assert len(bad) == 1 and isinstance(bad[0], GovernorError) and bad[0].code == "internal"
+        assert "cannot start" in bad[0].message
+        (first,) = sinks["first"].finals
+        assert isinstance(first, Completion) and first.completion_tokens == 4
+        (last,) = sinks["last"].finals  # its cancel, behind the failure, was taken too
+        assert isinstance(last, Completion) and last.finish_reason == "cancelled"
+
+    asyncio.run(scenario())
+
+
+def test_the_heap_loaded_at_start_is_frozen_and_stats_are_one_consistent_snapshot(config: WorkerConfig) -> None:
+    async def scenario() -> None:
+        gc.unfreeze()
+        backend = GPT2Backend(config)
+        await backend.start()
+        assert gc.get_freeze_count() > 0  # the model and tokenizer, out of the collector's walks
+        sinks = [Sink() for _ in range(3)]
+        for i, sink in enumerate(sinks):
+            backend.submit(request(str(i), 6), sink)
+        await settle(*sinks)
+        stats = backend.stats()
+        assert stats is backend.stats()  # published by the engine thread, not assembled by the reader
+        assert stats.finished_total == 3 and stats.generated_tokens_total == 18
+        assert (
+            stats.kv_cache_used_blocks + stats.kv_cache_cached_blocks + stats.kv_cache_free_blocks
+            == stats.kv_cache_capacity_blocks
+        )
+        await backend.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        gc.unfreeze()

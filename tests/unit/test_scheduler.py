@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Literal
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from govwire.vocab import FinishReason
-from worker.scheduler import Chunk, Scheduler, SchedulerConfig
+from worker.scheduler import Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence, SequenceStatus
 
 
@@ -17,27 +18,65 @@ def seq(prompt_len: int, max_new: int = 4, name: str = "") -> Sequence:
     return Sequence(name, list(range(prompt_len)), max_new, SamplingParams(temperature=0.0), True, t_arrival=0.0)
 
 
-def run(s: Scheduler, chunks: list[Chunk]) -> None:
-    """What the engine does after a forward: advance the cache, append a token where one was sampled,
-    finish a sequence at its length."""
-    for chunk in chunks:
-        s.computed(chunk.seq, chunk.end)
-        if chunk.samples:
-            chunk.seq.output_ids.append(1)
-            if len(chunk.seq.output_ids) == chunk.seq.max_new_tokens:
-                s.finish(chunk.seq, FinishReason.LENGTH, 0.0)
+@dataclass(frozen=True)
+class Row:
+    """A step's tokens [start, end) of `seq`: a decode row (one token) or a prompt chunk."""
+
+    seq: Sequence
+    start: int
+    end: int
+    samples: bool
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+
+class Rows(list[Row]):
+    step = 0
+
+
+def schedule(s: Scheduler, now: float = 0.0) -> Rows:
+    """The next step's rows, decode rows first."""
+    step = s.schedule(now)
+    rows = Rows()
+    if step is None:
+        return rows
+    assert step != "needs-drain"
+    rows.step = step.step
+    rows += [Row(x, p, p + 1, True, False) for x, p in zip(step.decode, step.positions, strict=True)]
+    rows += [Row(c.seq, c.start, c.end, c.samples, True) for c in step.prefill]
+    return rows
+
+
+def run(s: Scheduler, rows: Rows) -> None:
+    """What the engine does after a forward: the step is done, full blocks are offered to the
+    prefix cache, a sampled token is confirmed (or its sequence has ended meanwhile), a sequence
+    finishes at its length."""
+    s.step_done(rows.step)
+    for row in rows:
+        if row.seq.status is SequenceStatus.RUNNING:
+            s.blocks.cache_computed(row.seq)
+        if row.samples:
+            row.seq.num_pending -= 1
+            if row.seq.status is not SequenceStatus.RUNNING:
+                continue
+            row.seq.output_ids.append(1)
+            if len(row.seq.output_ids) == row.seq.max_new_tokens:
+                s.finish(row.seq, FinishReason.LENGTH, 0.0)
 
 
 def test_a_long_prompt_is_chunked_while_running_sequences_keep_decoding() -> None:
     s = Scheduler(SchedulerConfig(max_batch_size=4, max_prefill_tokens=10, kv_cache_tokens=1000))
     short = seq(5)
     s.add(short)
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     long = seq(25)
     s.add(long)
     steps = []
     for _ in range(3):
-        chunks = s.schedule(0.0)
+        chunks = schedule(s, 0.0)
         steps.append([(c.seq is short, c.start, c.end, c.samples) for c in chunks])
         run(s, chunks)
     assert steps == [
@@ -54,12 +93,12 @@ def test_a_short_prompt_arriving_during_a_long_prefill_starts_at_the_next_step()
     s = Scheduler(SchedulerConfig(max_batch_size=8, max_prefill_tokens=16, kv_cache_tokens=4000))
     long = seq(100, name="long")
     s.add(long)
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     assert long.num_computed == 16
     progress = []
     for i in range(4):
         s.add(seq(6, name=f"short{i}"))
-        chunks = s.schedule(0.0)
+        chunks = schedule(s, 0.0)
         by_name = {c.seq.request_id: (c.start, c.end) for c in chunks if c.seq.request_id in ("long", f"short{i}")}
         progress.append(by_name)
         run(s, chunks)
@@ -69,7 +108,7 @@ def test_a_short_prompt_arriving_during_a_long_prefill_starts_at_the_next_step()
     for f in flood:
         s.add(f)
     before = long.num_computed
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     assert long.num_computed - before == 8  # half the budget, kept
 
 
@@ -77,10 +116,10 @@ def test_admissions_per_step_and_batch_size_are_capped() -> None:
     s = Scheduler(SchedulerConfig(max_batch_size=3, prefill_max_batch_size=2, max_prefill_tokens=100))
     for i in range(5):
         s.add(seq(4, name=str(i)))
-    first = s.schedule(0.0)
+    first = schedule(s, 0.0)
     assert [c.seq.request_id for c in first] == ["0", "1"]
     run(s, first)
-    second = s.schedule(0.0)
+    second = schedule(s, 0.0)
     assert [c.seq.request_id for c in second] == ["0", "1", "2"]  # two decodes, one admission: batch full
     assert len(s.running) == 3 and len(s.waiting) == 2
 
@@ -91,12 +130,12 @@ def test_worst_case_reservation_admits_on_whole_lives_and_the_head_blocks_those_
     a, big, small = seq(10, 5, "a"), seq(10, 8, "big"), seq(2, 2, "small")  # 14, 17, 3 tokens: 4, 5, 1 blocks
     for x in (a, big, small):
         s.add(x)
-    run(s, s.schedule(1.0))
-    assert s.running == [a] and list(s.waiting) == [big, small]  # small would fit, but is behind big
+    run(s, schedule(s, 1.0))
+    assert list(s.running) == [a] and list(s.waiting) == [big, small]  # small would fit, but is behind big
     assert s.blocks.num_used == 4
     s.finish(a, "length", 2.0)
     assert s.blocks.num_used == 0
-    chunks = s.schedule(3.0)
+    chunks = schedule(s, 3.0)
     assert [c.seq for c in chunks] == [big, small]
     assert big.t_admitted == 3.0 and big.block_table == [0, 1, 2, 3, 4] and small.block_table == [5]
 
@@ -105,12 +144,12 @@ def test_paged_admission_takes_the_prompt_blocks_and_grows_a_block_at_a_time() -
     s = Scheduler(SchedulerConfig(max_batch_size=8, kv_cache_tokens=64, kv_block_size=4))
     a = seq(6, 10, "a")
     s.add(a)
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     assert a.block_table == [0, 1] and a.num_computed == 6 and a.output_ids == [1]
-    run(s, s.schedule(0.0))  # feeds token 6 into block 1
+    run(s, schedule(s, 0.0))  # feeds token 6 into block 1
     assert a.block_table == [0, 1]
-    run(s, s.schedule(0.0))  # token 7 still in block 1; token 8 needs block 2
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))  # token 7 still in block 1; token 8 needs block 2
+    run(s, schedule(s, 0.0))
     assert a.block_table == [0, 1, 2] and a.num_computed == 9
 
 
@@ -120,28 +159,28 @@ def test_when_the_pool_runs_dry_the_newest_sequence_is_preempted_and_keeps_its_t
     old = seq(4, 8, "old")
     new = Sequence("new", [7, 7, 7, 7], 8, SamplingParams(temperature=0.0), True, t_arrival=0.0)
     s.add(old)
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     s.add(new)
-    run(s, s.schedule(0.0))  # old decodes token 4 into block 1; new is admitted into block 2
+    run(s, schedule(s, 0.0))  # old decodes token 4 into block 1; new is admitted into block 2
     assert old.block_table == [0, 1] and new.block_table == [2]
-    run(s, s.schedule(0.0))  # new's token 4 takes block 3: the pool is full
+    run(s, schedule(s, 0.0))  # new's token 4 takes block 3: the pool is full
     assert s.blocks.num_available == 0 and s.num_preemptions == 0
     generated = list(new.output_ids)
-    chunks = s.schedule(0.0)  # old needs a block for token 8 after 3 more: not yet
+    chunks = schedule(s, 0.0)  # old needs a block for token 8 after 3 more: not yet
     run(s, chunks)
     while s.num_preemptions == 0:
-        chunks = s.schedule(0.0)
+        chunks = schedule(s, 0.0)
         run(s, chunks)
-    assert s.running == [old] and list(s.waiting) == [new]  # the newest gave its blocks back
+    assert list(s.running) == [old] and list(s.waiting) == [new]  # the newest gave its blocks back
     assert new.block_table == [] and new.num_computed == 0 and new.output_ids[: len(generated)] == generated
     assert all(c.seq is old for c in chunks)  # nothing admitted in a step that preempted
-    chunks = s.schedule(0.0)
+    chunks = schedule(s, 0.0)
     while new not in [c.seq for c in chunks]:
         run(s, chunks)
-        chunks = s.schedule(0.0)
+        chunks = schedule(s, 0.0)
     # Readmitted: prompt + generated tokens again, then the next token is sampled.
     (chunk,) = [c for c in chunks if c.seq is new]
-    assert (chunk.start, chunk.end, chunk.samples, chunk.is_prefill) == (0, new.num_tokens, True, True)
+    assert (chunk.start, chunk.end, chunk.samples, chunk.is_prefill) == (0, new.num_known_tokens, True, True)
     assert new.num_admissions == 2 and new.output_ids[: len(generated)] == generated
 
 
@@ -149,12 +188,12 @@ def test_a_cached_prefix_is_not_prefilled_again_but_the_last_token_always_is() -
     s = Scheduler(SchedulerConfig(max_batch_size=8, kv_cache_tokens=64, kv_block_size=4))
     first = Sequence("1", list(range(10)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
     s.add(first)
-    run(s, s.schedule(0.0))
+    run(s, schedule(s, 0.0))
     same = Sequence("2", list(range(10)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
     exact = Sequence("3", list(range(8)), 2, SamplingParams(temperature=0.0), True, t_arrival=0.0)
     s.add(same)
     s.add(exact)
-    chunks = {c.seq.request_id: (c.start, c.end) for c in s.schedule(0.0)}
+    chunks = {c.seq.request_id: (c.start, c.end) for c in schedule(s, 0.0)}
     assert chunks["2"] == (8, 10) and same.block_table[:2] == first.block_table[:2]
     assert chunks["3"] == (4, 8)  # two full blocks cached, but the last token's block is computed again
     assert same.num_cached_prompt_tokens == 8 and exact.num_cached_prompt_tokens == 4
@@ -166,7 +205,7 @@ def test_finishing_a_waiting_request_drops_it_from_the_queue() -> None:
     a, b = seq(3), seq(3)
     s.add(a)
     s.add(b)
-    s.schedule(0.0)
+    schedule(s, 0.0)
     s.finish(b, "cancelled", 1.0)
     assert not s.waiting and b.status is SequenceStatus.FINISHED and b.finish_reason == "cancelled"
 
@@ -217,13 +256,13 @@ def test_every_request_finishes_within_every_budget(
     for step in range(10_000):
         if not s.has_work:
             break
-        chunks = s.schedule(float(step))
+        chunks = schedule(s, float(step))
         assert chunks, "work remains but nothing was scheduled"
         assert len({id(c.seq) for c in chunks}) == len(chunks)
         assert sum(not c.is_prefill for c in chunks) <= max_batch
         assert len(s.running) <= (max_running or max_batch)
         assert sum(c.num_tokens for c in chunks if c.is_prefill) <= prefill_budget
-        assert all(c.start == c.seq.num_computed and len(c.seq.block_table) * block_size >= c.end for c in chunks)
+        assert all(c.end == c.seq.num_computed and len(c.seq.block_table) * block_size >= c.end for c in chunks)
         held = Counter(b for x in s.running for b in x.block_table)
         assert s.blocks.num_used == len(held) <= config.num_blocks
         assert all(s.blocks.blocks[b].ref_count == n and (n == 1 or s.blocks.blocks[b].key) for b, n in held.items())
@@ -242,13 +281,46 @@ def test_above_the_decode_batch_running_sequences_take_turns_oldest_turn_first()
     seqs = [seq(3, 20, str(i)) for i in range(5)]
     for x in seqs:
         s.add(x)
-    first = s.schedule(0.0)
+    first = schedule(s, 0.0)
     assert [c.seq.request_id for c in first] == ["0", "1", "2", "3"]  # four admitted and prefilled at once
     run(s, first)
     turns = []
     for _ in range(4):
-        chunks = s.schedule(0.0)
+        chunks = schedule(s, 0.0)
         turns.append([c.seq.request_id for c in chunks])
         run(s, chunks)
     assert turns == [["0", "1"], ["2", "3"], ["0", "1"], ["2", "3"]]
     assert len(s.running) == 4 and list(s.waiting) == [seqs[4]]
+
+
+def test_a_whole_batch_finishing_in_one_step_gives_back_every_block_and_slot() -> None:
+    config = SchedulerConfig(max_batch_size=64, prefill_max_batch_size=64, max_prefill_tokens=4096, kv_block_size=4)
+    s = Scheduler(config)
+    batch = [seq(5, 3, str(i)) for i in range(64)]
+    for x in batch:
+        s.add(x)
+    slots = set()
+    for _ in range(3):
+        rows = schedule(s)
+        slots |= {row.seq.slot for row in rows}
+        run(s, rows)  # the third step finishes all 64 at their length
+    assert slots == set(range(64)) and not s.running and s.blocks.num_used == 0
+    later = seq(5, 3, "later")
+    s.add(later)
+    run(s, schedule(s))
+    assert later.slot in slots and s.tables[later.slot, : len(later.block_table)].tolist() == later.block_table
+
+
+def test_a_sequence_that_ends_while_a_step_is_in_flight_keeps_its_blocks_until_that_step_is_done() -> None:
+    s = Scheduler(SchedulerConfig(max_batch_size=4, kv_block_size=4))
+    a = seq(5, 10, "a")
+    s.add(a)
+    first = schedule(s)  # its prefill, in flight
+    second = schedule(s)  # its first decode, planned before the prefill's token is known
+    assert [r.seq for r in second] == [a] and a.num_pending == 2
+    s.finish(a, FinishReason.CANCELLED, 0.0)
+    assert a.block_table and s.blocks.num_used == 2  # both steps may still write them
+    s.step_done(first.step)
+    assert a.block_table and s.blocks.num_used == 2
+    s.step_done(second.step)
+    assert not a.block_table and s.blocks.num_used == 0 and a.slot == -1

@@ -26,6 +26,7 @@ with the engine.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import queue
@@ -113,6 +114,7 @@ class GPT2Backend:
         self._tokenizer_thread: threading.Thread | None = None
         self._stopping = False
         self._threads = 0
+        self._stats = EngineStats()  # replaced whole by the engine thread (_publish_stats)
         # Owned by the engine thread:
         self._by_handle: dict[_Handle, Sequence] = {}
         self._sinks: dict[Sequence, tuple[_Handle, RequestSink]] = {}
@@ -162,7 +164,14 @@ class GPT2Backend:
             prefix_caching=config.prefix_caching,
             kv_reservation=config.kv_reservation,
         )
-        return LLMEngine.for_model(loaded, scheduling, cuda_graphs=config.cuda_graphs)
+        overlap = {"auto": None, "on": True, "off": False}[config.async_scheduling]
+        engine = LLMEngine.for_model(loaded, scheduling, cuda_graphs=config.cuda_graphs, overlap=overlap)
+        # What is alive now (the model, the tokenizer, torch and transformers) lives as long as the
+        # worker: out of the collector's sight, a full collection no longer walks it, and its
+        # pauses (which land in inter-token latency) stay short, as vLLM does.
+        gc.collect()
+        gc.freeze()
+        return engine
 
     def submit(self, request: GenerateRequest, sink: RequestSink) -> _Handle:
         handle = _Handle(self)
@@ -175,13 +184,16 @@ class GPT2Backend:
             self._wakeup.notify()
 
     def stats(self) -> EngineStats:
-        engine = self._engine
-        if engine is None:
-            return EngineStats()
+        """The engine's state as of its last step: published by the engine thread, so its parts
+        agree (used + cached + free blocks = capacity)."""
+        return self._stats
+
+    def _publish_stats(self, engine: LLMEngine) -> None:
+        """On the engine thread, between steps: a consistent snapshot for `stats`."""
         c = engine.counters
         s = engine.scheduler
         blocks = s.blocks
-        return EngineStats(
+        self._stats = EngineStats(
             steps_total=c.steps,
             step_sequences_total=c.step_sequences,
             prefill_tokens_total=c.prefill_tokens,
@@ -249,6 +261,7 @@ class GPT2Backend:
         except BaseException as exc:  # e.g. ModelLoadError: start() raises it in the loop
             loop.call_soon_threadsafe(_settle, ready, exc)
             return
+        self._publish_stats(engine)
         loop.call_soon_threadsafe(_settle, ready, None)
         while True:
             with self._wakeup:
@@ -260,6 +273,8 @@ class GPT2Backend:
             try:
                 self._take(engine, inbox, out)
                 if stopping:
+                    for event in engine.drain():
+                        self._emit(event, out)
                     for seq in list(self._sinks):
                         finished = engine.cancel(seq)
                         if finished is not None:
@@ -275,6 +290,7 @@ class GPT2Backend:
                     # governor restarts the worker.
                     log.critical("event=engine_fatal device=cuda action=exit")
                     os.kill(os.getpid(), signal.SIGTERM)
+            self._publish_stats(engine)
             self._deliver(out)
             if stopping:
                 return
@@ -312,6 +328,10 @@ class GPT2Backend:
             seq = engine.add_tokenized(submit.request, item.prompt_ids)
         except RequestRejected as exc:
             out.append((submit.sink, exc))
+            return
+        except Exception as exc:  # that request fails; the rest of the inbox is still taken
+            log.exception("event=request_start_failed")
+            out.append((submit.sink, InternalError(f"cannot start the request: {type(exc).__name__}: {exc}")))
             return
         self._by_handle[submit.handle] = seq
         self._sinks[seq] = (submit.handle, submit.sink)
