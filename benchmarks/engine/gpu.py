@@ -4,8 +4,9 @@ bare matmuls and its kernel launches, with and without CUDA graphs, and memory.
     python -m benchmarks.engine.gpu [--dtype bfloat16] [--batches 1,32,256] [--model random-gpt2]
 
 For each batch B: B requests of 64-token prompts and 64 new tokens (greedy, no EOS stop), run by
-HF `generate` as one static batch and by the engine (`--max-batch-size` B), in the same dtype on
-the same GPU; tokens/s of each and the ratio. Then the decode step at batch 32: its median time
+HF `generate` as one static batch and by the engine (`--max-batch-size` B), with overlapped steps
+(`--async-scheduling on`, the default on CUDA) and without, in the same dtype on the same GPU;
+tokens/s of each and the ratios. Then the decode step at batch 32: its median time
 with graphs and eagerly next to the bare matmul chain of the same shapes (synchronised), and the
 kernel launches of one step counted by torch.profiler. Then peak GPU memory. With `--device cpu`
 the same code runs on the CPU (no launch counts): that is how it is checked without a GPU.
@@ -44,19 +45,28 @@ def throughput(loaded: Any, hf: HF, tokenizer: Any, batch: int, device: torch.de
     new = [NEW_TOKENS] * batch
     rows = batch * (PROMPT_TOKENS + NEW_TOKENS)
     config = SchedulerConfig(max_batch_size=batch, prefill_max_batch_size=batch, kv_cache_tokens=rows)
-    engine = LLMEngine.for_model(loaded, config)  # on CUDA this captures the decode graphs
-    run_engine(engine, prompts[:1], [2])
+    # On CUDA each captures its decode graphs.
+    engines = {
+        name: LLMEngine.for_model(loaded, config, overlap=name == "engine") for name in ("engine", "engine_sync")
+    }
+    for engine in engines.values():
+        run_engine(engine, prompts[:1], [2])
     hf.static(ids[:1], [2], batch_size=1)
+    runs = {name: (lambda e=engine: run_engine(e, prompts, new)) for name, engine in engines.items()}
+    runs["hf"] = lambda: hf.static(ids, new, batch)
     timings = {}
-    for name, run in (("engine", lambda: run_engine(engine, prompts, new)), ("hf", lambda: hf.static(ids, new, batch))):
+    for name, run in runs.items():
         synchronize(device)
         start = time.perf_counter()
         timings[name] = (run(), time.perf_counter() - start)
-    (ours, engine_s), (theirs, hf_s) = timings["engine"], timings["hf"]
+    (ours, engine_s), (sync, sync_s), (theirs, hf_s) = timings["engine"], timings["engine_sync"], timings["hf"]
+    assert ours == sync, "overlapped and synchronous steps must give the same tokens"
     return {
         "engine_tok_s": batch * NEW_TOKENS / engine_s,
+        "engine_sync_tok_s": batch * NEW_TOKENS / sync_s,
         "hf_tok_s": batch * NEW_TOKENS / hf_s,
         "ratio": hf_s / engine_s,
+        "sync_ratio": hf_s / sync_s,
         "greedy_identical": sum(a == b for a, b in zip(ours, theirs, strict=True)) / batch,
     }
 
@@ -86,6 +96,14 @@ def record(sitting: Sitting, report: dict[str, Any]) -> None:
             ratio=row["ratio"],
             headline=batch == largest,
             note=f"greedy outputs identical to HF's: {row['greedy_identical']:.0%}",
+        )
+        sitting.figure(
+            f"engine without overlapped steps, batch {batch}, {dtype}",
+            row["engine_sync_tok_s"],
+            "tok/s",
+            baseline=(f"HF generate, static batch {batch}", row["hf_tok_s"]),
+            ratio=row["sync_ratio"],
+            headline=False,
         )
     step = report["decode_step_b32"]
     for label in ("graphs", "eager"):
@@ -126,8 +144,9 @@ def main() -> None:
     for batch in map(int, args.batches.split(",")):
         row = report["throughput"][batch] = throughput(loaded, hf, tokenizer, batch, device)
         print(
-            f"  batch {batch:4d}: engine {row['engine_tok_s']:9.1f} tok/s   HF generate {row['hf_tok_s']:9.1f} tok/s"
-            f"   engine / HF {row['ratio']:5.2f}x   greedy identical {row['greedy_identical']:.0%}",
+            f"  batch {batch:4d}: engine {row['engine_tok_s']:9.1f} tok/s (synchronous {row['engine_sync_tok_s']:9.1f})"
+            f"   HF generate {row['hf_tok_s']:9.1f} tok/s   engine / HF {row['ratio']:5.2f}x"
+            f" (synchronous {row['sync_ratio']:5.2f}x)   greedy identical {row['greedy_identical']:.0%}",
             flush=True,
         )
 
