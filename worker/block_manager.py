@@ -2,8 +2,9 @@
 
 The KV cache (kv_cache.py) is a pool of `num_blocks` blocks of `block_size` token rows. A sequence
 holds a block table: block i holds its tokens [i * block_size, (i + 1) * block_size). Blocks are
-taken as a sequence grows and given back the moment it finishes, is cancelled or is preempted, so
-memory follows the tokens that exist, not a request's worst case.
+taken as a sequence grows and given back when it finishes, is cancelled or is preempted (once no
+step in flight may still write them: scheduler.py), so memory follows the tokens that exist, not a
+request's worst case.
 
 Prefix caching, as in vLLM v1 and nano-vllm: a block that is full and whose tokens are all computed
 gets a key chained over its parent's key and its own token ids, so a key names the whole prefix up

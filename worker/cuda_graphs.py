@@ -9,9 +9,13 @@ n sequences replays the smallest bucket >= n with the rows past n padded. Attent
 a context bucket too (64, 128, ... up to the model's context), because its width must be fixed at
 capture (attention.GatherDecode), so there is a graph per (batch, context) bucket: 30 for a decode
 batch of 32 and GPT-2's 1,024 positions. Block tables are a static [batch, blocks for the whole
-context] buffer; a step copies its tables into the top-left corner, and columns past a row's
-length are never read. Padding rows feed token 0 at position 0, write their keys and values to
-the arena's scratch block and attend to its first row alone, so they touch no sequence's cache.
+context] buffer; a step copies its tables into the top-left corner, and every other entry holds
+the scratch block (a narrower step clears the columns a wider one left); within a step's width,
+columns past a row's length are gathered and masked out (attention.GatherDecode). The rows' input
+ids are gathered inside the graph from the runner's token buffer by slot (runner.py), so a step
+can be replayed before the host knows the tokens it feeds. Padding rows feed the scratch slot's
+token at position 0, write their keys and values to the arena's scratch block and attend to its
+first row alone, so they touch no sequence's cache.
 
 Only pure-decode steps replay (every row a single token); a step with prompt chunks runs eagerly,
 which is also where first tokens are sampled. Sampling stays outside the graph (sampling.py).

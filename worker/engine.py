@@ -10,9 +10,12 @@ plans, detokenizes and emits step t while the device runs step t+1, which feeds 
 step-t token from the device (runner.py). The price is paid at the edges: a sequence that samples
 end-of-sequence, or is cancelled, at step t has already been given a row in step t+1, which is
 thrown away; its blocks return when step t+1 is done (scheduler.py). A length stop is known when
-scheduling and costs nothing. Steps that would preempt, a failed step and stopping first complete
-the step in flight (`drain`). Without overlap (the CPU, where the device is the host's own cores)
-the same code completes each step before the next is scheduled. Both give the same tokens.
+scheduling and costs nothing. A step that would preempt, and stopping, first complete the step in
+flight (`drain`); a failed step abandons it (`fail_all`: on CUDA the worker then exits).
+Without overlap (the CPU, where the device is the host's own cores) the same code completes each
+step before the next is scheduled. Both give the same tokens where a row's result does not depend
+on the rest of its batch (the tests check it on the CPU): the two form different batches at the
+edges (a thrown-away row, a block freed a step later).
 """
 
 from __future__ import annotations
@@ -219,6 +222,8 @@ class LLMEngine:
             if seq.t_first_token is None:
                 seq.t_first_token = now
             if token == eos and seq.stop_on_eos:
+                if keying:  # the block this row filled, over the tokens before end-of-sequence
+                    blocks.cache_computed(seq)
                 events.append(self._finish(seq, FinishReason.EOS, now))
                 continue
             output = seq.output_ids

@@ -121,8 +121,9 @@ class _Plan:
         return not self.ids
 
     @classmethod
-    def of(cls, step: ScheduledStep, tables: np.ndarray, vocab_size: int, block_size: int) -> _Plan:
-        """Decode rows by array operations over the persistent table; prompt chunks one by one."""
+    def of(cls, step: ScheduledStep, vocab_size: int, block_size: int) -> _Plan:
+        """The prompt chunks, one by one, and the sampling parameters; `launch` adds the decode rows'
+        metadata by array operations over the persistent block table."""
         n = len(step.decode)
         plan = cls(np.array(step.slots, dtype=np.int64))
         if n:
@@ -215,7 +216,7 @@ class ModelRunner:
     def launch(self, step: ScheduledStep, tables: np.ndarray) -> StepHandle:
         """Plan `step` on the host now (from `tables`, the scheduler's persistent block table) and
         put it on the device; the handle's `wait` gives its sampled tokens."""
-        plan = _Plan.of(step, tables, self.model.shape.vocab_size, self.block_size)
+        plan = _Plan.of(step, self.model.shape.vocab_size, self.block_size)
         # The decode rows' (and one-token chunks') metadata, by array operations.
         bs = self.block_size
         attend_slots = plan.token_slots

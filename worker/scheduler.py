@@ -115,10 +115,6 @@ class Chunk:
     end: int
     samples: bool
 
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
-
 
 @dataclass(slots=True)
 class ScheduledStep:
@@ -164,10 +160,6 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
-
-    @property
-    def num_in_flight(self) -> int:
-        return len(self._in_flight)
 
     def fits_ever(self, seq: Sequence) -> bool:
         """Whether the pool, all to itself, holds `seq` at its longest."""

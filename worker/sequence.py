@@ -87,10 +87,6 @@ class Sequence:
         """Cache rows at the end of its longest life; the last sampled token is never fed back."""
         return len(self.prompt_ids) + self.max_new_tokens - 1
 
-    @property
-    def is_prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt_ids) or self.num_tokens - self.num_computed > 1
-
     def tokens(self, start: int, end: int) -> list[int]:
         """Token ids [start, end) of prompt + output (known ones: end <= num_known_tokens)."""
         n = len(self.prompt_ids)

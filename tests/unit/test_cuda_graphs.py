@@ -86,8 +86,8 @@ def test_steps_with_prompt_chunks_or_more_rows_than_the_largest_bucket_run_eager
 
 
 def test_a_narrower_step_leaves_no_stale_block_in_the_static_table(loaded: LoadedModel) -> None:
-    """Every entry a step does not write holds the scratch block, so a kernel that walked the
-    whole width would read padding, never another sequence's blocks."""
+    """Columns past a step's width and rows past its batch hold the scratch block (columns past a
+    row's own length, within the width, are masked by the attention)."""
     engine = graph_engine(loaded, EagerCapture())
     graphs = engine.runner.graphs
     assert graphs is not None

@@ -214,7 +214,34 @@ def test_a_failed_step_in_flight_leaves_nothing_held(loaded: LoadedModel) -> Non
     engine.add(request("a", "The quick brown fox", 20, stop_on_eos=False))
     for _ in range(3):
         engine.step()
-    assert engine.scheduler.num_in_flight == 1
+    assert engine.has_work and engine.scheduler.running
+    (seq,) = engine.scheduler.running
+    assert seq.num_pending == 1  # a step is in flight
     engine.fail_all()
     assert_idle(engine)
-    assert engine.scheduler.num_in_flight == 0 and not engine.scheduler.running
+    assert engine.step() == [] and not engine.scheduler.running
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_block_an_end_of_sequence_row_fills_is_offered_to_the_prefix_cache(
+    loaded: LoadedModel, overlap: bool
+) -> None:
+    """A 6-token prompt in blocks of 4 whose third sampled token ends it: the row that sampled it
+    filled the second block (prompt + two tokens), so a follow-up turn finds 8 tokens cached."""
+    plain = make_engine(loaded, overlap=False, kv_block_size=4)
+    for text in ("The quick brown fox", "Governors keep", "naïve café", "x y z", "Continuous batching"):
+        prompt = loaded.tokenizer.encode(text)[:6]
+        if len(prompt) < 6:
+            continue
+        plain.add_tokenized(request("probe", "", 3, stop_on_eos=False), prompt)
+        greedy = drain(plain)["probe"].seq.output_ids
+        if greedy[2] not in greedy[:2]:
+            break
+    else:
+        pytest.fail("no prompt whose third greedy token differs from the first two")
+    engine = make_engine(loaded, overlap, eos=greedy[2], kv_block_size=4)
+    engine.add_tokenized(request("turn-1", "", 10), prompt)
+    first = drain(engine)["turn-1"]
+    assert first.completion.finish_reason == "eos" and first.seq.output_ids == greedy[:2]
+    engine.add_tokenized(request("turn-2", "", 2, stop_on_eos=False), prompt + greedy[:2] + prompt[:3])
+    assert drain(engine)["turn-2"].completion.cached_prompt_tokens == 8

@@ -84,7 +84,7 @@ def test_a_long_prompt_is_chunked_while_running_sequences_keep_decoding() -> Non
         [(True, 6, 7, True), (False, 10, 20, False)],
         [(True, 7, 8, True), (False, 20, 25, True)],
     ]
-    assert long.output_ids == [1] and not long.is_prefilling
+    assert long.output_ids == [1] and long.is_decoding
 
 
 def test_a_short_prompt_arriving_during_a_long_prefill_starts_at_the_next_step() -> None:
