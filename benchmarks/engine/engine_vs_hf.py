@@ -188,7 +188,7 @@ class Served:
     first request. `run` sends every request at once over one connection and collects the streamed
     token ids."""
 
-    def __init__(self, args: argparse.Namespace, config: SchedulerConfig) -> None:
+    def __init__(self, args: argparse.Namespace, config: SchedulerConfig, *extra_worker_args: str) -> None:
         worker_args = (
             "--engine", "gpt2", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
             "--max-batch-size", str(config.max_batch_size),
@@ -196,6 +196,7 @@ class Served:
             "--max-prefill-tokens", str(config.max_prefill_tokens),
             "--kv-cache-tokens", str(config.kv_cache_tokens),
             "--threads", str(args.threads),
+            *extra_worker_args,
         )  # fmt: skip
         self.proc, self.port = start_governor(
             "--max-inflight", "1024", worker_args=worker_args, log=out_dir() / "engine_vs_hf_served.log", timeout=600

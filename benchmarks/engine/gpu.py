@@ -8,8 +8,12 @@ HF `generate` as one static batch and by the engine (`--max-batch-size` B), with
 (`--async-scheduling on`, the default on CUDA) and without, in the same dtype on the same GPU;
 tokens/s of each and the ratios. Then the decode step at batch 32: its median time
 with graphs and eagerly next to the bare matmul chain of the same shapes (synchronised), and the
-kernel launches of one step counted by torch.profiler. Then peak GPU memory. With `--device cpu`
-the same code runs on the CPU (no launch counts): that is how it is checked without a GPU.
+kernel launches of one step counted by torch.profiler. Then peak GPU memory. Then, with
+`--served-batch` B (default 256; 0 skips it), the engine as users run it: a governor with a spawned
+worker (`--max-batch-size` B), B streams of 64-token prompts and 64 new tokens sent at once over
+TCP, best of three, with `--async-scheduling on` and `off` (issue 45's served target: 2x the 16,634
+tok/s an H200 served at batch 256 before overlapped steps). With `--device cpu` the same code runs
+on the CPU (no launch counts): that is how it is checked without a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine.engine_vs_hf import HF, bare_matmuls_ms, decode_step_ms, decoding_engine, run_engine
+from benchmarks.engine.engine_vs_hf import HF, Served, bare_matmuls_ms, decode_step_ms, decoding_engine, run_engine
 from benchmarks.harness.common import machine
 from benchmarks.harness.results import Sitting
 from worker.engine import LLMEngine
@@ -69,6 +73,31 @@ def throughput(loaded: Any, hf: HF, tokenizer: Any, batch: int, device: torch.de
         "sync_ratio": hf_s / sync_s,
         "greedy_identical": sum(a == b for a, b in zip(ours, theirs, strict=True)) / batch,
     }
+
+
+def served_tok_s(args: argparse.Namespace, batch: int) -> dict[str, float]:
+    """Best-of-three tok/s of `batch` streams sent at once through a governor, per --async-scheduling."""
+    prompts = [f"{i:04d} " + "x" * (PROMPT_TOKENS - 5) for i in range(batch)]
+    new = [NEW_TOKENS] * batch
+    config = SchedulerConfig(
+        max_batch_size=batch,
+        prefill_max_batch_size=batch,
+        max_prefill_tokens=batch * PROMPT_TOKENS,
+        kv_cache_tokens=batch * (PROMPT_TOKENS + NEW_TOKENS),
+    )
+    result = {}
+    for mode in ("on", "off"):
+        served = Served(args, config, "--async-scheduling", mode)
+        try:
+            best = 0.0
+            for _ in range(3):
+                start = time.perf_counter()
+                served.run(prompts, new)
+                best = max(best, batch * NEW_TOKENS / (time.perf_counter() - start))
+        finally:
+            served.close()
+        result[f"async_{mode}_tok_s"] = best
+    return result
 
 
 def launches_per_step(loaded: Any, config: SchedulerConfig, cuda_graphs: bool) -> int:
@@ -120,6 +149,15 @@ def record(sitting: Sitting, report: dict[str, Any]) -> None:
             sitting.figure(name, step[f"{label}_launches"], "launches", headline=False)
     if "peak_memory_gib" in report:
         sitting.figure(f"peak GPU memory allocated, {dtype}", report["peak_memory_gib"], "GiB", headline=False)
+    if "served" in report:
+        served = report["served"]
+        sitting.figure(
+            f"served, {served['batch']} streams, overlapped steps, {dtype}",
+            served["async_on_tok_s"],
+            "tok/s",
+            baseline=("served, synchronous steps", served["async_off_tok_s"]),
+            headline=False,
+        )
     sitting.details = report
 
 
@@ -129,9 +167,13 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     parser.add_argument("--batches", default="1,32,256")
+    parser.add_argument(
+        "--served-batch", type=int, default=256, help="streams sent at once through a governor; 0: skip"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="the served worker's --threads (0: torch's default)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sitting = Sitting(("worker",))
+    sitting = Sitting(("govwire", "governor", "worker") if args.served_batch else ("worker",))
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
     name = torch.cuda.get_device_name() if device.type == "cuda" else machine()
     print(f"device: {name}; torch {torch.__version__}; model {args.model}, {args.dtype}")
@@ -163,6 +205,12 @@ def main() -> None:
     if device.type == "cuda":
         report["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         print(f"\n== peak GPU memory allocated: {report['peak_memory_gib']:.2f} GiB")
+    if args.served_batch:
+        served = report["served"] = {"batch": args.served_batch, **served_tok_s(args, args.served_batch)}
+        print(
+            f"\n== served, {args.served_batch} streams at once: overlapped steps {served['async_on_tok_s']:.1f} tok/s,"
+            f" synchronous {served['async_off_tok_s']:.1f} tok/s"
+        )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
     record(sitting, report)
