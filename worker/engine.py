@@ -170,6 +170,10 @@ class LLMEngine:
         postprocessed is the one launched by the previous call, after this call's is launched."""
         started = self.clock()
         events: list[Event] = []
+        if self._in_flight is not None and self._in_flight.handle.done():
+            # The device is through it: what ended while it ran gives its blocks back now, not after
+            # the step about to be launched (its tokens still wait for `_complete`).
+            self.scheduler.step_done(self._in_flight.step.step)
         scheduled = self.scheduler.schedule(started, may_preempt=self._in_flight is None)
         if scheduled == NEEDS_DRAIN:
             events = self.drain()

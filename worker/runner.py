@@ -46,6 +46,10 @@ class StepHandle(Protocol):
         """The step's sampled tokens, in the order of its sampled rows (blocks until they are known)."""
         ...
 
+    def done(self) -> bool:
+        """Whether the device has finished the step (`wait` would not block)."""
+        ...
+
 
 Work = Callable[[], Tensor]  # runs a step on the device; its sampled tokens, a device tensor
 Launcher = Callable[[Work], StepHandle]
@@ -60,6 +64,9 @@ class _Ran:
     def wait(self) -> list[int]:
         tokens: list[int] = self._tokens.tolist()
         return tokens
+
+    def done(self) -> bool:
+        return True
 
 
 def run_now(work: Work) -> StepHandle:
@@ -77,6 +84,9 @@ class _Copied:
         self._done.synchronize()
         tokens: list[int] = self._host.tolist()
         return tokens
+
+    def done(self) -> bool:
+        return bool(self._done.query())  # type: ignore[no-untyped-call]
 
 
 def launch_on_cuda(work: Work) -> StepHandle:

@@ -41,6 +41,11 @@ class LazyDevice:
         self.queue.append(queued)
         return queued
 
+    def catch_up(self) -> None:
+        """Run every queued step, as a device does while the host is busy elsewhere."""
+        if self.queue:
+            self.queue[-1].wait()
+
 
 class _Queued:
     def __init__(self, device: LazyDevice, work: Work) -> None:
@@ -53,6 +58,9 @@ class _Queued:
             head.tokens = head.work().tolist()
             self.device.ran += 1
         return self.tokens
+
+    def done(self) -> bool:
+        return self.tokens is not None
 
 
 BASE = {"max_batch_size": 8, "max_prefill_tokens": 64, "kv_cache_tokens": 4096}
@@ -245,3 +253,32 @@ def test_the_block_an_end_of_sequence_row_fills_is_offered_to_the_prefix_cache(
     assert first.completion.finish_reason == "eos" and first.seq.output_ids == greedy[:2]
     engine.add_tokenized(request("turn-2", "", 2, stop_on_eos=False), prompt + greedy[:2] + prompt[:3])
     assert drain(engine)["turn-2"].completion.cached_prompt_tokens == 8
+
+
+def test_blocks_come_back_before_the_next_step_once_the_device_is_through_the_one_in_flight(
+    loaded: LoadedModel,
+) -> None:
+    engine = make_engine(loaded, overlap=True)
+    device = engine.runner.launcher
+    assert isinstance(device, LazyDevice)
+    long = engine.add(request("long", "The quick brown fox", 40, stop_on_eos=False))
+    engine.add(request("other", "Governors keep", 20, stop_on_eos=False))
+    for _ in range(4):
+        engine.step()
+    used = engine.scheduler.blocks.num_used
+    engine.cancel(long)
+    assert long.block_table and engine.scheduler.blocks.num_used == used  # the step in flight may write them
+    device.catch_up()  # the device finishes that step while the host is elsewhere
+    held_when_scheduling = []
+    schedule = engine.scheduler.schedule
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        held_when_scheduling.append(len(long.block_table))
+        return schedule(*args, **kwargs)
+
+    engine.scheduler.schedule = watched  # type: ignore[method-assign]
+    engine.step()
+    assert held_when_scheduling == [0]  # free for the very next step, not the one after
+    assert engine.scheduler.blocks.num_used < used
+    drain(engine)
+    assert_idle(engine)
