@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from worker.sampling import SampledRows, sample
+from worker.sampling import CANDIDATES, SampledRows, sample
 
 
 def rows(n: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0) -> SampledRows:
@@ -92,3 +94,56 @@ def test_greedy_over_16_bit_logits_is_the_argmax_of_their_exact_float32_values()
         tokens = sample(logits, None)
         assert tokens.tolist() == logits.float().argmax(dim=-1).tolist()
         assert tokens[3].item() == 10 and tokens.dtype == torch.int64
+
+
+def reference_interval(
+    row: torch.Tensor, temperature: float, top_k: int, top_p: float, token: int
+) -> tuple[float, float]:
+    """The CDF interval [lo, hi) of `token` under transformers' filters, in float64: a draw with
+    uniform u is exact when u falls in its token's interval. The CDF walks the row most likely
+    first; a plain temperature draw walks its 64 most likely, then the others by index."""
+    x = (row.double() - row.double().max()) / temperature
+    order = torch.argsort(x, descending=True, stable=True)
+    if not top_k and top_p >= 1 and len(order) > CANDIDATES[0]:
+        first = order[: CANDIDATES[0]]
+        rest = torch.ones(len(order), dtype=torch.bool)
+        rest[first] = False
+        order = torch.cat([first, rest.nonzero().squeeze(1)])
+    if top_k:
+        order = order[:top_k]
+    p = torch.softmax(x[order], dim=0)
+    kept = (p.cumsum(0) - p) < top_p
+    q = torch.where(kept, p, torch.zeros_like(p))
+    q = q / q.sum()
+    cdf = q.cumsum(0)
+    where = (order == token).nonzero()
+    if not len(where) or not kept[where[0, 0]]:
+        return (2.0, 2.0)  # outside the kept set: no uniform maps to it
+    i = int(where[0, 0])
+    return (float(cdf[i - 1]) if i else 0.0, float(cdf[i]))
+
+
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([50, 3000]),
+    st.sampled_from([0.05, 1.0, 8.0]),  # how peaked: flat rows take the whole-vocabulary path
+    st.sampled_from([0.7, 1.0, 1.5]),
+    st.sampled_from([0, 1, 5, 2000]),
+    st.sampled_from([1.0, 0.9, 0.3]),
+)
+@settings(max_examples=150, deadline=None)
+def test_every_draw_is_the_token_whose_cdf_interval_holds_its_uniform(
+    seed: int, vocab: int, spread: float, temperature: float, top_k: int, top_p: float
+) -> None:
+    """Candidates first, the whole vocabulary when a draw falls past them: either way the token
+    is the one float64 inverse-CDF sampling picks (within float32's rounding of the CDF)."""
+    g = torch.Generator().manual_seed(seed)
+    n = 16
+    logits = torch.randn(n, vocab, generator=g) * spread
+    top_k = top_k if top_k < vocab else 0  # as the runner stages it
+    sampled = rows(n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    tokens = sample(logits, sampled).tolist()
+    for i, token in enumerate(tokens):
+        lo, hi = reference_interval(logits[i], temperature, top_k, top_p, token)
+        u = float(sampled.uniform[i])
+        assert lo - 1e-5 <= u <= hi + 1e-5, (i, token, lo, u, hi)
