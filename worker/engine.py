@@ -32,6 +32,7 @@ from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
 from worker.cuda_graphs import CudaGraphCapture
 from worker.loading import LoadedModel
+from worker.prefill_budget import PrefillBudget
 from worker.runner import ModelRunner, StepHandle
 from worker.scheduler import NEEDS_DRAIN, ScheduledStep, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence, SequenceStatus
@@ -79,7 +80,11 @@ class LLMEngine:
         max_context: int,
         clock: Callable[[], float] = time.perf_counter,
         overlap: bool = False,
+        prefill_budget: PrefillBudget | None = None,
     ) -> None:
+        """`prefill_budget`: beside decoding streams, a prompt budget learned from the steps'
+        timing (None: `max_prefill_tokens` always); only without `overlap`, where a step's span
+        holds another step's host work."""
         self.runner = runner
         self.tokenizer = tokenizer
         self.scheduler = scheduler
@@ -90,25 +95,37 @@ class LLMEngine:
         self._eos = tokenizer.eos_token_id
         self._detokenizers: dict[Sequence, IncrementalDetokenizer] = {}
         self._in_flight: _Launched | None = None
+        if prefill_budget is not None and overlap:
+            raise ValueError("a learned prefill budget needs steps that do not overlap")
+        self.prefill_budget = prefill_budget
         self._last_done = 0.0  # when the last step completed: overlapping steps count busy time once
 
     @classmethod
     def for_model(
-        cls, loaded: LoadedModel, config: SchedulerConfig, cuda_graphs: bool = True, overlap: bool | None = None
+        cls,
+        loaded: LoadedModel,
+        config: SchedulerConfig,
+        cuda_graphs: bool = True,
+        overlap: bool | None = None,
+        learned_prefill: bool = False,
     ) -> LLMEngine:
         """An engine over a loaded model: its own paged KV cache of `config.num_blocks` blocks; on
         CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False, and steps
-        overlap unless `overlap` is False (None: on CUDA only)."""
+        overlap unless `overlap` is False (None: on CUDA only); `learned_prefill`: beside decoding
+        streams, a prompt budget that follows the batch (prefill_budget.py), where steps do not
+        overlap."""
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
         config = replace(config, max_model_len=config.max_model_len or loaded.shape.n_positions)
         runner = ModelRunner(loaded.model, config, capture)
+        overlap = on_cuda if overlap is None else overlap
         return cls(
             runner,
             loaded.tokenizer,
             Scheduler(config),
             max_context=loaded.shape.n_positions,
-            overlap=on_cuda if overlap is None else overlap,
+            overlap=overlap,
+            prefill_budget=PrefillBudget(config.max_prefill_tokens) if learned_prefill and not overlap else None,
         )
 
     @property
@@ -208,10 +225,15 @@ class LLMEngine:
         counters.busy_seconds += now - max(launched.started, self._last_done)
         self._last_done = now
         blocks = scheduler.blocks
+        prompt_tokens = 0
         for chunk in step.prefill:
-            counters.prefill_tokens += chunk.end - chunk.start
+            prompt_tokens += chunk.end - chunk.start
             if chunk.seq.status is SequenceStatus.RUNNING:
                 blocks.cache_computed(chunk.seq)
+        counters.prefill_tokens += prompt_tokens
+        if self.prefill_budget is not None:
+            self.prefill_budget.observe(now - launched.started, len(step.decode), prompt_tokens)
+            scheduler.prefill_while_decoding = self.prefill_budget.while_decoding
         keying = blocks.prefix_caching
         block_size = blocks.block_size
         eos = self._eos

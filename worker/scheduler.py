@@ -3,9 +3,11 @@
 Every step is one forward over a packed batch: one token for each running sequence that is
 decoding, plus prompt chunks of sequences that are prefilling. Prefill and decode share the
 forward (the weights are read once for both, and on CPU a larger matrix multiply is more
-efficient), while `max_prefill_tokens` caps the prompt tokens per step so that a long prompt
-delays the running sequences' next token by a bounded amount: a longer prompt is split into
-chunks over several steps (Sarathi-Serve's stall-free batching). New prompts take the budget before
+efficient), while a budget caps the prompt tokens per step so that a long prompt delays the
+running sequences' next token by a bounded amount: a longer prompt is split into chunks over
+several steps (Sarathi-Serve's stall-free batching). The budget is `max_prefill_tokens` while
+nothing decodes, and `prefill_while_decoding` (at most that) beside decoding sequences, which the
+engine sets from its steps' timing (prefill_budget.py). New prompts take the budget before
 prompts already under way, which keep at least half of it: a short request arriving during a long
 prompt's prefill starts at the next step, and the long prompt still advances every step. Sequences
 join at any step boundary and leave the moment they finish.
@@ -154,6 +156,7 @@ class Scheduler:
         self._decoding: list[Sequence] = []  # running sequences that decode, in admission order
         self._prefilling: list[Sequence] = []  # running sequences with prompt tokens to go
         self._membership_changed = False  # rebuild the two lists above from `running`
+        self.prefill_while_decoding = config.max_prefill_tokens  # the prompt budget beside decode rows
         self._in_flight: list[int] = []  # steps scheduled and not done, oldest first
         self._deferred: list[tuple[int, Sequence]] = []  # (step, sequence): released when it is done
 
@@ -218,6 +221,8 @@ class Scheduler:
         # chunk; but prompts already under way keep at least half of it, so a stream of new ones
         # cannot starve them.
         budget = config.max_prefill_tokens
+        if chosen:
+            budget = max(1, min(budget, self.prefill_while_decoding))
         if self.num_preemptions == preemptions:
             underway = list(self._prefilling)
         else:  # a victim may have been prefilling

@@ -286,11 +286,12 @@ def test_the_prompt_budget_defaults_to_the_devices_and_an_explicit_one_is_kept(t
         await backend.start()
         try:
             assert backend._engine is not None
+            assert backend._engine.prefill_budget is not None  # the CPU learns its budget beside streams
             return backend._engine.scheduler.config.max_prefill_tokens
         finally:
             await backend.close()
 
-    assert asyncio.run(budget()) == PREFILL_TOKENS["cpu"] == 64
+    assert asyncio.run(budget()) == PREFILL_TOKENS["cpu"] == 2048
     assert asyncio.run(budget(max_prefill_tokens=300)) == 300
     with pytest.raises(ConfigError, match="max-prefill-tokens"):
         WorkerConfig(max_prefill_tokens=-1)

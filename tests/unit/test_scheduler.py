@@ -324,3 +324,17 @@ def test_a_sequence_that_ends_while_a_step_is_in_flight_keeps_its_blocks_until_t
     assert a.block_table and s.blocks.num_used == 2
     s.step_done(second.step)
     assert not a.block_table and s.blocks.num_used == 0 and a.slot == -1
+
+
+def test_prompts_take_the_whole_budget_while_nothing_decodes_and_the_learned_one_beside_streams() -> None:
+    s = Scheduler(SchedulerConfig(max_batch_size=8, max_prefill_tokens=1000, kv_cache_tokens=4000))
+    s.prefill_while_decoding = 20
+    first = seq(300, 8, "first")
+    s.add(first)
+    rows = schedule(s)
+    assert [(r.start, r.end) for r in rows] == [(0, 300)]  # nothing decodes: all of it at once
+    run(s, rows)
+    second = Sequence("second", [7] * 300, 8, SamplingParams(temperature=0.0), True, t_arrival=0.0)
+    s.add(second)
+    rows = schedule(s)
+    assert [(r.seq.request_id, r.end - r.start) for r in rows] == [("first", 1), ("second", 20)]

@@ -49,12 +49,12 @@ from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 from worker.tokenizer import Tokenizer
 
-PREFILL_TOKENS = {"cuda": 2048, "cpu": 64}
-"""The prompt tokens of a step under `--max-prefill-tokens 0`. On the CPU a prompt token costs ~0.6 ms
-(GPT-2 small, 2 threads), so a 64-token chunk adds ~40 ms to a step: running streams slow down
-while a long prompt goes through in chunks instead of stopping for all of it at once (2048 stalled
-them ~0.55 s per 896-token prompt, docs/benchmarks/sittings.md 5). On a GPU a 2,048-token chunk takes a
-few milliseconds."""
+PREFILL_TOKENS = {"cuda": 2048, "cpu": 2048}
+"""The prompt tokens of a step under `--max-prefill-tokens 0`: all of them while nothing decodes.
+Beside decoding streams the CPU takes fewer: a prompt token costs ~0.6 ms there (GPT-2 small, 2
+threads), and 2,048 of them stalled running streams ~0.55 s per 896-token prompt
+(docs/benchmarks/sittings.md 5), so its engine learns a budget that keeps a step within 1.8
+decode-only steps (prefill_budget.py). On a GPU a 2,048-token chunk takes a few milliseconds."""
 
 log = logging.getLogger("worker.gpt2")
 
@@ -165,7 +165,9 @@ class GPT2Backend:
             kv_reservation=config.kv_reservation,
         )
         overlap = {"auto": None, "on": True, "off": False}[config.async_scheduling]
-        engine = LLMEngine.for_model(loaded, scheduling, cuda_graphs=config.cuda_graphs, overlap=overlap)
+        engine = LLMEngine.for_model(
+            loaded, scheduling, cuda_graphs=config.cuda_graphs, overlap=overlap, learned_prefill=device.type == "cpu"
+        )
         # What is alive now (the model, the tokenizer, torch and transformers) lives as long as the
         # worker: out of the collector's sight, a full collection no longer walks it, and its
         # pauses (which land in inter-token latency) stay short, as vLLM does.
