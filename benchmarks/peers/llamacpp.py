@@ -17,6 +17,9 @@
    (`cache_prompt: false` to llama-server, `--no-prefix-caching` to the worker) so every round is
    a first round. Tokens/s = completion tokens / the wall time from the first send to the last
    reply; the median over rounds, and the governor / llama-server ratio.
+5. For each served round, the share of its wall time the worker's engine spent in steps (its
+   `busy_seconds_total`, pushed every 0.2 s): what is left is time outside the steps (serving,
+   the front door, the HTTP client sharing the cores).
 
 Where CMake or a C++ compiler is missing it says so and exits 0: it is never part of `make test`.
 """
@@ -41,7 +44,16 @@ import httpx
 
 from benchmarks.engine.engine_vs_hf import Workload, make_workload
 from benchmarks.harness import rounds
-from benchmarks.harness.common import HARNESS, free_port, machine, markdown_table, out_dir, start_front_door, stop
+from benchmarks.harness.common import (
+    HARNESS,
+    free_port,
+    machine,
+    markdown_table,
+    out_dir,
+    start_front_door,
+    stats,
+    stop,
+)
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
 from benchmarks.harness.results import Sitting
 
@@ -160,12 +172,21 @@ def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], 
     return launch_llama_server(argv, out_dir() / "llamacpp" / "llama-server.log")
 
 
-def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int]:
+STATS_INTERVAL_S = 0.2  # the served worker pushes its engine's counters this often
+
+
+def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int, int]:
+    """The governor with its worker: (process, HTTP port, NDJSON port for `stats`)."""
     worker = ("--engine", "gpt2", "--model", str(model_dir), "--dtype", dtype, "--threads", str(threads))
-    worker += ("--max-batch-size", "32", "--no-prefix-caching")
+    worker += ("--max-batch-size", "32", "--no-prefix-caching", "--stats-interval-s", str(STATS_INTERVAL_S))
     log = out_dir() / "llamacpp" / "governor.log"
-    gov, _, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
-    return gov, http
+    gov, port, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
+    return gov, http, port
+
+
+def engine_busy_s(port: int) -> float:
+    """The served worker's engine time in steps so far (its last push)."""
+    return float(stats(port)["workers"][0]["engine"]["busy_seconds_total"])
 
 
 def main() -> None:
@@ -192,20 +213,27 @@ def main() -> None:
         for name in a.workloads.split(","):
             workload = make_workload(name, 0)
             results: dict[str, list[float]] = {"llama-server": [], "governor": []}
+            in_steps: list[float] = []  # of each served round's wall time, the share its engine stepped
             for r in range(a.rounds):
                 for side in rounds.order(r, ("llama-server", "governor")):
-                    proc, port = (
-                        start_llama(binary, model, a.threads)
-                        if side == "llama-server"
-                        else start_served(model_dir, dtype, a.threads)
-                    )
+                    stats_port = 0
+                    if side == "llama-server":
+                        proc, port = start_llama(binary, model, a.threads)
+                    else:
+                        proc, port, stats_port = start_served(model_dir, dtype, a.threads)
                     try:
+                        busy = engine_busy_s(stats_port) if stats_port else 0.0
                         extra = {"cache_prompt": False} if side == "llama-server" else {}
                         tokens, seconds = asyncio.run(drive(f"http://127.0.0.1:{port}/v1/completions", workload, extra))
+                        if stats_port:
+                            time.sleep(2 * STATS_INTERVAL_S)  # the push that counts the round's last step
+                            in_steps.append((engine_busy_s(stats_port) - busy) / seconds)
                     finally:
                         stop(proc)
                     results[side].append(tokens / seconds)
-                    print(f"{dtype} {name} round {r + 1} {side:>12}: {tokens} tokens, {tokens / seconds:7.1f} tok/s")
+                    share = f", {in_steps[-1]:.0%} of it in engine steps" if stats_port else ""
+                    rate = tokens / seconds
+                    print(f"{dtype} {name} round {r + 1} {side:>12}: {tokens} tokens, {rate:7.1f} tok/s{share}")
             ours, theirs = (statistics.median(results[k]) for k in ("governor", "llama-server"))
             paired = [g / ll for g, ll in zip(results["governor"], results["llama-server"], strict=True)]
             uniform = name == "uniform"  # the bar (>= 2x llama-server) is stated for the uniform workload
@@ -217,7 +245,18 @@ def main() -> None:
                 bar=">= 2.0x" if uniform else None,
                 met=ours / theirs >= 2.0 if uniform else None,
             )
-            sitting.details[f"{dtype} {name}"] = {"tok_per_s_by_round": results, "paired_by_round": paired}
+            sitting.figure(
+                f"served round's wall time in engine steps, {dtype}, {name} workload",
+                statistics.median(in_steps),
+                "share",
+                headline=False,
+                note="the engine's busy_seconds_total over the round; the rest is outside the steps",
+            )
+            sitting.details[f"{dtype} {name}"] = {
+                "tok_per_s_by_round": results,
+                "paired_by_round": paired,
+                "in_engine_steps_by_round": in_steps,
+            }
             rows.append(
                 [
                     dtype,
