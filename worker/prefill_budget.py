@@ -9,6 +9,12 @@ a decode-only step: (STRETCH - 1) * d / c, where d is what a decode-only step of
 takes and c what a prompt token adds, never below `FLOOR`. Both are learned from the engine's own
 steps (moving averages), since they follow the model, the dtype, the batch and the machine: d
 from steps without prompt tokens, c from steps with them, less d. No torch.
+
+The floor is 64, not lower: with a few streams decoding, a decode step is cheap and the stretch
+rule alone allows a handful of prompt tokens, so a burst that arrives over a few milliseconds
+(through the front door, requests reach the worker one by one) trickles in while the batch
+stays small. With a floor of 16 the served uniform workload ran 12% slower than under the fixed
+64 (GPT-2 small, bf16, 2 cores: docs/benchmarks/sittings.md 5).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STRETCH = 1.8  # a step beside streams takes at most this many decode-only steps' time
-FLOOR = 16  # prompt tokens a step may always carry: a long prompt still moves
-INITIAL = 64  # beside streams, until both costs are measured (the CPU's former fixed budget)
+FLOOR = 64  # prompt tokens a step may always carry (the CPU's former fixed budget); see below
+INITIAL = FLOOR  # beside streams, until both costs are measured
 WEIGHT = 0.2  # of the newest step in the moving averages
 
 

@@ -10,7 +10,7 @@ from worker.prefill_budget import FLOOR, INITIAL, STRETCH, PrefillBudget
 
 def step_ms(decode_rows: int, prompt_tokens: int) -> float:
     """A step's cost: fixed, per decode row, per prompt token (the shape of a CPU step)."""
-    return 5.0 + 0.4 * decode_rows + 0.3 * prompt_tokens
+    return 5.0 + 0.4 * decode_rows + 0.05 * prompt_tokens
 
 
 def test_until_both_costs_are_measured_the_budget_is_the_initial_one() -> None:
@@ -28,7 +28,7 @@ def test_the_budget_keeps_a_step_within_the_stretch_of_a_decode_only_one() -> No
         budget.observe(step_ms(32, 0) / 1000, 32, 0)
         budget.observe(step_ms(32, 64) / 1000, 32, 64)
     tokens = budget.while_decoding
-    assert tokens == int((STRETCH - 1) * step_ms(32, 0) / 0.3)  # 0.8 * 17.8 ms / 0.3 ms = 47
+    assert tokens == int((STRETCH - 1) * step_ms(32, 0) / 0.05)  # 0.8 * 17.8 ms / 0.05 ms = 284
     assert step_ms(32, tokens) <= STRETCH * step_ms(32, 0) + 1e-9
     # A bigger batch's decode step is longer: the prompt may take more of it.
     for _ in range(50):
@@ -41,8 +41,15 @@ def test_prefill_only_steps_teach_the_cost_of_a_prompt_token() -> None:
     budget = PrefillBudget(cap=2048)
     budget.observe(step_ms(0, 2000) / 1000, 0, 2000)
     budget.observe(step_ms(8, 0) / 1000, 8, 0)
-    assert budget.token_s is not None and abs(budget.token_s - 0.3025e-3) < 1e-6
-    assert budget.while_decoding == int(0.8 * step_ms(8, 0) / 0.3025)
+    assert budget.token_s is not None and abs(budget.token_s - 0.0525e-3) < 1e-6
+    assert budget.while_decoding == int(0.8 * step_ms(8, 0) / 0.0525)
+
+
+def test_a_cheap_decode_step_still_leaves_the_floor_to_waiting_prompts() -> None:
+    budget = PrefillBudget(cap=2048)
+    budget.observe(0.0055, 1, 0)  # one stream decoding: 5.5 ms a step
+    budget.observe(0.0055 + 0.0006 * 64, 1, 64)  # 0.6 ms a prompt token: the stretch allows 7
+    assert budget.while_decoding == FLOOR
 
 
 @given(
