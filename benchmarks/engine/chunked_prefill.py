@@ -3,8 +3,10 @@
     python -m benchmarks.engine.chunked_prefill [--rounds 2] [--budgets 2048,64] [--seconds 20]
 
 A governor in front of a GPT-2 worker (random weights, CPU), once per prompt budget
-(`--max-prefill-tokens`): 2048 prefills each 896-token prompt in one step (the budget's old
-default), a small one in chunks beside the running decodes. The same workload for each, two
+(`--max-prefill-tokens`): 2048, the default, is the cap (a whole 896-token prompt in one step
+while nothing decodes; beside running decodes the budget the CPU engine learns from its steps,
+worker/prefill_budget.py); 64 holds every step to 64 prompt tokens (the CPU's fixed default
+before issue 46). The same workload for each, two
 `governor bench` runs at once on their own connections: short requests (32-token prompts, 32 new
 tokens, Poisson every --short-interval-ms) and long ones (896-token prompts, 8 new tokens, every
 --long-interval-ms). Per budget: the short streams' ITL p50 / p99 / p99.9 / max (the running
