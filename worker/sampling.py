@@ -4,18 +4,21 @@ Greedy rows take the argmax. A sampled row draws by inverse CDF with one uniform
 the host from the request's own `random.Random` (seeded from its `seed`, or from the OS), so a
 seeded request gets the same tokens whatever else is in its batch and in whatever order requests
 arrive, and the device needs no generator per request and no synchronisation per row: the step's
-numbers arrive in the runner's one transfer, its tokens leave with the step's. Transformations
-follow transformers' order: temperature, then top-k, then top-p (the smallest set of the most
-likely tokens whose mass reaches `top_p`, renormalised after top-k).
+numbers arrive in the runner's one transfer, its tokens leave with the step's (on a GPU nothing
+here waits for the device: see `_draw`). Transformations follow transformers' order: temperature,
+then top-k (every token as likely as the k-th, ties included), then top-p (the smallest set of
+the most likely tokens whose mass reaches `top_p`, renormalised after top-k).
 
-The draw walks the row in order of probability, over a candidate set: the row's `CANDIDATES` most
-likely tokens (or its top-k, if larger), found with one `topk` instead of a sort of the whole
+The draw walks the row in order of probability, over candidate sets: the row's 64 most likely
+tokens, then its 1,024 (`CANDIDATES`), each found with one `topk` instead of a sort of the whole
 vocabulary, in float32. Exact, because the kept set and the CDF are prefixes of that order: a row
-whose kept set is within its candidates (top-k, or candidates holding `top_p` of the mass) draws
-among them; a row whose draw falls past them (no filter, or a flat distribution, as random
-weights give) is drawn again over its whole vocabulary in the same order. Logits are shifted by
-their maximum before the temperature divides them, so a tiny temperature sends the others to a
-huge negative number (never inf - inf = NaN).
+whose kept set is within its candidates (a top-k, or candidates holding `top_p` of the mass)
+draws among them; a row whose top-p set or top-k reaches past them (a flat distribution, as
+random weights give) is drawn again over the next set, and last over its whole vocabulary,
+sorted. A plain temperature draw (no top-k, no top-p) that falls past the first 64 walks the
+other tokens by index instead, which needs no sort. Logits are shifted by their maximum before
+the temperature divides them, so a tiny temperature sends the others to a huge negative number
+(never inf - inf = NaN).
 """
 
 from __future__ import annotations
@@ -45,10 +48,12 @@ CANDIDATES = (64, 1024)
 and a trained model's top 64 usually hold a top-p 0.9 set."""
 
 _MIN_TEMPERATURE = 1e-30  # float32 keeps it (1e-300 would round to 0 and divide 0 by 0)
+_BELOW_ONE = 1 - 2**-24  # the largest float32 below 1
 
 
-def sample(logits: Tensor, sampled: SampledRows | None) -> Tensor:
-    """One token id per row of `logits` [n, V], as a device tensor [n] (int64)."""
+def sample(logits: Tensor, sampled: SampledRows | None, sync_free: bool | None = None) -> Tensor:
+    """One token id per row of `logits` [n, V], as a device tensor [n] (int64). `sync_free`: never
+    wait for the device (None: everywhere but on the CPU; see `_draw`)."""
     if logits.device.type == "cpu" and logits.dtype != torch.float32:
         # torch's CPU argmax has no vectorised 16-bit path: over [32, 50257] bfloat16 logits it
         # took 2.6 ms, 10% of a decode step; widening first (exact) and taking it in float32, 0.5.
@@ -56,63 +61,80 @@ def sample(logits: Tensor, sampled: SampledRows | None) -> Tensor:
     tokens = logits.argmax(dim=-1)
     if sampled is None:
         return tokens
-    return tokens.index_copy(0, sampled.rows, _draw(logits.index_select(0, sampled.rows).float(), sampled))
+    if sync_free is None:
+        sync_free = logits.device.type != "cpu"
+    drawn = _draw(logits.index_select(0, sampled.rows).float(), sampled, sync_free)
+    return tokens.index_copy(0, sampled.rows, drawn)
 
 
-def _draw(x: Tensor, sampled: SampledRows) -> Tensor:
-    """A token for each row of x (its raw logits [m, V], float32) by its parameters and uniform."""
+def _draw(x: Tensor, sampled: SampledRows, sync_free: bool) -> Tensor:
+    """A token for each row of x (its raw logits [m, V], float32) by its parameters and uniform.
+
+    On the CPU, rows move to the next candidate set only as needed (a branch on the data costs
+    nothing there). `sync_free` (any other device), nothing here may wait for the device, since the
+    engine launches the next step while this one runs: every row goes through the first set, plain rows through the
+    rest by index, and the whole vocabulary is sorted whenever a row could need it (a top-p, or a
+    top-k past the first set), the per-row choice made with `torch.where`."""
     m, vocab = x.shape
     inv_t = 1.0 / sampled.temperature.float().clamp(min=_MIN_TEMPERATURE)
-    top_k, top_p, uniform = sampled.top_k, sampled.top_p.float(), sampled.uniform.float()
-    limited = top_k > 0
+    top_k, top_p = sampled.top_k, sampled.top_p.float()
+    uniform = sampled.uniform.float().clamp(max=_BELOW_ONE)  # float32 may round a uniform up to 1
+    plain = (top_k <= 0) & (top_p >= 1)  # temperature alone: past the first candidates, by index
     first = min(CANDIDATES[0], vocab)
     raw, order = x.topk(first, dim=-1)  # temperature keeps the order: candidates from the raw logits
     # e^((x - max) / T) over the whole row once: the normaliser of rows no top-k limits, and the
-    # tail a plain temperature draw may fall into.
+    # rest a plain temperature draw may fall into.
     weights = ((x - raw[:, :1]) * inv_t[:, None]).exp_()
     total = weights.sum(dim=-1)
-    drawn = torch.zeros(m, dtype=torch.long, device=x.device)
-    pending = torch.ones(m, dtype=torch.bool, device=x.device)
-    plain = ~limited & (top_p >= 1)  # temperature alone: past the first candidates, by index
-    for k in (*(c for c in CANDIDATES if c < vocab), vocab):
-        if k > first:
-            rows = pending.nonzero().squeeze(1)
-            if k == vocab:  # the whole vocabulary, most likely first
-                raw_k, order_k = x[rows].sort(dim=-1, descending=True)
-            else:
-                raw_k, order_k = x[rows].topk(k, dim=-1)
-        else:
-            rows, raw_k, order_k = torch.arange(m, device=x.device), raw, order
-        tokens, done = _among(
-            (raw_k - raw_k[:, :1]) * inv_t[rows, None],
-            top_k[rows],
-            top_p[rows],
-            uniform[rows],
-            total[rows],
-            complete=k == vocab,
-        )
-        drawn[rows] = order_k.gather(1, tokens[:, None]).squeeze(1)
-        pending[rows] = ~done
-        if k == first and bool((pending & plain).any()):
-            tail = (pending & plain).nonzero().squeeze(1)
-            drawn[tail] = _past(weights[tail], order[tail], uniform[tail], total[tail])
-            pending[tail] = False
-        if not bool(pending.any()):
+    drawn, done = _stage(raw, order, inv_t, top_k, top_p, uniform, total, first == vocab)
+    if sync_free:
+        drawn = torch.where(done | ~plain, drawn, _past(weights, order, uniform, total))
+        if sampled.any_top_p or sampled.max_top_k > first:
+            raw_all, order_all = x.sort(dim=-1, descending=True)
+            whole, _ = _stage(raw_all, order_all, inv_t, top_k, top_p, uniform, total, True)
+            drawn = torch.where(done | plain, drawn, whole)
+        return drawn
+    if bool((~done & plain).any()):
+        tail = (~done & plain).nonzero().squeeze(1)
+        drawn[tail] = _past(weights[tail], order[tail], uniform[tail], total[tail])
+        done[tail] = True
+    for k in (*(c for c in CANDIDATES[1:] if c < vocab), vocab):
+        if bool(done.all()):
             break
+        rows = (~done).nonzero().squeeze(1)
+        if k == vocab:  # the whole vocabulary, most likely first
+            raw_k, order_k = x[rows].sort(dim=-1, descending=True)
+        else:
+            raw_k, order_k = x[rows].topk(k, dim=-1)
+        tokens, now_done = _stage(
+            raw_k, order_k, inv_t[rows], top_k[rows], top_p[rows], uniform[rows], total[rows], k == vocab
+        )
+        drawn[rows] = tokens
+        done[rows] = now_done
     return drawn
 
 
-def _among(
-    z: Tensor, top_k: Tensor, top_p: Tensor, uniform: Tensor, total: Tensor, complete: bool
+def _stage(
+    raw: Tensor,
+    order: Tensor,
+    inv_t: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    uniform: Tensor,
+    total: Tensor,
+    complete: bool,
 ) -> tuple[Tensor, Tensor]:
-    """Each row's draw among its k most likely tokens, whose tempered logits, shifted by the row's
-    maximum, are z [m, k] (most likely first): the index drawn, and whether that draw is the
-    row's (False: its kept set or its draw lies past these k; `complete`: they are the whole row)."""
+    """Each row's draw among its k most likely tokens (raw logits [m, k] and their ids, most likely
+    first), and whether that draw is the row's: False where its kept set or its draw lies past
+    these k (`complete`: they are the whole row)."""
+    z = (raw - raw[:, :1]) * inv_t[:, None]
     k = z.shape[1]
     limited = top_k > 0
-    outside = limited[:, None] & (torch.arange(k, device=z.device)[None, :] >= top_k[:, None])
+    # transformers' top-k keeps every token as likely as the k-th: ties included.
+    kth = z.gather(1, (top_k.clamp(1, k) - 1)[:, None])
+    outside = limited[:, None] & (z < kth)
     e = z.exp().masked_fill(outside, 0.0)
-    # Renormalised after top-k: over a row's top_k, else over its whole vocabulary.
+    # Renormalised after top-k: over a row's top-k, else over its whole vocabulary.
     p = e / torch.where(limited, e.sum(dim=-1), total)[:, None]
     cdf = p.cumsum(dim=-1)
     # transformers' top-p: a token is kept while the mass before it is below top_p (the most
@@ -120,22 +142,30 @@ def _among(
     kept = p.masked_fill(cdf - p >= top_p[:, None], 0.0)
     kept_cdf = kept.cumsum(dim=-1)
     held = kept_cdf[:, -1]
-    # Where no top-k limits a row and these hold less than top_p, its kept set goes on past them.
+    # Where no top-k limits a row and these hold less than top_p, its kept set goes on past them;
+    # a top-k goes on past them when it is larger, or when its ties reach their end.
     open_ended = ~limited & (cdf[:, -1] < top_p) & (not complete)
+    beyond = limited & ((top_k > k) | (z[:, -1] >= kth.squeeze(1))) & (not complete)
     target = torch.where(open_ended, uniform, uniform * held)
     at = torch.searchsorted(kept_cdf, target[:, None], right=True).squeeze(1)
     last = (kept > 0).sum(dim=-1) - 1
-    beyond = limited & (top_k > k)  # its top-k reaches past these
     done = ~beyond & ~(open_ended & ((top_p < 1) | (at > last)))
-    return torch.minimum(at, last.clamp(min=0)), done
+    at = torch.minimum(at, last.clamp(min=0))
+    return order.gather(1, at[:, None]).squeeze(1), done
 
 
 def _past(weights: Tensor, candidates: Tensor, uniform: Tensor, total: Tensor) -> Tensor:
     """A plain temperature draw that fell past the row's candidates: among the other tokens, by
-    index, with the mass the candidates leave (weights [m, V] unnormalised, candidates [m, c])."""
+    index, with the mass the candidates leave (weights [m, V] unnormalised, candidates [m, c],
+    most likely first). Where the others hold no mass at all (masked, or underflowed at a low
+    temperature), the least likely candidate that has some: never a token of probability 0."""
     rest = weights.scatter(1, candidates, 0.0)
-    left = rest.sum(dim=-1)
-    # The part of the draw past the candidates' mass, on the rest's scale.
-    target = (uniform * total - (total - left)).clamp(min=0.0)
-    at = torch.searchsorted(rest.cumsum(dim=-1), target[:, None], right=True).squeeze(1)
-    return torch.minimum(at, torch.full_like(at, weights.shape[1] - 1))
+    cdf = rest.cumsum(dim=-1)
+    end = cdf[:, -1]
+    # The part of the draw past the candidates' mass, on the rest's scale, kept below its end.
+    target = (uniform * total - (total - end)).clamp(min=0.0)
+    target = torch.minimum(target, end * _BELOW_ONE)
+    at = torch.searchsorted(cdf, target[:, None], right=True).squeeze(1).clamp(max=weights.shape[1] - 1)
+    weighted = (weights.gather(1, candidates) > 0).sum(dim=-1, keepdim=True).clamp(min=1)
+    fallback = candidates.gather(1, weighted - 1).squeeze(1)
+    return torch.where(end > 0, at, fallback)

@@ -88,14 +88,18 @@ def test_overlapped_steps_on_cuda_give_the_synchronous_tokens(loaded_fp32: Loade
     assert overlapped.scheduler.blocks.num_used == 0
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlapped", "synchronous"])
-def test_a_graphed_decode_step_makes_no_synchronising_call(loaded_fp32: LoadedModel, overlap: bool) -> None:
+def test_a_graphed_decode_step_makes_no_synchronising_call(
+    loaded_fp32: LoadedModel, overlap: bool, sampled: bool
+) -> None:
     """A step's tokens come back through a non-blocking copy into pinned memory and an event: the
     host waits on the event, never on a synchronising operation (which would also wait for the
-    step launched after it)."""
+    step launched after it), whether its rows are greedy or drawn (sampling.py's sync-free path)."""
     engine = LLMEngine.for_model(loaded_fp32, CONFIG, overlap=overlap)
+    params = {"temperature": 0.9, "top_p": 0.9, "top_k": 80, "seed": 3} if sampled else {}
     for i in range(4):
-        engine.add(request(str(i), "The quick brown fox", 10, stop_on_eos=False))
+        engine.add(request(str(i), "The quick brown fox", 10, stop_on_eos=False, **params))
     engine.step()  # prefill
     engine.step()
     torch.cuda.synchronize()
