@@ -32,7 +32,7 @@ from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
 from worker.cuda_graphs import CudaGraphCapture
 from worker.loading import LoadedModel
-from worker.prefill_budget import PrefillBudget
+from worker.prefill_budget import FLOOR, PrefillBudget
 from worker.runner import ModelRunner, StepHandle
 from worker.scheduler import NEEDS_DRAIN, ScheduledStep, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence, SequenceStatus
@@ -112,14 +112,14 @@ class LLMEngine:
         """An engine over a loaded model: its own paged KV cache of `config.num_blocks` blocks; on
         CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False, and steps
         overlap unless `overlap` is False (None: on CUDA only); `learned_prefill`: beside decoding
-        streams, a prompt budget that follows the batch (prefill_budget.py), where steps do not
-        overlap."""
+        streams, a prompt budget that follows the batch (prefill_budget.py), or its floor where
+        steps overlap (their timing holds each other's host work)."""
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
         config = replace(config, max_model_len=config.max_model_len or loaded.shape.n_positions)
         runner = ModelRunner(loaded.model, config, capture)
         overlap = on_cuda if overlap is None else overlap
-        return cls(
+        engine = cls(
             runner,
             loaded.tokenizer,
             Scheduler(config),
@@ -127,6 +127,9 @@ class LLMEngine:
             overlap=overlap,
             prefill_budget=PrefillBudget(config.max_prefill_tokens) if learned_prefill and not overlap else None,
         )
+        if learned_prefill and overlap:  # no timing to learn from: the floor beside streams
+            engine.scheduler.prefill_while_decoding = min(config.max_prefill_tokens, FLOOR)
+        return engine
 
     @property
     def has_work(self) -> bool:
@@ -191,6 +194,9 @@ class LLMEngine:
             # The device is through it: what ended while it ran gives its blocks back now, not after
             # the step about to be launched (its tokens still wait for `_complete`).
             self.scheduler.step_done(self._in_flight.step.step)
+        if self.prefill_budget is not None:  # for the batch about to decode
+            rows = min(len(self.scheduler.running), self.scheduler.config.max_batch_size)
+            self.scheduler.prefill_while_decoding = self.prefill_budget.while_decoding(rows)
         scheduled = self.scheduler.schedule(started, may_preempt=self._in_flight is None)
         if scheduled == NEEDS_DRAIN:
             events = self.drain()
@@ -233,7 +239,6 @@ class LLMEngine:
         counters.prefill_tokens += prompt_tokens
         if self.prefill_budget is not None:
             self.prefill_budget.observe(now - launched.started, len(step.decode), prompt_tokens)
-            scheduler.prefill_while_decoding = self.prefill_budget.while_decoding
         keying = blocks.prefix_caching
         block_size = blocks.block_size
         eos = self._eos

@@ -22,6 +22,7 @@ from tests.unit.test_cuda_graphs import EagerCapture
 from tests.unit.test_engine_paging import run_in_two_waves, shared_prefix_requests
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.loading import LoadedModel
+from worker.prefill_budget import FLOOR
 from worker.runner import ModelRunner, StepHandle
 from worker.scheduler import Scheduler, SchedulerConfig
 from worker.tokenizer import Tokenizer
@@ -282,3 +283,13 @@ def test_blocks_come_back_before_the_next_step_once_the_device_is_through_the_on
     assert engine.scheduler.blocks.num_used < used
     drain(engine)
     assert_idle(engine)
+
+
+def test_overlapped_steps_on_the_cpu_take_the_budgets_floor_beside_streams(loaded: LoadedModel) -> None:
+    """Overlapped steps give no step timing to learn a prompt budget from: beside decoding
+    streams a step takes the floor, never a whole 2,048-token prompt."""
+    config = SchedulerConfig(max_batch_size=8, max_prefill_tokens=2048, kv_cache_tokens=4096)
+    engine = LLMEngine.for_model(loaded, config, overlap=True, learned_prefill=True)
+    assert engine.prefill_budget is None and engine.scheduler.prefill_while_decoding == FLOOR
+    learning = LLMEngine.for_model(loaded, config, overlap=False, learned_prefill=True)
+    assert learning.prefill_budget is not None
