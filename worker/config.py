@@ -37,8 +37,8 @@ class WorkerConfig:
     max_prefill_tokens: int = option(
         0,
         "gpt2: prompt tokens per step at most (all of them while nothing decodes; beside decoding streams the cpu"
-        " learns a budget that keeps a step within 1.8 decode-only steps); longer prompts are prefilled in chunks"
-        " while the running streams go on; 0 = 2048",
+        " learns a budget that keeps a step within 1.8 decode-only steps, never below 64); longer prompts are"
+        " prefilled in chunks while the running streams go on; 0 = 2048",
     )
     kv_cache_tokens: int = option(
         16384, "gpt2: KV cache size in tokens, allocated once in blocks; requests wait while their blocks do not fit"

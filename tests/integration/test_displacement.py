@@ -70,9 +70,12 @@ def test_a_victim_queued_in_the_gpt2_worker_is_cancelled_there_and_generates_not
 ) -> None:
     # A batch of one: the first request runs, the second waits in the worker's queue (more in flight
     # than the batch, where displacement matters most) until a critical frame takes its slot.
+    # A long horizon: the victim's promise is forecast from the first stream's pace, whose ~117
+    # remaining tokens outlast the default 1 s on a loaded 2-core machine (a refusal past the
+    # horizon is final and carries no ticket).
     gov = gpt2_governor(
         start_governor, tiny_gpt2_dir, "--integrity", "optional", "--max-inflight", "2",
-        worker_flags=("--max-batch-size", "1"),
+        "--promise-horizon-ms", "30000", worker_flags=("--max-batch-size", "1"),
     )  # fmt: skip
     c = gov.conn()
     first_tokens = N_POSITIONS - 8

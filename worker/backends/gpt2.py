@@ -54,7 +54,8 @@ PREFILL_TOKENS = {"cuda": 2048, "cpu": 2048}
 Beside decoding streams the CPU takes fewer: a prompt token costs ~0.6 ms there (GPT-2 small, 2
 threads), and 2,048 of them stalled running streams ~0.55 s per 896-token prompt
 (docs/benchmarks/sittings.md 5), so its engine learns a budget that keeps a step within 1.8
-decode-only steps (prefill_budget.py). On a GPU a 2,048-token chunk takes a few milliseconds."""
+decode-only steps, never below 64 (prefill_budget.py; 64 where steps overlap). On a GPU a
+2,048-token chunk takes a few milliseconds."""
 
 log = logging.getLogger("worker.gpt2")
 
