@@ -16,7 +16,10 @@ The floor is 64, not lower: with a few streams decoding, a decode step is cheap 
 rule alone allows a handful of prompt tokens, so a burst that arrives over a few milliseconds
 (through the front door, requests reach the worker one by one) trickles in while the batch
 stays small. With a floor of 16 the served uniform workload ran 12% slower than under the fixed
-64 (GPT-2 small, bf16, 2 cores: docs/benchmarks/sittings.md 5).
+64 (GPT-2 small, bf16, 2 cores: docs/benchmarks/sittings.md 5). For the same reason, until both
+costs are measured (a burst keeps every step busy with prompts, so no decode-only step comes), a
+step takes the whole cap: starting at the floor instead, 256 streams arriving through the front
+door took two prompts a step and the served round ran at 0.7x of the fixed budget.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from dataclasses import dataclass, field
 
 STRETCH = 1.8  # a step beside streams takes at most this many decode-only steps' time
 FLOOR = 64  # prompt tokens a step may always carry (the CPU's former fixed budget); see below
-INITIAL = FLOOR  # beside streams, until both costs are measured
 WEIGHT = 0.2  # of the newest step in the moving averages
 
 
@@ -59,7 +61,7 @@ class PrefillBudget:
         """Prompt tokens for a step that also decodes `decode_rows` sequences."""
         decode_s = self._decode_step(decode_rows)
         if decode_s is None or self.token_s is None:
-            return min(self.cap, INITIAL)
+            return self.cap  # nothing to go by yet: the whole budget, as while nothing decodes
         return max(min(FLOOR, self.cap), min(self.cap, int((STRETCH - 1) * decode_s / self.token_s)))
 
     def _decode_step(self, decode_rows: int) -> float | None:

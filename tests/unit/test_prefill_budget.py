@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.prefill_budget import FLOOR, INITIAL, STRETCH, PrefillBudget
+from worker.prefill_budget import FLOOR, STRETCH, PrefillBudget
 
 
 def step_ms(decode_rows: int, prompt_tokens: int) -> float:
@@ -19,12 +19,12 @@ def learned(budget: PrefillBudget, rows: int, times: int = 50) -> None:
         budget.observe(step_ms(rows, 64) / 1000, rows, 64)
 
 
-def test_until_both_costs_are_measured_the_budget_is_the_initial_one() -> None:
+def test_until_both_costs_are_measured_a_step_takes_the_whole_cap() -> None:
     budget = PrefillBudget(cap=2048)
-    assert budget.while_decoding(32) == INITIAL
+    assert budget.while_decoding(32) == 2048
     budget.observe(0.02, 32, 64)  # mixed, before any decode-only step: cannot be split
     budget.observe(0.01, 32, 0)
-    assert budget.while_decoding(32) == INITIAL and budget.token_s is None
+    assert budget.while_decoding(32) == 2048 and budget.token_s is None
     assert PrefillBudget(cap=40).while_decoding(32) == 40
 
 
