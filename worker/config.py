@@ -36,9 +36,9 @@ class WorkerConfig:
     prefill_max_batch_size: int = option(0, "gpt2: most waiting requests admitted per step; 0 = --max-batch-size")
     max_prefill_tokens: int = option(
         0,
-        "gpt2: prompt tokens per step at most (all of them while nothing decodes; beside decoding streams the cpu"
-        " learns a budget that keeps a step within 1.8 decode-only steps, never below 64); longer prompts are"
-        " prefilled in chunks while the running streams go on; 0 = 2048",
+        "gpt2: prompt tokens per step, beside the decodes; longer prompts are prefilled in chunks while the"
+        " running streams go on; 0 = 2048 while nothing decodes and, beside decoding streams, on the cpu a budget"
+        " learned to keep a step within 1.8 decode-only steps (never below 64), on cuda 2048",
     )
     kv_cache_tokens: int = option(
         16384, "gpt2: KV cache size in tokens, allocated once in blocks; requests wait while their blocks do not fit"

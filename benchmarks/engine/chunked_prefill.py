@@ -1,11 +1,11 @@
 """Stall-free chunked prefill: running streams and short requests while long prompts arrive.
 
-    python -m benchmarks.engine.chunked_prefill [--rounds 2] [--budgets 2048,64] [--seconds 20]
+    python -m benchmarks.engine.chunked_prefill [--rounds 2] [--budgets 2048,0,64] [--seconds 20]
 
 A governor in front of a GPT-2 worker (random weights, CPU), once per prompt budget
-(`--max-prefill-tokens`): 2048, the default, is the cap (a whole 896-token prompt in one step
-while nothing decodes; beside running decodes the budget the CPU engine learns from its steps,
-worker/prefill_budget.py); 64 holds every step to 64 prompt tokens (the CPU's fixed default
+(`--max-prefill-tokens`): 2048 prefills each 896-token prompt in one step; 0, the default, takes
+2048 while nothing decodes and beside running decodes the budget the CPU engine learns from its
+steps (worker/prefill_budget.py); 64 holds every step to 64 prompt tokens (the CPU's default
 before issue 46). The same workload for each, two
 `governor bench` runs at once on their own connections: short requests (32-token prompts, 32 new
 tokens, Poisson every --short-interval-ms) and long ones (896-token prompts, 8 new tokens, every
@@ -92,16 +92,20 @@ KEYS = ("itl_p50", "itl_p99", "itl_p999", "itl_max", "short_ttft_p50", "short_tt
 TTFT_CUT, TOK_S_SPREAD, ITL_SPREAD = 2.0, 0.05, 2.0
 
 
+def label(budget: int) -> str:
+    return "learned (the default)" if budget == 0 else f"{budget} tokens"
+
+
 def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
     """Every budget after the first against the first (the one-step prefill by default), medians over
     rounds as the table prints them; the short requests' TTFT p99 and the streams' ITL p99 are the
     headline."""
     base, *others = medians
-    baseline = f"budget {base} tokens"
+    baseline = f"budget {label(base)}"
     for budget in others:
         m, b = medians[budget], medians[base]
         sitting.figure(
-            f"short TTFT p99, budget {budget} tokens",
+            f"short TTFT p99, budget {label(budget)}",
             m["short_ttft_p99"],
             "ms",
             baseline=(baseline, b["short_ttft_p99"]),
@@ -109,10 +113,10 @@ def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
             met=b["short_ttft_p99"] / m["short_ttft_p99"] >= TTFT_CUT,
         )
         sitting.figure(
-            f"short streams' ITL p99, budget {budget} tokens", m["itl_p99"], "ms", baseline=(baseline, b["itl_p99"])
+            f"short streams' ITL p99, budget {label(budget)}", m["itl_p99"], "ms", baseline=(baseline, b["itl_p99"])
         )
         sitting.figure(
-            f"completion tok/s, budget {budget} tokens",
+            f"completion tok/s, budget {label(budget)}",
             m["tok_s"],
             "tok/s",
             baseline=(baseline, b["tok_s"]),
@@ -121,7 +125,7 @@ def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
             headline=False,
         )
         sitting.figure(
-            f"long TTFT p50, budget {budget} tokens",
+            f"long TTFT p50, budget {label(budget)}",
             m["long_ttft_p50"],
             "ms",
             baseline=(baseline, b["long_ttft_p50"]),
@@ -130,7 +134,7 @@ def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
     for budget, m in medians.items():  # the one-step budget's spread is there to compare by eye
         spread, chunked = m["itl_p99"] / m["itl_p50"], budget != base
         sitting.figure(
-            f"ITL p99 over p50, budget {budget} tokens",
+            f"ITL p99 over p50, budget {label(budget)}",
             spread,
             "x",
             bar=f"<= {ITL_SPREAD:g}x" if chunked else None,
@@ -141,7 +145,9 @@ def record(sitting: Sitting, medians: dict[int, dict[str, float]]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--budgets", default="2048,64", help="--max-prefill-tokens values, compared")
+    p.add_argument(
+        "--budgets", default="2048,0,64", help="--max-prefill-tokens values, compared (0: the default, learned)"
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seconds", type=float, default=20.0, help="length of each run's submissions")
     p.add_argument("--short-interval-ms", type=float, default=200.0)

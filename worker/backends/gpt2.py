@@ -50,8 +50,8 @@ from worker.sequence import Sequence
 from worker.tokenizer import Tokenizer
 
 PREFILL_TOKENS = {"cuda": 2048, "cpu": 2048}
-"""The prompt tokens of a step under `--max-prefill-tokens 0`: all of them while nothing decodes.
-Beside decoding streams the CPU takes fewer: a prompt token costs ~0.6 ms there (GPT-2 small, 2
+"""The prompt tokens of a step under `--max-prefill-tokens 0` (the default): all of them while
+nothing decodes. Beside decoding streams the CPU takes fewer: a prompt token costs ~0.6 ms there (GPT-2 small, 2
 threads), and 2,048 of them stalled running streams ~0.55 s per 896-token prompt
 (docs/benchmarks/sittings.md 5), so its engine learns a budget that keeps a step within 1.8
 decode-only steps, never below 64 (prefill_budget.py; 64 where steps overlap). On a GPU a
@@ -167,7 +167,12 @@ class GPT2Backend:
         )
         overlap = {"auto": None, "on": True, "off": False}[config.async_scheduling]
         engine = LLMEngine.for_model(
-            loaded, scheduling, cuda_graphs=config.cuda_graphs, overlap=overlap, learned_prefill=device.type == "cpu"
+            loaded,
+            scheduling,
+            cuda_graphs=config.cuda_graphs,
+            overlap=overlap,
+            # A budget set by hand is kept as it is, beside streams too.
+            learned_prefill=device.type == "cpu" and not config.max_prefill_tokens,
         )
         # What is alive now (the model, the tokenizer, torch and transformers) lives as long as the
         # worker: out of the collector's sight, a full collection no longer walks it, and its
