@@ -234,7 +234,8 @@ class ModelRunner:
         if plan.attend_slots:
             attend_slots = np.concatenate([attend_slots, np.array(plan.attend_slots, dtype=np.int64)])
             attend_pos = np.concatenate([attend_pos, np.array(plan.attend_positions, dtype=np.int64)])
-        width = int(attend_pos.max()) // bs + 1 if len(attend_pos) else 0
+        max_len = int(attend_pos.max()) + 1 if len(attend_pos) else 0  # the longest attending context
+        width = -(-max_len // bs)  # its blocks
         attend_tables = tables[attend_slots, :width]
         if plan.num_decode:
             decode_pos = plan.positions[0]
@@ -261,17 +262,17 @@ class ModelRunner:
             np.array(plan.top_k, dtype=np.int64),
         ]
         floats = [np.array(values, dtype=np.float64) for values in (plan.temperature, plan.top_p, plan.uniform)]
-        return self.launcher(partial(self._execute, plan, ints, floats, width))
+        return self.launcher(partial(self._execute, plan, ints, floats, width, max_len))
 
-    def _execute(self, plan: _Plan, ints: list[np.ndarray], floats: list[np.ndarray], width: int) -> Tensor:
+    def _execute(
+        self, plan: _Plan, ints: list[np.ndarray], floats: list[np.ndarray], width: int, max_len: int
+    ) -> Tensor:
         """The device part of a step: stage, forward, sample, and keep the tokens in `token_buf`."""
         staged_ints, staged_floats = self._stage(ints, floats)
         token_slots, ids, positions, arena, gather, sample_rows, sample_slots = staged_ints[:7]
         attend_rows, attend_tables, attend_lens, drawn, top_k = staged_ints[7:]
         temperature, top_p, uniform = staged_floats
-        num_attend = len(ints[7])
-        tables = attend_tables.view(num_attend, width)
-        max_len = int(ints[9].max()) if num_attend else 0
+        tables = attend_tables.view(attend_rows.numel(), width)
         bucket = None
         if self.graphs is not None and plan.is_pure_decode:
             bucket = self.graphs.bucket(plan.num_decode, max_len)
@@ -283,7 +284,7 @@ class ModelRunner:
                 fed_back = self.token_buf.index_select(0, token_slots)
                 ids = torch.cat([fed_back, ids]) if len(plan.ids) else fed_back
             decode = self._decode_attention(attend_rows, tables, attend_lens, max_len)
-            every_row = len(ints[5]) == len(ints[2])
+            every_row = sample_rows.numel() == positions.numel()
             batch = PackedBatch(
                 ids,
                 positions,
@@ -294,7 +295,7 @@ class ModelRunner:
                 None if every_row else sample_rows,
             )
             logits = self.model(batch, self.cache)
-        if not len(ints[5]):
+        if not sample_rows.numel():
             return sample_rows  # an empty tensor: nothing samples
         sampled = None
         if plan.drawn:
