@@ -292,7 +292,7 @@ def test_the_prompt_budget_defaults_to_the_devices_and_an_explicit_one_is_kept(t
             await backend.close()
 
     # The default learns its budget beside streams on the CPU; one set by hand is kept as it is.
-    assert asyncio.run(budget()) == (PREFILL_TOKENS["cpu"], True) == (2048, True)
+    assert asyncio.run(budget()) == (PREFILL_TOKENS, True) == (2048, True)
     assert asyncio.run(budget(max_prefill_tokens=300)) == (300, False)
     with pytest.raises(ConfigError, match="max-prefill-tokens"):
         WorkerConfig(max_prefill_tokens=-1)

@@ -49,13 +49,13 @@ from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 from worker.tokenizer import Tokenizer
 
-PREFILL_TOKENS = {"cuda": 2048, "cpu": 2048}
-"""The prompt tokens of a step under `--max-prefill-tokens 0` (the default): all of them while
-nothing decodes. Beside decoding streams the CPU takes fewer: a prompt token costs ~0.6 ms there (GPT-2 small, 2
-threads), and 2,048 of them stalled running streams ~0.55 s per 896-token prompt
-(docs/benchmarks/sittings.md 5), so its engine learns a budget that keeps a step within 1.8
-decode-only steps, never below 64 (prefill_budget.py; 64 where steps overlap). On a GPU a
-2,048-token chunk takes a few milliseconds."""
+PREFILL_TOKENS = 2048
+"""The prompt tokens of a step under `--max-prefill-tokens 0` (the default), on every device: all
+of them while nothing decodes. Beside decoding streams the CPU takes fewer: a prompt token costs
+~0.6 ms there (GPT-2 small, 2 threads), and 2,048 of them stalled running streams ~0.55 s per
+896-token prompt (docs/benchmarks/sittings.md 5), so its engine learns a budget that keeps a step
+within 1.8 decode-only steps, never below 64 (prefill_budget.py; 64 where steps overlap). On a
+GPU a 2,048-token chunk takes a few milliseconds."""
 
 log = logging.getLogger("worker.gpt2")
 
@@ -158,7 +158,7 @@ class GPT2Backend:
         scheduling = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
-            max_prefill_tokens=config.max_prefill_tokens or PREFILL_TOKENS[device.type],
+            max_prefill_tokens=config.max_prefill_tokens or PREFILL_TOKENS,
             kv_cache_tokens=config.kv_cache_tokens,
             max_running=config.max_running,
             kv_block_size=config.kv_block_size,
