@@ -46,27 +46,39 @@ class Segment:
 
 
 class DecodeAttention(Protocol):
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
+    writes_kv: bool  # the call writes its rows' own keys and values (k, v) into the arena first
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
         """Attention of this step's single-token rows of q [N, H, D] over one layer's arena
-        [H, T, D], written to the same rows of out [N, H, D]."""
+        [H, T, D], written to the same rows of out [N, H, D]; k and v [N, H, D] are the layer's
+        new keys and values, already in the arena unless `writes_kv`."""
 
 
 class KernelDecode:
-    def __init__(
-        self, kernel: DecodeAttentionKernel, rows: Tensor, tables: Tensor, lens: Tensor, block_size: int, scale: float
-    ) -> None:
-        self.kernel = kernel
-        self.rows, self.tables, self.lens = rows, tables, lens  # [B], [B, W], [B] int64, on the CPU
-        self.block_size = block_size
-        self.scale = scale
+    writes_kv = True
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
+    def __init__(
+        self,
+        kernel: DecodeAttentionKernel,
+        rows: Tensor,
+        tables: Tensor,
+        lens: Tensor,
+        block_size: int,
+        scale: float,
+        slots: Tensor,
+    ) -> None:
+        # rows [B], tables [B, W], lens [B], slots [N] int64 on the CPU: checked here, once for the step
+        self.step = kernel.prepare(rows, tables, lens, block_size, scale, slots)
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
         # Named for torch.profiler, which sees no torch op inside a ctypes call.
         with torch.profiler.record_function("governor::decode_attention"):
-            self.kernel(q, keys, values, self.rows, self.tables, self.lens, self.block_size, out, self.scale)
+            self.step(q, keys, values, out, k, v)
 
 
 class GatherDecode:
+    writes_kv = False
+
     def __init__(self, rows: Tensor, tables: Tensor, lens: Tensor, max_len: int, block_size: int, scale: float) -> None:
         """`tables` [B, W] covers every length; `max_len` >= every length: the padded width S (a
         CUDA graph's context bucket), with (S - 1) // block_size < W."""
@@ -80,11 +92,11 @@ class GatherDecode:
         self.rows = rows
         self.scale = scale
 
-    def __call__(self, q: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
-        k = keys[:, self.index].transpose(0, 1)  # [H, B, S, D] -> [B, H, S, D]
-        v = values[:, self.index].transpose(0, 1)
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
+        context_k = keys[:, self.index].transpose(0, 1)  # [H, B, S, D] -> [B, H, S, D]
+        context_v = values[:, self.index].transpose(0, 1)
         query = q.index_select(0, self.rows).unsqueeze(2)  # [B, H, 1, D]
-        o = F.scaled_dot_product_attention(query, k, v, attn_mask=self.mask, scale=self.scale)
+        o = F.scaled_dot_product_attention(query, context_k, context_v, attn_mask=self.mask, scale=self.scale)
         out.index_copy_(0, self.rows, o.squeeze(2))
 
 

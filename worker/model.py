@@ -106,11 +106,18 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, batch: PackedBatch, keys: Tensor, values: Tensor) -> Tensor:
         n, c = x.shape
         q, k, v = self.c_attn(x).view(n, 3, self.n_head, self.head_dim).unbind(1)  # each [N, H, D]
-        keys.index_copy_(1, batch.slots, k.transpose(0, 1))  # arena [H, T, D]
-        values.index_copy_(1, batch.slots, v.transpose(0, 1))
+        decode = batch.decode
+        if decode is not None and decode.writes_kv:  # it writes the single-token rows' own
+            for seg in batch.segments:
+                rows = slice(seg.q_start, seg.q_end)
+                keys.index_copy_(1, batch.slots[rows], k[rows].transpose(0, 1))
+                values.index_copy_(1, batch.slots[rows], v[rows].transpose(0, 1))
+        else:
+            keys.index_copy_(1, batch.slots, k.transpose(0, 1))  # arena [H, T, D]
+            values.index_copy_(1, batch.slots, v.transpose(0, 1))
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [N, H, D]: every row is written below
-        if batch.decode is not None:
-            batch.decode(q, keys, values, out)
+        if decode is not None:
+            decode(q, k, v, keys, values, out)
         if batch.segments:
             prefill_attention(q, keys, values, batch.segments, batch.gather, out, self.scale)
         return self.c_proj(out.view(n, c))

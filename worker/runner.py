@@ -283,7 +283,7 @@ class ModelRunner:
             if plan.num_decode:
                 fed_back = self.token_buf.index_select(0, token_slots)
                 ids = torch.cat([fed_back, ids]) if len(plan.ids) else fed_back
-            decode = self._decode_attention(attend_rows, tables, attend_lens, max_len)
+            decode = self._decode_attention(attend_rows, tables, attend_lens, max_len, arena)
             every_row = sample_rows.numel() == positions.numel()
             batch = PackedBatch(
                 ids,
@@ -306,11 +306,13 @@ class ModelRunner:
         self.token_buf.index_copy_(0, sample_slots, tokens)
         return tokens
 
-    def _decode_attention(self, rows: Tensor, tables: Tensor, lens: Tensor, max_len: int) -> DecodeAttention | None:
+    def _decode_attention(
+        self, rows: Tensor, tables: Tensor, lens: Tensor, max_len: int, slots: Tensor
+    ) -> DecodeAttention | None:
         if not max_len:
             return None
         if self.kernel is not None:
-            return KernelDecode(self.kernel, rows, tables, lens, self.block_size, self.scale)
+            return KernelDecode(self.kernel, rows, tables, lens, self.block_size, self.scale, slots)
         return GatherDecode(rows, tables, lens, max_len, self.block_size, self.scale)
 
     def _stage(self, ints: list[np.ndarray], floats: list[np.ndarray]) -> tuple[list[Tensor], list[Tensor]]:

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from worker.kernels.argmax import cpu_argmax
+
 
 @dataclass(frozen=True, slots=True)
 class SampledRows:
@@ -54,11 +56,14 @@ _BELOW_ONE = 1 - 2**-24  # the largest float32 below 1
 def sample(logits: Tensor, sampled: SampledRows | None, sync_free: bool | None = None) -> Tensor:
     """One token id per row of `logits` [n, V], as a device tensor [n] (int64). `sync_free`: never
     wait for the device (None: everywhere but on the CPU; see `_draw`)."""
-    if logits.device.type == "cpu" and logits.dtype != torch.float32:
-        # torch's CPU argmax has no vectorised 16-bit path: over [32, 50257] bfloat16 logits it
-        # took 2.6 ms, 10% of a decode step; widening first (exact) and taking it in float32, 0.5.
-        logits = logits.float()
-    tokens = logits.argmax(dim=-1)
+    on_cpu = logits.device.type == "cpu"
+    kernel = cpu_argmax() if on_cpu else None
+    if kernel is not None and logits.dtype in kernel.dtypes and logits.stride(-1) == 1:
+        # Over [32, 50257] logits on a 2-core Zen 4: 0.08 ms, against torch's 0.76 in float32 and
+        # 0.92 in bfloat16 (widened first: its 16-bit argmax is scalar, 2.9 ms). kernels/argmax.c.
+        tokens = kernel(logits)
+    else:
+        tokens = (logits.float() if on_cpu else logits).argmax(dim=-1)
     if sampled is None:
         return tokens
     if sync_free is None:

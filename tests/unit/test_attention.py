@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import platform
+
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from worker.attention import GatherDecode, KernelDecode, Segment, prefill_attention
-from worker.kernels.decode_attention import DecodeAttentionKernel, cpu_decode_attention
+from worker.kernels.build import build
+from worker.kernels.decode_attention import SOURCE, DecodeAttentionKernel, cpu_decode_attention
 
 H, D, BLOCK = 4, 16, 8
 T = 40 * BLOCK  # an arena of 40 blocks
@@ -54,15 +60,31 @@ def expected(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> dict[
 def run(
     decode_cls: str, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kernel: DecodeAttentionKernel
 ) -> torch.Tensor:
+    """Each row's last context token is this step's: its key and value come with the call, which
+    the kernel writes into the arena itself and the gather path expects written (as the model does)."""
     rows = torch.tensor(list(CONTEXTS))
     lens = torch.tensor([n for _, n in CONTEXTS.values()])
     width = max(len(table) for table, _ in CONTEXTS.values()) + 1  # one column more than needed
     tables = torch.tensor([table + [0] * (width - len(table)) for table, _ in CONTEXTS.values()])
+    g = torch.Generator().manual_seed(1)
+    new_k, new_v = torch.randn(2, q.shape[0], 3, H, D, generator=g).to(q.dtype)[:, :, 1]  # strided, as q
+    slots = torch.zeros(q.shape[0], dtype=torch.int64)
+    for row, (table, n) in CONTEXTS.items():
+        slots[row] = context_rows(table, n)[-1]
+    before = keys.clone(), values.clone()
     out = torch.full((q.shape[0], H, D), 7.0, dtype=q.dtype)
     if decode_cls == "kernel":
-        KernelDecode(kernel, rows, tables, lens, BLOCK, SCALE)(q, keys, values, out)
+        KernelDecode(kernel, rows, tables, lens, BLOCK, SCALE, slots)(q, new_k, new_v, keys, values, out)
     else:
-        GatherDecode(rows, tables, lens, int(lens.max()) + 5, BLOCK, SCALE)(q, keys, values, out)
+        keys.index_copy_(1, slots[rows], new_k[rows].transpose(0, 1))
+        values.index_copy_(1, slots[rows], new_v[rows].transpose(0, 1))
+        GatherDecode(rows, tables, lens, int(lens.max()) + 5, BLOCK, SCALE)(q, new_k, new_v, keys, values, out)
+    written = slots[rows]
+    assert torch.equal(keys[:, written], new_k[rows].transpose(0, 1))
+    assert torch.equal(values[:, written], new_v[rows].transpose(0, 1))
+    others = torch.ones(T, dtype=torch.bool)
+    others[written] = False
+    assert torch.equal(keys[:, others], before[0][:, others]) and torch.equal(values[:, others], before[1][:, others])
     return out
 
 
@@ -73,7 +95,7 @@ def test_each_row_attends_to_its_own_blocks_only(
 ) -> None:
     q, keys, values = arena(dtype)
     out = run(decode_cls, q, keys, values, kernel)
-    for row, want in expected(q, keys, values).items():
+    for row, want in expected(q, keys, values).items():  # over the arena as the call left it
         assert torch.allclose(out[row].double(), want, atol=tolerance, rtol=tolerance), row
     untouched = [r for r in range(q.shape[0]) if r not in CONTEXTS]
     assert torch.all(out[untouched] == 7.0)  # rows that are not decode rows are left alone
@@ -93,6 +115,12 @@ def test_the_kernel_refuses_tensors_it_cannot_read(kernel: DecodeAttentionKernel
         kernel(q, keys, values, rows, tables, torch.tensor([3, 4]), BLOCK, out, SCALE)
     with pytest.raises(ValueError, match="tables must be int64"):
         kernel(q, keys, values, rows, torch.tensor([0]), lens, BLOCK, out, SCALE)
+    with pytest.raises(ValueError, match="slot for every packed row"):
+        kernel.prepare(rows, tables, lens, BLOCK, SCALE)(q, keys, values, out, q, q)
+    with pytest.raises(ValueError, match="slot for every packed row"):
+        kernel.prepare(rows, tables, lens, BLOCK, SCALE, torch.tensor([0, 1]))(q, keys, values, out, q, q)
+    with pytest.raises(ValueError, match="without new values"):
+        kernel.prepare(rows, tables, lens, BLOCK, SCALE, torch.zeros(6, dtype=torch.int64))(q, keys, values, out, q)
 
 
 @pytest.mark.parametrize("consecutive", [True, False])
@@ -112,3 +140,74 @@ def test_a_later_prompt_chunk_attends_causally_to_everything_before_it(consecuti
         k, v = keys[:, index[:n]], values[:, index[:n]]
         want = F.scaled_dot_product_attention(q[row, :, None], k, v, scale=SCALE)[:, 0]
         assert torch.allclose(out[row], want, atol=1e-5)
+
+
+# The code each kind of CPU gets, built here by taking features away from -march=native: on this
+# machine each variant that its CPU can run is tested, whatever the worker itself would pick.
+VARIANTS = {
+    "native": (),
+    "avx512": ("-mno-avx512bf16",),
+    "avx2": ("-mno-avx512f",),
+    "portable": ("-mno-avx2",),
+}
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}  # the output's own rounding
+
+
+@functools.cache
+def variant(name: str) -> DecodeAttentionKernel:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the variants are x86-64 feature sets")
+    return DecodeAttentionKernel(build(SOURCE, VARIANTS[name]))
+
+
+def test_the_variants_are_the_vector_code_they_are_named_for() -> None:
+    isas = {name: variant(name).isa for name in VARIANTS}
+    assert isas["portable"] == "portable"
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        assert isas["avx2"] == "avx2"
+    if torch.backends.cpu.get_cpu_capability() == "AVX512":
+        assert isas["avx512"] == "avx512"
+    assert cpu_decode_attention() is not None
+    assert cpu_decode_attention().isa == isas["native"]  # type: ignore[union-attr]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(list(VARIANTS)),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    dim=st.sampled_from([1, 2, 7, 16, 24, 33, 64, 80, 128, 256]),
+    block=st.sampled_from([1, 3, 16, 32]),
+    lens=st.lists(st.integers(0, 70), min_size=1, max_size=4),
+    spread=st.sampled_from([0.1, 1.0, 30.0]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_variant_matches_float64_attention(
+    name: str, dtype: torch.dtype, dim: int, block: int, lens: list[int], spread: float, seed: int
+) -> None:
+    """Any head dim up to 256 (vector tails included), block size, context length (0 attends to
+    nothing and writes zeros) and score spread (30: a few keys take nearly all the weight, which
+    exercises the running maximum's rescaling), on every vector code and storage type."""
+    kernel = variant(name)
+    if dtype not in kernel.dtypes:
+        pytest.skip(f"the compiler has no {dtype}")
+    g = torch.Generator().manual_seed(seed)
+    heads, width = 2, max(1, -(-max(lens) // block))
+    blocks = torch.randperm(len(lens) * width + 3, generator=g)  # scattered, never shared
+    tables = blocks[: len(lens) * width].view(len(lens), width).contiguous()
+    keys, values = torch.randn(2, heads, (len(lens) * width + 3) * block, dim, generator=g)
+    keys, values = (keys * spread / dim**0.5).to(dtype), values.to(dtype)
+    q = torch.randn(len(lens) + 1, 3, heads, dim, generator=g).to(dtype)[:, 0]  # strided, as the engine's
+    rows = torch.randperm(len(lens) + 1, generator=g)[: len(lens)]
+    out = torch.full((len(lens) + 1, heads, dim), 7.0, dtype=dtype)
+    kernel(q, keys, values, rows, tables, torch.tensor(lens), block, out, dim**-0.5)
+    for i, n in enumerate(lens):
+        got = out[rows[i]].double()
+        if n == 0:
+            assert torch.all(got == 0)
+            continue
+        index = torch.tensor([int(tables[i, t // block]) * block + t % block for t in range(n)])
+        k, v = keys[:, index].double(), values[:, index].double()
+        want = F.scaled_dot_product_attention(q[rows[i], :, None].double(), k, v, scale=dim**-0.5)[:, 0]
+        assert torch.allclose(got, want, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]), (i, (got - want).abs().max())
+    untouched = [r for r in range(len(lens) + 1) if r not in rows.tolist()]
+    assert torch.all(out[untouched] == 7.0)

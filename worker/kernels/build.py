@@ -26,17 +26,20 @@ class KernelUnavailable(Exception):
     """A kernel cannot be built or loaded here (no compiler, a failed build, an unwritable cache)."""
 
 
-def build(source: Path) -> Path:
-    """The shared library compiled from `source` for this machine: from the cache, or built now."""
+def build(source: Path, target: tuple[str, ...] = ()) -> Path:
+    """The shared library compiled from `source` for this machine: from the cache, or built now.
+    `target`: flags after -march=native that take features away (`-mno-avx512f`), so a test can
+    build, and run here, the code a CPU with fewer features gets."""
     compiler = _compiler()
-    key = _key(source.read_bytes(), compiler)
+    flags = (*FLAGS, *target)
+    key = _key(source.read_bytes(), compiler, flags)
     cached = _cache_dir() / f"{source.stem}-{key}.so"
     if cached.exists():
         return cached
     partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")
     try:
         subprocess.run(
-            [compiler, *FLAGS, str(source), "-o", str(partial)],
+            [compiler, *flags, str(source), "-o", str(partial)],
             check=True,
             capture_output=True,
             text=True,
@@ -59,9 +62,9 @@ def _compiler() -> str:
     raise KernelUnavailable("no C compiler found (set CC, or install gcc)")
 
 
-def _key(source: bytes, compiler: str) -> str:
+def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256(source)
-    for part in (compiler, *FLAGS, _compiler_version(compiler), _cpu_flags()):
+    for part in (compiler, *flags, _compiler_version(compiler), _cpu_flags()):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()[:20]
 

@@ -11,13 +11,147 @@
  *   q      [row, head, d]  at q + row * q_row_stride + head * D + d
  *   keys   [head, r, d]    at keys + head * head_stride + r * D + d   (values alike; r an arena row)
  *   out    [row, head, d]  at out + row * out_row_stride + head * D + d
- * Scores, the softmax and the weighted sum are computed in float32 whatever the storage type.
+ *   new_k  [row, head, d]  at new_k + row * new_row_stride + head * D + d   (new_v alike)
+ *
+ * Given new_k and new_v (else NULL), each query row first writes its own token's key and value,
+ * the layer's projections of its row, into the arena at row slots[row], then attends (its length
+ * counts that token): one pass over the memory instead of a separate scatter before the call.
+ *
+ * One pass per (query, head), as llama.cpp's CPU flash attention and FlashDecoding do: keys are
+ * taken GROUP at a time; their scores set a running maximum, the running sum and accumulator are
+ * rescaled when it grows (the online softmax), and the group's values are added in. Nothing is
+ * allocated, so there is no failure path inside the parallel loop. Everything is computed in
+ * float32 whatever the storage type: a bfloat16 or float16 element is widened in registers.
+ *
+ * The build compiles for the CPU at hand (-march=native, see build.py), and the preprocessor picks
+ * the vector code for its features: AVX-512 (16 lanes; with AVX512-BF16 the QK dot products are
+ * VDPBF16PS on the stored bfloat16 pairs), AVX2 with FMA and F16C (8 lanes), else portable C.
+ * decode_attention_isa() names the choice, for the worker's log.
+ *
+ * A vector holds LANES float32 lanes. A row of D elements is read as ceil(D / CHUNK) chunks: for
+ * float32 and float16 a chunk is LANES elements in order, for bfloat16 it is 2 * LANES elements
+ * widened into two vectors, the even-indexed elements and the odd-indexed ones (a shift and a mask
+ * of the 32-bit pairs, no shuffle). q and the accumulator use the same order, which a dot product
+ * and an axpy do not care about; it is undone once per (query, head) when the output is written.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define MAX_HEAD_DIM 256
+#define TASK_COST 16 /* a (query, head) task's fixed cost, in keys, when tasks are split between threads */
+#define GROUP 16 /* keys scored, exponentiated and accumulated together */
+
+/* ---------------------------------------------------------------- the vector layer, per ISA -- */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define ISA_AVX512 1
+#define LANES 16
+typedef __m512 vf;
+#define vf_zero() _mm512_setzero_ps()
+#define vf_set1(x) _mm512_set1_ps(x)
+#define vf_add(a, b) _mm512_add_ps(a, b)
+#define vf_mul(a, b) _mm512_mul_ps(a, b)
+#define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vf_loadu(p) _mm512_loadu_ps(p)
+#define vf_storeu(p, v) _mm512_storeu_ps(p, v)
+#define vf_hsum(v) _mm512_reduce_add_ps(v)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define ISA_AVX2 1
+#define LANES 8
+typedef __m256 vf;
+#define vf_zero() _mm256_setzero_ps()
+#define vf_set1(x) _mm256_set1_ps(x)
+#define vf_add(a, b) _mm256_add_ps(a, b)
+#define vf_mul(a, b) _mm256_mul_ps(a, b)
+#define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vf_loadu(p) _mm256_loadu_ps(p)
+#define vf_storeu(p, v) _mm256_storeu_ps(p, v)
+static inline float vf_hsum(vf v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+#define LANES 1
+typedef float vf;
+#define vf_zero() 0.f
+#define vf_set1(x) (x)
+#define vf_add(a, b) ((a) + (b))
+#define vf_mul(a, b) ((a) * (b))
+#define vf_fma(a, b, c) ((a) * (b) + (c))
+#define vf_loadu(p) (*(p))
+#define vf_storeu(p, v) (*(p) = (v))
+#define vf_hsum(v) (v)
+#endif
+
+#define MAX_VECTORS (MAX_HEAD_DIM / LANES + 2) /* a row's vectors, a padded tail included */
+
+const char *decode_attention_isa(void) {
+#if defined(ISA_AVX512) && defined(__AVX512BF16__)
+    return "avx512_bf16";
+#elif defined(ISA_AVX512)
+    return "avx512";
+#elif defined(ISA_AVX2)
+    return "avx2";
+#else
+    return "portable";
+#endif
+}
+
+/* exp of each of GROUP floats, in place. The inputs are scores minus the running maximum, so
+ * never above 0; below -87.3 (where float32 leaves its normal range) the weight is 0. NaN stays
+ * NaN. The vector versions are Cephes' expf: 2^n times a degree-6 polynomial on [-ln2/2, ln2/2],
+ * within 2 ulp of libm's. */
+#if LANES > 1
+#ifdef ISA_AVX512
+#define vf_lt(a, b) _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)
+#define vf_zero_where(m, v) _mm512_maskz_mov_ps((__mmask16)~(m), v)
+#define vf_max(a, b) _mm512_max_ps(a, b)
+#define vf_round(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT)
+#define vf_pow2i(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
+#else
+#define vf_lt(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
+#define vf_zero_where(m, v) _mm256_andnot_ps(m, v)
+#define vf_max(a, b) _mm256_max_ps(a, b)
+#define vf_round(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define vf_pow2i(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
+#endif
+static inline vf vf_exp(vf x) {
+    const vf lo = vf_set1(-87.33654f);
+    const __typeof__(vf_lt(x, lo)) underflow = vf_lt(x, lo); /* NaN compares false and stays */
+    x = vf_max(lo, x);                                       /* second operand NaN: NaN kept */
+    const vf n = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
+    vf r = vf_fma(n, vf_set1(-0.693359375f), x);
+    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
+    vf p = vf_set1(1.9875691500e-4f);
+    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
+    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
+    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
+    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
+    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
+    p = vf_fma(vf_mul(p, r), r, vf_add(r, vf_set1(1.f)));
+    return vf_zero_where(underflow, vf_mul(p, vf_pow2i(n)));
+}
+static inline void exp_group(float *x) {
+    for (int j = 0; j < GROUP; j += LANES) vf_storeu(x + j, vf_exp(vf_loadu(x + j)));
+}
+#else
+static inline void exp_group(float *x) {
+    for (int j = 0; j < GROUP; j++) x[j] = expf(x[j]);
+}
+#endif
+
+/* ------------------------------------------------------------- reading rows, per storage type -- */
+/* Each type T defines: CHUNK_T elements per chunk; VECTORS_T per chunk; widen_T(p, n, v) filling
+ * v[0 .. VECTORS_T) from the chunk's first n elements (the rest read as 0); and store_T, the
+ * rounding of a float32 output element to T. */
 
 static inline float bf16_load(uint16_t x) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)x << 16};
@@ -30,66 +164,240 @@ static inline uint16_t bf16_store(float f) {
     return (uint16_t)((v.u + 0x7FFF + ((v.u >> 16) & 1)) >> 16); /* round to nearest even */
 }
 
-#define DEFINE_DECODE_ATTENTION(NAME, T, LOAD, STORE)                                                      \
-    int NAME(const T *q, int64_t q_row_stride, const T *keys, const T *values, int64_t head_stride,        \
-             const int64_t *rows, const int64_t *tables, int64_t table_stride, const int64_t *lens, int64_t n, \
-             T *out, int64_t out_row_stride, int64_t H, int64_t D, int64_t block_size, float scale,         \
-             int nthreads) {                                                                                \
-        if (D > MAX_HEAD_DIM) return -1;                                                                    \
-        int failed = 0;                                                                                     \
-        _Pragma("omp parallel for schedule(dynamic, 1) num_threads(nthreads)")                              \
-        for (int64_t task = 0; task < n * H; task++) {                                                      \
-            int64_t i = task / H, h = task % H, len = lens[i];                                              \
-            const T *qv = q + rows[i] * q_row_stride + h * D;                                               \
-            const int64_t *table = tables + i * table_stride;                                               \
-            float qf[MAX_HEAD_DIM], acc[MAX_HEAD_DIM];                                                      \
-            float *scores = malloc(sizeof(float) * (size_t)(len > 0 ? len : 1));                            \
-            if (scores == NULL) {                                                                           \
-                _Pragma("omp atomic write") failed = 1;                                                     \
-                continue;                                                                                   \
-            }                                                                                               \
-            for (int64_t d = 0; d < D; d++) {                                                               \
-                qf[d] = LOAD(qv[d]) * scale;                                                                \
-                acc[d] = 0.f;                                                                               \
-            }                                                                                               \
-            float m = -INFINITY;                                                                            \
-            for (int64_t t0 = 0; t0 < len; t0 += block_size) { /* block by block: no division per token */  \
-                const T *K = keys + h * head_stride + table[t0 / block_size] * block_size * D;               \
-                const int64_t count = len - t0 < block_size ? len - t0 : block_size;                        \
-                for (int64_t j = 0; j < count; j++) {                                                       \
-                    const T *k = K + j * D;                                                                 \
-                    float s = 0.f;                                                                          \
-                    _Pragma("omp simd reduction(+ : s)") for (int64_t d = 0; d < D; d++) s += qf[d] * LOAD(k[d]); \
-                    scores[t0 + j] = s;                                                                     \
-                    if (s > m) m = s;                                                                       \
-                }                                                                                           \
-            }                                                                                               \
-            float sum = 0.f;                                                                                \
-            for (int64_t t0 = 0; t0 < len; t0 += block_size) {                                             \
-                const T *V = values + h * head_stride + table[t0 / block_size] * block_size * D;             \
-                const int64_t count = len - t0 < block_size ? len - t0 : block_size;                        \
-                for (int64_t j = 0; j < count; j++) {                                                       \
-                    const float p = expf(scores[t0 + j] - m);                                               \
-                    const T *v = V + j * D;                                                                 \
-                    sum += p;                                                                               \
-                    _Pragma("omp simd") for (int64_t d = 0; d < D; d++) acc[d] += p * LOAD(v[d]);           \
-                }                                                                                           \
-            }                                                                                               \
-            free(scores);                                                                                   \
-            const float inv = len > 0 ? 1.f / sum : 0.f;                                                    \
-            T *o = out + rows[i] * out_row_stride + h * D;                                                  \
-            for (int64_t d = 0; d < D; d++) o[d] = STORE(acc[d] * inv);                                     \
-        }                                                                                                   \
-        return failed ? -2 : 0;                                                                             \
+#define CHUNK_float32 LANES
+#define VECTORS_float32 1
+static inline void widen_float32(const float *p, int n, vf *v) {
+#if defined(ISA_AVX512)
+    v[0] = n >= LANES ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), p);
+#else
+    if (n >= LANES) {
+        v[0] = vf_loadu(p);
+    } else {
+        float tail[LANES] = {0};
+        memcpy(tail, p, sizeof(float) * (size_t)n);
+        v[0] = vf_loadu(tail);
     }
+#endif
+}
+#define store_float32(x) (x)
 
-#define F32_LOAD(x) (x)
-#define F32_STORE(x) (x)
-DEFINE_DECODE_ATTENTION(decode_attention_float32, float, F32_LOAD, F32_STORE)
-DEFINE_DECODE_ATTENTION(decode_attention_bfloat16, uint16_t, bf16_load, bf16_store)
+#define CHUNK_bfloat16 (2 * LANES)
+#define VECTORS_bfloat16 2
+static inline void widen_bfloat16(const uint16_t *p, int n, vf *v) {
+#if defined(ISA_AVX512)
+    const __m512i x = n >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16((__mmask32)((1ull << n) - 1), p);
+    v[0] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+    v[1] = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32((int)0xFFFF0000u)));
+#elif defined(ISA_AVX2)
+    uint16_t tail[16] = {0};
+    if (n < 16) memcpy(tail, p, sizeof(uint16_t) * (size_t)n);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(n < 16 ? tail : p));
+    v[0] = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    v[1] = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xFFFF0000u)));
+#else
+    v[0] = bf16_load(p[0]);
+    v[1] = n > 1 ? bf16_load(p[1]) : 0.f;
+#endif
+}
+#define store_bfloat16(x) bf16_store(x)
 
 #ifdef __FLT16_MAX__ /* the compiler has _Float16 (GCC >= 12 and clang on x86-64) */
-#define F16_LOAD(x) ((float)(x))
-#define F16_STORE(x) ((_Float16)(x))
-DEFINE_DECODE_ATTENTION(decode_attention_float16, _Float16, F16_LOAD, F16_STORE)
+#define CHUNK_float16 LANES
+#define VECTORS_float16 1
+static inline void widen_float16(const _Float16 *p, int n, vf *v) {
+#if defined(ISA_AVX512)
+    const __m256i x = n >= 16 ? _mm256_loadu_si256((const __m256i *)p) : _mm256_maskz_loadu_epi16((__mmask16)((1u << n) - 1), p);
+    v[0] = _mm512_cvtph_ps(x);
+#elif defined(ISA_AVX2)
+    _Float16 tail[8] = {0};
+    if (n < 8) memcpy(tail, p, sizeof(_Float16) * (size_t)n);
+    v[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(n < 8 ? tail : p)));
+#else
+    (void)n; /* a chunk is one element */
+    v[0] = (float)p[0];
+#endif
+}
+#define store_float16(x) ((_Float16)(x))
+#endif
+
+/* ------------------------------------------------------------------ reading ahead, sharing out -- */
+/* Asks for `bytes` of keys and values from element `at` into L2: a block's keys and values are
+ * each one run of addresses, but the runs of one sequence's blocks need not be adjacent. L2 rather
+ * than L1: a block of GPT-2's bfloat16 keys and values is 64 lines, more misses than L1 tracks, and
+ * asking for L1 stalled the loop (+25% at 512 tokens of context). */
+static inline void prefetch_block(const void *keys, const void *values, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch((const char *)keys + b, 0, 2);
+        __builtin_prefetch((const char *)values + b, 0, 2);
+    }
+}
+
+/* The tasks [first, end) of the calling thread: contiguous runs of (query, head) tasks, one per
+ * thread, of about equal cost (lens[i] + TASK_COST keys each). Contiguous, so a thread knows its
+ * next task and can read ahead for it; by cost, so long and short contexts still share the work
+ * evenly (a plain static split would not, and a dynamic one would not know the next task). */
+static inline void share_tasks(const int64_t *lens, int64_t n, int64_t H, int64_t total, int64_t *first,
+                               int64_t *end) {
+#ifdef _OPENMP
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+#else
+    const int64_t threads = 1, me = 0;
+#endif
+    const int64_t lo = total * me / threads, hi = total * (me + 1) / threads;
+    int64_t at = 0, task = 0;
+    *first = *end = n * H;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t h = 0; h < H; h++, task++) {
+            if (at >= lo && *first == n * H) *first = task;
+            if (at >= hi) {
+                *end = task;
+                return;
+            }
+            at += lens[i] + TASK_COST;
+        }
+    }
+}
+
+/* -------------------------------------------------------------------------- the kernel, per type -- */
+#define DEFINE_DECODE_ATTENTION(TYPE, T)                                                                    \
+    static inline float dot_##TYPE(const vf *qv, const T *k, int64_t D) {                                   \
+        vf s = vf_zero();                                                                                   \
+        for (int64_t c = 0, at = 0; at < D; c++, at += CHUNK_##TYPE) {                                      \
+            vf kv[VECTORS_##TYPE];                                                                          \
+            widen_##TYPE(k + at, (int)(D - at), kv);                                                        \
+            for (int u = 0; u < VECTORS_##TYPE; u++) s = vf_fma(qv[c * VECTORS_##TYPE + u], kv[u], s);      \
+        }                                                                                                   \
+        return vf_hsum(s);                                                                                  \
+    }                                                                                                       \
+    /* acc += sum over j < count of p[j] * row j of V (rows D apart): chunk by chunk, so each           \
+     * chunk's accumulators stay in registers across the group. */                                      \
+    static inline void axpy_group_##TYPE(vf *acc, const float *p, const T *V, int count, int64_t D) {       \
+        for (int64_t c = 0, at = 0; at < D; c++, at += CHUNK_##TYPE) {                                      \
+            vf a[VECTORS_##TYPE];                                                                           \
+            for (int u = 0; u < VECTORS_##TYPE; u++) a[u] = acc[c * VECTORS_##TYPE + u];                    \
+            for (int j = 0; j < count; j++) {                                                               \
+                vf vv[VECTORS_##TYPE];                                                                      \
+                widen_##TYPE(V + j * D + at, (int)(D - at), vv);                                            \
+                const vf pj = vf_set1(p[j]);                                                                \
+                for (int u = 0; u < VECTORS_##TYPE; u++) a[u] = vf_fma(pj, vv[u], a[u]);                    \
+            }                                                                                               \
+            for (int u = 0; u < VECTORS_##TYPE; u++) acc[c * VECTORS_##TYPE + u] = a[u];                    \
+        }                                                                                                   \
+    }                                                                                                       \
+    static void attend_##TYPE(const T *qrow, const T *K0, const T *V0, const int64_t *table, int64_t len,    \
+                              int64_t D, int64_t block_size, float scale, T *o) {                           \
+        vf qv[MAX_VECTORS], acc[MAX_VECTORS];                                                               \
+        int nv = 0;                                                                                         \
+        for (int64_t at = 0; at < D; at += CHUNK_##TYPE, nv += VECTORS_##TYPE)                             \
+            widen_##TYPE(qrow + at, (int)(D - at), qv + nv);                                                \
+        for (int u = 0; u < nv; u++) {                                                                      \
+            qv[u] = vf_mul(qv[u], vf_set1(scale));                                                          \
+            acc[u] = vf_zero();                                                                             \
+        }                                                                                                   \
+        DOT_SETUP_##TYPE                                                                                    \
+        float m = -INFINITY, sum = 0.f;                                                                     \
+        for (int64_t t0 = 0; t0 < len; t0 += block_size) {                                                  \
+            const int64_t base = table[t0 / block_size] * block_size * D;                                   \
+            const T *K = K0 + base, *V = V0 + base;                                                         \
+            if (t0 + block_size < len) /* the next block lies elsewhere: no hardware prefetcher guesses it */ \
+                prefetch_block(K0 + table[t0 / block_size + 1] * block_size * D,                           \
+                               V0 + table[t0 / block_size + 1] * block_size * D, block_size * D * (int64_t)sizeof(T)); \
+            const int64_t in_block = len - t0 < block_size ? len - t0 : block_size;                         \
+            for (int64_t g = 0; g < in_block; g += GROUP) {                                                 \
+                const int count = (int)(in_block - g < GROUP ? in_block - g : GROUP);                      \
+                float p[GROUP];                                                                             \
+                float top = -INFINITY;                                                                      \
+                for (int j = 0; j < count; j++) {                                                           \
+                    p[j] = DOT_##TYPE(K + (g + j) * D);                                                     \
+                    top = p[j] > top ? p[j] : top;                                                          \
+                }                                                                                           \
+                if (top > m) { /* a new maximum: rescale what was summed under the old one */               \
+                    const float rescale = expf(m - top);                                                    \
+                    sum *= rescale;                                                                       \
+                    for (int u = 0; u < nv; u++) acc[u] = vf_mul(acc[u], vf_set1(rescale));                 \
+                    m = top;                                                                                \
+                }                                                                                           \
+                for (int j = 0; j < GROUP; j++) p[j] = j < count ? p[j] - m : -INFINITY;                    \
+                exp_group(p);                                                                               \
+                for (int j = 0; j < count; j++) sum += p[j];                                                \
+                axpy_group_##TYPE(acc, p, V + g * D, count, D);                                             \
+            }                                                                                               \
+        }                                                                                                   \
+        const float inv = len > 0 ? 1.f / sum : 0.f;                                                        \
+        float flat[MAX_VECTORS * LANES];                                                                    \
+        for (int u = 0; u < nv; u++) vf_storeu(flat + u * LANES, vf_mul(acc[u], vf_set1(inv)));             \
+        for (int64_t d = 0; d < D; d++) { /* undo the chunk order (see the top of the file) */              \
+            const int64_t c = d / CHUNK_##TYPE, e = d % CHUNK_##TYPE;                                       \
+            const int64_t lane = VECTORS_##TYPE == 1 ? e : (e % 2) * LANES + e / 2;                         \
+            o[d] = store_##TYPE(flat[c * CHUNK_##TYPE + lane]);                                             \
+        }                                                                                                   \
+    }                                                                                                       \
+    int decode_attention_##TYPE(const T *q, int64_t q_row_stride, T *keys, T *values,                        \
+                                int64_t head_stride, const int64_t *rows, const int64_t *tables,             \
+                                int64_t table_stride, const int64_t *lens, int64_t n, const T *new_k,        \
+                                const T *new_v, int64_t new_row_stride, const int64_t *slots, T *out,        \
+                                int64_t out_row_stride, int64_t H, int64_t D, int64_t block_size,            \
+                                float scale, int nthreads) {                                                 \
+        if (D < 1 || D > MAX_HEAD_DIM || block_size < 1) return -1;                                         \
+        int64_t total = 0;                                                                                  \
+        for (int64_t i = 0; i < n; i++) total += (lens[i] + TASK_COST) * H;                                 \
+        _Pragma("omp parallel num_threads(nthreads)") {                                                     \
+            int64_t first, end;                                                                             \
+            share_tasks(lens, n, H, total, &first, &end);                                                   \
+            for (int64_t task = first; task < end; task++) {                                                \
+                const int64_t i = task / H, h = task % H;                                                   \
+                if (task + 1 < end) { /* the next task's first block, read while this one computes */        \
+                    const int64_t i1 = (task + 1) / H, h1 = (task + 1) % H;                                 \
+                    const int64_t in_first = lens[i1] < block_size ? lens[i1] : block_size;                 \
+                    const int64_t at = h1 * head_stride + tables[i1 * table_stride] * block_size * D;       \
+                    prefetch_block(keys + at, values + at, in_first * D * (int64_t)sizeof(T));              \
+                }                                                                                           \
+                if (new_k != NULL) { /* the row's own key and value, into its arena row */                   \
+                    const int64_t from = rows[i] * new_row_stride + h * D;                                  \
+                    const int64_t to = h * head_stride + slots[rows[i]] * D;                                \
+                    memcpy(keys + to, new_k + from, sizeof(T) * (size_t)D);                                 \
+                    memcpy(values + to, new_v + from, sizeof(T) * (size_t)D);                               \
+                }                                                                                           \
+                attend_##TYPE(q + rows[i] * q_row_stride + h * D, keys + h * head_stride,                   \
+                              values + h * head_stride, tables + i * table_stride, lens[i], D, block_size,  \
+                              scale, out + rows[i] * out_row_stride + h * D);                               \
+            }                                                                                               \
+        }                                                                                                   \
+        return 0;                                                                                           \
+    }
+
+/* The QK dot product of the scaled, widened query with key row k. */
+#define DOT_SETUP_float32
+#define DOT_float32(k) dot_float32(qv, k, D)
+#define DOT_SETUP_float16
+#define DOT_float16(k) dot_float16(qv, k, D)
+
+#if defined(ISA_AVX512) && defined(__AVX512BF16__)
+/* VDPBF16PS multiplies the stored bfloat16 pairs of q and k and sums each pair into a float32
+ * lane: half the instructions of widening k. The scale is applied to the sum instead of q, so q
+ * stays exactly as stored. */
+static inline float dot_bfloat16_pairs(const __m512bh *qb, const uint16_t *k, int64_t D) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t c = 0, at = 0; at < D; c++, at += 32) {
+        const __m512i x = D - at >= 32 ? _mm512_loadu_si512(k + at)
+                                       : _mm512_maskz_loadu_epi16((__mmask32)((1ull << (D - at)) - 1), k + at);
+        s = _mm512_dpbf16_ps(s, qb[c], (__m512bh)x);
+    }
+    return _mm512_reduce_add_ps(s);
+}
+#define DOT_SETUP_bfloat16                                                                                 \
+    __m512bh qb[MAX_HEAD_DIM / 32];                                                                         \
+    for (int64_t c = 0, at = 0; at < D; c++, at += 32)                                                      \
+        qb[c] = (__m512bh)(D - at >= 32 ? _mm512_loadu_si512(qrow + at)                                     \
+                                        : _mm512_maskz_loadu_epi16((__mmask32)((1ull << (D - at)) - 1), qrow + at));
+#define DOT_bfloat16(k) (dot_bfloat16_pairs(qb, k, D) * scale)
+#else
+#define DOT_SETUP_bfloat16
+#define DOT_bfloat16(k) dot_bfloat16(qv, k, D)
+#endif
+
+DEFINE_DECODE_ATTENTION(float32, float)
+DEFINE_DECODE_ATTENTION(bfloat16, uint16_t)
+#ifdef __FLT16_MAX__
+DEFINE_DECODE_ATTENTION(float16, _Float16)
 #endif
