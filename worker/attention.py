@@ -100,19 +100,33 @@ class GatherDecode:
         out.index_copy_(0, self.rows, o.squeeze(2))
 
 
+def causal_masks(segments: list[Segment], device: torch.device) -> list[Tensor | None]:
+    """Each segment's attention mask, built once per step for every layer: None for a whole prompt
+    (plainly causal), else [q_len, kv_len] with query i at position kv_len - q_len + i."""
+    masks: list[Tensor | None] = []
+    for seg in segments:
+        q_len = seg.q_end - seg.q_start
+        if q_len == seg.kv_len:
+            masks.append(None)
+        else:
+            masks.append(torch.ones(q_len, seg.kv_len, dtype=torch.bool, device=device).tril(seg.kv_len - q_len))
+    return masks
+
+
 def prefill_attention(
     q: Tensor,
     keys: Tensor,
     values: Tensor,
     segments: list[Segment],
+    masks: list[Tensor | None],
     gather: Tensor | None,
     out: Tensor,
     scale: float,
 ) -> None:
     """Causal attention of each prompt chunk over its context, written to its rows of out [N, H, D];
-    `gather` holds the arena rows of the segments whose blocks are not consecutive."""
-    for seg in segments:
-        q_len = seg.q_end - seg.q_start
+    `masks` from `causal_masks`; `gather` holds the arena rows of the segments whose blocks are not
+    consecutive."""
+    for seg, mask in zip(segments, masks, strict=True):
         q_seg = q[seg.q_start : seg.q_end].transpose(0, 1)[None]  # [1, H, L, D]
         if seg.kv_start >= 0:
             k_seg = keys[None, :, seg.kv_start : seg.kv_start + seg.kv_len]  # [1, H, S, D], a view of the arena
@@ -122,10 +136,8 @@ def prefill_attention(
             index = gather[seg.gather_at : seg.gather_at + seg.kv_len]
             k_seg = keys.index_select(1, index)[None]  # [1, H, S, D], a copy
             v_seg = values.index_select(1, index)[None]
-        if q_len == seg.kv_len:  # a whole prompt: plainly causal
+        if mask is None:
             o = F.scaled_dot_product_attention(q_seg, k_seg, v_seg, is_causal=True, scale=scale)
         else:
-            # A later prompt chunk: query i sits at position kv_len - q_len + i.
-            mask = torch.ones(q_len, seg.kv_len, dtype=torch.bool, device=q.device).tril(seg.kv_len - q_len)
             o = F.scaled_dot_product_attention(q_seg, k_seg, v_seg, attn_mask=mask, scale=scale)
         out[seg.q_start : seg.q_end] = o[0].transpose(0, 1)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from worker.attention import DecodeAttention, Segment, prefill_attention
+from worker.attention import DecodeAttention, Segment, causal_masks, prefill_attention
 from worker.kv_cache import KVCache
 from worker.model_shape import GPT2Shape
 
@@ -103,9 +103,11 @@ class Attention(nn.Module):
         self.c_attn = Conv1D(shape.n_embd, 3 * shape.n_embd)
         self.c_proj = Conv1D(shape.n_embd, shape.n_embd)
 
-    def forward(self, x: Tensor, batch: PackedBatch, keys: Tensor, values: Tensor) -> Tensor:
+    def forward(
+        self, x: Tensor, batch: PackedBatch, masks: list[Tensor | None], keys: Tensor, values: Tensor
+    ) -> Tensor:
         n, c = x.shape
-        q, k, v = self.c_attn(x).view(n, 3, self.n_head, self.head_dim).unbind(1)  # each [N, H, D]
+        q, k, v = self.c_attn.forward(x).view(n, 3, self.n_head, self.head_dim).unbind(1)  # each [N, H, D]
         decode = batch.decode
         if decode is not None and decode.writes_kv:  # it writes the single-token rows' own
             for seg in batch.segments:
@@ -119,8 +121,8 @@ class Attention(nn.Module):
         if decode is not None:
             decode(q, k, v, keys, values, out)
         if batch.segments:
-            prefill_attention(q, keys, values, batch.segments, batch.gather, out, self.scale)
-        return self.c_proj(out.view(n, c))
+            prefill_attention(q, keys, values, batch.segments, masks, batch.gather, out, self.scale)
+        return self.c_proj.forward(out.view(n, c))
 
 
 class MLP(nn.Module):
@@ -142,9 +144,16 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(shape.n_embd, eps=shape.layer_norm_epsilon)
         self.mlp = MLP(shape)
 
-    def forward(self, x: Tensor, batch: PackedBatch, keys: Tensor, values: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x), batch, keys, values)
-        return x + self.mlp(self.ln_2(x))
+    def forward(
+        self, x: Tensor, batch: PackedBatch, masks: list[Tensor | None], keys: Tensor, values: Tensor
+    ) -> Tensor:
+        """x [N, C], updated in place (the caller's own): the residual stream."""
+        x += self.attn.forward(_layer_norm(self.ln_1, x), batch, masks, keys, values)
+        return x.add_(self.mlp.forward(_layer_norm(self.ln_2, x)))
+
+
+def _layer_norm(ln: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
 
 class Transformer(nn.Module):
@@ -152,7 +161,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(shape.vocab_size, shape.n_embd)
         self.wpe = nn.Embedding(shape.n_positions, shape.n_embd)
-        self.h = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
+        self.blocks = [Block(shape) for _ in range(shape.n_layer)]  # typed, for the layer loop
+        self.h = nn.ModuleList(self.blocks)
         self.ln_f = nn.LayerNorm(shape.n_embd, eps=shape.layer_norm_epsilon)
 
 
@@ -168,11 +178,13 @@ class GPT2(nn.Module):
         """Run every chunk of `batch`, writing their keys and values; logits [n, V] of sample_rows."""
         t = self.transformer
         x = t.wte(batch.input_ids) + t.wpe(batch.positions)  # [N, C]
-        for i, block in enumerate(t.h):
-            x = block(x, batch, cache.keys[i], cache.values[i])
+        masks = causal_masks(batch.segments, x.device)
+        # `forward` rather than the modules' __call__, which adds hook checks to each of ~100 calls a step
+        for i, block in enumerate(t.blocks):
+            x = block.forward(x, batch, masks, cache.keys[i], cache.values[i])
         if batch.sample_rows is not None:
             x = x.index_select(0, batch.sample_rows)
-        return self.lm_head(t.ln_f(x))
+        return self.lm_head(_layer_norm(t.ln_f, x))
 
     def lm_head(self, x: Tensor) -> Tensor:
         """Logits [n, V] of final hidden states [n, C] (the LM head is tied to the embedding)."""

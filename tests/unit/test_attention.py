@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.attention import GatherDecode, KernelDecode, Segment, prefill_attention
+from worker.attention import GatherDecode, KernelDecode, Segment, causal_masks, prefill_attention
 from worker.kernels.build import build
 from worker.kernels.decode_attention import SOURCE, DecodeAttentionKernel, cpu_decode_attention
 
@@ -134,7 +134,7 @@ def test_a_later_prompt_chunk_attends_causally_to_everything_before_it(consecuti
         segment, gather = Segment(1, 5, 6 * BLOCK, 20), None
     else:
         segment, gather = Segment(1, 5, -1, 20, gather_at=3), torch.cat([torch.tensor([0, 0, 0]), index])
-    prefill_attention(q, keys, values, [segment], gather, out, SCALE)
+    prefill_attention(q, keys, values, [segment], causal_masks([segment], q.device), gather, out, SCALE)
     for i, row in enumerate(range(1, 5)):
         n = 16 + i + 1  # query i sits at position 16 + i and sees positions 0 .. 16 + i
         k, v = keys[:, index[:n]], values[:, index[:n]]
