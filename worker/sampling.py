@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from worker.kernels.argmax import cpu_argmax
+from worker.kernels.draw import cpu_draw
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,9 @@ def _draw(x: Tensor, sampled: SampledRows, sync_free: bool) -> Tensor:
     top-k past the first set), the per-row choice made with `torch.where`."""
     m, vocab = x.shape
     inv_t = 1.0 / sampled.temperature.float().clamp(min=_MIN_TEMPERATURE)
+    kernel = None if sync_free or not x.is_cpu else cpu_draw()
+    if kernel is not None:  # the same draw without sorting a flat row: kernels/draw.c
+        return kernel(x, inv_t, sampled.top_k, sampled.top_p, sampled.uniform)
     top_k, top_p = sampled.top_k, sampled.top_p.float()
     uniform = sampled.uniform.float().clamp(max=_BELOW_ONE)  # float32 may round a uniform up to 1
     plain = (top_k <= 0) & (top_p >= 1)  # temperature alone: past the first candidates, by index

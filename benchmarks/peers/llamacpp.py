@@ -1,6 +1,7 @@
 """llama.cpp's server beside the governor's served GPT-2: same CPU, model, dtype, threads, workloads.
 
     python -m benchmarks.peers.llamacpp [--dtypes float32,bfloat16] [--workloads uniform,mixed] [--rounds 3]
+        [--sampling greedy,nucleus] [--model random|trained]
     make bench-llamacpp
 
 1. llama.cpp's source: the llama-cpp-python source distribution from PyPI (it vendors llama.cpp
@@ -20,6 +21,13 @@
 5. For each served round, the share of its wall time the worker's engine spent in steps (its
    `busy_seconds_total`, pushed every 0.2 s): what is left is time outside the steps (serving,
    the front door, the HTTP client sharing the cores).
+6. `--sampling nucleus`: the same rounds sampled as OpenAI clients ask by default, temperature 1
+   and top_p 0.9 (llama-server also told `top_k: 0, min_p: 0`, its other default filters, so
+   both draw from the same set; at temperature 1 its order of filters does not matter), beside
+   greedy: the governor's sampled / greedy tokens/s too. Random weights give flat distributions,
+   whose top-p set is most of the vocabulary (the worst case for a sampler); `--model trained`
+   (benchmarks/harness/model_dir.py --trained: a 4-layer GPT-2 trained for 10 minutes, 8,192
+   tokens) gives peaked ones, as a real model's are.
 
 Where CMake or a C++ compiler is missing it says so and exits 0: it is never part of `make test`.
 """
@@ -55,11 +63,19 @@ from benchmarks.harness.common import (
     stop,
 )
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
+from benchmarks.harness.model_dir import ensure_trained
 from benchmarks.harness.results import Sitting
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-MODEL = "gpt2-small-bpe"
+# Each side's request fields for a way of sampling (on top of greedy's, in `drive`).
+SAMPLING: dict[str, dict[str, dict[str, Any]]] = {
+    "greedy": {"llama-server": {}, "governor": {}},
+    "nucleus": {
+        "llama-server": {"temperature": 1.0, "top_p": 0.9, "top_k": 0, "min_p": 0.0},
+        "governor": {"temperature": 1.0, "top_p": 0.9},
+    },
+}
 
 
 def missing_tools() -> list[str]:
@@ -108,7 +124,7 @@ def llama_server(work: Path, source: Path) -> Path:
 
 
 def gguf(work: Path, source: Path, model_dir: Path, dtype: str) -> Path:
-    out = work / "models" / f"{MODEL}-{GGUF_TYPES[dtype]}.gguf"
+    out = work / "models" / f"{model_dir.name}-{GGUF_TYPES[dtype]}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
@@ -195,82 +211,103 @@ def main() -> None:
     p.add_argument("--workloads", default="uniform,mixed")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--sampling", default="greedy", help="greedy, nucleus or both (comma-separated)")
+    p.add_argument("--model", choices=("random", "trained"), default="random")
     a = p.parse_args()
-    sitting = Sitting(("govwire", "governor", "worker"))
+    # The default run keeps its own result file; another model or sampling writes a part beside it.
+    default = (a.model, a.sampling) == ("random", "greedy")
+    part = None if default else f"{a.model}-{a.sampling.replace(',', '-')}"
+    sitting = Sitting(("govwire", "governor", "worker"), part=part)
     missing = missing_tools()
     if missing:
         print(f"skipped: {', '.join(missing)} not found (install CMake and a C++ compiler to build llama.cpp)")
         return
     work = out_dir() / "llamacpp"
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = ensure_model_dir()
+    model_dir = ensure_model_dir() if a.model == "random" else ensure_trained()
     source = llama_source(work)
     binary = llama_server(work, source)
-    print(f"machine: {machine()}; llama.cpp from {SDIST}; {a.threads} threads each")
+    print(f"machine: {machine()}; llama.cpp from {SDIST}; {a.threads} threads each; model {model_dir.name}")
     rows = []
     for dtype in a.dtypes.split(","):
         model = gguf(work, source, model_dir, dtype)
         for name in a.workloads.split(","):
             workload = make_workload(name, 0)
-            results: dict[str, list[float]] = {"llama-server": [], "governor": []}
-            in_steps: list[float] = []  # of each served round's wall time, the share its engine stepped
-            for r in range(a.rounds):
-                for side in rounds.order(r, ("llama-server", "governor")):
-                    stats_port = 0
-                    if side == "llama-server":
-                        proc, port = start_llama(binary, model, a.threads)
-                    else:
-                        proc, port, stats_port = start_served(model_dir, dtype, a.threads)
-                    try:
-                        busy = engine_busy_s(stats_port) if stats_port else 0.0
-                        extra = {"cache_prompt": False} if side == "llama-server" else {}
-                        tokens, seconds = asyncio.run(drive(f"http://127.0.0.1:{port}/v1/completions", workload, extra))
-                        if stats_port:
-                            time.sleep(2 * STATS_INTERVAL_S)  # the push that counts the round's last step
-                            in_steps.append((engine_busy_s(stats_port) - busy) / seconds)
-                    finally:
-                        stop(proc)
-                    results[side].append(tokens / seconds)
-                    share = f", {in_steps[-1]:.0%} of it in engine steps" if stats_port else ""
-                    rate = tokens / seconds
-                    print(f"{dtype} {name} round {r + 1} {side:>12}: {tokens} tokens, {rate:7.1f} tok/s{share}")
-            ours, theirs = (statistics.median(results[k]) for k in ("governor", "llama-server"))
-            paired = [g / ll for g, ll in zip(results["governor"], results["llama-server"], strict=True)]
-            uniform = name == "uniform"  # the bar (>= 2x llama-server) is stated for the uniform workload
-            sitting.figure(
-                f"served tok/s, {dtype}, {name} workload",
-                ours,
-                "tok/s",
-                baseline=("llama-server", theirs),
-                bar=">= 2.0x" if uniform else None,
-                met=ours / theirs >= 2.0 if uniform else None,
-            )
-            sitting.figure(
-                f"served round's wall time in engine steps, {dtype}, {name} workload",
-                statistics.median(in_steps),
-                "share",
-                headline=False,
-                note="the engine's busy_seconds_total over the round; the rest is outside the steps",
-            )
-            sitting.details[f"{dtype} {name}"] = {
-                "tok_per_s_by_round": results,
-                "paired_by_round": paired,
-                "in_engine_steps_by_round": in_steps,
-            }
-            rows.append(
-                [
-                    dtype,
-                    name,
-                    f"{theirs:,.1f}",
-                    f"{ours:,.1f}",
-                    f"{ours / theirs:.2f}x",
-                    ", ".join(f"{x:.2f}" for x in paired),
-                ]
-            )
+            ours_by_sampling: dict[str, float] = {}
+            for sampling in a.sampling.split(","):
+                ours, theirs, paired, in_steps = compare(a, binary, model, model_dir, dtype, workload, sampling)
+                ours_by_sampling[sampling] = ours
+                case = f"{dtype}, {name} workload" + ("" if sampling == "greedy" else f", {sampling} sampling")
+                case += "" if a.model == "random" else ", trained model"
+                uniform = name == "uniform" and sampling == "greedy"  # the bar (>= 2x) is stated for greedy uniform
+                sitting.figure(
+                    f"served tok/s, {case}",
+                    ours,
+                    "tok/s",
+                    baseline=("llama-server", theirs),
+                    bar=">= 2.0x" if uniform else ("> 1.0x" if sampling != "greedy" else None),
+                    met=ours / theirs >= 2.0 if uniform else (ours > theirs if sampling != "greedy" else None),
+                )
+                sitting.figure(
+                    f"served round's wall time in engine steps, {case}",
+                    statistics.median(in_steps),
+                    "share",
+                    headline=False,
+                    note="the engine's busy_seconds_total over the round; the rest is outside the steps",
+                )
+                sitting.details[case] = {"paired_by_round": paired, "in_engine_steps_by_round": in_steps}
+                rows.append([dtype, name, sampling, f"{theirs:,.1f}", f"{ours:,.1f}", f"{ours / theirs:.2f}x"])
+                rows[-1].append(", ".join(f"{x:.2f}" for x in paired))
+            if "greedy" in ours_by_sampling and "nucleus" in ours_by_sampling:
+                sitting.figure(
+                    f"governor's sampled / greedy tok/s, {dtype}, {name} workload"
+                    + ("" if a.model == "random" else ", trained model"),
+                    ours_by_sampling["nucleus"] / ours_by_sampling["greedy"],
+                    "ratio",
+                    bar=">= 0.9",
+                    met=ours_by_sampling["nucleus"] / ours_by_sampling["greedy"] >= 0.9,
+                    note="temperature 1, top_p 0.9 against greedy, medians of the rounds above",
+                )
     print()
-    headers = ["dtype", "workload", "llama-server tok/s", "governor tok/s", "ratio", "paired by round"]
+    headers = ["dtype", "workload", "sampling", "llama-server tok/s", "governor tok/s", "ratio", "paired by round"]
     print(markdown_table(headers, rows))
     sitting.write()
+
+
+def compare(
+    a: argparse.Namespace, binary: Path, model: Path, model_dir: Path, dtype: str, workload: Workload, sampling: str
+) -> tuple[float, float, list[float], list[float]]:
+    """Rounds of one workload, sampled one way, on each side in turn: (the governor's median
+    tok/s, llama-server's, the governor / llama-server ratio of each round, and each served
+    round's share of its wall time in engine steps)."""
+    results: dict[str, list[float]] = {"llama-server": [], "governor": []}
+    in_steps: list[float] = []
+    for r in range(a.rounds):
+        for side in rounds.order(r, ("llama-server", "governor")):
+            stats_port = 0
+            if side == "llama-server":
+                proc, port = start_llama(binary, model, a.threads)
+            else:
+                proc, port, stats_port = start_served(model_dir, dtype, a.threads)
+            try:
+                busy = engine_busy_s(stats_port) if stats_port else 0.0
+                extra = ({"cache_prompt": False} if side == "llama-server" else {}) | SAMPLING[sampling][side]
+                tokens, seconds = asyncio.run(drive(f"http://127.0.0.1:{port}/v1/completions", workload, extra))
+                if stats_port:
+                    time.sleep(2 * STATS_INTERVAL_S)  # the push that counts the round's last step
+                    in_steps.append((engine_busy_s(stats_port) - busy) / seconds)
+            finally:
+                stop(proc)
+            results[side].append(tokens / seconds)
+            share = f", {in_steps[-1]:.0%} of it in engine steps" if stats_port else ""
+            print(
+                f"{dtype} {workload.name} {sampling} round {r + 1} {side:>12}: "
+                f"{tokens} tokens, {tokens / seconds:7.1f} tok/s{share}",
+                flush=True,
+            )
+    ours, theirs = (statistics.median(results[k]) for k in ("governor", "llama-server"))
+    paired = [g / ll for g, ll in zip(results["governor"], results["llama-server"], strict=True)]
+    return ours, theirs, paired, in_steps
 
 
 if __name__ == "__main__":

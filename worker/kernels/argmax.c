@@ -7,43 +7,27 @@
  * torch.argmax's: the first index of the maximum, and where a row holds a NaN, the first NaN's
  * index (NaN counts as the largest value), found by a plain scan of that row.
  *
- * Compiled for the CPU at hand (see build.py): AVX-512 (16 lanes), AVX2 with F16C (8), or portable C.
+ * Compiled for the CPU at hand (see build.py and vector.h): AVX-512 (16 lanes), AVX2 (8), or portable C.
  */
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
-#define LANES 16
-typedef __m512 vf;
-#define vf_set1(x) _mm512_set1_ps(x)
-#define vf_max(a, b) _mm512_max_ps(a, b)
-#define vf_hmax(v) _mm512_reduce_max_ps(v)
+#include "vector.h"
+
+#if defined(ISA_AVX512)
 #define vf_nan_lanes(v) ((unsigned)_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q))
 #define vf_equal_lanes(v, m) ((unsigned)_mm512_cmp_ps_mask(v, m, _CMP_EQ_OQ))
 #define load_float32(p) _mm512_loadu_ps(p)
 #define load_bfloat16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 #define load_float16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
-#elif defined(__AVX2__) && defined(__F16C__)
-#include <immintrin.h>
-#define LANES 8
-typedef __m256 vf;
-#define vf_set1(x) _mm256_set1_ps(x)
-#define vf_max(a, b) _mm256_max_ps(a, b)
-static inline float vf_hmax(vf v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
+#elif defined(ISA_AVX2)
 #define vf_nan_lanes(v) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)))
 #define vf_equal_lanes(v, m) ((unsigned)_mm256_movemask_ps(_mm256_cmp_ps(v, m, _CMP_EQ_OQ)))
 #define load_float32(p) _mm256_loadu_ps(p)
 #define load_bfloat16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p))), 16))
 #define load_float16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-#else
-#define LANES 0 /* no vector code: every row is scanned */
 #endif
+#define VECTOR_CODE (LANES > 1) /* else every row is scanned */
 
 static inline float bf16_to_float(uint16_t x) {
     union { uint32_t u; float f; } v = {.u = (uint32_t)x << 16};
@@ -65,7 +49,7 @@ static inline float bf16_to_float(uint16_t x) {
         return best;                                                                                        \
     }                                                                                                       \
     static int64_t row_##TYPE(const T *x, int64_t V) {                                                      \
-        if (LANES == 0 || V < 2 * LANES) return scan_##TYPE(x, V);                                          \
+        if (!VECTOR_CODE || V < 2 * LANES) return scan_##TYPE(x, V);                                          \
         VECTOR_ROW_##TYPE                                                                                   \
     }                                                                                                       \
     int argmax_##TYPE(const T *x, int64_t n, int64_t V, int64_t row_stride, int64_t *out, int nthreads) {   \
@@ -75,7 +59,7 @@ static inline float bf16_to_float(uint16_t x) {
         return 0;                                                                                           \
     }
 
-#if LANES > 0
+#if VECTOR_CODE
 /* The maximum over whole vectors and the tail, then the first vector holding it. */
 #define VECTOR_ROW(TYPE)                                                                                    \
     vf top = load_##TYPE(x);                                                                                \

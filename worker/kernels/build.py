@@ -32,7 +32,8 @@ def build(source: Path, target: tuple[str, ...] = ()) -> Path:
     build, and run here, the code a CPU with fewer features gets."""
     compiler = _compiler()
     flags = (*FLAGS, *target)
-    key = _key(source.read_bytes(), compiler, flags)
+    headers = [h.read_bytes() for h in sorted(source.parent.glob("*.h"))]  # what it may #include "..."
+    key = _key(source.read_bytes(), headers, compiler, flags)
     cached = _cache_dir() / f"{source.stem}-{key}.so"
     if cached.exists():
         return cached
@@ -62,8 +63,10 @@ def _compiler() -> str:
     raise KernelUnavailable("no C compiler found (set CC, or install gcc)")
 
 
-def _key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
+def _key(source: bytes, headers: list[bytes], compiler: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256(source)
+    for header in headers:
+        digest.update(b"\0" + header)
     for part in (compiler, *flags, _compiler_version(compiler), _cpu_flags()):
         digest.update(b"\0" + part.encode())
     return digest.hexdigest()[:20]

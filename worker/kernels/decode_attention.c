@@ -46,50 +46,7 @@
 #define TASK_COST 16 /* a (query, head) task's fixed cost, in keys, when tasks are split between threads */
 #define GROUP 16 /* keys scored, exponentiated and accumulated together */
 
-/* ---------------------------------------------------------------- the vector layer, per ISA -- */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
-#define ISA_AVX512 1
-#define LANES 16
-typedef __m512 vf;
-#define vf_zero() _mm512_setzero_ps()
-#define vf_set1(x) _mm512_set1_ps(x)
-#define vf_add(a, b) _mm512_add_ps(a, b)
-#define vf_mul(a, b) _mm512_mul_ps(a, b)
-#define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define vf_loadu(p) _mm512_loadu_ps(p)
-#define vf_storeu(p, v) _mm512_storeu_ps(p, v)
-#define vf_hsum(v) _mm512_reduce_add_ps(v)
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#include <immintrin.h>
-#define ISA_AVX2 1
-#define LANES 8
-typedef __m256 vf;
-#define vf_zero() _mm256_setzero_ps()
-#define vf_set1(x) _mm256_set1_ps(x)
-#define vf_add(a, b) _mm256_add_ps(a, b)
-#define vf_mul(a, b) _mm256_mul_ps(a, b)
-#define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define vf_loadu(p) _mm256_loadu_ps(p)
-#define vf_storeu(p, v) _mm256_storeu_ps(p, v)
-static inline float vf_hsum(vf v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#else
-#define LANES 1
-typedef float vf;
-#define vf_zero() 0.f
-#define vf_set1(x) (x)
-#define vf_add(a, b) ((a) + (b))
-#define vf_mul(a, b) ((a) * (b))
-#define vf_fma(a, b, c) ((a) * (b) + (c))
-#define vf_loadu(p) (*(p))
-#define vf_storeu(p, v) (*(p) = (v))
-#define vf_hsum(v) (v)
-#endif
+#include "vector.h"
 
 #define MAX_VECTORS (MAX_HEAD_DIM / LANES + 2) /* a row's vectors, a padded tail included */
 
@@ -105,48 +62,10 @@ const char *decode_attention_isa(void) {
 #endif
 }
 
-/* exp of each of GROUP floats, in place. The inputs are scores minus the running maximum, so
- * never above 0; below -87.3 (where float32 leaves its normal range) the weight is 0. NaN stays
- * NaN. The vector versions are Cephes' expf: 2^n times a degree-6 polynomial on [-ln2/2, ln2/2],
- * within 2 ulp of libm's. */
-#if LANES > 1
-#ifdef ISA_AVX512
-#define vf_lt(a, b) _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)
-#define vf_zero_where(m, v) _mm512_maskz_mov_ps((__mmask16)~(m), v)
-#define vf_max(a, b) _mm512_max_ps(a, b)
-#define vf_round(x) _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT)
-#define vf_pow2i(n) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23))
-#else
-#define vf_lt(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
-#define vf_zero_where(m, v) _mm256_andnot_ps(m, v)
-#define vf_max(a, b) _mm256_max_ps(a, b)
-#define vf_round(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define vf_pow2i(n) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23))
-#endif
-static inline vf vf_exp(vf x) {
-    const vf lo = vf_set1(-87.33654f);
-    const __typeof__(vf_lt(x, lo)) underflow = vf_lt(x, lo); /* NaN compares false and stays */
-    x = vf_max(lo, x);                                       /* second operand NaN: NaN kept */
-    const vf n = vf_round(vf_mul(x, vf_set1(1.44269504088896341f)));
-    vf r = vf_fma(n, vf_set1(-0.693359375f), x);
-    r = vf_fma(n, vf_set1(2.12194440e-4f), r);
-    vf p = vf_set1(1.9875691500e-4f);
-    p = vf_fma(p, r, vf_set1(1.3981999507e-3f));
-    p = vf_fma(p, r, vf_set1(8.3334519073e-3f));
-    p = vf_fma(p, r, vf_set1(4.1665795894e-2f));
-    p = vf_fma(p, r, vf_set1(1.6666665459e-1f));
-    p = vf_fma(p, r, vf_set1(5.0000001201e-1f));
-    p = vf_fma(vf_mul(p, r), r, vf_add(r, vf_set1(1.f)));
-    return vf_zero_where(underflow, vf_mul(p, vf_pow2i(n)));
-}
+/* e^x of each of GROUP floats, in place (scores minus the running maximum: never above 0). */
 static inline void exp_group(float *x) {
     for (int j = 0; j < GROUP; j += LANES) vf_storeu(x + j, vf_exp(vf_loadu(x + j)));
 }
-#else
-static inline void exp_group(float *x) {
-    for (int j = 0; j < GROUP; j++) x[j] = expf(x[j]);
-}
-#endif
 
 /* ------------------------------------------------------------- reading rows, per storage type -- */
 /* Each type T defines: CHUNK_T elements per chunk; VECTORS_T per chunk; widen_T(p, n, v) filling
