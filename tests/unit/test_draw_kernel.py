@@ -55,3 +55,25 @@ def test_the_kernel_refuses_what_it_cannot_read(kernel: DrawKernel) -> None:
     with pytest.raises(ValueError, match="rows of 0"):
         kernel(torch.empty(2, 0), *params(2))
     assert kernel(torch.empty(0, 5), *params(0)).shape == (0,)
+
+
+@pytest.mark.parametrize("vocab", [3000, 5000])
+@pytest.mark.parametrize("spread", [1.0, 3.0, 8.0])
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (0, 0.9), (5, 1.0), (2000, 0.9)])
+def test_draws_from_either_path_hold_their_uniform(
+    kernel: DrawKernel, vocab: int, spread: float, top_k: int, top_p: float
+) -> None:
+    """Uniforms spread over [0, 1), the last ones close to 1, so that draws fall past a row's
+    likely tokens (the listed path's edges) as well as among them, on peaked rows and on flat ones
+    (more likely tokens than it lists: the bucketed path)."""
+    from tests.unit.test_sampling import reference_interval
+
+    m, temperature = 64, 0.7
+    logits = torch.randn(m, vocab, generator=torch.Generator().manual_seed(vocab + int(spread))) * spread
+    uniform = torch.cat([torch.linspace(0, 0.98, m - 8), 1 - torch.logspace(-2, -7, 8)]).double()
+    inv_t = torch.full((m,), 1 / temperature)
+    tokens = kernel(logits, inv_t, *params(m, top_k, top_p)[1:3], uniform).tolist()
+    slack = 1e-5 + vocab * 2**-24
+    for i, token in enumerate(tokens):
+        lo, hi = reference_interval(logits[i], temperature, top_k, top_p, token)
+        assert lo - slack <= float(uniform[i]) <= hi + slack, (i, token, lo, float(uniform[i]), hi)

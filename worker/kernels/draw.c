@@ -27,6 +27,9 @@
 
 #define BUCKETS 16384 /* the top 16 bits of a float in [0, 1]: 1.0f is 0x3F80 */
 #define PLAIN_FIRST 64 /* a plain draw walks this many most likely tokens before the rest by id */
+#define LIKELY 0x1p-10f   /* a weight this large or larger (within 6.9 nats of the top) is listed first */
+#define MAX_LISTED 4096   /* more than this many likely tokens: the row is flat, and is bucketed */
+#define BLOCK 64          /* weights summed in float32 before float64 takes the sum */
 
 typedef struct {
     double mass[BUCKETS];
@@ -144,45 +147,141 @@ static int64_t argmax_of(const float *x, int64_t V) {
     return best < 0 ? 0 : best;
 }
 
-/* Weighs the row: w = e^((x - max) * inv_t), in float32 and vectors; NaN (from a NaN or an
- * infinite logit) weighs 0. */
-static void weigh(const float *x, float *w, int64_t V, float inv_t) {
+/* Weighs the row: w = e^((x - max) * inv_t), in float32 and vectors, NaN (from a NaN or an
+ * infinite logit) weighing 0; lists its likely tokens (weight >= LIKELY: up to MAX_LISTED of them
+ * in r->list, their number and mass in *n_listed and *listed); returns the total weight. Sums run
+ * in float32 over a block of BLOCK weights and in float64 across blocks: vector adds, and float64's
+ * precision where the terms are many. */
+static double weigh(Row *r, float inv_t, int64_t *n_listed, double *listed) {
+    const float *x = r->x;
+    float *w = r->w;
+    const int64_t V = r->V;
     vf top = vf_set1(-INFINITY);
     int64_t i = 0;
     for (; i + LANES <= V; i += LANES) top = vf_max(vf_loadu(x + i), top); /* NaN: the old top kept */
     float m = vf_hmax(top);
     for (int64_t t = i; t < V; t++) m = x[t] > m ? x[t] : m;
     const vf shift = vf_set1(-m), scale = vf_set1(inv_t);
-    for (i = 0; i + LANES <= V; i += LANES)
-        vf_storeu(w + i, vf_max(vf_exp(vf_mul(vf_add(vf_loadu(x + i), shift), scale)), vf_zero()));
-    for (; i < V; i++) {
-        const float e = expf((x[i] - m) * inv_t);
-        w[i] = e > 0 ? e : 0.f;
+    double total = 0.0;
+    *n_listed = 0, *listed = 0.0;
+    for (int64_t start = 0; start < V; start += BLOCK) {
+        const int64_t end = start + BLOCK < V ? start + BLOCK : V;
+        vf sum = vf_zero(), most = vf_zero();
+        int64_t j = start;
+        for (; j + LANES <= end; j += LANES) {
+            const vf e = vf_max(vf_exp(vf_mul(vf_add(vf_loadu(x + j), shift), scale)), vf_zero());
+            vf_storeu(w + j, e);
+            sum = vf_add(sum, e);
+            most = vf_max(e, most);
+        }
+        float tail_sum = 0.f, tail_most = 0.f;
+        for (; j < end; j++) {
+            const float e = expf((x[j] - m) * inv_t);
+            w[j] = e > 0 ? e : 0.f;
+            tail_sum += w[j];
+            tail_most = w[j] > tail_most ? w[j] : tail_most;
+        }
+        total += (double)vf_hsum(sum) + tail_sum;
+        if (vf_hmax(most) >= LIKELY || tail_most >= LIKELY) {
+            for (j = start; j < end; j++)
+                if (w[j] >= LIKELY) {
+                    if (*n_listed < MAX_LISTED) r->list[*n_listed] = (Token){x[j], (int32_t)j};
+                    *n_listed += 1, *listed += w[j];
+                }
+        }
     }
+    return total;
+}
+
+/* The plain draw's tokens past the first (those outside the set, which is the first), by id:
+ * the one where the cumulative mass, starting from the first's, passes target; -1 if none does. */
+static int64_t past_the_first(const Row *r, double first_mass, double target) {
+    double acc = first_mass;
+    int64_t last = -1;
+    for (int64_t i = 0; i < r->V; i++) {
+        if (in_set(r, i) || !(r->w[i] > 0)) continue;
+        acc += r->w[i];
+        if (acc > target) return i;
+        last = i;
+    }
+    return last;
+}
+
+/* The first of list[0, n) (most likely first) whose cumulative mass exceeds target; the last of
+ * any weight where rounding leaves it unreached. */
+static int64_t walk_list(const Row *r, int64_t n, double target) {
+    double acc = 0.0;
+    int64_t last = r->list[0].id;
+    for (int64_t j = 0; j < n; j++) {
+        const double w = r->w[r->list[j].id];
+        if (!(w > 0)) continue;
+        acc += w;
+        if (acc > target) return r->list[j].id;
+        last = r->list[j].id;
+    }
+    return last;
+}
+
+/* The draw from the row's likely tokens alone: the n_listed of weight >= LIKELY (at most
+ * MAX_LISTED, in r->list, holding mass `listed`), where the tokens a draw can reach all lie among
+ * them, as they do in a trained model's rows: a top-k within them, a top-p set that they cover,
+ * a plain draw that falls among them. -1 where they may not (a flat row): the caller buckets. */
+static int64_t draw_listed(Row *r, int64_t n_listed, double listed, double total, int64_t top_k, double top_p,
+                           double u) {
+    if (n_listed > MAX_LISTED) return -1;
+    qsort(r->list, (size_t)n_listed, sizeof(Token), by_likelihood);
+    const float *w = r->w;
+    if (top_k <= 0 && top_p >= 1) { /* plain */
+        const int64_t first = r->V < PLAIN_FIRST ? r->V : PLAIN_FIRST;
+        const double target = u * total;
+        if (n_listed < first) return target < listed ? walk_list(r, n_listed, target) : -1;
+        double first_mass = 0.0;
+        for (int64_t j = 0; j < first; j++) first_mass += w[r->list[j].id];
+        if (target < first_mass) return walk_list(r, first, target);
+        r->floor = r->list[first - 1].x, r->floor_id = r->list[first - 1].id; /* the set: the first */
+        const int64_t id = past_the_first(r, first_mass, target);
+        return id >= 0 ? id : walk_list(r, first, INFINITY); /* else the least likely of the first */
+    }
+    int64_t end = n_listed;
+    double norm = total;
+    if (top_k > 0 && top_k < r->V) {
+        if (n_listed < top_k) return -1;
+        const float kth_x = r->list[top_k - 1].x;
+        for (end = top_k; end < n_listed && r->list[end].x == kth_x; end++) continue; /* its ties */
+        norm = 0.0;
+        for (int64_t j = 0; j < end; j++) norm += w[r->list[j].id];
+    } else if (listed < top_p * total) {
+        return -1; /* the top-p set reaches past the listed tokens */
+    }
+    double held = norm;
+    if (top_p < 1) { /* kept while the mass before a token is below top_p */
+        double before = 0.0;
+        int64_t j = 0;
+        for (; j < end && before < top_p * norm; j++) before += w[r->list[j].id];
+        end = j, held = before;
+    }
+    return walk_list(r, end, u * held);
 }
 
 static int64_t draw_row(Row *r, float inv_t, int64_t top_k, double top_p, double u) {
     const float *x = r->x;
-    const float *w = r->w;
     const int64_t V = r->V;
-    weigh(x, r->w, V, inv_t);
-    const double total = restrict_to(r, -INFINITY, INT64_MAX);
+    int64_t n_listed;
+    double listed;
+    const double total = weigh(r, inv_t, &n_listed, &listed);
     if (!(total > 0) || !isfinite(total)) return argmax_of(x, V); /* nothing to draw from: as greedy */
+    r->floor = -INFINITY, r->floor_id = INT64_MAX;
+    const int64_t fast = draw_listed(r, n_listed, listed, total, top_k, top_p, u);
+    if (fast >= 0) return fast;
+    restrict_to(r, -INFINITY, INT64_MAX);
     double through;
     if (top_k <= 0 && top_p >= 1) { /* plain: the PLAIN_FIRST most likely in order, then the rest by id */
         int64_t edge_id;
         const float edge = kth(r, V < PLAIN_FIRST ? V : PLAIN_FIRST, &edge_id);
         const double first = restrict_to(r, edge, edge_id), target = u * total;
         if (target < first) return walk(r, target, 0, &through);
-        double acc = first;
-        int64_t last = -1;
-        for (int64_t i = 0; i < V; i++) {
-            if (in_set(r, i) || !(w[i] > 0)) continue;
-            acc += w[i];
-            if (acc > target) return i;
-            last = i;
-        }
-        return last >= 0 ? last : walk(r, INFINITY, 0, &through); /* else the least likely of the first */
+        const int64_t id = past_the_first(r, first, target);
+        return id >= 0 ? id : walk(r, INFINITY, 0, &through); /* else the least likely of the first */
     }
     double norm = total;
     if (top_k > 0 && top_k < V) {
