@@ -19,6 +19,11 @@ sorted. A plain temperature draw (no top-k, no top-p) that falls past the first 
 other tokens by index instead, which needs no sort. Logits are shifted by their maximum before
 the temperature divides them, so a tiny temperature sends the others to a huge negative number
 (never inf - inf = NaN).
+
+On the CPU both are C (worker/kernels/): the greedy rows' argmax on the logits' own dtype, and
+the same draw without any sort (kernels/draw.c: a row's likely tokens are listed as it is
+weighed, and a flat row is bucketed by weight), which orders tied tokens by id; torch's topk and
+sort, elsewhere, order them as they find them: the same distribution, not always the same token.
 """
 
 from __future__ import annotations

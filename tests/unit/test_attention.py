@@ -211,3 +211,42 @@ def test_every_variant_matches_float64_attention(
         assert torch.allclose(got, want, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype]), (i, (got - want).abs().max())
     untouched = [r for r in range(len(lens) + 1) if r not in rows.tolist()]
     assert torch.all(out[untouched] == 7.0)
+
+
+def test_edges_a_step_never_makes_still_answer_soundly(kernel: DecodeAttentionKernel) -> None:
+    """A context of 0 tokens over a table of no blocks (nothing to read ahead), and a first group
+    of keys that all score -inf (no -inf - -inf: the group weighs nothing)."""
+    q, keys, values = arena()
+    out = torch.full((6, H, D), 7.0)
+    kernel(
+        q,
+        keys,
+        values,
+        torch.tensor([0, 1]),
+        torch.empty(2, 0, dtype=torch.int64),
+        torch.tensor([0, 0]),
+        BLOCK,
+        out,
+        SCALE,
+    )
+    assert torch.all(out[:2] == 0) and torch.all(out[2:] == 7.0)
+    keys = keys.clone()
+    keys[:, : 2 * BLOCK, 0] = float("-inf")  # the first 16 tokens of the context below
+    q = q.abs()  # so that each of them scores -inf
+    tables, n = torch.tensor([[0, 1, 2, 3]]), 4 * BLOCK
+    kernel(q, keys, values, torch.tensor([0]), tables, torch.tensor([n]), BLOCK, out, SCALE)
+    index = torch.tensor(context_rows([0, 1, 2, 3], n))
+    want = F.scaled_dot_product_attention(
+        q[0, :, None].double(), keys[:, index].double(), values[:, index].double(), scale=SCALE
+    )
+    assert torch.allclose(out[0].double(), want[:, 0], atol=1e-5)
+
+
+def test_new_values_of_another_shape_are_refused(kernel: DecodeAttentionKernel) -> None:
+    q, keys, values = arena()
+    step = kernel.prepare(
+        torch.tensor([0]), torch.tensor([[0]]), torch.tensor([1]), BLOCK, SCALE, torch.zeros(6, dtype=torch.int64)
+    )
+    k = torch.randn(6, H, D)
+    with pytest.raises(ValueError, match="new keys"):
+        step(q, keys, values, torch.empty(6, H, D), k, k[:1])

@@ -177,6 +177,12 @@ static inline void share_tasks(const int64_t *lens, int64_t n, int64_t H, int64_
     }
 }
 
+static inline int any_nan(const float *x, int n) {
+    for (int j = 0; j < n; j++)
+        if (isnan(x[j])) return 1;
+    return 0;
+}
+
 /* -------------------------------------------------------------------------- the kernel, per type -- */
 #define DEFINE_DECODE_ATTENTION(TYPE, T)                                                                    \
     static inline float dot_##TYPE(const vf *qv, const T *k, int64_t D) {                                   \
@@ -230,6 +236,8 @@ static inline void share_tasks(const int64_t *lens, int64_t n, int64_t H, int64_
                     p[j] = DOT_##TYPE(K + (g + j) * D);                                                     \
                     top = p[j] > top ? p[j] : top;                                                          \
                 }                                                                                           \
+                if (top == -INFINITY && m == -INFINITY && !any_nan(p, count))                               \
+                    continue; /* every weight so far is 0 (scores of -inf): nothing to add, nor -inf - -inf */ \
                 if (top > m) { /* a new maximum: rescale what was summed under the old one */               \
                     const float rescale = expf(m - top);                                                    \
                     sum *= rescale;                                                                       \
@@ -265,8 +273,8 @@ static inline void share_tasks(const int64_t *lens, int64_t n, int64_t H, int64_
             share_tasks(lens, n, H, total, &first, &end);                                                   \
             for (int64_t task = first; task < end; task++) {                                                \
                 const int64_t i = task / H, h = task % H;                                                   \
-                if (task + 1 < end) { /* the next task's first block, read while this one computes */        \
-                    const int64_t i1 = (task + 1) / H, h1 = (task + 1) % H;                                 \
+                const int64_t i1 = (task + 1) / H, h1 = (task + 1) % H;                                     \
+                if (task + 1 < end && lens[i1] > 0) { /* the next task's first block, read meanwhile */     \
                     const int64_t in_first = lens[i1] < block_size ? lens[i1] : block_size;                 \
                     const int64_t at = h1 * head_stride + tables[i1 * table_stride] * block_size * D;       \
                     prefetch_block(keys + at, values + at, in_first * D * (int64_t)sizeof(T));              \

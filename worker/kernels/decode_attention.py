@@ -1,10 +1,12 @@
 """The C decode-attention kernel (decode_attention.c) bound through ctypes, for CPU tensors.
 
 ctypes releases the GIL for the call, so the worker's event loop keeps running while a layer's
-attention runs. The C code trusts its arguments, so they are checked here: a step's index tensors
-once, when the step is bound (`prepare`), and each layer's tensors by their layout, which is the
-same in every layer of a step, so after the first layer the check is one tuple comparison. That
-every length stays within its block table is the runner's invariant (runner.py builds both).
+attention runs. The C code trusts its arguments, so their types, shapes and layouts are checked
+here: a step's index tensors once, when the step is bound (`prepare`), and each layer's tensors
+by their layout, which is the same in every layer of a step, so after the first layer the check is
+one tuple comparison. Their values are the runner's invariants (runner.py builds them all), not
+checked: every row index below q's rows and no row twice, every length within its block table,
+every block and slot inside the arena.
 """
 
 from __future__ import annotations
@@ -63,7 +65,13 @@ class DecodeAttentionKernel:
         for t in (rows, lens):
             if t.dtype != torch.int64 or t.numel() != n or not t.is_contiguous() or not t.is_cpu:
                 raise ValueError("decode attention: rows and lens must be contiguous int64 of one length")
-        if tables.dtype != torch.int64 or tables.dim() != 2 or tables.shape[0] != n or tables.stride(1) != 1:
+        if (
+            tables.dtype != torch.int64
+            or tables.dim() != 2
+            or tables.shape[0] != n
+            or tables.stride(1) != 1
+            or not tables.is_cpu
+        ):
             raise ValueError("decode attention: tables must be int64 [n, W] with contiguous rows")
         if slots is not None and (slots.dtype != torch.int64 or not slots.is_contiguous() or not slots.is_cpu):
             raise ValueError("decode attention: slots must be contiguous int64")
@@ -114,10 +122,10 @@ class StepAttention:
         self, q: Tensor, keys: Tensor, values: Tensor, out: Tensor, k: Tensor | None = None, v: Tensor | None = None
     ) -> None:
         layout: tuple[object, ...] = (q.dtype, q.shape, q.stride(), keys.dtype, keys.shape, keys.stride())
-        layout += (values.dtype, values.stride(), out.dtype, out.shape, out.stride())
+        layout += (values.dtype, values.shape, values.stride(), out.dtype, out.shape, out.stride())
         layout += (q.is_cpu, keys.is_cpu, values.is_cpu, out.is_cpu)
         if k is not None and v is not None:
-            layout += (k.dtype, k.shape, k.stride(), v.dtype, v.stride(), k.is_cpu, v.is_cpu)
+            layout += (k.dtype, k.shape, k.stride(), v.dtype, v.shape, v.stride(), k.is_cpu, v.is_cpu)
         elif k is not None or v is not None:
             raise ValueError("decode attention: new keys without new values, or the reverse")
         if layout != self._checked:
@@ -164,7 +172,7 @@ class StepAttention:
             raise ValueError(f"decode attention: arena strides {keys.stride()} / {values.stride()}")
         if new:
             assert k is not None and v is not None
-            if k.shape != q.shape or k.stride() != v.stride():
+            if k.shape != q.shape or v.shape != q.shape or k.stride() != v.stride():
                 raise ValueError(f"decode attention: new keys {tuple(k.shape)}, queries {tuple(q.shape)}")
             if self.slots is None or self.slots.numel() != q.shape[0]:
                 raise ValueError("decode attention: writing new keys needs a slot for every packed row")

@@ -9,14 +9,20 @@
  *
  * Why not sort: a random-weight or high-temperature row is flat, its top-p set is most of a
  * 50,257-entry vocabulary, and torch's sort of a step's rows took 57 ms, twice a decode step.
- * Here each row is read once to weigh it (w = exp((x - max) / T), in float32 as the torch path
- * does) and to put every token in a bucket by the top 16 bits of its weight: w is in [0, 1], so the
- * bits order the buckets as the weights, each spanning a factor of 2^(1/128). Walking the buckets
- * from the top with their counts and masses finds the bucket where the k-th token, the top-p
- * boundary or the draw falls; only that bucket's tokens are sorted (by logit, then id).
+ * Each row is weighed in one vectorised pass (w = exp((x - max) / T), in float32 as the torch path
+ * does) that also lists its likely tokens (w >= 2^-10, within 6.9 nats of the top). In a trained
+ * model's rows every token a draw can reach is among those few, which are sorted and walked
+ * (`draw_listed`). Where they may not be (a flat row), every token is put in a bucket by the top
+ * 16 bits of its weight: w is in [0, 1], so the bits order the buckets as the weights (a binade
+ * in 128 equal steps: 7 mantissa bits). Walking the buckets from the top
+ * with their counts and masses finds the bucket where the k-th token, the top-p boundary or the
+ * draw falls; only that bucket's tokens are sorted (by logit, then id). A walk reads the row
+ * again to collect its bucket, so a flat row costs a few passes.
  *
- * Everything is summed in float64. Per thread, the buckets and a list as long as the vocabulary
- * are allocated once per call, outside the rows' loop; a failed allocation returns -2.
+ * Masses are summed in float64 (the total in float32 within blocks of 64, then float64: a draw
+ * with u within about 1e-7 of 1 can land on the fallback, the least likely token of any weight).
+ * Per thread, the buckets and a list as long as the vocabulary are allocated once per call,
+ * outside the rows' loop; a failed allocation returns -2.
  */
 #include <math.h>
 #include <stdint.h>
