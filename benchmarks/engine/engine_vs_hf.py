@@ -242,15 +242,28 @@ def timed_served(served: Served, tokens: int, prompts: list[str], new: list[int]
 
 
 def decoding_engine(
-    loaded: Any, config: SchedulerConfig, batch: int, steps: int, prompt_tokens: int = 64, cuda_graphs: bool = True
+    loaded: Any,
+    config: SchedulerConfig,
+    batch: int,
+    steps: int,
+    prompt_tokens: int = 64,
+    cuda_graphs: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> LLMEngine:
-    """`batch` greedy requests (`prompt_tokens`-token prompts) past their prefill, with `steps`
-    decode steps to go."""
+    """`batch` requests (`prompt_tokens`-token prompts; greedy unless a temperature is given) past
+    their prefill, with `steps` decode steps to go."""
     engine = LLMEngine.for_model(loaded, config, cuda_graphs=cuda_graphs)
     for i in range(batch):
         engine.add(
             GenerateRequest(
-                id=str(i), prompt="x" * prompt_tokens, max_new_tokens=steps + 3, temperature=0.0, stop_on_eos=False
+                id=str(i),
+                prompt="x" * prompt_tokens,
+                max_new_tokens=steps + 3,
+                temperature=temperature,
+                top_p=top_p,
+                seed=i if temperature else None,
+                stop_on_eos=False,
             )
         )
     engine.step()  # the prefill
@@ -259,9 +272,16 @@ def decoding_engine(
 
 
 def decode_step_ms(
-    loaded: Any, config: SchedulerConfig, batch: int, steps: int = 9, prompt_tokens: int = 64, cuda_graphs: bool = True
+    loaded: Any,
+    config: SchedulerConfig,
+    batch: int,
+    steps: int = 9,
+    prompt_tokens: int = 64,
+    cuda_graphs: bool = True,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
 ) -> float:
-    engine = decoding_engine(loaded, config, batch, steps, prompt_tokens, cuda_graphs)
+    engine = decoding_engine(loaded, config, batch, steps, prompt_tokens, cuda_graphs, temperature, top_p)
     on_cuda = engine.runner.device.type == "cuda"
     times = []
     for _ in range(steps):
