@@ -12,12 +12,13 @@
  * Each row is weighed in one vectorised pass (w = exp((x - max) / T), in float32 as the torch path
  * does) that also lists its likely tokens (w >= 2^-10, within 6.9 nats of the top). In a trained
  * model's rows every token a draw can reach is among those few, which are sorted and walked
- * (`draw_listed`). Where they may not be (a flat row), every token is put in a bucket by the top
- * 16 bits of its weight: w is in [0, 1], so the bits order the buckets as the weights (a binade
- * in 128 equal steps: 7 mantissa bits). Walking the buckets from the top
- * with their counts and masses finds the bucket where the k-th token, the top-p boundary or the
- * draw falls; only that bucket's tokens are sorted (by logit, then id). A walk reads the row
- * again to collect its bucket, so a flat row costs a few passes.
+ * (`draw_listed`; up to 1,024 of them: sorting more costs more than bucketing). Where they may
+ * not be (a flat row), every token is put in a bucket by the top 16 bits of its weight: w is in
+ * [0, 1], so the bits order the buckets as the weights (a binade in 128 equal steps: 7 mantissa
+ * bits). Walking the buckets from the top with their counts and masses finds the bucket where the
+ * k-th token, the top-p boundary or the draw falls; only that bucket's tokens are sorted (by
+ * logit, then id). A walk reads the row again to collect its bucket, so a flat row costs a few
+ * passes.
  *
  * Masses are summed in float64 (the total in float32 within blocks of 64, then float64: a draw
  * with u within about 1e-7 of 1 can land on the fallback, the least likely token of any weight).
@@ -34,7 +35,7 @@
 #define BUCKETS 16384 /* the top 16 bits of a float in [0, 1]: 1.0f is 0x3F80 */
 #define PLAIN_FIRST 64 /* a plain draw walks this many most likely tokens before the rest by id */
 #define LIKELY 0x1p-10f   /* a weight this large or larger (within 6.9 nats of the top) is listed first */
-#define MAX_LISTED 4096   /* more than this many likely tokens: the row is flat, and is bucketed */
+#define MAX_LISTED 1024   /* more than this many likely tokens: the row is flat, and is bucketed */
 #define BLOCK 64          /* weights summed in float32 before float64 takes the sum */
 
 typedef struct {
