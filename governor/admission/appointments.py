@@ -441,16 +441,17 @@ class AppointmentBook:
             at = now + registry.half_grace_s
         wait_ms = (at - now) * 1000.0
         policy = hints.policy
-        # Past the horizon, counting what releases have recently come after their time told (a
-        # server whose prefills stall its batch ends requests later than their pace says): no
-        # promise that would be kept soon.
-        if wait_ms + (now - first + registry.release_lateness_s) * 1000.0 >= policy.horizon_ms:
-            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
         # In whole milliseconds, rounded up; the appointment is what the client will compute from
         # it, to the microsecond, so that nobody is told a time before the one kept for it.
         hint_ms = math.ceil(wait_ms - 1e-6)
         if hint_ms < policy.min_ms:
             hint_ms = math.ceil(policy.min_ms)
+        # Past the horizon, counting what releases have recently come after their time told (a
+        # server whose prefills stall its batch ends requests later than their pace says): no
+        # promise that would be kept soon. The hint as told is what is promised: a wait a
+        # fraction of a millisecond inside the horizon, rounded up to it, is past it.
+        if _reaches(hint_ms + (now - first + registry.release_lateness_s) * 1000.0, policy.horizon_ms):
+            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
         at = now + hint_ms / 1000.0
         if own is not None:
             self.move(own, at)
@@ -558,18 +559,24 @@ class PrepaidBook(AppointmentBook):
         if own is None:
             first = self._take_over(held, now)
         policy = registry.hints.policy
-        if wait_ms + (now - first) * 1000.0 >= policy.horizon_ms:
-            # Final; the exact wait, for information (a bucket's refill is no forecast to clamp).
-            return math.ceil(max(policy.horizon_ms, wait_ms - 1e-6)), None
         hint_ms = max(1, math.ceil(wait_ms - 1e-6), math.ceil(policy.min_ms))
         # Its appointment is when its tokens are there (or its hint, if that is sooner: within a
         # microsecond's rounding), so that the holder coming back at its hint is let in.
-        wait_s = max(wait_ms, policy.min_ms) / 1000.0
-        appointment = self.book(now + min(wait_s, hint_ms / 1000.0), amount, tenant, identity, rank)
+        wait_s = min(max(wait_ms, policy.min_ms) / 1000.0, hint_ms / 1000.0)
+        if _reaches(wait_s * 1000.0 + (now - first) * 1000.0, policy.horizon_ms):  # what would be promised
+            # Final; the exact wait, for information (a bucket's refill is no forecast to clamp).
+            return math.ceil(max(policy.horizon_ms, wait_ms - 1e-6)), None
+        appointment = self.book(now + wait_s, amount, tenant, identity, rank)
         if appointment is not None:
             appointment.booked_at = first
             bucket.take(amount - paid)
         return hint_ms, appointment
+
+
+def _reaches(promise_ms: float, horizon_ms: float) -> bool:
+    """Whether a promise this long after its client's first refusal is at or past the horizon;
+    within a nanosecond of it counts as at it, since the clock's float sums may land either side."""
+    return promise_ms >= horizon_ms - 1e-6
 
 
 def _no_forecast(at: float, need: float, deficit: float, ahead: int) -> float | None:

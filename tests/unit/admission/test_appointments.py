@@ -537,3 +537,28 @@ def test_an_appointment_ranks_as_its_tenant_stands_when_the_book_is_consulted() 
     admitted = admission.decide(0.3, ask(11, 3, tenant=b))
     assert isinstance(admitted, Grant)  # a's appointment, ranked as a stands now, kept nothing from b
     assert booked.rank == STANDARD_RANK - 1
+
+
+@pytest.mark.parametrize(("wait_ms", "promised"), [(199.5, False), (198.5, True)])
+def test_a_wait_that_rounds_up_to_the_horizon_is_no_promise(wait_ms: float, promised: bool) -> None:
+    """The hint is told in whole milliseconds, rounded up: a release 199.5 ms away is a 200 ms
+    hint, at the horizon, so the refusal is final; 198.5 ms is 199, inside it, and booked."""
+    endpoint = Endpoint("e", EndpointLimits(), now=0.0)
+    endpoint.up = True
+    hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=200.0), 1)
+    admission = Admission([endpoint], 1, 0.0, 0.0, hints, now=0.0, appointment_grace_s=GRACE_S)
+    model = admission.forecast.model(endpoint)
+    model.first_token_s, model.step_s = 0.1, 0.02
+    hints.observe_service_time(0.3)
+    grant = admission.decide(0.0, ask(11, 1))  # ends at 0.3 s, as forecast
+    assert isinstance(grant, Grant)
+    engine = Engine(admission, 0.1, 0.02, 11)
+    engine.start(grant, 0.0)
+    now = 0.3 - wait_ms / 1000
+    engine.run_until(now)  # its first token seen: the release is forecast exactly
+    refused = admission.decide(now, ask(11, 2))
+    assert isinstance(refused, Refusal)
+    assert (refused.appointment is not None) == promised
+    if refused.appointment is not None:
+        assert refused.appointment.at - refused.appointment.booked_at < 0.2
+        assert refused.hint_ms == 199
