@@ -8,7 +8,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
-from governor.admission.priority import CeilingPolicy
+from governor.admission.priority import CeilingPolicy, parse_allowance
 from governor.admission.tenant import TenantLimits, parse_tenant
 from governor.fleet.lease import FleetPolicy
 from governor.fleet.redis_url import FleetRedis
@@ -16,7 +16,7 @@ from governor.gateway_policy import GatewayPolicy, parse_objective, parse_truste
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.options import ConfigError, option
-from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB
+from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB, Priority
 
 SDK_MAX_RETRY_AFTER_MS = 120_000
 """The longest `Retry-After` the OpenAI Python SDK honours (openai-python #3555): it treats a longer
@@ -124,6 +124,12 @@ class GovernorConfig:
     )
     standard_ceiling: float = option(
         0.95, "fraction of each cap standard frames may fill while critical ones are around"
+    )
+    class_allowance: tuple[str, ...] = option(
+        (),
+        "critical=D: critical frames are admitted past --max-inflight while fewer than it + D are in flight (a"
+        " batch up to D larger while they use it), so a critical burst is not refused before anything frees",
+        metavar="CLASS=D",
     )
     priority_hold_s: float = option(
         1.0,
@@ -413,7 +419,16 @@ class GovernorConfig:
 
     def ceiling_policy(self) -> CeilingPolicy:
         try:
-            return CeilingPolicy(self.sheddable_ceiling, self.standard_ceiling, self.priority_hold_s)
+            allowances = dict(parse_allowance(text) for text in self.class_allowance)
+        except ValueError as exc:
+            raise ConfigError(f"--class-allowance: {exc}") from None
+        try:
+            return CeilingPolicy(
+                self.sheddable_ceiling,
+                self.standard_ceiling,
+                self.priority_hold_s,
+                allowances.get(Priority.CRITICAL, 0),
+            )
         except ValueError as exc:
             raise ConfigError(f"--sheddable-ceiling, --standard-ceiling, --priority-hold-s: {exc}") from None
 

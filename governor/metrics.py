@@ -238,6 +238,11 @@ def _tenant_families(state: ServerState, now: float) -> Iterator[GaugeMetricFami
         inflight.add_metric([priority.value], tally.inflight)
     yield ceiling
     yield inflight
+    yield GaugeMetricFamily(
+        "governor_class_allowance",
+        "Requests critical frames may be admitted past --max-inflight (--class-allowance critical=D); 0 = none.",
+        value=admission.inflight.allowance,
+    )
     preempted = CounterMetricFamily(
         "governor_preempted",
         "Admitted requests displaced before their first token by a higher class (yield `preempted`),"

@@ -155,6 +155,7 @@ RELOADABLE = (
     "sheddable_ceiling",
     "standard_ceiling",
     "priority_hold_s",
+    "class_allowance",
     "preempt",
     "shed_blind_retries",
     "fleet_max_inflight",

@@ -183,6 +183,7 @@ class ServerState:
             "tenant_share_from": admission.fair.threshold,
             "tenants": self._tenants(now),
             "classes": self._classes(now),
+            "class_allowance": {"critical": admission.inflight.allowance},
             "fleet": None if self.fleet is None else self.fleet.describe(),
             "received_total": acc.received,
             "executed_total": acc.executed,

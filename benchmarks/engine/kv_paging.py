@@ -30,6 +30,7 @@ from typing import Any
 
 from benchmarks.harness.common import machine, markdown_table, out_dir, random_text, start_governor, stats, stop
 from benchmarks.harness.results import Sitting
+from governor.bench.stats import percentile
 from governor.client import AsyncClient
 
 
@@ -60,8 +61,10 @@ class Run:
         return sum(len(o.tokens) for o in self.outcomes)
 
     def ttft_ms(self, q: float) -> float:
-        values = sorted(o.ttft_s for o in self.outcomes)
-        return 1000 * values[min(len(values) - 1, int(q * len(values)))]
+        """The q-quantile (0-1) of the TTFT, ms, interpolated (every run has outcomes)."""
+        value = percentile([o.ttft_s for o in self.outcomes], 100 * q)
+        assert value is not None, "a run without outcomes"
+        return 1000 * value
 
     @property
     def tokens_per_s(self) -> float:

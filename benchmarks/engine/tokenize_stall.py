@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine, markdown_table, out_dir, start_governor, stop
 from benchmarks.harness.results import Sitting
+from governor.bench.stats import percentile
 from governor.client import AsyncClient
 from govwire.errors import BadFrame
 
@@ -33,11 +34,6 @@ class Round:
     gaps_before: list[float] = field(default_factory=list)  # ms
     gaps_during: list[float] = field(default_factory=list)
     refusal_ms: float = 0.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def one_round(port: int, streams: int, new_tokens: int, big: str) -> Round:
@@ -80,9 +76,9 @@ def summary(r: Round) -> dict[str, float]:
     """One round's row of the table, in numbers."""
     return {
         "itl_p50_before_ms": statistics.median(r.gaps_before),
-        "itl_p99_before_ms": percentile(r.gaps_before, 0.99),
+        "itl_p99_before_ms": percentile(r.gaps_before, 99),
         "itl_p50_during_ms": statistics.median(r.gaps_during),
-        "itl_p99_during_ms": percentile(r.gaps_during, 0.99),
+        "itl_p99_during_ms": percentile(r.gaps_during, 99),
         "max_gap_during_ms": max(r.gaps_during),
         "refusal_ms": r.refusal_ms,
     }

@@ -23,6 +23,7 @@ from typing import Any
 
 from benchmarks.harness.common import out_dir, random_text, start_governor, start_gpt2_worker, stop
 from benchmarks.harness.results import Sitting
+from governor.bench.stats import percentile
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
 
 MAX_NEW = 16  # new tokens per request: greedy, end-of-sequence ignored
@@ -80,10 +81,11 @@ class Run:
 
 
 def ttft_ms(outcomes: list[Outcome], q: float) -> float | None:
-    """The q-quantile of the completed outcomes' TTFT, ms: the value at index int(q·n), the last for
-    small n (so a "p99" of fewer than 100 requests is their maximum)."""
-    values = sorted(o.ttft_s for o in outcomes if o.status == "done" and o.ttft_s is not None)
-    return 1000 * values[min(len(values) - 1, int(q * len(values)))] if values else None
+    """The q-quantile (0-1) of the completed outcomes' TTFT, ms, interpolated between ranks
+    (governor.bench.stats.percentile); None for none. Report it with its sample count
+    (`done_count`): a p99 of fewer than 100 requests is mostly their largest two."""
+    value = percentile([o.ttft_s for o in outcomes if o.status == "done" and o.ttft_s is not None], 100 * q)
+    return None if value is None else 1000 * value
 
 
 def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:

@@ -385,6 +385,7 @@ class Admission:
         self.inflight.guaranteed = self.tenants.guaranteed_inflight
         self.fair.threshold = share_threshold
         self.ceilings.policy = ceilings
+        self.inflight.allowance = ceilings.critical_allowance
         self.displacement.enabled = preempt
         self._activate()
 

@@ -25,7 +25,9 @@ from governor.admission.cost import NO_ASK, Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
 from govwire.errors import OverBudget
-from govwire.vocab import YieldReason
+from govwire.vocab import Priority, YieldReason
+
+_CRITICAL = Priority.CRITICAL
 
 if TYPE_CHECKING:
     from governor.admission.appointments import Appointment, AppointmentBook, PrepaidBook
@@ -180,10 +182,12 @@ class InflightLimiter:
     A tenant with a `guaranteed_inflight` allowance that holds fewer requests than it is admitted
     past the cap (and past what appointments keep), by at most the sum of all guarantees
     (`guaranteed`): a bursty tenant finds room at once whatever the others hold, at the price of
-    a larger batch for everyone while it does. Everyone else waits until in-flight is back under
-    the cap."""
+    a larger batch for everyone while it does. A critical frame is admitted past the cap too while
+    fewer than cap + `allowance` are in flight (`--class-allowance critical=D`, priority.py). So
+    in-flight never exceeds the cap + the larger of the two. Everyone else waits until in-flight
+    is back under the cap."""
 
-    __slots__ = ("max_inflight", "inflight", "guaranteed", "_hints", "_refusal", "book")
+    __slots__ = ("max_inflight", "inflight", "guaranteed", "allowance", "_hints", "_refusal", "book")
 
     def __init__(self, max_inflight: int, hints: RetryHintEstimator, book: AppointmentBook | None = None) -> None:
         if max_inflight < 1:
@@ -191,6 +195,7 @@ class InflightLimiter:
         self.max_inflight = max_inflight
         self.inflight = 0
         self.guaranteed = 0  # the sum of the tenants' guaranteed_inflight
+        self.allowance = 0  # how far past the cap critical frames are admitted
         self._hints = hints
         self._refusal = Refusal(YieldReason.INFLIGHT)
         self.book = book  # None: the estimator's hints, nothing kept (--retry-hint fixed)
@@ -211,6 +216,8 @@ class InflightLimiter:
             tenant = ask.tenant
             if tenant is not None and tenant.inflight < tenant.limits.guaranteed_inflight:
                 return None  # within its guarantee
+        if self.allowance and ask.priority is _CRITICAL and self.inflight < self.max_inflight + self.allowance:
+            return None  # within the critical allowance
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
         if book is None:

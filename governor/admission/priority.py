@@ -16,6 +16,14 @@ frame is short of capacity, every class may fill every cap: capacity held for
 nobody would be capacity lost (the Gateway API Inference Extension's priority holdback, rather
 than a fixed reservation). A critical frame that meets a full cap may also displace a request of
 a lower class that has not started (displacement.py).
+
+A ceiling keeps the next releases for critical work, but at the start of a burst nothing is
+released for a whole service time, and critical frames arriving then are refused whatever the
+gates say (Erlang B: 8 slots at 4 erlangs of critical load refuse 3% of first attempts). The only
+lever there is capacity past the cap: `critical_allowance` (`--class-allowance critical=D`, opt-in
+like a tenant's `guaranteed_inflight`) admits critical frames past `--max-inflight` while fewer
+than cap + D requests are in flight, so their first attempts are refused about as often as
+B(cap + D, load) says, at the price of a batch up to D larger while they use it.
 """
 
 from __future__ import annotations
@@ -44,12 +52,15 @@ class CeilingPolicy:
     sheddable: float = 0.8
     standard: float = 0.95
     hold_s: float = 1.0  # how long a gate stays closed after a refusal (at least one release gap)
+    critical_allowance: int = 0  # critical frames may be admitted this far past the in-flight cap
 
     def __post_init__(self) -> None:
         if not 0 < self.sheddable <= self.standard <= 1:
             raise ValueError("ceilings need 0 < sheddable <= standard <= 1")
         if not 0 <= self.hold_s < math.inf:
             raise ValueError("the ceiling hold must be finite and >= 0")
+        if self.critical_allowance < 0:
+            raise ValueError("a class allowance must be >= 0")
 
     def of(self, priority: Priority) -> float:
         """The class's ceiling when it applies."""
@@ -107,3 +118,21 @@ class PriorityCeilings:
             _STANDARD.value: policy.standard if critical else 1.0,
             _SHEDDABLE.value: policy.sheddable if critical or standard else 1.0,
         }
+
+
+def parse_allowance(text: str) -> tuple[Priority, int]:
+    """`CLASS=D` (`--class-allowance`) -> the class and its allowance past the in-flight cap. Only
+    critical takes one: the classes below yield to it, and an allowance of theirs would take what
+    the gates keep for it."""
+    name, sep, value = (part.strip() for part in text.partition("="))
+    if not sep:
+        raise ValueError(f"{text!r}: expected CLASS=D, e.g. critical=2")
+    if name != _CRITICAL.value:
+        raise ValueError(f"{name!r}: only critical takes an allowance past the cap")
+    try:
+        allowance = int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a whole number of requests") from None
+    if allowance < 0:
+        raise ValueError(f"allowance {allowance} must be >= 0")
+    return _CRITICAL, allowance

@@ -269,7 +269,8 @@ class TenantMachine(RuleBasedStateMachine):
         weight=2.0, max_inflight=3, max_qps=4.0, qps_burst=2.0, max_inflight_tokens=150, max_tokens_per_s=80.0
     )
     THRESHOLD = 0.5
-    CEILINGS = CeilingPolicy(0.6, 0.85, hold_s=1.0)
+    ALLOWANCE = 3  # critical frames' allowance past the cap (more than the guarantee: both act)
+    CEILINGS = CeilingPolicy(0.6, 0.85, hold_s=1.0, critical_allowance=ALLOWANCE)
     GUARANTEED = 2  # plain's guaranteed_inflight
 
     def __init__(self) -> None:
@@ -351,8 +352,10 @@ class TenantMachine(RuleBasedStateMachine):
         ceiling = request.grant.ask.ceiling
         assert ceiling in (1.0, self.CEILINGS.sheddable, self.CEILINGS.standard)
         tenant = request.grant.ask.tenant
-        if admission.inflight.inflight > self.MAX_INFLIGHT * ceiling + 1e-9:  # only within a guarantee
-            assert tenant is not None and tenant.name == "plain" and tenant.inflight <= self.GUARANTEED
+        if admission.inflight.inflight > self.MAX_INFLIGHT * ceiling + 1e-9:  # within a guarantee or the allowance
+            guaranteed = tenant is not None and tenant.name == "plain" and tenant.inflight <= self.GUARANTEED
+            allowed = priority == "critical" and admission.inflight.inflight <= self.MAX_INFLIGHT + self.ALLOWANCE
+            assert guaranteed or allowed
         assert admission.tokens.held <= self.BUDGET * ceiling + 1e-9
         assert tenant is not None and tenant.name == (who if who in ("capped", "plain") else DEFAULT_TENANT)
         if tenant.name == "capped":
@@ -378,7 +381,7 @@ class TenantMachine(RuleBasedStateMachine):
     def caps_hold_and_every_tenant_holds_what_its_live_requests_reserved(self) -> None:
         live = self.live()
         admission, acc = self.state.admission, self.state.accounting
-        assert admission.inflight.inflight == len(live) <= self.MAX_INFLIGHT + self.GUARANTEED
+        assert admission.inflight.inflight == len(live) <= self.MAX_INFLIGHT + max(self.GUARANTEED, self.ALLOWANCE)
         assert admission.tokens.held <= self.BUDGET
         for tenant in admission.tenants:
             mine = [r for r in live if r.grant.ask.tenant is tenant]
@@ -615,6 +618,40 @@ def test_a_guaranteed_tenant_is_admitted_past_the_full_cap_up_to_its_allowance()
     assert "a6" in ingress.active and admission.inflight.inflight == 4
     rows = {t["name"]: t for t in state.snapshot()["tenants"]}
     assert (rows["b"]["guaranteed_inflight"], rows["a"]["guaranteed_inflight"]) == (2, 0)
+
+
+def test_critical_frames_are_admitted_past_the_full_cap_up_to_the_class_allowance() -> None:
+    # Fixed hints: no appointment keeps a slot for the refused frames, the allowance alone acts.
+    state = make_state(
+        max_inflight=4, ceilings=CeilingPolicy(critical_allowance=2), hint_policy=RetryHintPolicy(adaptive=False)
+    )
+    ingress, writes = make_ingress(state)
+    admission = state.admission
+    ingress.receive_data(b"".join(frame(f"s{i}") for i in range(5)))
+    assert admission.inflight.inflight == 4 and [r["id"] for r in replies(writes)] == ["s4"]
+    ingress.receive_data(b"".join(frame(f"c{i}", priority="critical") for i in range(3)))
+    assert admission.inflight.inflight == 6  # two critical past the cap; the third is refused like anyone
+    assert {r["id"]: r["reason"] for r in replies(writes)} == {"s4": "inflight", "c2": "inflight"}
+    # The classes below get back in only under the cap: a release frees no slot for them while
+    # in-flight is past it (and the critical refusal closed their gate as well).
+    finish(state, next(r for r in ingress.active.values() if r.client_id == "s0"))
+    ingress.receive_data(frame("s5"))
+    assert "s5" not in ingress.active and admission.inflight.inflight == 5
+    ingress.receive_data(frame("c3", priority="critical"))
+    assert "c3" in ingress.active and admission.inflight.inflight == 6
+
+
+def test_class_allowance_parses_for_critical_only() -> None:
+    assert GovernorConfig(class_allowance=("critical=2",)).ceiling_policy().critical_allowance == 2
+    assert GovernorConfig().ceiling_policy().critical_allowance == 0
+    for text, message in (
+        ("standard=2", "only critical"),
+        ("critical", "expected CLASS=D"),
+        ("critical=x", "not a whole number"),
+        ("critical=-1", "must be >= 0"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            GovernorConfig(class_allowance=(text,)).ceiling_policy()
 
 
 def test_guaranteed_inflight_parses_and_may_not_exceed_the_tenants_own_cap() -> None:
