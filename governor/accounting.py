@@ -90,6 +90,7 @@ class Accounting:
         "tokens_reserved",
         "tokens_settled",
         "deadlines",
+        "predictions",
         "classes",
         "first_admitted",
         "first_yielded",
@@ -117,6 +118,9 @@ class Accounting:
         self.tokens_reserved = 0  # token cost charged at admission, summed over admitted requests
         self.tokens_settled = 0  # their real cost, summed as they settle
         self.deadlines = {outcome.value: 0 for outcome in DeadlineOutcome}
+        # Of the admitted requests with a deadline that the TTFT model predicted: whether the first
+        # token came within the prediction (`covered`) or later, or never (`exceeded`).
+        self.predictions = {"covered": 0, "exceeded": 0}
         self.classes = {priority: Tally() for priority in Priority}
         # Admission's answers by attempt: a retry is a frame back for its appointment or one whose
         # client says it retries; of those, the blind ones held no valid appointment. (First
@@ -189,8 +193,12 @@ class Accounting:
             if ask.tenant is not None:
                 ask.tenant.tally.yielded[reason] += 1
 
-    def deadline(self, outcome: DeadlineOutcome) -> None:
+    def deadline(self, outcome: DeadlineOutcome, predicted_s: float | None, ttft_s: float) -> None:
+        """An admitted request with a deadline started (`ttft_s` after it was received) or expired
+        (`ttft_s`: how long it waited); `predicted_s`: what the deadline check predicted, if it did."""
         self.deadlines[outcome] += 1
+        if predicted_s is not None:
+            self.predictions["covered" if outcome is DeadlineOutcome.MET and ttft_s <= predicted_s else "exceeded"] += 1
 
     def request_rerouted(self) -> None:
         self.rerouted += 1

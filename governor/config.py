@@ -65,8 +65,9 @@ class GovernorConfig:
     )
     deadline_margin: float = option(
         1.65,
-        "a frame with deadline_ms is refused when the predicted time to first token plus this many standard"
-        " deviations of the prediction's recent error exceeds it",
+        "a frame with deadline_ms is refused when the predicted time to first token plus a margin of standard"
+        " deviations of the prediction's recent error exceeds it: the margin starts here and is learnt so that"
+        " 5% of first tokens come later than predicted",
     )
     adaptive_limit: Literal["off", "shadow", "enforce"] = option(
         "off",

@@ -240,7 +240,7 @@ class Lifecycle:
         if request.deadline_timer is not None:
             request.deadline_timer.cancel()
             request.deadline_timer = None
-            self._accounting.deadline(DeadlineOutcome.MET)
+            self._accounting.deadline(DeadlineOutcome.MET, request.grant.predicted_ttft_s, ttft)
 
     def reroute(self, request: InflightRequest) -> bool:
         """DISPATCHED → DISPATCHED on another endpoint, once, after its worker was lost before the
@@ -292,8 +292,9 @@ class Lifecycle:
         request.deadline_timer = None
         if request.phase is not _ADMITTED and request.phase is not _DISPATCHED:
             return  # started or settled since the timer was set
-        self._accounting.deadline(DeadlineOutcome.EXPIRED)
-        self._admission.expired(request.grant, self._clock() - request.t_received)
+        waited = self._clock() - request.t_received
+        self._accounting.deadline(DeadlineOutcome.EXPIRED, request.grant.predicted_ttft_s, waited)
+        self._admission.expired(request.grant, waited)
         self.cancel(request)
         deadline_ms = round(request.grant.ask.deadline_s * 1000) if request.grant.ask.deadline_s else 0
         self.fail(request, DeadlineExceeded(f"no first token within deadline_ms {deadline_ms}", request.client_id))

@@ -183,6 +183,15 @@ def _token_families(
     for outcome, n in sorted(acc.deadlines.items()):
         deadlines.add_metric([outcome], n)
     yield deadlines
+    predictions = CounterMetricFamily(
+        "governor_deadline_predictions",
+        "Admitted requests with deadline_ms whose TTFT was predicted: first token within the prediction"
+        " (covered) or later or never (exceeded); the margin is learnt to cover about 95%.",
+        labels=["outcome"],
+    )
+    for outcome, n in sorted(acc.predictions.items()):
+        predictions.add_metric([outcome], n)
+    yield predictions
     yield GaugeMetricFamily(
         "governor_adaptive_limit",
         "The concurrency limit --adaptive-limit sets (enforce) or would set (shadow); --max-inflight when off.",

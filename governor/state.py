@@ -177,7 +177,7 @@ class ServerState:
             "tokens_reserved_total": acc.tokens_reserved,
             "tokens_settled_total": acc.tokens_settled,
             "bytes_per_token": round(self.costs.bytes_per_token, 4),
-            "deadlines": dict(acc.deadlines),
+            "deadlines": self._deadlines(),
             "adaptive_limit": {"mode": adaptive.policy.mode.value, "limit": adaptive.limit, "knee": adaptive.knee},
             "tenant_from": self.tenant_from,
             "tenant_share_from": admission.fair.threshold,
@@ -208,6 +208,19 @@ class ServerState:
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),
             "workers": self.upstream.describe(),
+        }
+
+    def _deadlines(self) -> dict[str, Any]:
+        """Deadline outcomes, and how the TTFT model's predictions held: `coverage`, the share of
+        the predicted admissions whose first token came within the prediction (the margin is
+        learnt to make it about 95%, ttft.py), and each endpoint's margin now."""
+        acc = self.accounting
+        predicted = acc.predictions["covered"] + acc.predictions["exceeded"]
+        return {
+            **acc.deadlines,
+            **acc.predictions,
+            "coverage": round(acc.predictions["covered"] / predicted, 4) if predicted else None,
+            "margin_sd": {e.name: round(e.ttft.margin, 3) for e in self.admission.pool.endpoints},
         }
 
     def _retry_hints(self) -> dict[str, Any]:

@@ -40,7 +40,11 @@ def _token_lines(after: dict[str, Any]) -> list[str]:
     deadlines = after.get("deadlines") or {}
     met, expired = deadlines.get("met", 0), deadlines.get("expired", 0)
     if met or expired:
-        lines.append(f"deadlines since start: met {met}, expired {expired} ({expired / (met + expired):.1%} expired)")
+        line = f"deadlines since start: met {met}, expired {expired} ({expired / (met + expired):.1%} expired)"
+        coverage = deadlines.get("coverage")
+        if coverage is not None:
+            line += f"; first tokens within their prediction {coverage:.1%} (the margin aims at 95%)"
+        lines.append(line)
     adaptive = after.get("adaptive_limit") or {}
     mode = adaptive.get("mode", "off")
     if mode != "off":

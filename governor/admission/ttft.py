@@ -15,6 +15,15 @@ prediction is an upper estimate: the fit plus `margin` standard deviations of it
 residuals (Mooncake refuses on predicted TTFT the same way; the margin trades early refusals
 for deadlines met). No prediction before `MIN_SAMPLES` first tokens: the deadline check admits
 until then.
+
+The margin is learnt, not set: residuals are not normal (a long prefill ahead, a batch that grew
+after admission), so a fixed 1.65 sigma covers some share of first tokens nobody chose. Each sample
+is an exceedance when it came later than the prediction the model makes for it (fit plus margin,
+before the sample is learnt); an expired request's wait is one too (its first token was later
+still). The margin then takes a stochastic-approximation step toward the multiple of sigma that
+`EXCEEDANCE` of first tokens exceed: up `STEP` x (1 - EXCEEDANCE) after an exceedance, down
+`STEP` x EXCEEDANCE otherwise (Robbins-Monro for a quantile), so exceedances settle at that share
+whatever the residuals' shape. `--deadline-margin` is where it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +35,12 @@ FORGETTING = 0.98  # each sample's weight decays by this per newer sample: ~50 s
 RIDGE = 1e-6
 TOKEN_SCALE = 1000.0  # features are scaled to order 1 so the ridge treats them alike
 REQUEST_SCALE = 10.0
+EXCEEDANCE = 0.05
+"""The share of first tokens the margin is learnt to leave later than predicted."""
+STEP = 0.1
+"""The margin's learning step, in standard deviations: an exceedance raises it 0.095 sigma, a
+sample within it lowers it 0.005 sigma (so a shift shows within a few hundred samples)."""
+MAX_MARGIN = 10.0
 
 
 def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -47,11 +62,12 @@ def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
 
 
 class TtftModel:
-    __slots__ = ("margin", "samples", "_xtx", "_xty", "_weights", "_residual_var", "_residuals")
+    __slots__ = ("margin", "samples", "exceeded", "_xtx", "_xty", "_weights", "_residual_var", "_residuals")
 
     def __init__(self, margin: float = 1.65) -> None:
-        self.margin = margin  # standard deviations of the residuals added to the fit
+        self.margin = margin  # standard deviations of the residuals added to the fit: learnt from here
         self.samples = 0
+        self.exceeded = 0  # samples later than their prediction (`observe`)
         self._xtx = [[0.0] * 3 for _ in range(3)]
         self._xty = [0.0] * 3
         self._weights: list[float] | None = None
@@ -84,6 +100,11 @@ class TtftModel:
         w = self._weights
         if w is not None:  # the error of the fit so far on a sample it has not seen
             error = ttft_s - self._value(w, x)
+            if self.samples >= MIN_SAMPLES and self._residual_var > 0:  # it was predicted: learn the margin
+                over = error > self.margin * math.sqrt(self._residual_var)
+                self.exceeded += over
+                step = STEP * ((1.0 - EXCEEDANCE) if over else -EXCEEDANCE)
+                self.margin = min(MAX_MARGIN, max(0.0, self.margin + step))
             self._residuals += 1
             # a plain mean over the first samples, then the same forgetting as the fit
             rate = max(1.0 - FORGETTING, 1.0 / self._residuals)

@@ -43,7 +43,58 @@ def test_the_model_learns_a_linear_ttft_and_adds_its_error_margin() -> None:
     fit, upper = noisy.fit(1000, 0), noisy.predict(1000, 0)
     assert fit is not None and upper is not None
     assert fit == pytest.approx(0.1, abs=0.01)
-    assert upper - fit == pytest.approx(0.02, rel=0.3)  # two standard deviations of the residuals
+    assert upper - fit == pytest.approx(noisy.margin * 0.01, rel=0.3)  # the margin, in deviations of the residuals
+
+
+@pytest.mark.parametrize(
+    ("noise", "quantile"),
+    [
+        (lambda rng: rng.gauss(0, 0.01), 1.645),  # normal errors: the normal 95% quantile
+        (lambda rng: rng.expovariate(100) - 0.01, 1.996),  # skewed (a long prefill ahead): ln 20 - 1
+    ],
+)
+def test_the_margin_is_learnt_so_that_five_percent_of_first_tokens_come_later_than_predicted(
+    noise: Any, quantile: float
+) -> None:
+    rng = random.Random(7)
+    model = TtftModel(margin=0.5)  # started far too low, as a configured guess may be
+    late = []
+    for i in range(6000):
+        tokens = rng.randint(0, 4000)
+        ttft = 0.02 + tokens / 10_000 + noise(rng)
+        predicted = model.predict(tokens, 0)
+        model.observe(tokens, 0, ttft)
+        if i >= 3000 and predicted is not None:
+            late.append(ttft > predicted)
+    assert sum(late) / len(late) == pytest.approx(0.05, abs=0.015)
+    assert model.margin == pytest.approx(quantile, abs=0.35)
+
+
+def test_coverage_counts_admitted_deadline_frames_against_their_prediction() -> None:
+    clock = FakeClock()
+    timers = FakeTimers(clock)
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=16, clock=clock, upstream=upstream, timers=timers)
+    endpoint = state.admission.pool.endpoints[0]
+    endpoint.ttft = TtftModel(margin=0.0)
+    for tokens in range(0, 2000, 100):  # 1 ms per waiting prompt token, exactly: predictions are the fit
+        endpoint.ttft.observe(tokens, 0, tokens / 1000)
+    ingress, _ = make_ingress(state)
+    ingress.receive_data(frame("a", "x" * 400, deadline_ms=900) + frame("b", "x" * 400, deadline_ms=900))
+    (a_uid, _), (b_uid, _) = upstream.dispatched.items()  # predicted 0.1 s and 0.2 s
+    clock.advance(0.15)
+    upstream.worker_sends(encode_token(a_uid, 0, 97, "a"), encode_token(b_uid, 0, 97, "a"))  # a late, b within
+    ingress.receive_data(frame("c", "x" * 400, deadline_ms=900))
+    clock.advance(1.0)
+    assert timers.fire_due() == 1  # c expired: later than any prediction
+    deadlines = state.snapshot()["deadlines"]
+    assert (deadlines["met"], deadlines["expired"]) == (2, 1)
+    assert (deadlines["covered"], deadlines["exceeded"], deadlines["coverage"]) == (
+        1,
+        2,
+        pytest.approx(1 / 3, abs=1e-3),
+    )
+    assert set(deadlines["margin_sd"]) == {endpoint.name}
 
 
 def test_a_request_predicted_to_miss_its_deadline_yields_with_the_excess_as_hint() -> None:

@@ -98,9 +98,9 @@ def test_a_run_reports_quantiles_goodput_and_counts() -> None:
     outcomes = [outcome("short", "done", t / 100, sent_s=t) for t in range(1, 11)]
     outcomes += [outcome("long", "done", 2.0, 5.0), outcome("short", "yield", None), outcome("long", "error", None)]
     run_ = Run("r", outcomes, wall_s=2.0)
-    assert run_.ttft_ms(0.5, "short") == pytest.approx(60.0)  # index int(0.5 * 10) of 10..100 ms
-    assert run_.ttft_ms(0.99, "short") == pytest.approx(100.0)  # fewer than 100: the maximum
-    assert run_.ttft_ms(0.99, "short", since=3, until=5) == pytest.approx(40.0)
+    assert run_.ttft_ms(0.5, "short") == pytest.approx(55.0)  # between the 5th and 6th of 10..100 ms
+    assert run_.ttft_ms(0.99, "short") == pytest.approx(99.1)  # interpolated, not the maximum
+    assert run_.ttft_ms(0.99, "short", since=3, until=5) == pytest.approx(39.9)
     assert run_.rps == 11 / 2.0 and run_.goodput(slo_s=0.05) == 5 / 2.0
     assert (run_.count("yield"), run_.count("error"), len(run_.done("long"))) == (1, 1, 1)
     assert ttft_ms([], 0.99) is None
