@@ -15,8 +15,10 @@ yield is final (no retry), so what is measured is what the governor let in.
             --max-inflight 64); each at its best (most goodput). Short requests' TTFT p99,
             completed requests/s, goodput (TTFT <= --slo-ms).
 - deadline: the mix at 150% with deadline_ms = --slo-ms on every frame, against the same arrivals
-            without it, --max-inflight 32. Of admitted requests with a deadline the share that met
-            it; goodput; of the refused, the share whose twin in the run without deadlines missed.
+            without it, --max-inflight 32, `--rounds` times. Of the frames sent with a deadline the
+            share served in time; of the admitted the share that met it; of the refused the share
+            whose twin in the same round's run without deadlines missed (refusal precision); the
+            governor's prediction coverage (stats.deadlines); goodput against the twin.
 - adaptive: short prompts only at 150% of their capacity; half-way through, two CPU-bound
             processes start on the same machine (the engine's capacity roughly halves). A fixed
             --max-inflight swept before the change; the best fixed one, --adaptive-limit enforce
@@ -36,6 +38,7 @@ import threading
 from benchmarks.harness.common import fmt, machine, markdown_table, random_text
 from benchmarks.harness.experiment import Arrival, Run, WorkerBench, finish, worker_options
 from benchmarks.harness.results import Sitting
+from benchmarks.harness.rounds import alternate, median, paired_ratio
 
 SHORT, LONG = 32, 896
 EXPERIMENTS = ("mix", "deadline", "adaptive")
@@ -43,7 +46,8 @@ EXPERIMENTS = ("mix", "deadline", "adaptive")
 
 def arrivals(rate: float, seconds: float, long_share: float, seed: int) -> list[Arrival]:
     rng = random.Random(seed)
-    out, t = [], 0.0
+    out: list[Arrival] = []
+    t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t >= seconds:
@@ -119,13 +123,23 @@ def mix_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
     best = "best request cap"
     note = f"{fastest.name} against {best_cap.name}"
     sitting.figure(
-        "short TTFT p99, fastest token budget", p99_fastest, "ms", baseline=(best, p99_cap),
-        bar="ratio <= 0.33 (cut >= 3x)", met=None if p99_ratio is None else p99_ratio <= 1 / 3, note=note,
-    )  # fmt: skip
+        "short TTFT p99, fastest token budget",
+        p99_fastest,
+        "ms",
+        baseline=(best, p99_cap),
+        bar="ratio <= 0.33 (cut >= 3x)",
+        met=None if p99_ratio is None else p99_ratio <= 1 / 3,
+        note=note,
+    )
     sitting.figure(
-        "completed/s, fastest token budget", fastest.rps, "req/s", baseline=(best, best_cap.rps),
-        bar="ratio >= 0.95", met=throughput >= 0.95, note=note,
-    )  # fmt: skip
+        "completed/s, fastest token budget",
+        fastest.rps,
+        "req/s",
+        baseline=(best, best_cap.rps),
+        bar="ratio >= 0.95",
+        met=throughput >= 0.95,
+        note=note,
+    )
     note = f"{best_budget.name} against {best_cap.name}"
     for name, value, base, unit in (
         ("short TTFT p99", p99_budget, p99_cap, "ms"),
@@ -152,10 +166,48 @@ def mix_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
                 "yields",
             ],
             rows,
-        )  # fmt: skip
+        )
         + f"\n\nbest token budget vs best request cap: short TTFT p99 {ratio:.2f}x lower, throughput "
         f"{best_budget.rps / best_cap.rps:.2f}x, goodput {gain:.2f}x\n"
     )
+
+
+def deadline_figures(rounds: list[dict[str, Run]], slo: float) -> dict[str, float | int | None]:
+    """What a deadline caller feels, over every round: of the frames sent with a deadline, those
+    served in time (the in-time share of all), those admitted that met it, those admitted that
+    expired, and those refused at once whose twin in the same round's run without deadlines missed
+    it (done late or not done: the refusal was right); the governor's own count of predictions
+    covered (stats.deadlines)."""
+    sent = met = admitted = expired = refused = right = covered = predicted = 0
+    for r in rounds:
+        plain, aware = r["no_deadline"], r["deadline"]
+        sent += len(aware.outcomes)
+        done = aware.done()
+        met += sum(1 for o in done if o.ttft_s is not None and o.ttft_s <= slo)
+        expired += aware.count("error", "deadline_exceeded")
+        admitted += len(done) + aware.count("error", "deadline_exceeded")
+        for i, o in enumerate(aware.outcomes):
+            if o.status == "yield" and o.code == "deadline":
+                refused += 1
+                twin = plain.outcomes[i]
+                right += twin.status != "done" or (twin.ttft_s or 0) > slo
+        deadlines = aware.stats.get("deadlines") or {}
+        covered += deadlines.get("covered", 0)
+        predicted += deadlines.get("covered", 0) + deadlines.get("exceeded", 0)
+    return {
+        "sent": sent,
+        "admitted": admitted,
+        "met": met,
+        "expired": expired,
+        "refused": refused,
+        "refused_whose_twin_missed": right,
+        "in_time_share": met / sent if sent else None,
+        "met_share": met / admitted if admitted else None,
+        "expired_share": expired / admitted if admitted else None,
+        "refusal_precision": right / refused if refused else None,
+        "coverage": covered / predicted if predicted else None,
+        "predicted": predicted,
+    }
 
 
 def deadline_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
@@ -163,65 +215,106 @@ def deadline_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
     plan = arrivals(1.5 * capacity, args.seconds, 0.1, seed=2)
     slo = args.slo_ms / 1000
     flags = ["--max-inflight", "32"]
-    plain = bench.open_loop("no_deadline", flags, plan)
-    aware = bench.open_loop("deadline", flags, plan, deadline_ms=args.slo_ms)
-    admitted = aware.done()
-    met = sum(1 for o in admitted if o.ttft_s is not None and o.ttft_s <= slo)
-    expired = aware.count("error", "deadline_exceeded")
-    refused = [i for i, o in enumerate(aware.outcomes) if o.status == "yield" and o.code == "deadline"]
-    twin_missed = sum(1 for i in refused if plain.outcomes[i].status != "done" or (plain.outcomes[i].ttft_s or 0) > slo)
-    gain = aware.goodput(slo) / max(plain.goodput(slo), 1e-9)
-    met_share = met / (len(admitted) + expired) if admitted or expired else None
+    paired = alternate(
+        args.rounds,
+        {
+            "no_deadline": lambda: bench.open_loop("no_deadline", flags, plan),
+            "deadline": lambda: bench.open_loop("deadline", flags, plan, deadline_ms=args.slo_ms),
+        },
+    )
+    f = deadline_figures(paired, slo)
+    goodput = {side: median(paired, side, lambda run: run.goodput(slo)) for side in ("no_deadline", "deadline")}
+    gain = paired_ratio(paired, "deadline", "no_deadline", lambda run: run.goodput(slo))
+
+    def pct(key: str) -> float | None:
+        value = f[key]
+        return None if value is None else 100 * value
+
+    def bar(key: str, low: float, high: float = 1.0) -> bool | None:
+        value = f[key]
+        return None if value is None else low <= value <= high
+
+    n = f"{f['sent']} frames with a deadline over {args.rounds} rounds"
     sitting.figure(
-        f"goodput with deadline_ms {args.slo_ms:g}", aware.goodput(slo), "req/s",
-        baseline=("without deadlines", plain.goodput(slo)), bar="ratio >= 1.3", met=gain >= 1.3,
-    )  # fmt: skip
+        f"goodput with deadline_ms {args.slo_ms:g}",
+        goodput["deadline"],
+        "req/s",
+        baseline=("without deadlines", goodput["no_deadline"]),
+        ratio=gain,
+        bar="ratio >= 1.3",
+        met=None if gain is None else gain >= 1.3,
+    )
     sitting.figure(
-        "admitted requests that met their deadline", None if met_share is None else 100 * met_share, "%",
-        bar=">= 95%", met=None if met_share is None else met_share >= 0.95,
-    )  # fmt: skip
-    sitting.figure("expired (cancelled in the worker)", expired, "requests", headline=False)
-    sitting.figure("refused (deadline)", len(refused), "requests", headline=False)
-    sitting.details = {
-        "arrivals_rps": 1.5 * capacity,
-        "capacity_rps": capacity,
-        "requests": len(plan),
-        "done_without_deadlines": len(plain.done()),
-        "done_with_deadlines": len(admitted),
-        "met": met,
-        "expired": expired,
-        "refused": len(refused),
-        "refused_whose_twin_missed": twin_missed,
-        "goodput_rps_without": plain.goodput(slo),
-        "goodput_rps_with": aware.goodput(slo),
-    }
+        "admitted requests that met their deadline",
+        pct("met_share"),
+        "%",
+        bar=">= 95%",
+        met=bar("met_share", 0.95),
+        note=f"{f['admitted']} admitted",
+    )
+    sitting.figure(
+        "frames with a deadline served in time",
+        pct("in_time_share"),
+        "%",
+        bar=">= 90%",
+        met=bar("in_time_share", 0.9),
+        note=n,
+    )
+    sitting.figure(
+        "deadline refusals whose twin without a deadline missed it",
+        pct("refusal_precision"),
+        "%",
+        bar=">= 80%",
+        met=bar("refusal_precision", 0.8),
+        note=f"{f['refused']} refused",
+    )
+    sitting.figure(
+        "admitted first tokens within their prediction (coverage)",
+        pct("coverage"),
+        "%",
+        bar="93-97%",
+        met=bar("coverage", 0.93, 0.97),
+        note=f"{f['predicted']} predicted (stats.deadlines)",
+    )
+    sitting.figure("expired share of the admitted", pct("expired_share"), "%", headline=False)
+    sitting.details = {"arrivals_rps": 1.5 * capacity, "capacity_rps": capacity, "requests": len(plan), **f}
     rows = [
-        ["without deadlines", str(len(plain.done())), "-", "-", "-", f"{plain.goodput(slo):.2f}"],
+        [
+            "without deadlines",
+            str(sum(len(r["no_deadline"].done()) for r in paired)),
+            "-",
+            "-",
+            "-",
+            "-",
+            fmt(goodput["no_deadline"], 2),
+        ],
         [
             f"deadline_ms {args.slo_ms:g}",
-            str(len(admitted)),
-            f"{met}/{len(admitted) + expired} ({met / max(len(admitted) + expired, 1):.1%})",
-            str(expired),
-            str(len(refused)),
-            f"{aware.goodput(slo):.2f}",
+            str(sum(len(r["deadline"].done()) for r in paired)),
+            f"{f['met']}/{f['admitted']} ({fmt(pct('met_share'), 1)}%)",
+            f"{f['met']}/{f['sent']} ({fmt(pct('in_time_share'), 1)}%)",
+            f"{f['expired']}",
+            f"{f['refused']} ({fmt(pct('refusal_precision'), 0)}% twin missed)",
+            fmt(goodput["deadline"], 2),
         ],
     ]
     return (
-        f"arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}), {len(plan)} requests, --max-inflight 32\n\n"
+        f"arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}), {len(plan)} requests per run, --max-inflight 32, "
+        f"{args.rounds} rounds\n\n"
         + markdown_table(
             [
                 "run",
                 "done",
                 "admitted that met the deadline",
+                "sent that were served in time",
                 "expired (cancelled)",
                 "refused (deadline)",
-                f"goodput/s (TTFT <= {args.slo_ms:g} ms)",
+                f"goodput/s (TTFT <= {args.slo_ms:g} ms), median",
             ],
             rows,
-        )  # fmt: skip
-        + f"\n\ngoodput with deadlines / without: {gain:.2f}x; "
-        f"of the {len(refused)} refused, {twin_missed} ({twin_missed / max(len(refused), 1):.0%}) had a twin in the "
-        "run without deadlines that missed it (done late, or not done)\n"
+        )
+        + f"\n\ngoodput with deadlines / without: {fmt(gain, 2)}x (median of rounds); predictions covered "
+        f"{fmt(pct('coverage'), 1)}% of {f['predicted']} (stats.deadlines)\n"
     )
 
 
@@ -251,20 +344,31 @@ def record_adaptive(
         before, after = changes[run]["ttft_p99_before_ms"], changes[run]["ttft_p99_after_ms"]
         ratio = after / before if after is not None and before else None
         sitting.figure(
-            f"TTFT p99 after the capacity halves, {label}", after, "ms", baseline=("before it", before),
-            bar="ratio <= 2", met=None if ratio is None else ratio <= 2, headline=headline,
-        )  # fmt: skip
+            f"TTFT p99 after the capacity halves, {label}",
+            after,
+            "ms",
+            baseline=("before it", before),
+            bar="ratio <= 2",
+            met=None if ratio is None else ratio <= 2,
+            headline=headline,
+        )
     utilisation = changes["halving_enforce"]["utilisation_after"]
     sitting.figure(
         "engine utilisation after the capacity halves, --adaptive-limit enforce",
-        None if utilisation is None else 100 * utilisation, "%",
-        bar=">= 80%", met=None if utilisation is None else utilisation >= 0.8,
-    )  # fmt: skip
+        None if utilisation is None else 100 * utilisation,
+        "%",
+        bar=">= 80%",
+        met=None if utilisation is None else utilisation >= 0.8,
+    )
     off = None if recommended is None else abs(recommended - best_cap) / best_cap
     sitting.figure(
-        "--adaptive-limit shadow's limit before the change", recommended, "requests",
-        baseline=("the sweep's best fixed cap", best_cap), bar="within 25%", met=None if off is None else off <= 0.25,
-    )  # fmt: skip
+        "--adaptive-limit shadow's limit before the change",
+        recommended,
+        "requests",
+        baseline=("the sweep's best fixed cap", best_cap),
+        bar="within 25%",
+        met=None if off is None else off <= 0.25,
+    )
 
 
 def adaptive_experiment(bench: Bench, sitting: Sitting) -> str:
@@ -354,7 +458,7 @@ def adaptive_experiment(bench: Bench, sitting: Sitting) -> str:
                 "limit (median) before -> after",
             ],
             rows,
-        )  # fmt: skip
+        )
         + f"\n\nshadow's recommendation before the change: {fmt(recommended)} against the sweep's best {best_cap}"
         f" ({abs((recommended or 0) - best_cap) / best_cap:.0%} apart)\n"
     )
@@ -366,6 +470,7 @@ def main() -> None:
     worker_options(parser)
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (the adaptive runs: twice)")
     parser.add_argument("--slo-ms", type=float, default=1000.0, help="TTFT SLO of goodput, and the deadline")
+    parser.add_argument("--rounds", type=int, default=3, help="deadline: rounds (each with its twin without deadlines)")
     args = parser.parse_args()
     chosen = args.experiments.split(",")
     sittings = {part: Sitting(("govwire", "governor", "worker"), part=part) for part in EXPERIMENTS if part in chosen}

@@ -6,7 +6,11 @@ an experiment; each configuration is a `governor serve --worker` in front of it,
 so configurations differ only in their governor flags. Arrivals are planned before any run
 (Poisson, seeded), so configurations compared side by side see the same arrivals, and each is sent
 at its planned time from one asyncio client. TTFT counts from a request's first submission,
-retries included, as its user sees it.
+retries included, as its user sees it; `admitted_s` is when the attempt that got in was sent, so
+the wait the governor added (`added_wait_s`) is told apart from the engine's time to a first
+token. A client retries a yield at its hint, as the SDKs do, only while its experiment says so
+(`retry_until`, `retries`), and never a `final` one (the governor said nothing frees for it within
+its promise horizon: an SDK's `x-should-retry: false`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from subprocess import Popen
 from typing import Any
 
-from benchmarks.harness.common import out_dir, random_text, start_governor, start_gpt2_worker, stop
+from benchmarks.harness.common import out_dir, random_text, start_governor, start_gpt2_worker, stats, stop
 from benchmarks.harness.results import Sitting
 from governor.bench.stats import percentile
 from governor.client import NO_RETRY, AsyncClient, GovernorError, Yielded
@@ -47,6 +51,18 @@ class Outcome:
     ttft_s: float | None  # from the first submission
     sent_s: float  # the first submission, from the run's start
     reasons: tuple[str, ...] = ()  # of the yields it met, in order
+    admitted_s: float | None = None  # the done attempt's submission, from the run's start
+    ended_s: float | None = None  # its last reply, from the run's start
+    final: bool = False  # the last yield was final (not to be retried)
+
+    @property
+    def added_wait_s(self) -> float | None:
+        """From the first submission to the one that got in: what retrying cost it."""
+        return None if self.admitted_s is None else self.admitted_s - self.sent_s
+
+    def first_token_within(self, seconds: float) -> bool:
+        """Whether it was done with a first token within `seconds` of its first submission."""
+        return self.status == "done" and self.ttft_s is not None and self.ttft_s <= seconds
 
 
 @dataclass
@@ -55,6 +71,7 @@ class Run:
     outcomes: list[Outcome]
     wall_s: float
     timeline: list[dict[str, float]] = field(default_factory=list)  # polled stats, when asked for
+    stats: dict[str, Any] = field(default_factory=dict)  # the governor's, at the end of the run
 
     def of(self, tenant: str | None = None, priority: str | None = None) -> list[Outcome]:
         return [
@@ -69,6 +86,10 @@ class Run:
     def ttft_ms(self, q: float, kind: str | None = None, since: float = 0.0, until: float = 1e9) -> float | None:
         return ttft_ms([o for o in self.done(kind) if since <= o.sent_s < until], q)
 
+    def done_count(self, kind: str | None = None, since: float = 0.0, until: float = 1e9) -> int:
+        """The sample count behind `ttft_ms` with the same arguments."""
+        return sum(1 for o in self.done(kind) if since <= o.sent_s < until and o.ttft_s is not None)
+
     @property
     def rps(self) -> float:
         return len(self.done()) / self.wall_s
@@ -78,6 +99,20 @@ class Run:
 
     def count(self, status: str, code: str | None = None) -> int:
         return sum(1 for o in self.outcomes if o.status == status and (code is None or o.code == code))
+
+
+def hint_outcomes(snapshot: dict[str, Any]) -> str:
+    """What became of the refused clients' appointments, per limit that booked them (`stats`
+    `retry_hints.outcomes`: on time, early, lapsed, ...), and each book's trust: one line."""
+    hints = snapshot.get("retry_hints") or {}
+    outcomes = hints.get("outcomes") or {}
+    trust = hints.get("trust") or {}
+    parts = [
+        f"{reason}: " + ", ".join(f"{outcome} {n}" for outcome, n in sorted(counts.items()) if n)
+        + (f" (trust {trust[reason]:.2f})" if reason in trust else "")
+        for reason, counts in sorted(outcomes.items())
+    ]  # fmt: skip
+    return "; ".join(parts) or "none"
 
 
 def ttft_ms(outcomes: list[Outcome], q: float) -> float | None:
@@ -108,11 +143,12 @@ async def send(
     retry_until: float | None = None,
     victim_until: float | None = None,
 ) -> Outcome:
-    """Send `a` at its time. A yield is final unless `retry_until`: then it is retried after its
+    """Send `a` at its time. A yield ends it unless `retry_until`: then it is retried after its
     hint until then. A `preempted` yield (admitted, then displaced before its first token) is
     retried until `victim_until` whatever `retry_until` says, as a client that saw its request
-    accepted does (the OpenAI SDKs retry a 429). A retry sends the yield's ticket back and comes at
-    the hint exactly when there is one, else with up to 20% jitter added (protocol.md)."""
+    accepted does (the OpenAI SDKs retry a 429). A `final` yield is never retried. A retry sends
+    the yield's ticket back and comes at the hint exactly when there is one, else with up to 20%
+    jitter added (protocol.md)."""
     await asyncio.sleep(max(0.0, t0 + a.at - time.perf_counter()))
     sent = time.perf_counter()
     fields: dict[str, Any] = {"temperature": 0.0, "stop_on_eos": False}
@@ -124,6 +160,7 @@ async def send(
     while True:
         attempts += 1
         first: float | None = None
+        attempt = time.perf_counter()
         try:
             async with client.stream(
                 a.prompt, max_new_tokens=MAX_NEW, tenant=a.tenant or None, priority=a.priority,
@@ -136,14 +173,19 @@ async def send(
             ticket = exc.retry_ticket
             wait = exc.retry_hint_ms / 1000 * (1.0 if ticket else random.uniform(1.0, 1.2))
             until = victim_until if "preempted" in reasons else retry_until
-            if until is None or time.perf_counter() + wait > until:
-                return Outcome(a, "yield", exc.reason, attempts, None, sent - t0, tuple(reasons))
+            if exc.final or until is None or time.perf_counter() + wait > until:
+                ended = time.perf_counter() - t0
+                return Outcome(
+                    a, "yield", exc.reason, attempts, None, sent - t0, tuple(reasons), ended_s=ended, final=exc.final
+                )
             await asyncio.sleep(wait)
             continue
         except GovernorError as exc:
-            return Outcome(a, "error", exc.code, attempts, None, sent - t0, tuple(reasons))
+            ended = time.perf_counter() - t0
+            return Outcome(a, "error", exc.code, attempts, None, sent - t0, tuple(reasons), ended_s=ended)
         ttft = None if first is None else first - sent
-        return Outcome(a, "done", None, attempts, ttft, sent - t0, tuple(reasons))
+        ended = time.perf_counter() - t0
+        return Outcome(a, "done", None, attempts, ttft, sent - t0, tuple(reasons), attempt - t0, ended)
 
 
 async def poll(poller: AsyncClient, t0: float, every_s: float, timeline: list[dict[str, float]]) -> None:
@@ -171,9 +213,11 @@ async def drive(
     deadline_ms: float = 0.0,
     retry_for_s: float | None = None,
     victims_retry_for_s: float | None = None,
+    retries: Callable[[Arrival], bool] | None = None,
     poll_s: float | None = None,
 ) -> Run:
-    """Send every arrival of `plan` at its time over one connection; with `poll_s`, `poll` reads the
+    """Send every arrival of `plan` at its time over one connection, retrying yields for
+    `retry_for_s` (only the arrivals `retries` picks, when given); with `poll_s`, `poll` reads the
     governor's stats that often on a second connection into the run's timeline."""
     timeline: list[dict[str, float]] = []
     async with AsyncClient(port=port, timeout=None, retry=NO_RETRY) as client:
@@ -186,9 +230,12 @@ async def drive(
         retry_until = None if retry_for_s is None else t0 + retry_for_s
         victim_until = None if victims_retry_for_s is None else t0 + victims_retry_for_s
         sends = (
-            send(client, a, t0, deadline_ms=deadline_ms, retry_until=retry_until, victim_until=victim_until)
+            send(
+                client, a, t0, deadline_ms=deadline_ms, victim_until=victim_until,
+                retry_until=retry_until if retries is None or retries(a) else None,
+            )
             for a in plan
-        )
+        )  # fmt: skip
         try:
             outcomes = await asyncio.gather(*sends)
             wall = time.perf_counter() - t0
@@ -221,13 +268,16 @@ class WorkerBench:
         proc, port = self.governor(name, *flags)
         try:
             run = asyncio.run(drive(port, plan, **drive_options))
+            run.stats = stats(port)
         finally:
             stop(proc)
         run.name = name
         reasons = Counter(reason for o in run.outcomes for reason in o.reasons)
+        finals = sum(o.final for o in run.outcomes)
         print(
             f"  {name}: {len(run.done())}/{len(plan)} done in {run.wall_s:.1f} s ({run.rps:.2f}/s), "
-            f"yields {dict(reasons)}, errors {run.count('error')}",
+            f"yields {dict(reasons)} ({finals} final), errors {run.count('error')}\n"
+            f"    hint outcomes {hint_outcomes(run.stats)}",
             flush=True,
         )
         time.sleep(1.0)  # let cancelled work drain from the worker before the next run

@@ -67,6 +67,16 @@ def test_a_retry_sends_the_ticket_back_and_the_ttft_counts_from_the_first_attemp
     assert client.calls[0]["temperature"] == 0.0 and client.calls[0]["stop_on_eos"] is False
 
 
+def test_a_final_yield_is_not_retried_and_the_admitted_attempt_is_timed() -> None:
+    final = Yielded("r", 10_000, "inflight", None, final=True)
+    out = run(Scripted(final, 1), Arrival(0.0, "hi"), retry_until=1e18)
+    assert (out.status, out.attempts, out.final) == ("yield", 1, True), "told not to come back: it does not"
+    out = run(Scripted(yielded("inflight", 30, ticket="t"), 1), Arrival(0.0, "hi"), retry_until=1e18)
+    assert out.admitted_s is not None and out.added_wait_s is not None and out.added_wait_s >= 0.03
+    assert out.ended_s is not None and out.ended_s >= out.admitted_s
+    assert out.first_token_within(10.0) and not out.first_token_within(0.0)
+
+
 def test_a_preempted_request_is_retried_until_its_own_horizon() -> None:
     client = Scripted(yielded("preempted"), yielded("inflight"), 1)
     out = run(client, Arrival(0.0, "hi"), victim_until=1e18)  # retry_until None: other yields are final...
