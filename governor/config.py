@@ -71,12 +71,18 @@ class GovernorConfig:
     )
     adaptive_limit: Literal["off", "shadow", "enforce"] = option(
         "off",
-        "estimate the concurrency where TTFT starts to grow: shadow exports it (governor_adaptive_limit),"
-        " enforce makes it the effective --max-inflight (which stays the ceiling)",
+        "estimate the concurrency past which the engine's steps slow down more than they batch, from its step"
+        " time against its batch: shadow exports it (governor_adaptive_limit), enforce makes it the effective"
+        " --max-inflight (which stays the ceiling)",
     )
     adaptive_limit_min: int = option(1, "the lowest limit --adaptive-limit enforce sets")
     adaptive_tolerance: float = option(
-        1.5, "--adaptive-limit: a concurrency whose TTFT exceeds this times the fastest one's is past the knee"
+        1.5, "--adaptive-limit: a batch whose step takes more than this times a batch of one's is past the knee"
+    )
+    adaptive_slowdown: float = option(
+        1.5,
+        "--adaptive-limit: while the engine is slower than at its best, the limit comes below the knee until the"
+        " step at the limit takes at most this times the step at the knee at its best",
     )
     tenant: tuple[str, ...] = option(
         (),
@@ -329,6 +335,7 @@ class GovernorConfig:
                 "--adaptive-limit-min must be in [1, --max-inflight]",
             ),
             (1 < self.adaptive_tolerance < math.inf, "--adaptive-tolerance must be finite and > 1"),
+            (1 <= self.adaptive_slowdown < math.inf, "--adaptive-slowdown must be finite and >= 1"),
             (0 <= self.tenant_share_from <= 1, "--tenant-share-from must be in [0, 1]"),
         ]
         for ok, message in checks:

@@ -70,6 +70,7 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         floor=config.adaptive_limit_min,
         ceiling=config.max_inflight,
         tolerance=config.adaptive_tolerance,
+        slowdown=config.adaptive_slowdown,
     )
     admission = Admission(
         endpoints,

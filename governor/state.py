@@ -162,7 +162,6 @@ class ServerState:
         bucket = admission.rate.bucket
         token_bucket = admission.token_rate.bucket
         hints = admission.hints
-        adaptive = admission.adaptive
         now = self.clock()
         return {
             "inflight": admission.inflight.inflight,
@@ -178,7 +177,7 @@ class ServerState:
             "tokens_settled_total": acc.tokens_settled,
             "bytes_per_token": round(self.costs.bytes_per_token, 4),
             "deadlines": self._deadlines(),
-            "adaptive_limit": {"mode": adaptive.policy.mode.value, "limit": adaptive.limit, "knee": adaptive.knee},
+            "adaptive_limit": self._adaptive(),
             "tenant_from": self.tenant_from,
             "tenant_share_from": admission.fair.threshold,
             "tenants": self._tenants(now),
@@ -208,6 +207,19 @@ class ServerState:
             "rerouted_total": acc.rerouted,
             "connections_shed": dict(acc.shed),
             "workers": self.upstream.describe(),
+        }
+
+    def _adaptive(self) -> dict[str, Any]:
+        """`--adaptive-limit`: the limit, the knee of the engine's step-time line, how much slower
+        than that line the latest streams ran, and the step the line predicts at the limit."""
+        adaptive = self.admission.adaptive
+        step = adaptive.step_at(adaptive.limit)
+        return {
+            "mode": adaptive.policy.mode.value,
+            "limit": adaptive.limit,
+            "knee": adaptive.knee,
+            "speed": round(adaptive.speed, 4),
+            "step_ms_at_limit": None if step is None else round(step * 1000, 3),
         }
 
     def _deadlines(self) -> dict[str, Any]:

@@ -50,9 +50,11 @@ def _token_lines(after: dict[str, Any]) -> list[str]:
     if mode != "off":
         knee = adaptive.get("knee")
         configured = after.get("configured_max_inflight", after["max_inflight"])
+        speed = adaptive.get("speed")
+        slower = f", engine at {1 / speed:.0%} of its line's speed" if knee is not None and speed else ""
         lines.append(
-            f"adaptive limit ({mode}): {adaptive.get('limit')}, knee {'not yet known' if knee is None else knee},"
-            f" --max-inflight {configured}"
+            f"adaptive limit ({mode}): {adaptive.get('limit')}, knee {'not yet known' if knee is None else knee}"
+            f"{slower}, --max-inflight {configured}"
         )
     return lines
 

@@ -34,7 +34,7 @@ medians over rounds. Each run prints what became of its refused clients' appoint
              lower classes' yields are final (a `preempted` one is retried at its hint with its
              ticket, as an SDK retries a 429); with `--critical-retry` critical clients retry at
              their hint too, as the SDKs do. The same arrivals with no class (the same clients
-             retrying); with `--allowance D` (2) a run with `--class-allowance critical=D`; with
+             retrying); with `--allowance D[,D...]` (2) a run with `--class-allowance critical=D` each; with
              `--class-flags`, more runs with those flags (e.g. '--preempt off'). Per class the share
              admitted at the first attempt (critical's beside its Erlang B ceiling: refusing at once
              inside the cap, B(cap, load) of first attempts are refused), critical's share with a
@@ -260,9 +260,39 @@ def neighbour_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str
     return (
         f"capacity C = {capacity:.2f} req/s; B offers 0.3 C = {0.3 * capacity:.2f}/s, A 5 C = {5 * capacity:.2f}/s, "
         f"{seconds:g} s of arrivals, {args.rounds} rounds pooled, both retrying yields at the hint; onset = B's "
-        f"arrivals in A's first {ONSET_S:g} s; B's guarantee {guarantee[0]} (B's p99 concurrency alone: "
-        f"{concurrency_p99(solo_b)}).\n\n{table}\n"
+        f"arrivals in A's first {ONSET_S:g} s; B's guarantee {guarantee[0]} (B's p99 concurrency alone, per round: "
+        f"{[concurrency_p99(r['B alone'].of(tenant='B')) for r in rounds]}).\n\n{table}\n\n"
+        f"B's added wait in the steady state of the tenants 1:1 run, by how many of B's requests were in flight "
+        f"as it arrived (A's share past the threshold leaves B about {MAX_INFLIGHT - int(0.8 * MAX_INFLIGHT)} "
+        f"slots at once; past them B waits for releases, its own earlier appointments first):\n\n"
+        f"{wait_by_concurrency(rounds, 'A + B, tenants 1:1')}\n"
     )
+
+
+def wait_by_concurrency(rounds: Sequence[dict[str, Run]], side: str) -> str:
+    """A table: B's steady-state arrivals grouped by the other B requests admitted and unfinished
+    when each arrived, with the p50 / p95 of their added wait (first submission to the admitted
+    one), over every round (each round's outcomes against its own clock)."""
+    groups: dict[str, list[float]] = {"0-1": [], "2-3": [], "4-5": [], "6+": []}
+    for r in rounds:
+        b = r[side].of(tenant="B")
+        spans = [(o.admitted_s, o.ended_s) for o in b if o.admitted_s is not None and o.ended_s is not None]
+        for o in b:
+            wait = o.added_wait_s
+            if o.sent_s < ONSET_S or wait is None:
+                continue
+            others = sum(1 for start, end in spans if start < o.sent_s < end)
+            key = "0-1" if others <= 1 else "2-3" if others <= 3 else "4-5" if others <= 5 else "6+"
+            groups[key].append(wait)
+    rows = [
+        [key, str(len(waits)), fmt(ms(percentile(waits, 50))), fmt(ms(percentile(waits, 95)))]
+        for key, waits in groups.items()
+    ]
+    return markdown_table(["B in flight as it arrived", "arrivals", "added wait p50 ms", "p95 ms"], rows)
+
+
+def ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
 
 
 def record_neighbour(
@@ -535,11 +565,9 @@ def classes_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
         plan.append(Arrival(t, priority=cls, kind=cls, prompt=random_text(rng, SHORT)))
     classless_plan = [Arrival(a.at, a.prompt, kind=a.kind) for a in plan]  # the same clients, no class
     variants: dict[str, list[str]] = {"classes": []}
-    if args.allowance:
-        variants[f"classes, --class-allowance critical={args.allowance}"] = [
-            "--class-allowance",
-            f"critical={args.allowance}",
-        ]
+    allowances = {f"classes, --class-allowance critical={d}": d for d in args.allowance}
+    for side, d in allowances.items():
+        variants[side] = ["--class-allowance", f"critical={d}"]
     variants |= {f"classes, {' '.join(flags)}": flags for flags in args.class_flags}
     sides: dict[str, Callable[[], Run]] = {
         side: partial(bench.classes_run, re.sub(r"[^a-z0-9=]+", "_", side), flags, plan)
@@ -551,9 +579,7 @@ def classes_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
     # Critical's offered load in erlangs: its arrival rate times a service time at the full cap.
     critical_rate = sum(a.kind == "critical" for a in plan) / seconds
     load = critical_rate * MAX_INFLIGHT / capacity
-    ceilings = {
-        side: 1 - erlang_b(MAX_INFLIGHT + (args.allowance if "allowance" in side else 0), load) for side in variants
-    }
+    ceilings = {side: 1 - erlang_b(MAX_INFLIGHT + allowances.get(side, 0), load) for side in variants}
     record_classes(sitting, measured, rounds, args.critical_retry, ceilings)
     rows = []
     for side, run in measured.items():
@@ -620,7 +646,12 @@ def main() -> None:
     parser.add_argument(
         "--critical-retry", action="store_true", help="classes: critical clients retry at their hint, as the SDKs do"
     )
-    parser.add_argument("--allowance", type=int, default=2, help="classes: a run with --class-allowance critical=N")
+    parser.add_argument(
+        "--allowance",
+        type=lambda text: [int(d) for d in text.split(",") if d],
+        default=[2],
+        help="classes: a run with --class-allowance critical=D for each D of this list (2)",
+    )
     parser.add_argument(
         "--class-flags",
         type=lambda text: text.split(),

@@ -22,8 +22,9 @@ yield is final (no retry), so what is measured is what the governor let in.
 - adaptive: short prompts only at 150% of their capacity; half-way through, two CPU-bound
             processes start on the same machine (the engine's capacity roughly halves). A fixed
             --max-inflight swept before the change; the best fixed one, --adaptive-limit enforce
-            and shadow run across the change: TTFT p99 before/after, the engine's utilisation
-            (busy seconds per second), the limit over time.
+            and shadow run across the change in `--rounds` alternating rounds: TTFT p99
+            before/after (each run's ratio, their median), the engine's utilisation (busy seconds
+            per second), the limit over time and how long it took to settle.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import statistics
 import subprocess
 import sys
 import threading
+from functools import partial
+from operator import itemgetter
 
 from benchmarks.harness.common import fmt, machine, markdown_table, random_text
 from benchmarks.harness.experiment import Arrival, Run, WorkerBench, finish, worker_options
@@ -331,7 +334,11 @@ def hog(seconds: float) -> list[subprocess.Popen[bytes]]:
 
 
 def record_adaptive(
-    sitting: Sitting, changes: dict[str, dict[str, float | None]], best_cap: int, recommended: float | None
+    sitting: Sitting,
+    changes: dict[str, dict[str, float | None]],
+    best_cap: int,
+    recommended: float | None,
+    rounds: int,
 ) -> None:
     """Each configuration's TTFT p99 after the capacity change against its own before it (the
     docs' bar: at most 2x), enforce's utilisation after it (at least 80%), and shadow's
@@ -371,6 +378,45 @@ def record_adaptive(
     )
 
 
+def halving_run(bench: Bench, name: str, flags: list[str], plan: list[Arrival]) -> Run:
+    """One run across the change: two CPU hogs start `--seconds` in."""
+    seconds = bench.args.seconds
+    hogs: list[subprocess.Popen[bytes]] = []
+    starter = threading.Timer(seconds, lambda: hogs.extend(hog(seconds + 5)))
+    starter.start()
+    try:
+        return bench.open_loop(name, flags, plan)
+    finally:
+        starter.cancel()
+        for p in hogs:
+            p.kill()
+            p.wait()
+
+
+def across_the_change(run: Run, seconds: float) -> dict[str, float | None]:
+    """One run's figures before the hogs (from a quarter in, the limit settled) and after them (3 s
+    after they start)."""
+    before, after = run.ttft_ms(0.99, since=seconds / 4, until=seconds), run.ttft_ms(0.99, since=seconds + 3)
+    limits_before = [p["adaptive"] for p in run.timeline if seconds / 2 <= p["t"] <= seconds]
+    limits_after = [p["adaptive"] for p in run.timeline if p["t"] >= seconds + 5]
+    settled = [
+        p["t"] - seconds for p in run.timeline if p["t"] >= seconds and p["adaptive"] <= min(limits_after or [0])
+    ]
+    return {
+        "ttft_p99_before_ms": before,
+        "ttft_p99_after_ms": after,
+        "ratio": after / before if after is not None and before else None,
+        "n_before": run.done_count(since=seconds / 4, until=seconds),
+        "n_after": run.done_count(since=seconds + 3),
+        "utilisation_before": busy_ratio(run, seconds / 4, seconds),
+        "utilisation_after": busy_ratio(run, seconds + 3, 2 * seconds),
+        "done_rps": run.rps,
+        "limit_before": statistics.median(limits_before) if limits_before else None,
+        "limit_after": statistics.median(limits_after) if limits_after else None,
+        "settled_s": settled[0] if settled else None,
+    }
+
+
 def adaptive_experiment(bench: Bench, sitting: Sitting) -> str:
     args = bench.args
     capacity = bench.mix_capacity(0.0)
@@ -381,71 +427,54 @@ def adaptive_experiment(bench: Bench, sitting: Sitting) -> str:
     best = min((r for r in sweep if r.rps >= 0.95 * top), key=lambda r: int(r.name[5:]))
     best_cap = int(best.name[5:])
     plan = arrivals(1.5 * capacity, 2 * seconds, 0.0, seed=4)
-    runs = []
-    for name, flags in (
-        (f"fixed{best_cap}", ["--max-inflight", str(best_cap)]),
-        ("enforce", ["--max-inflight", "64", "--adaptive-limit", "enforce"]),
-        ("shadow", ["--max-inflight", str(best_cap), "--adaptive-limit", "shadow"]),
-    ):
-        hogs: list[subprocess.Popen[bytes]] = []
-        starter = threading.Timer(seconds, lambda started=hogs: started.extend(hog(seconds + 5)))
-        starter.start()
-        try:
-            runs.append(bench.open_loop(f"halving_{name}", flags, plan))
-        finally:
-            starter.cancel()
-            for p in hogs:
-                p.kill()
-                p.wait()
+    configs = {
+        f"halving_fixed{best_cap}": ["--max-inflight", str(best_cap)],
+        "halving_enforce": ["--max-inflight", "64", "--adaptive-limit", "enforce"],
+        "halving_shadow": ["--max-inflight", str(best_cap), "--adaptive-limit", "shadow"],
+    }
+    rounds = alternate(
+        args.rounds, {name: partial(halving_run, bench, name, flags, plan) for name, flags in configs.items()}
+    )
+    per_round = [{name: across_the_change(run, seconds) for name, run in r.items()} for r in rounds]
+    changes: dict[str, dict[str, float | None]] = {
+        name: {key: median(per_round, name, itemgetter(key)) for key in per_round[0][name]} for name in configs
+    }
     rows = []
-    changes: dict[str, dict[str, float | None]] = {}
-    for run in runs:
-        before, after = run.ttft_ms(0.99, since=seconds / 4, until=seconds), run.ttft_ms(0.99, since=seconds + 3)
-        limits_before = [p["adaptive"] for p in run.timeline if seconds / 2 <= p["t"] <= seconds]
-        limits_after = [p["adaptive"] for p in run.timeline if p["t"] >= seconds + 5]
-        change = changes[run.name] = {
-            "ttft_p99_before_ms": before,
-            "ttft_p99_after_ms": after,
-            "utilisation_before": busy_ratio(run, seconds / 4, seconds),
-            "utilisation_after": busy_ratio(run, seconds + 3, 2 * seconds),
-            "done_rps": run.rps,
-            "limit_before": statistics.median(limits_before) if limits_before else None,
-            "limit_after": statistics.median(limits_after) if limits_after else None,
-        }
+    for name, change in changes.items():
         rows.append(
             [
-                run.name,
-                fmt(before),
-                fmt(after),
-                fmt((after or 0) / (before or 1), 2) + "x",
+                name,
+                fmt(change["ttft_p99_before_ms"]),
+                fmt(change["ttft_p99_after_ms"]),
+                fmt(change["ratio"], 2) + "x",
                 fmt(change["utilisation_before"], 2),
                 fmt(change["utilisation_after"], 2),
-                f"{run.rps:.2f}",
-                f"{statistics.median(limits_before):.0f} -> {statistics.median(limits_after):.0f}"
-                if limits_before and limits_after
-                else "-",
+                fmt(change["done_rps"], 2),
+                f"{fmt(change['limit_before'])} -> {fmt(change['limit_after'])}",
+                fmt(change["settled_s"], 1),
             ]
         )
     sweep_rows = [[r.name, f"{r.rps:.2f}", fmt(r.ttft_ms(0.5)), fmt(r.ttft_ms(0.99))] for r in sweep]
-    shadow = runs[2]
-    shadow_limits = [p["adaptive"] for p in shadow.timeline if seconds / 2 <= p["t"] <= seconds]
-    recommended = statistics.median(shadow_limits) if shadow_limits else None
-    record_adaptive(sitting, changes, best_cap, recommended)
+    recommended = changes["halving_shadow"]["limit_before"]
+    record_adaptive(sitting, changes, best_cap, recommended, args.rounds)
     sitting.details = {
         "arrivals_rps": 1.5 * capacity,
         "capacity_rps": capacity,
+        "rounds": args.rounds,
         "sweep": {
             r.name: {"done_rps": r.rps, "ttft_p50_ms": r.ttft_ms(0.5), "ttft_p99_ms": r.ttft_ms(0.99)} for r in sweep
         },
         "best_fixed_cap": best_cap,
         "across_the_change": changes,
+        "per_round": per_round,
         "shadow_recommendation": recommended,
     }
     return (
         f"short prompts only, arrivals {1.5 * capacity:.2f}/s (150% of {capacity:.2f}); sweep of fixed caps "
         f"({seconds:g} s each); best = smallest cap within 95% of the top throughput: {best_cap}\n\n"
         + markdown_table(["fixed cap", "done/s", "TTFT p50 ms", "TTFT p99 ms"], sweep_rows)
-        + f"\n\nacross the change ({seconds:g} s, then two CPU hogs for {seconds:g} s):\n\n"
+        + f"\n\nacross the change ({seconds:g} s, then two CPU hogs for {seconds:g} s), medians of {args.rounds} "
+        "alternating rounds:\n\n"
         + markdown_table(
             [
                 "config",
@@ -456,6 +485,7 @@ def adaptive_experiment(bench: Bench, sitting: Sitting) -> str:
                 "after",
                 "done/s",
                 "limit (median) before -> after",
+                "limit settled after s",
             ],
             rows,
         )
@@ -470,7 +500,7 @@ def main() -> None:
     worker_options(parser)
     parser.add_argument("--seconds", type=float, default=20.0, help="arrivals per run (the adaptive runs: twice)")
     parser.add_argument("--slo-ms", type=float, default=1000.0, help="TTFT SLO of goodput, and the deadline")
-    parser.add_argument("--rounds", type=int, default=3, help="deadline: rounds (each with its twin without deadlines)")
+    parser.add_argument("--rounds", type=int, default=3, help="deadline, adaptive: alternating rounds")
     args = parser.parse_args()
     chosen = args.experiments.split(",")
     sittings = {part: Sitting(("govwire", "governor", "worker"), part=part) for part in EXPERIMENTS if part in chosen}

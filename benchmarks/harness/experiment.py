@@ -54,6 +54,7 @@ class Outcome:
     admitted_s: float | None = None  # the done attempt's submission, from the run's start
     ended_s: float | None = None  # its last reply, from the run's start
     final: bool = False  # the last yield was final (not to be retried)
+    hints: tuple[tuple[float, int, bool], ...] = ()  # each yield: (when, from the run's start; hint ms; ticket)
 
     @property
     def added_wait_s(self) -> float | None:
@@ -156,6 +157,7 @@ async def send(
         fields["deadline_ms"] = deadline_ms
     attempts = 0
     reasons: list[str] = []
+    hints: list[tuple[float, int, bool]] = []
     ticket: str | None = None
     while True:
         attempts += 1
@@ -171,21 +173,35 @@ async def send(
         except Yielded as exc:
             reasons.append(exc.reason)
             ticket = exc.retry_ticket
+            hints.append((time.perf_counter() - t0, exc.retry_hint_ms, ticket is not None))
             wait = exc.retry_hint_ms / 1000 * (1.0 if ticket else random.uniform(1.0, 1.2))
             until = victim_until if "preempted" in reasons else retry_until
             if exc.final or until is None or time.perf_counter() + wait > until:
                 ended = time.perf_counter() - t0
                 return Outcome(
-                    a, "yield", exc.reason, attempts, None, sent - t0, tuple(reasons), ended_s=ended, final=exc.final
+                    a,
+                    "yield",
+                    exc.reason,
+                    attempts,
+                    None,
+                    sent - t0,
+                    tuple(reasons),
+                    ended_s=ended,
+                    final=exc.final,
+                    hints=tuple(hints),
                 )
             await asyncio.sleep(wait)
             continue
         except GovernorError as exc:
             ended = time.perf_counter() - t0
-            return Outcome(a, "error", exc.code, attempts, None, sent - t0, tuple(reasons), ended_s=ended)
+            return Outcome(
+                a, "error", exc.code, attempts, None, sent - t0, tuple(reasons), ended_s=ended, hints=tuple(hints)
+            )
         ttft = None if first is None else first - sent
         ended = time.perf_counter() - t0
-        return Outcome(a, "done", None, attempts, ttft, sent - t0, tuple(reasons), attempt - t0, ended)
+        return Outcome(
+            a, "done", None, attempts, ttft, sent - t0, tuple(reasons), attempt - t0, ended, hints=tuple(hints)
+        )
 
 
 async def poll(poller: AsyncClient, t0: float, every_s: float, timeline: list[dict[str, float]]) -> None:

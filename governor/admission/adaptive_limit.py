@@ -1,25 +1,43 @@
-"""The adaptive concurrency limit: where time to first token starts to grow with concurrency.
+"""The adaptive concurrency limit: read from the engine's step time against the batch it runs.
 
-Each first token is a sample of (concurrency it was admitted at, its TTFT). The samples are kept
-as a latency curve, one decayed mean TTFT per concurrency level, each forgotten after `max_age_s`
-without a sample so the curve follows an engine whose speed changes. The curve's floor is the
-fastest level seen; the limit is the largest concurrency below which every level's TTFT stays
-within `tolerance` times that floor: the knee, where requests start to wait on each other rather
-than only share the engine. A load that varies (Poisson arrivals) visits the levels by itself, so
-the curve fills in `shadow` mode under a fixed limit. The floor is remembered longer than the
-rest of the curve (`floor_age_s`): an engine that slows down raises every level above the old
-floor, the limit falls, and the low levels it then visits give the new floor. In `enforce` mode
-the limit sits a few
-levels above the knee (`headroom`), so the levels just past it keep being measured and the limit
-can climb when the engine gets faster.
+Every stream that ends is a sample of its engine: the mean time between its tokens (a decode step
+at the batch it ran in) and that batch, the requests in flight while it streamed (the mean of the
+count when it was admitted and when it ended). The samples are fitted by a line,
 
-Netflix's concurrency-limits and Envoy's adaptive concurrency filter compare a sampled latency
-with a no-load one (gradient) and move the limit by that ratio; this estimator reads the same
-signal as a curve, because a batching engine's TTFT is flat up to its batch and rises after it,
-and the knee of that curve is what an operator would tune `--max-inflight` to.
+    step(n) = a + b * n
+
+by least squares with exponential forgetting: `a` is what a step costs whatever its batch (reading
+the weights, the host's work), `b` what each sequence adds. Two things are read off it:
+
+- **The knee**: the largest batch whose step stays within `tolerance` times a batch of one's,
+  a + b n <= tolerance (a + b). Below it requests share the engine; past it they mostly slow each
+  other down. It is the engine's shape, which only samples at several batch sizes show: the line
+  is refitted only while the remembered samples spread over several sizes (`MIN_SPREAD`), and
+  between such times the last shape is kept. A load that varies (Poisson arrivals, the headroom
+  below) spreads them by itself.
+- **The speed**: how much slower than that line the latest streams ran (a smoothed ratio of each
+  stream's step to the line's at its batch). It moves as soon as the engine slows down (another
+  workload on its cores) and needs no spread. The line learns each sample divided by the speed,
+  so a slower engine moves the speed, not the shape.
+
+The limit is the knee, brought down while the engine is slower than at its best: the step at the
+limit may take at most `slowdown` times the step at the knee at the engine's best speed (the
+fastest seen within `floor_age_s`). So when the engine halves, the limit comes down until the
+smaller batch's cheaper steps make up for the slower engine, as far as they can; when it recovers,
+the limit climbs back to the knee. A slowdown the batch cannot absorb leaves the limit at `floor`
+until the best is forgotten: after `floor_age_s` the slower engine is the new normal and the knee
+applies again. Reading the engine's step rather than end-to-end TTFT (which a queue inside the
+engine, or a long prompt ahead, also moves) lets the limit move down as well as up: the line
+predicts the step at every batch, not only at the levels the load happens to visit.
+
+Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency filter compare a sampled
+latency with a no-load one and move the limit by that ratio; this estimator keeps the same signal
+as a model of a batching engine, whose step cost is linear in its batch, so its limit is where an
+operator would set `--max-inflight` by reading the engine's curve.
 
 `shadow` exports the recommendation (`governor_adaptive_limit`) and changes nothing; `enforce`
-makes it the effective `max_inflight`, within `floor` and `ceiling` (the configured cap).
+makes it the effective `max_inflight`, within `floor` and `ceiling` (the configured cap), a few
+levels above the knee (`headroom`), so the batch sizes just past it keep being sampled.
 """
 
 from __future__ import annotations
@@ -28,6 +46,14 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+
+FORGETTING = 0.99
+"""Each sample's weight in the line decays by this per newer sample: ~100 streams of memory."""
+MIN_SPREAD = 1.0
+"""The variance of the remembered samples' batch sizes (requests squared) below which the line's
+slope is not refitted: at one batch size only the speed can be read."""
+MIN_SAMPLES = 16
+"""Streams before a first line."""
 
 
 class AdaptiveMode(StrEnum):
@@ -41,38 +67,41 @@ class AdaptivePolicy:
     mode: AdaptiveMode = AdaptiveMode.OFF
     floor: int = 1
     ceiling: int = 32
-    tolerance: float = 1.5  # a level is past the knee when its TTFT exceeds this times the floor's
-    smoothing: float = 0.2  # weight of a new sample in its level's mean
-    max_age_s: float = 10.0  # a level without a sample for this long no longer counts
-    floor_age_s: float = 60.0  # ... except as the curve's floor, which is remembered this long
-    min_samples: int = 3  # samples a level needs before it counts
+    tolerance: float = 1.5  # the knee: a batch whose step exceeds this times a batch of one's is past it
+    slowdown: float = 1.5  # the step at the limit may be this times the step at the knee at the engine's best
+    smoothing: float = 0.2  # weight of a new stream in the speed
+    floor_age_s: float = 60.0  # how long the engine's best speed is remembered
 
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
             raise ValueError("adaptive limit: 1 <= floor <= ceiling")
-        if not (self.tolerance > 1 and 0 < self.smoothing <= 1 and 0 < self.max_age_s <= self.floor_age_s):
-            raise ValueError("adaptive limit: tolerance > 1, smoothing in (0, 1], 0 < max_age_s <= floor_age_s")
-        if self.min_samples < 1:
-            raise ValueError("adaptive limit: min_samples >= 1")
-
-
-class _Level:
-    __slots__ = ("ttft_s", "samples", "seen_at")
-
-    def __init__(self) -> None:
-        self.ttft_s = 0.0
-        self.samples = 0
-        self.seen_at = -math.inf
+        if not (self.tolerance > 1 and self.slowdown >= 1 and 0 < self.smoothing <= 1 and self.floor_age_s > 0):
+            raise ValueError("adaptive limit: tolerance > 1, slowdown >= 1, smoothing in (0, 1], floor_age_s > 0")
 
 
 class AdaptiveLimit:
-    __slots__ = ("policy", "limit", "knee", "_levels")
+    __slots__ = (
+        "policy",
+        "limit",
+        "knee",
+        "speed",
+        "samples",
+        "_sums",
+        "_line",
+        "_best_s",
+        "_best_at",
+    )
 
     def __init__(self, policy: AdaptivePolicy) -> None:
         self.policy = policy
-        self._levels = [_Level() for _ in range(policy.ceiling + 1)]  # index: concurrency
-        self.knee: int | None = None  # None until the curve has a counted level
+        self.knee: int | None = None  # None until the line is known
         self.limit = policy.ceiling  # what it would set (shadow) or sets (enforce)
+        self.speed = 1.0  # the latest streams' step over the line's: > 1 when the engine slowed down
+        self.samples = 0
+        self._sums = [0.0] * 5  # forgetting sums of 1, n, n^2, step, n * step
+        self._line: tuple[float, float] | None = None  # (a, b), seconds: the last well-spread fit
+        self._best_s = math.inf  # the step at the knee at the engine's best speed
+        self._best_at = -math.inf
 
     @property
     def enforced(self) -> bool:
@@ -83,43 +112,64 @@ class AdaptiveLimit:
         policy = self.policy
         floor = min(policy.floor, ceiling)
         self.policy = dataclasses.replace(policy, floor=floor, ceiling=ceiling)
-        self._levels.extend(_Level() for _ in range(len(self._levels), ceiling + 1))
         self.limit = max(floor, min(self.limit, ceiling))
 
-    def observe(self, concurrency: int, ttft_s: float, now: float) -> int:
-        """A first token of a request admitted at `concurrency`; returns the limit."""
-        policy = self.policy
-        if not 1 <= concurrency < len(self._levels) or ttft_s < 0:
+    def step_at(self, batch: float) -> float | None:
+        """The step (seconds) the engine takes now at this batch, as the line and the speed say."""
+        line = self._line
+        return None if line is None else self.speed * (line[0] + line[1] * batch)
+
+    def observe(self, batch: float, step_s: float, now: float) -> int:
+        """A stream that ran at about `batch` requests in flight took `step_s` per token; returns
+        the limit."""
+        if not (batch >= 1 and step_s > 0 and math.isfinite(batch) and math.isfinite(step_s)):
             return self.limit
-        level = self._levels[concurrency]
-        if level.samples == 0 or now - level.seen_at > policy.floor_age_s:
-            level.ttft_s, level.samples = ttft_s, 1
-        else:
-            weight = max(policy.smoothing, 1.0 / (level.samples + 1))
-            level.ttft_s += weight * (ttft_s - level.ttft_s)
-            level.samples += 1
-        level.seen_at = now
+        self.samples += 1
+        line = self._line
+        if line is not None:  # the speed first: the line learns the sample at the engine's usual speed
+            a, b = line
+            self.speed += self.policy.smoothing * (step_s / (a + b * batch) - self.speed)
+            step_s /= self.speed
+        sums = self._sums
+        for i, value in enumerate((1.0, batch, batch * batch, step_s, batch * step_s)):
+            sums[i] = FORGETTING * sums[i] + value
+        self._refit()
+        if self._line is None:
+            return self.limit
         self._update(now)
         return self.limit
 
+    def _refit(self) -> None:
+        """Fit the line again when the remembered samples spread over several batch sizes and the
+        fit is a step cost that grows with the batch from a positive base (else keep the last)."""
+        s0, s1, s2, sy, sny = self._sums
+        if self.samples < MIN_SAMPLES:
+            return
+        mean = s1 / s0
+        spread = s2 / s0 - mean * mean
+        if spread < MIN_SPREAD:
+            return
+        slope = (s0 * sny - s1 * sy) / (s0 * s2 - s1 * s1)
+        base = (sy - slope * s1) / s0
+        if base <= 0 or slope < 0:
+            return
+        self._line = (base, slope)  # (in the speed's terms: the samples were divided by it)
+
     def _update(self, now: float) -> None:
         policy = self.policy
-        remembered = [
-            (c, level.ttft_s, now - level.seen_at)
-            for c, level in enumerate(self._levels)
-            if level.samples >= policy.min_samples and now - level.seen_at <= policy.floor_age_s
-        ]
-        counted = [(c, ttft) for c, ttft, age in remembered if age <= policy.max_age_s]
-        if not counted:
-            return
-        # The floor remembers longer than the curve: under a sustained overload the low levels
-        # are not visited, and a floor read off the loaded levels alone would let the limit creep.
-        bound = policy.tolerance * min(ttft for _, ttft, _ in remembered)
-        knee = counted[0][0]
-        for c, ttft in counted:
-            if ttft > bound:
-                break
-            knee = c
+        line = self._line
+        assert line is not None
+        a, b = line
+        ceiling = policy.ceiling
+        # a + b n <= tolerance (a + b)  <=>  n <= tolerance + (tolerance - 1) a / b
+        knee = ceiling if b <= 0 else min(ceiling, math.floor(policy.tolerance + (policy.tolerance - 1) * a / b))
+        knee = max(policy.floor, knee)
         self.knee = knee
-        headroom = max(1, round(math.sqrt(knee))) if self.enforced else 0
-        self.limit = max(policy.floor, min(policy.ceiling, knee + headroom))
+        at_knee = self.speed * (a + b * knee)
+        if at_knee <= self._best_s or now - self._best_at > policy.floor_age_s:
+            self._best_s, self._best_at = at_knee, now
+        budget = policy.slowdown * self._best_s / self.speed  # the most a step may take, in the line's terms
+        fits = ceiling if b <= 0 else math.floor((budget - a) / b)
+        target = max(policy.floor, min(knee, fits))
+        headroom = max(1, round(math.sqrt(target))) if self.enforced else 0
+        self.limit = max(policy.floor, min(ceiling, target + headroom))

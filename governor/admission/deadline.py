@@ -15,6 +15,12 @@ only when one of those ahead of it ends. When that forecast start is already pas
 the frame is refused at once, even before the TTFT model has seen a first token (a cold model
 cannot know that a queue of long requests is in the way; the forecast can). Its hint is the excess, as for a prediction.
 
+The model learns only from the requests it lets in, so a prediction is never the reason to refuse
+a frame when nothing runs at its endpoint: a model that predicts a miss even for an idle endpoint
+(after a burst of slow first tokens raised its margin) would otherwise refuse every frame from
+then on and never see one that proves it wrong. The frame goes in, as a probe, and the model
+learns its first token (or its expiry).
+
 It runs after the pool in `Admission`, reading the pool's choice; a frame without a deadline,
 or an endpoint with no forecast bound and too few samples for its model, passes.
 """
@@ -54,7 +60,7 @@ class DeadlineLimit:
         predicted = endpoint.ttft.predict(endpoint.waiting_tokens + ask.prompt_tokens, endpoint.waiting)
         if predicted is None:
             return None
-        if predicted > deadline:
+        if predicted > deadline and endpoint.inflight:
             return self._refusal.at(hint_of(predicted - deadline))
         self._predicted = predicted
         return None

@@ -14,9 +14,9 @@ frame of a higher class refused shared capacity closes the gates of the classes 
 while (priority.py); one refused by the full in-flight cap may first displace a lower-class request
 that has not started (displacement.py), when that slot is all it lacks. `refund` undoes a grant
 whose frame turned out invalid, `release` frees what a running request held once it has ended and
-settles its token cost, `started` records its first token (the TTFT model, the release forecast and
-the adaptive limit learn from it), and `reroute` moves a request whose endpoint was lost to another
-one without charging the global limits again.
+settles its token cost (the release forecast and the adaptive limit learn from its stream),
+`started` records its first token (the TTFT model learns from it), and `reroute` moves a request
+whose endpoint was lost to another one without charging the global limits again.
 
 Every admitted request is followed by the release forecast (release_forecast.py) until its end;
 the in-flight cap, the token budget, the endpoint caps and each tenant's own in-flight and token
@@ -160,6 +160,9 @@ class Admission:
         "horizon_ms",
         "shed_blind_retries",
         "_first_refused_until",
+        "_learning",
+        "_area",
+        "_area_at",
         "_sharing",
         "_lowest",
         "_over",
@@ -222,6 +225,7 @@ class Admission:
         )
         self.deadline = DeadlineLimit(self.pool, forecast, hints)
         self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
+        self._learning = self.adaptive.policy.mode is not AdaptiveMode.OFF
         self.tenants = Tenants(hints, now)
         self.tenant_caps = TenantCaps(self._own_book if booking else None, registry if booking else None)
         if booking:
@@ -252,6 +256,10 @@ class Admission:
         # ceiling of each cap while a first attempt was refused capacity lately (until then).
         self.shed_blind_retries = False
         self._first_refused_until = -math.inf
+        # --adaptive-limit: in-flight integrated over time (request x seconds) up to `_area_at`, so
+        # that a stream's mean batch is the area it spans over its duration (`_learn_step`).
+        self._area = 0.0
+        self._area_at = now
         self.fleet: SharedLimit | None = None  # this replica's share of the fleet caps, with --fleet
         self._sharing = False  # whether fair shares apply: only between several tenants
         self._lowest = math.inf  # the lowest contending counter, as of the last frame (`_rank_of`)
@@ -437,6 +445,8 @@ class Admission:
                     self._refused_elsewhere(held, now)
                 return refusal
         grant = Grant(ask)
+        if self._learning:
+            self._tick(now)
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
@@ -551,6 +561,8 @@ class Admission:
                 break
         if decision is None:
             decision = Grant(ask)
+            if self._learning:
+                self._tick(now)
             for limit in self._limits:
                 limit.charge(decision, now)
         answer(*self._rebook(now, victim))
@@ -607,18 +619,15 @@ class Admission:
 
     def started(self, grant: Grant, ttft_s: float, now: float) -> None:
         """The request's first token came `ttft_s` after its admission: it waits no more on its
-        endpoint, whose TTFT model learns the sample, as does the adaptive limit."""
+        endpoint, whose TTFT model learns the sample."""
         self._learn_ttft(grant, ttft_s)
         self.pool.started(grant)
         self.forecast.started(grant, now)
         if self._classes:
             self.displacement.started(grant)
-        adaptive = self.adaptive
-        if adaptive.policy.mode is AdaptiveMode.OFF:
-            return
-        limit = adaptive.observe(grant.concurrency, ttft_s, now)
-        if adaptive.enforced and limit != self.inflight.max_inflight:
-            self.inflight.set_max(limit)
+        if self._learning:
+            self._tick(now)
+            grant.inflight_area = self._area
 
     def refund(self, grant: Grant) -> None:
         """The admitted frame will not run: give back what `charge` took (its slots go with `release`).
@@ -628,11 +637,38 @@ class Admission:
 
     def release(self, grant: Grant, executed: bool, now: float | None = None) -> None:
         """Free what the ended request held; with the time it ended (`now`), the release forecast
-        learns from its stream and scores the forecast it made of it."""
+        learns from its stream and scores the forecast it made of it, and the adaptive limit
+        learns the engine's step at the batch the stream ran in."""
+        if now is not None and self._learning:
+            self._tick(now)
+            self._learn_step(grant, now)
         for limit in self._every:
             limit.release(grant, executed)
         if now is not None:
             self.forecast.ended(grant, executed, now)
+
+    def _tick(self, now: float) -> None:
+        """Integrate in-flight up to `now`, before it changes (--adaptive-limit)."""
+        if now > self._area_at:
+            self._area += self.inflight.inflight * (now - self._area_at)
+            self._area_at = now
+
+    def _learn_step(self, grant: Grant, now: float) -> None:
+        """A stream of at least three tokens ended: its mean gap is a decode step at the batch it
+        ran in, the requests in flight on average from its first token to its end (itself
+        included). Under `--adaptive-limit enforce` the limit it gives is the cap from now on."""
+        progress = grant.progress
+        if progress is None or progress.t_first_token is None or progress.tokens_seen < 3:
+            return
+        step_s = (progress.t_last_token - progress.t_first_token) / (progress.tokens_seen - 1)
+        spanned = now - progress.t_first_token
+        if spanned <= 0:
+            return
+        batch = (self._area - grant.inflight_area) / spanned
+        adaptive = self.adaptive
+        limit = adaptive.observe(batch, step_s, now)
+        if adaptive.enforced and limit != self.inflight.max_inflight:
+            self.inflight.set_max(limit)
 
     def expired(self, grant: Grant, waited_s: float) -> None:
         """The request's deadline passed after `waited_s` without a first token: its TTFT is at

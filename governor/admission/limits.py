@@ -95,6 +95,7 @@ class Grant:
         "t_admitted",
         "progress",
         "forecast_s",
+        "inflight_area",
     )
 
     def __init__(self, ask: Ask = NO_ASK) -> None:
@@ -110,6 +111,7 @@ class Grant:
         self.t_admitted = 0.0
         self.progress: Progress | None = None
         self.forecast_s: float | None = None  # the first forecast of its end (release_forecast.py)
+        self.inflight_area = 0.0  # Admission's in-flight x seconds at its first token (--adaptive-limit)
 
 
 def over_budget(ask: Ask, budget: int, what: str) -> OverBudget:

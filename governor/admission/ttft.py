@@ -40,7 +40,11 @@ EXCEEDANCE = 0.05
 STEP = 0.1
 """The margin's learning step, in standard deviations: an exceedance raises it 0.095 sigma, a
 sample within it lowers it 0.005 sigma (so a shift shows within a few hundred samples)."""
-MAX_MARGIN = 10.0
+MAX_MARGIN = 5.0
+MARGIN_AFTER = 32
+"""Samples before the margin learns: the first ones miss the fit's error (a fit of a few samples,
+under a load that is still building), not the margin's, and a margin raised by them would take
+hundreds of samples to come down."""
 
 
 def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
@@ -100,7 +104,7 @@ class TtftModel:
         w = self._weights
         if w is not None:  # the error of the fit so far on a sample it has not seen
             error = ttft_s - self._value(w, x)
-            if self.samples >= MIN_SAMPLES and self._residual_var > 0:  # it was predicted: learn the margin
+            if self.samples >= MARGIN_AFTER and self._residual_var > 0:  # a settled prediction: learn the margin
                 over = error > self.margin * math.sqrt(self._residual_var)
                 self.exceeded += over
                 step = STEP * ((1.0 - EXCEEDANCE) if over else -EXCEEDANCE)

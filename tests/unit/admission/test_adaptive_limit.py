@@ -1,8 +1,10 @@
-"""The adaptive concurrency limit: the knee of the TTFT-over-concurrency curve, shadow and enforce."""
+"""The adaptive concurrency limit: the knee of the engine's step-time line, its speed, shadow and enforce."""
 
 from __future__ import annotations
 
+import math
 import random
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import given
@@ -15,43 +17,84 @@ from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant
 
+BASE_S, PER_SEQUENCE_S = 0.02, 0.001
+"""A batching engine's step: 20 ms whatever the batch, 1 ms more per sequence. Its knee at
+tolerance 1.5: a + b n <= 1.5 (a + b) for n <= 1.5 + 0.5 x 20 = 11."""
 
-def engine_ttft(concurrency: int, batch: int, step_s: float) -> float:
-    """A batching engine: flat up to its batch, then requests wait for whole turns."""
-    return step_s * (1 + max(0, concurrency - batch))
+
+def engine_step(batch: float, slower: float = 1.0) -> float:
+    return slower * (BASE_S + PER_SEQUENCE_S * batch)
 
 
-def feed(limit: AdaptiveLimit, batch: int, step_s: float, start: float, seconds: float, top: int) -> float:
+def feed(limit: AdaptiveLimit, start: float, seconds: float, top: int, slower: float = 1.0) -> float:
+    """Streams ending every 10 ms at batches spread over 1..top (as the limit lets them), each
+    step within 3% of the engine's."""
     rng = random.Random(3)
     now = start
     while now < start + seconds:
-        c = rng.randint(1, top)
-        limit.observe(c, engine_ttft(c, batch, step_s) * rng.uniform(0.95, 1.05), now)
+        batch = rng.uniform(1, max(1, min(top, limit.limit)))
+        limit.observe(batch, engine_step(batch, slower) * rng.uniform(0.97, 1.03), now)
         now += 0.01
     return now
 
 
 def test_shadow_finds_the_knee_and_changes_nothing() -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.SHADOW, floor=1, ceiling=64))
-    feed(limit, batch=12, step_s=0.05, start=0.0, seconds=5.0, top=30)
-    assert limit.knee == 12 and limit.limit == 12  # tolerance 1.5: one extra turn is past it
+    feed(limit, start=0.0, seconds=5.0, top=30)
+    assert limit.knee == 11 and limit.limit == 11
+    step = limit.step_at(11)
+    assert step is not None and step == pytest.approx(engine_step(11), rel=0.05)
 
 
-def test_enforce_keeps_headroom_above_the_knee_and_follows_a_slower_engine() -> None:
+def test_enforce_comes_down_while_the_engine_is_slower_and_back_up_when_it_recovers() -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=2, ceiling=64))
-    now = feed(limit, batch=16, step_s=0.05, start=0.0, seconds=5.0, top=30)
-    assert limit.knee == 16 and limit.limit == 16 + 4
-    # The engine halves: each step takes twice as long. The old floor is remembered, so every
-    # level now looks slow; the levels visited next set a new floor, and the knee is found again.
-    now = feed(limit, batch=8, step_s=0.1, start=now, seconds=70.0, top=30)
-    assert limit.knee == 8 and limit.limit == 8 + 3
+    now = feed(limit, start=0.0, seconds=5.0, top=30)
+    assert limit.knee == 11 and limit.limit == 11 + 3
+    # The engine halves. The knee (its shape) stays, within a level while the speed catches up; the
+    # limit comes down until a step at the limit takes at most 1.5x the step at the knee at its best:
+    # 2 x (20 + n) <= 1.5 x 31 ms, n <= 3 (+ 2 of headroom).
+    now = feed(limit, start=now, seconds=3.0, top=30, slower=2.0)
+    assert limit.knee in (11, 12) and limit.speed == pytest.approx(2.0, rel=0.1)
+    assert 4 <= limit.limit <= 6
+    now = feed(limit, start=now, seconds=3.0, top=30)  # it recovers: back to the knee within seconds
+    assert 13 <= limit.limit <= 15
+    # A slowdown that lasts past floor_age_s is the new normal: the knee applies again.
+    now = feed(limit, start=now, seconds=61.0, top=30, slower=2.0)
+    assert limit.limit == 11 + 3 and limit.speed == pytest.approx(2.0, rel=0.05)
 
 
-@given(samples=st.lists(st.tuples(st.integers(-5, 80), st.floats(0, 10)), max_size=200))
-def test_the_limit_stays_within_floor_and_ceiling(samples: list[tuple[int, float]]) -> None:
+def test_a_slowdown_the_batch_cannot_absorb_leaves_the_floor() -> None:
+    limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.SHADOW, floor=2, ceiling=64))
+    now = feed(limit, start=0.0, seconds=5.0, top=30)
+    feed(limit, start=now, seconds=3.0, top=30, slower=4.0)  # 4 x 21 ms > 1.5 x 31 ms at any batch
+    assert limit.limit == 2
+
+
+def test_no_line_and_no_knee_until_the_streams_spread_over_several_batch_sizes() -> None:
+    limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=1, ceiling=32))
+    for i in range(200):
+        limit.observe(8.0, engine_step(8), i * 0.01)  # one batch size: the slope cannot be read
+    assert limit.knee is None and limit.limit == 32 and limit.step_at(8) is None
+    feed(limit, start=2.0, seconds=3.0, top=30)
+    assert limit.knee == 11
+
+
+@given(samples=st.lists(st.tuples(st.floats(-5, 80), st.floats(-1, 10)), max_size=200))
+def test_the_limit_stays_within_floor_and_ceiling(samples: list[tuple[float, float]]) -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=3, ceiling=40))
-    for i, (c, ttft) in enumerate(samples):
-        assert 3 <= limit.observe(c, ttft, i * 0.1) <= 40
+    for i, (batch, step) in enumerate(samples):
+        assert 3 <= limit.observe(batch, step, i * 0.1) <= 40
+        assert limit.knee is None or 3 <= limit.knee <= 40
+        assert math.isfinite(limit.speed)
+
+
+@dataclass
+class Stream:
+    """What the lifecycle counts of a running request's stream (limits.Progress)."""
+
+    tokens_seen: int
+    t_first_token: float | None
+    t_last_token: float
 
 
 def admission(mode: AdaptiveMode) -> Admission:
@@ -64,19 +107,33 @@ def admission(mode: AdaptiveMode) -> Admission:
 @pytest.mark.parametrize("mode", [AdaptiveMode.SHADOW, AdaptiveMode.ENFORCE])
 def test_only_enforce_moves_the_effective_cap(mode: AdaptiveMode) -> None:
     a = admission(mode)
-    grants: list[Grant] = []
+    rng = random.Random(5)
     now = 0.0
-    for round_ in range(40):
-        while a.inflight.inflight < min(a.inflight.max_inflight, 20):
+    for _ in range(60):
+        grants: list[Grant] = []
+        wanted = rng.randint(1, 30)
+        while a.inflight.inflight < min(a.inflight.max_inflight, wanted):
             decision = a.decide(now, NO_ASK)
             assert isinstance(decision, Grant)
             grants.append(decision)
+        batch = len(grants)
+        step = engine_step(batch)
         for grant in grants:
-            a.started(grant, engine_ttft(grant.concurrency, 4, 0.05), now)
+            a.started(grant, step, now)
+            grant.progress = Stream(tokens_seen=16, t_first_token=now, t_last_token=now + 15 * step)
+        now += 16 * step
+        for grant in grants:
             grant.used = 0
-            a.release(grant, executed=True)
-        grants.clear()
-        now += 0.1 * (round_ + 1)
-    assert a.adaptive.knee == 4
-    expected = 4 + 2 if mode is AdaptiveMode.ENFORCE else 32
+            a.release(grant, executed=True, now=now)
+    assert a.adaptive.knee == 11
+    expected = 11 + 3 if mode is AdaptiveMode.ENFORCE else 32
     assert a.inflight.max_inflight == expected and a.max_inflight == 32
+
+
+def test_a_stream_of_fewer_than_three_tokens_teaches_nothing() -> None:
+    a = admission(AdaptiveMode.SHADOW)
+    grant = a.decide(0.0, NO_ASK)
+    assert isinstance(grant, Grant)
+    grant.progress = Stream(tokens_seen=2, t_first_token=0.0, t_last_token=0.02)
+    a.release(grant, executed=True, now=0.1)
+    assert a.adaptive.samples == 0

@@ -116,6 +116,23 @@ def test_a_request_predicted_to_miss_its_deadline_yields_with_the_excess_as_hint
     assert endpoint.waiting == 2 and state.accounting.yielded["deadline"] == 1
 
 
+def test_a_model_that_predicts_a_miss_for_an_idle_endpoint_lets_one_probe_in_and_learns() -> None:
+    clock = FakeClock()
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=16, clock=clock, upstream=upstream)
+    endpoint = state.admission.pool.endpoints[0]
+    endpoint.ttft = TtftModel(margin=0.0)
+    for _ in range(MIN_SAMPLES + 2):  # it learnt 2 s first tokens (a stall): every prediction misses 1 s
+        endpoint.ttft.observe(0, 0, 2.0)
+    ingress, writes = make_ingress(state)
+    ingress.receive_data(frame("probe", deadline_ms=1000) + frame("next", deadline_ms=1000))
+    assert [(r["id"], r["reason"]) for r in replies(writes)] == [("next", YieldReason.DEADLINE)]
+    (uid, _), *_ = upstream.dispatched.items()  # the probe, let in: nothing else ran there
+    clock.advance(0.05)
+    upstream.worker_sends(encode_token(uid, 0, 97, "a"))
+    assert endpoint.ttft.samples == MIN_SAMPLES + 3  # its fast first token is learnt
+
+
 def test_an_expired_deadline_cancels_in_the_worker_and_returns_slot_and_tokens() -> None:
     clock = FakeClock()
     timers = FakeTimers(clock)
