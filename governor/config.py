@@ -71,13 +71,15 @@ class GovernorConfig:
     )
     adaptive_limit: Literal["off", "shadow", "enforce"] = option(
         "off",
-        "estimate the concurrency past which the engine's steps slow down more than they batch, from its step"
-        " time against its batch: shadow exports it (governor_adaptive_limit), enforce makes it the effective"
+        "estimate the concurrency past which the engine's steps slow down more than they batch (its step time"
+        " against its batch): shadow exports it (governor_adaptive_limit), enforce makes it the effective"
         " --max-inflight (which stays the ceiling)",
     )
     adaptive_limit_min: int = option(1, "the lowest limit --adaptive-limit enforce sets")
-    adaptive_tolerance: float = option(
-        1.5, "--adaptive-limit: a batch whose step takes more than this times a batch of one's is past the knee"
+    adaptive_throughput: float = option(
+        0.8,
+        "--adaptive-limit: the knee is the smallest batch at which the engine's step-time line gives this share of"
+        " its most throughput",
     )
     adaptive_slowdown: float = option(
         1.5,
@@ -334,7 +336,7 @@ class GovernorConfig:
                 1 <= self.adaptive_limit_min <= self.max_inflight,
                 "--adaptive-limit-min must be in [1, --max-inflight]",
             ),
-            (1 < self.adaptive_tolerance < math.inf, "--adaptive-tolerance must be finite and > 1"),
+            (0 < self.adaptive_throughput < 1, "--adaptive-throughput must be in (0, 1)"),
             (1 <= self.adaptive_slowdown < math.inf, "--adaptive-slowdown must be finite and >= 1"),
             (0 <= self.tenant_share_from <= 1, "--tenant-share-from must be in [0, 1]"),
         ]

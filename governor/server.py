@@ -69,7 +69,7 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         AdaptiveMode(config.adaptive_limit),
         floor=config.adaptive_limit_min,
         ceiling=config.max_inflight,
-        tolerance=config.adaptive_tolerance,
+        throughput=config.adaptive_throughput,
         slowdown=config.adaptive_slowdown,
     )
     admission = Admission(

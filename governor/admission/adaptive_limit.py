@@ -9,9 +9,11 @@ count when it was admitted and when it ended). The samples are fitted by a line,
 by least squares with exponential forgetting: `a` is what a step costs whatever its batch (reading
 the weights, the host's work), `b` what each sequence adds. Two things are read off it:
 
-- **The knee**: the largest batch whose step stays within `tolerance` times a batch of one's,
-  a + b n <= tolerance (a + b). Below it requests share the engine; past it they mostly slow each
-  other down. It is the engine's shape, which only samples at several batch sizes show: the line
+- **The knee**: the smallest batch at which the engine delivers `throughput` (0.8) of the most it
+  can, as the line predicts it: n / (a + b n) tokens per second per step approach 1 / b as the
+  batch grows, and reach that share of it at n = throughput / (1 - throughput) x a / b. Below it
+  a larger batch is nearly free throughput; past it each request added mostly slows the others
+  down. It is the engine's shape, which only samples at several batch sizes show: the line
   is refitted only while the remembered samples spread over several sizes (`MIN_SPREAD`), and
   between such times the last shape is kept. A load that varies (Poisson arrivals, the headroom
   below) spreads them by itself.
@@ -67,7 +69,7 @@ class AdaptivePolicy:
     mode: AdaptiveMode = AdaptiveMode.OFF
     floor: int = 1
     ceiling: int = 32
-    tolerance: float = 1.5  # the knee: a batch whose step exceeds this times a batch of one's is past it
+    throughput: float = 0.8  # the knee: the smallest batch with this share of the engine's most throughput
     slowdown: float = 1.5  # the step at the limit may be this times the step at the knee at the engine's best
     smoothing: float = 0.2  # weight of a new stream in the speed
     floor_age_s: float = 60.0  # how long the engine's best speed is remembered
@@ -75,8 +77,10 @@ class AdaptivePolicy:
     def __post_init__(self) -> None:
         if not 1 <= self.floor <= self.ceiling:
             raise ValueError("adaptive limit: 1 <= floor <= ceiling")
-        if not (self.tolerance > 1 and self.slowdown >= 1 and 0 < self.smoothing <= 1 and self.floor_age_s > 0):
-            raise ValueError("adaptive limit: tolerance > 1, slowdown >= 1, smoothing in (0, 1], floor_age_s > 0")
+        if not (0 < self.throughput < 1 and self.slowdown >= 1 and 0 < self.smoothing <= 1 and self.floor_age_s > 0):
+            raise ValueError(
+                "adaptive limit: throughput in (0, 1), slowdown >= 1, smoothing in (0, 1], floor_age_s > 0"
+            )
 
 
 class AdaptiveLimit:
@@ -119,9 +123,10 @@ class AdaptiveLimit:
         line = self._line
         return None if line is None else self.speed * (line[0] + line[1] * batch)
 
-    def observe(self, batch: float, step_s: float, now: float) -> int:
+    def observe(self, batch: float, step_s: float, now: float, engine_batch: int = 0) -> int:
         """A stream that ran at about `batch` requests in flight took `step_s` per token; returns
-        the limit."""
+        the limit. `engine_batch`: how many requests the engines behind run at once (0: no bound
+        known); the limit stays within it, since the requests past it would queue in the engine."""
         if not (batch >= 1 and step_s > 0 and math.isfinite(batch) and math.isfinite(step_s)):
             return self.limit
         self.samples += 1
@@ -136,7 +141,7 @@ class AdaptiveLimit:
         self._refit()
         if self._line is None:
             return self.limit
-        self._update(now)
+        self._update(now, engine_batch)
         return self.limit
 
     def _refit(self) -> None:
@@ -155,14 +160,15 @@ class AdaptiveLimit:
             return
         self._line = (base, slope)  # (in the speed's terms: the samples were divided by it)
 
-    def _update(self, now: float) -> None:
+    def _update(self, now: float, engine_batch: int) -> None:
         policy = self.policy
         line = self._line
         assert line is not None
         a, b = line
-        ceiling = policy.ceiling
-        # a + b n <= tolerance (a + b)  <=>  n <= tolerance + (tolerance - 1) a / b
-        knee = ceiling if b <= 0 else min(ceiling, math.floor(policy.tolerance + (policy.tolerance - 1) * a / b))
+        ceiling = min(policy.ceiling, engine_batch) if engine_batch else policy.ceiling
+        # n / (a + b n) >= throughput / b  <=>  n >= throughput / (1 - throughput) x a / b
+        share = policy.throughput
+        knee = ceiling if b <= 0 else min(ceiling, math.ceil(share / (1 - share) * a / b))
         knee = max(policy.floor, knee)
         self.knee = knee
         at_knee = self.speed * (a + b * knee)

@@ -665,8 +665,11 @@ class Admission:
         if spanned <= 0:
             return
         batch = (self._area - grant.inflight_area) / spanned
+        # What the engines run at once (each worker's --max-running, an endpoint's batch=): past it
+        # requests would queue in them, so the limit stays within it. 0 when one of them is unknown.
+        batches = [self.forecast.model(endpoint).batch for endpoint in self.pool.endpoints]
         adaptive = self.adaptive
-        limit = adaptive.observe(batch, step_s, now)
+        limit = adaptive.observe(batch, step_s, now, sum(batches) if all(batches) else 0)
         if adaptive.enforced and limit != self.inflight.max_inflight:
             self.inflight.set_max(limit)
 

@@ -17,9 +17,9 @@ from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant
 
-BASE_S, PER_SEQUENCE_S = 0.02, 0.001
-"""A batching engine's step: 20 ms whatever the batch, 1 ms more per sequence. Its knee at
-tolerance 1.5: a + b n <= 1.5 (a + b) for n <= 1.5 + 0.5 x 20 = 11."""
+BASE_S, PER_SEQUENCE_S = 0.008, 0.001
+"""A batching engine's step: 8 ms whatever the batch, 1 ms more per sequence. Its knee at 80% of
+its most throughput (n / (8 + n) >= 0.8): n >= 4 x 8 = 32."""
 
 
 def engine_step(batch: float, slower: float = 1.0) -> float:
@@ -40,43 +40,53 @@ def feed(limit: AdaptiveLimit, start: float, seconds: float, top: int, slower: f
 
 def test_shadow_finds_the_knee_and_changes_nothing() -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.SHADOW, floor=1, ceiling=64))
-    feed(limit, start=0.0, seconds=5.0, top=30)
-    assert limit.knee == 11 and limit.limit == 11
-    step = limit.step_at(11)
-    assert step is not None and step == pytest.approx(engine_step(11), rel=0.05)
+    feed(limit, start=0.0, seconds=5.0, top=60)
+    assert limit.knee in (31, 32, 33) and limit.limit == limit.knee
+    step = limit.step_at(32)
+    assert step is not None and step == pytest.approx(engine_step(32), rel=0.05)
+
+
+def test_the_limit_stays_within_what_the_engine_runs_at_once() -> None:
+    limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=1, ceiling=64))
+    rng = random.Random(1)
+    for i in range(500):
+        batch = rng.uniform(1, 60)
+        limit.observe(batch, engine_step(batch), i * 0.01, engine_batch=24)
+    assert limit.knee == 24 and limit.limit == 24  # no headroom past it: those would queue in the engine
 
 
 def test_enforce_comes_down_while_the_engine_is_slower_and_back_up_when_it_recovers() -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=2, ceiling=64))
-    now = feed(limit, start=0.0, seconds=5.0, top=30)
-    assert limit.knee == 11 and limit.limit == 11 + 3
+    now = feed(limit, start=0.0, seconds=5.0, top=60)
+    knee = limit.knee
+    assert knee in (31, 32, 33) and limit.limit == knee + 6
     # The engine halves. The knee (its shape) stays, within a level while the speed catches up; the
     # limit comes down until a step at the limit takes at most 1.5x the step at the knee at its best:
-    # 2 x (20 + n) <= 1.5 x 31 ms, n <= 3 (+ 2 of headroom).
-    now = feed(limit, start=now, seconds=3.0, top=30, slower=2.0)
-    assert limit.knee in (11, 12) and limit.speed == pytest.approx(2.0, rel=0.1)
-    assert 4 <= limit.limit <= 6
-    now = feed(limit, start=now, seconds=3.0, top=30)  # it recovers: back to the knee within seconds
-    assert 13 <= limit.limit <= 15
+    # 2 x (8 + n) <= 1.5 x (8 + 32) ms, n <= 22 (+ 5 of headroom).
+    now = feed(limit, start=now, seconds=3.0, top=60, slower=2.0)
+    assert limit.knee is not None and abs(limit.knee - knee) <= 1 and limit.speed == pytest.approx(2.0, rel=0.1)
+    assert 25 <= limit.limit <= 29
+    now = feed(limit, start=now, seconds=3.0, top=60)  # it recovers: back to the knee within seconds
+    assert knee + 4 <= limit.limit <= knee + 8
     # A slowdown that lasts past floor_age_s is the new normal: the knee applies again.
-    now = feed(limit, start=now, seconds=61.0, top=30, slower=2.0)
-    assert limit.limit == 11 + 3 and limit.speed == pytest.approx(2.0, rel=0.05)
+    now = feed(limit, start=now, seconds=61.0, top=60, slower=2.0)
+    assert knee + 4 <= limit.limit <= knee + 8 and limit.speed == pytest.approx(2.0, rel=0.05)
 
 
 def test_a_slowdown_the_batch_cannot_absorb_leaves_the_floor() -> None:
     limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.SHADOW, floor=2, ceiling=64))
-    now = feed(limit, start=0.0, seconds=5.0, top=30)
-    feed(limit, start=now, seconds=3.0, top=30, slower=4.0)  # 4 x 21 ms > 1.5 x 31 ms at any batch
+    now = feed(limit, start=0.0, seconds=5.0, top=60)
+    feed(limit, start=now, seconds=3.0, top=60, slower=8.0)  # 8 x 9 ms > 1.5 x 40 ms at any batch
     assert limit.limit == 2
 
 
 def test_no_line_and_no_knee_until_the_streams_spread_over_several_batch_sizes() -> None:
-    limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=1, ceiling=32))
+    limit = AdaptiveLimit(AdaptivePolicy(AdaptiveMode.ENFORCE, floor=1, ceiling=64))
     for i in range(200):
         limit.observe(8.0, engine_step(8), i * 0.01)  # one batch size: the slope cannot be read
-    assert limit.knee is None and limit.limit == 32 and limit.step_at(8) is None
-    feed(limit, start=2.0, seconds=3.0, top=30)
-    assert limit.knee == 11
+    assert limit.knee is None and limit.limit == 64 and limit.step_at(8) is None
+    feed(limit, start=2.0, seconds=3.0, top=60)
+    assert limit.knee in (31, 32, 33)
 
 
 @given(samples=st.lists(st.tuples(st.floats(-5, 80), st.floats(-1, 10)), max_size=200))
@@ -101,7 +111,7 @@ def admission(mode: AdaptiveMode) -> Admission:
     endpoint = Endpoint("e", EndpointLimits(), 0.0)
     endpoint.up = True
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), 32)
-    return Admission([endpoint], 32, 0.0, 0.0, hints, 0.0, adaptive=AdaptivePolicy(mode, floor=1, ceiling=32))
+    return Admission([endpoint], 64, 0.0, 0.0, hints, 0.0, adaptive=AdaptivePolicy(mode, floor=1, ceiling=64))
 
 
 @pytest.mark.parametrize("mode", [AdaptiveMode.SHADOW, AdaptiveMode.ENFORCE])
@@ -111,7 +121,7 @@ def test_only_enforce_moves_the_effective_cap(mode: AdaptiveMode) -> None:
     now = 0.0
     for _ in range(60):
         grants: list[Grant] = []
-        wanted = rng.randint(1, 30)
+        wanted = rng.randint(1, 60)
         while a.inflight.inflight < min(a.inflight.max_inflight, wanted):
             decision = a.decide(now, NO_ASK)
             assert isinstance(decision, Grant)
@@ -125,9 +135,10 @@ def test_only_enforce_moves_the_effective_cap(mode: AdaptiveMode) -> None:
         for grant in grants:
             grant.used = 0
             a.release(grant, executed=True, now=now)
-    assert a.adaptive.knee == 11
-    expected = 11 + 3 if mode is AdaptiveMode.ENFORCE else 32
-    assert a.inflight.max_inflight == expected and a.max_inflight == 32
+    knee = a.adaptive.knee
+    assert knee in (31, 32, 33)
+    expected = knee + 6 if mode is AdaptiveMode.ENFORCE else 64
+    assert a.inflight.max_inflight == expected and a.max_inflight == 64
 
 
 def test_a_stream_of_fewer_than_three_tokens_teaches_nothing() -> None:
