@@ -191,7 +191,7 @@ bench-admission: $(STAMP)  ## experiment 8: token budget vs request cap, deadlin
 	$(PY) -m benchmarks.admission.token_admission
 
 bench-tenants: $(STAMP)  ## experiment 9: a noisy neighbour, tenant weights, priority classes at 150% load
-	$(PY) -m benchmarks.admission.tenants
+	$(PY) -m benchmarks.admission.tenants --critical-retry --allowance 2,4
 
 bench-fleet: $(STAMP) redis-server  ## experiment 10: fleet caps through Redis vs per-replica caps; yield/admitted paths; a killed replica
 	$(PY) -m benchmarks.admission.fleet
