@@ -57,7 +57,7 @@ class DeadlineLimit:
             start = self._forecast.group_free_at(now, endpoint, ahead, self._hints.service_time_s)
             if start is not None and start - now > deadline:
                 return self._refusal.at(hint_of(start - now - deadline))
-        predicted = endpoint.ttft.predict(endpoint.waiting_tokens + ask.prompt_tokens, endpoint.waiting)
+        predicted = endpoint.ttft.predict(ask.prompt_tokens, endpoint.waiting_tokens, endpoint.waiting)
         if predicted is None:
             return None
         if predicted > deadline and endpoint.inflight:

@@ -685,7 +685,7 @@ class Admission:
         after its first token)."""
         endpoint = grant.endpoint
         if endpoint is not None and not grant.started:
-            endpoint.ttft.observe(grant.tokens_ahead, grant.requests_ahead, seconds)
+            endpoint.ttft.observe(grant.ask.prompt_tokens, grant.tokens_ahead, grant.requests_ahead, seconds)
 
     def reroute(self, grant: Grant, now: float) -> bool:
         """Route a request whose endpoint was lost before it started to another endpoint: the old

@@ -253,11 +253,11 @@ class Pool:
         ask = grant.ask
         endpoint.inflight += 1
         endpoint.tokens += ask.cost
-        # The TTFT model's features: what waits there for a first token, this request included.
+        # The TTFT model's features: what waits there for a first token before this request.
         grant.requests_ahead = endpoint.waiting
+        grant.tokens_ahead = endpoint.waiting_tokens
         endpoint.waiting += 1
         endpoint.waiting_tokens += ask.prompt_tokens
-        grant.tokens_ahead = endpoint.waiting_tokens
         self._next = (index + 1) % len(self.endpoints)
         grant.endpoint = endpoint
 

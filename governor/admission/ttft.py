@@ -4,10 +4,15 @@ A request routed to an endpoint waits for its first token behind the requests th
 not produced theirs, and for its own prefill. So the model is linear in what the governor sees
 when it routes the request:
 
-    ttft ≈ w0 + w1 * (prompt tokens waiting there, its own included) + w2 * (requests waiting there)
+    ttft ≈ w0 + w1 * (its prompt tokens) + w2 * (prompt tokens waiting there before it)
+              + w3 * (requests waiting there)
 
-w1 is the endpoint's inverse prefill rate, w2 what each waiting request adds beyond its tokens
-(a batch slot, a scheduling step), w0 the fixed path (two socket hops, one decode step). The
+w1 is what its own prefill takes per token (a long prompt is prefilled in chunks, one a step,
+among the running streams), w2 what the prompts ahead of it add per token (a scheduler may
+interleave them with it), w3 what each waiting request adds beyond its tokens (a batch slot, a
+scheduling step), w0 the fixed path (two socket hops, one decode step). Its own prompt and the
+ones ahead are two features because they cost differently under chunked prefill: one
+coefficient for both, fitted mostly on short prompts, under-predicted every long one. The
 weights are fitted by least squares over the requests' observed first tokens, with exponential
 forgetting so that the model follows an endpoint whose speed changes (another workload on the
 machine), and a small ridge so that it stays defined with few or collinear samples. A
@@ -51,22 +56,27 @@ under a load that is still building), not the margin's, and a margin raised by t
 hundreds of samples to come down."""
 
 
-def _solve3(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting on a 3x3 system; None when singular."""
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small square system; None when singular."""
+    n = len(b)
     m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
         if abs(m[pivot][col]) < 1e-12:
             return None
         m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, 3):
+        for r in range(col + 1, n):
             f = m[r][col] / m[col][col]
-            for c in range(col, 4):
+            for c in range(col, n + 1):
                 m[r][c] -= f * m[col][c]
-    x = [0.0, 0.0, 0.0]
-    for r in (2, 1, 0):
-        x[r] = (m[r][3] - sum(m[r][c] * x[c] for c in range(r + 1, 3))) / m[r][r]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
     return x
+
+
+Features = tuple[float, float, float, float]
+FEATURES = 4
 
 
 class TtftModel:
@@ -76,38 +86,39 @@ class TtftModel:
         self.margin = margin  # standard deviations of the relative residuals added to the fit: learnt from here
         self.samples = 0
         self.exceeded = 0  # samples later than their prediction (`observe`)
-        self._xtx = [[0.0] * 3 for _ in range(3)]
-        self._xty = [0.0] * 3
+        self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
+        self._xty = [0.0] * FEATURES
         self._weights: list[float] | None = None
         self._residual_var = 0.0
         self._residuals = 0
 
     @staticmethod
-    def _features(tokens_ahead: int, requests_ahead: int) -> tuple[float, float, float]:
-        return 1.0, tokens_ahead / TOKEN_SCALE, requests_ahead / REQUEST_SCALE
+    def _features(prompt_tokens: int, tokens_ahead: int, requests_ahead: int) -> Features:
+        return 1.0, prompt_tokens / TOKEN_SCALE, tokens_ahead / TOKEN_SCALE, requests_ahead / REQUEST_SCALE
 
     @staticmethod
-    def _value(w: list[float], x: tuple[float, float, float]) -> float:
-        return max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2])
+    def _value(w: list[float], x: Features) -> float:
+        return max(0.0, w[0] * x[0] + w[1] * x[1] + w[2] * x[2] + w[3] * x[3])
 
-    def fit(self, tokens_ahead: int, requests_ahead: int) -> float | None:
-        """The least-squares TTFT (seconds) for this load; None until the model has samples."""
+    def fit(self, prompt_tokens: int, tokens_ahead: int, requests_ahead: int) -> float | None:
+        """The least-squares TTFT (seconds) of a prompt of `prompt_tokens` behind `tokens_ahead`
+        prompt tokens of `requests_ahead` requests; None until the model has samples."""
         w = self._weights
         if w is None or self.samples < MIN_SAMPLES:
             return None
-        return self._value(w, self._features(tokens_ahead, requests_ahead))
+        return self._value(w, self._features(prompt_tokens, tokens_ahead, requests_ahead))
 
-    def predict(self, tokens_ahead: int, requests_ahead: int) -> float | None:
+    def predict(self, prompt_tokens: int, tokens_ahead: int, requests_ahead: int) -> float | None:
         """The fit plus the margin, in deviations of the relative error at this fit: what the
         deadline is compared with."""
-        fit = self.fit(tokens_ahead, requests_ahead)
+        fit = self.fit(prompt_tokens, tokens_ahead, requests_ahead)
         return None if fit is None else fit + self.margin * math.sqrt(self._residual_var) * max(fit, MIN_FIT_S)
 
-    def observe(self, tokens_ahead: int, requests_ahead: int, ttft_s: float) -> None:
-        """A request routed under this load got its first token after `ttft_s`."""
-        x = self._features(tokens_ahead, requests_ahead)
+    def observe(self, prompt_tokens: int, tokens_ahead: int, requests_ahead: int, ttft_s: float) -> None:
+        """A request of `prompt_tokens` routed under this load got its first token after `ttft_s`."""
+        x = self._features(prompt_tokens, tokens_ahead, requests_ahead)
         w = self._weights
-        if w is not None:  # the error of the fit so far on a sample it has not seen, as a share of it
+        if w is not None and self.samples >= MIN_SAMPLES:  # the error of a prediction, as a share of its fit
             error = (ttft_s - self._value(w, x)) / max(self._value(w, x), MIN_FIT_S)
             if self.samples >= MARGIN_AFTER and self._residual_var > 0:  # a settled prediction: learn the margin
                 over = error > self.margin * math.sqrt(self._residual_var)
@@ -119,13 +130,13 @@ class TtftModel:
             rate = max(1.0 - FORGETTING, 1.0 / self._residuals)
             self._residual_var += rate * (error * error - self._residual_var)
         xtx, xty = self._xtx, self._xty
-        for i in range(3):
+        for i in range(FEATURES):
             xty[i] = FORGETTING * xty[i] + x[i] * ttft_s
             row = xtx[i]
-            for j in range(3):
+            for j in range(FEATURES):
                 row[j] = FORGETTING * row[j] + x[i] * x[j]
         self.samples += 1
-        regularised = [[xtx[i][j] + (RIDGE if i == j else 0.0) for j in range(3)] for i in range(3)]
-        weights = _solve3(regularised, xty)
+        regularised = [[xtx[i][j] + (RIDGE if i == j else 0.0) for j in range(FEATURES)] for i in range(FEATURES)]
+        weights = _solve(regularised, xty)
         if weights is not None:
             self._weights = weights

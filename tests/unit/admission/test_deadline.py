@@ -28,24 +28,27 @@ def replies(writes: Any) -> list[dict[str, Any]]:
 def test_the_model_learns_a_linear_ttft_and_adds_its_error_margin() -> None:
     model = TtftModel(margin=0.0)
     rng = random.Random(1)
-    assert model.predict(100, 1) is None
+    assert model.predict(32, 100, 1) is None
     for _ in range(MIN_SAMPLES - 1):
-        model.observe(100, 1, 0.1)
-    assert model.predict(100, 1) is None  # too few samples: no prediction, no refusal
+        model.observe(32, 100, 1, 0.1)
+    assert model.predict(32, 100, 1) is None  # too few samples: no prediction, no refusal
     for _ in range(200):
         tokens, requests = rng.randint(0, 4000), rng.randint(0, 20)
-        model.observe(tokens, requests, 0.02 + tokens / 10_000 + 0.005 * requests)
-    assert model.predict(2000, 4) == pytest.approx(0.02 + 0.2 + 0.02, rel=1e-2)
+        own = rng.choice((32, 32, 32, 896))
+        # its own prompt costs twice what one ahead does per token (chunked among the others)
+        model.observe(own, tokens, requests, 0.02 + own / 5_000 + tokens / 10_000 + 0.005 * requests)
+    assert model.predict(32, 2000, 4) == pytest.approx(0.02 + 0.0064 + 0.2 + 0.02, rel=1e-2)
+    assert model.predict(896, 2000, 4) == pytest.approx(0.02 + 0.1792 + 0.2 + 0.02, rel=1e-2)
     noisy = TtftModel(margin=2.0)
     for _ in range(300):
         tokens = rng.randint(0, 4000)
-        noisy.observe(tokens, 0, tokens / 10_000 * (1 + rng.gauss(0, 0.1)))
-    fit, upper = noisy.fit(2000, 0), noisy.predict(2000, 0)
+        noisy.observe(32, tokens, 0, tokens / 10_000 * (1 + rng.gauss(0, 0.1)))
+    fit, upper = noisy.fit(32, 2000, 0), noisy.predict(32, 2000, 0)
     assert fit is not None and upper is not None
     assert fit == pytest.approx(0.2, abs=0.02)
     # the margin, in deviations of the relative error: a longer wait gets a wider one
     assert upper - fit == pytest.approx(noisy.margin * 0.1 * fit, rel=0.3)
-    short_fit, short_upper = noisy.fit(500, 0), noisy.predict(500, 0)
+    short_fit, short_upper = noisy.fit(32, 500, 0), noisy.predict(32, 500, 0)
     assert short_fit is not None and short_upper is not None
     assert short_upper - short_fit < (upper - fit) / 2
 
@@ -66,8 +69,8 @@ def test_the_margin_is_learnt_so_that_five_percent_of_first_tokens_come_later_th
     for i in range(6000):
         tokens = rng.randint(0, 4000)
         ttft = (0.02 + tokens / 10_000) * (1 + noise(rng))
-        predicted = model.predict(tokens, 0)
-        model.observe(tokens, 0, ttft)
+        predicted = model.predict(32, tokens, 0)
+        model.observe(32, tokens, 0, ttft)
         if i >= 3000 and predicted is not None:
             late.append(ttft > predicted)
     assert sum(late) / len(late) == pytest.approx(0.05, abs=0.015)
@@ -81,8 +84,9 @@ def test_coverage_counts_admitted_deadline_frames_against_their_prediction() -> 
     state = make_state(max_inflight=16, clock=clock, upstream=upstream, timers=timers)
     endpoint = state.admission.pool.endpoints[0]
     endpoint.ttft = TtftModel(margin=0.0)
-    for tokens in range(0, 2000, 100):  # 1 ms per waiting prompt token, exactly: predictions are the fit
-        endpoint.ttft.observe(tokens, 0, tokens / 1000)
+    for own in range(0, 2000, 100):  # 1 ms per prompt token, its own or ahead: predictions are the fit
+        for ahead in (0, 500, 1000):
+            endpoint.ttft.observe(own, ahead, 0, (own + ahead) / 1000)
     ingress, _ = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 400, deadline_ms=900) + frame("b", "x" * 400, deadline_ms=900))
     (a_uid, _), (b_uid, _) = upstream.dispatched.items()  # predicted 0.1 s and 0.2 s
@@ -107,8 +111,9 @@ def test_a_request_predicted_to_miss_its_deadline_yields_with_the_excess_as_hint
     state = make_state(max_inflight=16, clock=clock, upstream=upstream)
     endpoint = state.admission.pool.endpoints[0]
     endpoint.ttft = TtftModel(margin=0.0)
-    for tokens in range(0, 2000, 100):  # 1 ms per waiting prompt token
-        endpoint.ttft.observe(tokens, 0, tokens / 1000)
+    for own in range(0, 2000, 100):  # 1 ms per prompt token, its own or ahead
+        for ahead in (0, 500, 1000):
+            endpoint.ttft.observe(own, ahead, 0, (own + ahead) / 1000)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 1200, deadline_ms=500))  # 300 tokens: 0.3 s
     assert replies(writes) == [] and endpoint.waiting_tokens == 300
@@ -127,7 +132,7 @@ def test_a_model_that_predicts_a_miss_for_an_idle_endpoint_lets_one_probe_in_and
     endpoint = state.admission.pool.endpoints[0]
     endpoint.ttft = TtftModel(margin=0.0)
     for _ in range(MIN_SAMPLES + 2):  # it learnt 2 s first tokens (a stall): every prediction misses 1 s
-        endpoint.ttft.observe(0, 0, 2.0)
+        endpoint.ttft.observe(0, 0, 0, 2.0)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("probe", deadline_ms=1000) + frame("next", deadline_ms=1000))
     assert [(r["id"], r["reason"]) for r in replies(writes)] == [("next", YieldReason.DEADLINE)]
@@ -195,7 +200,7 @@ def test_a_queue_the_deadline_cannot_clear_is_refused_before_any_first_token_is_
     for i in range(5):
         running.token(clock() + 0.02 * i)
     now = clock() + 0.09
-    assert endpoint.ttft.predict(0, 0) is None  # the model knows nothing yet
+    assert endpoint.ttft.predict(0, 0, 0) is None  # the model knows nothing yet
     refused = admission.decide(now, Ask(max_new_tokens=4, deadline_s=0.02))
     assert isinstance(refused, Refusal) and refused.reason == YieldReason.DEADLINE
     # its start is at least the running one's end, 95 tokens away: far past 20 ms
