@@ -66,7 +66,7 @@ class GovernorConfig:
     deadline_margin: float = option(
         1.65,
         "a frame with deadline_ms is refused when the predicted time to first token plus a margin of standard"
-        " deviations of the prediction's recent relative error exceeds it: the margin starts here and is learnt so that"
+        " deviations of the prediction's recent error exceeds it: the margin starts here and is learnt so that"
         " 5% of first tokens come later than predicted",
     )
     adaptive_limit: Literal["off", "shadow", "enforce"] = option(

@@ -18,10 +18,8 @@ forgetting so that the model follows an endpoint whose speed changes (another wo
 machine), and a small ridge so that it stays defined with few or collinear samples. A
 prediction is an upper estimate: the fit plus `margin` standard deviations of its recent
 residuals (Mooncake refuses on predicted TTFT the same way; the margin trades early refusals
-for deadlines met). The residuals are relative, the error as a share of the fit: a long wait
-(a long prompt chunked over many steps, a deep queue) errs by more than a short one, and one
-deviation over a population of mostly short waits would leave the long ones uncovered. No
-prediction before `MIN_SAMPLES` first tokens: the deadline check admits until then.
+for deadlines met). No prediction before `MIN_SAMPLES` first tokens: the deadline check admits
+until then.
 
 The margin is learnt, not set: residuals are not normal (a long prefill ahead, a batch that grew
 after admission), so a fixed 1.65 sigma covers some share of first tokens nobody chose. Each sample
@@ -48,8 +46,6 @@ STEP = 0.1
 """The margin's learning step, in standard deviations: an exceedance raises it 0.095 sigma, a
 sample within it lowers it 0.005 sigma (so a shift shows within a few hundred samples)."""
 MAX_MARGIN = 5.0
-MIN_FIT_S = 0.01
-"""The least fit a relative error is taken of (a fit near 0 s would make any error infinite)."""
 MARGIN_AFTER = 32
 """Samples before the margin learns: the first ones miss the fit's error (a fit of a few samples,
 under a load that is still building), not the margin's, and a margin raised by them would take
@@ -83,7 +79,7 @@ class TtftModel:
     __slots__ = ("margin", "samples", "exceeded", "_xtx", "_xty", "_weights", "_residual_var", "_residuals")
 
     def __init__(self, margin: float = 1.65) -> None:
-        self.margin = margin  # standard deviations of the relative residuals added to the fit: learnt from here
+        self.margin = margin  # standard deviations of the residuals added to the fit: learnt from here
         self.samples = 0
         self.exceeded = 0  # samples later than their prediction (`observe`)
         self._xtx = [[0.0] * FEATURES for _ in range(FEATURES)]
@@ -109,17 +105,16 @@ class TtftModel:
         return self._value(w, self._features(prompt_tokens, tokens_ahead, requests_ahead))
 
     def predict(self, prompt_tokens: int, tokens_ahead: int, requests_ahead: int) -> float | None:
-        """The fit plus the margin, in deviations of the relative error at this fit: what the
-        deadline is compared with."""
+        """The fit plus the margin: what the deadline is compared with."""
         fit = self.fit(prompt_tokens, tokens_ahead, requests_ahead)
-        return None if fit is None else fit + self.margin * math.sqrt(self._residual_var) * max(fit, MIN_FIT_S)
+        return None if fit is None else fit + self.margin * math.sqrt(self._residual_var)
 
     def observe(self, prompt_tokens: int, tokens_ahead: int, requests_ahead: int, ttft_s: float) -> None:
         """A request of `prompt_tokens` routed under this load got its first token after `ttft_s`."""
         x = self._features(prompt_tokens, tokens_ahead, requests_ahead)
         w = self._weights
-        if w is not None and self.samples >= MIN_SAMPLES:  # the error of a prediction, as a share of its fit
-            error = (ttft_s - self._value(w, x)) / max(self._value(w, x), MIN_FIT_S)
+        if w is not None and self.samples >= MIN_SAMPLES:  # the error of a prediction
+            error = ttft_s - self._value(w, x)
             if self.samples >= MARGIN_AFTER and self._residual_var > 0:  # a settled prediction: learn the margin
                 over = error > self.margin * math.sqrt(self._residual_var)
                 self.exceeded += over
