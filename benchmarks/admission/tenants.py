@@ -261,7 +261,8 @@ def neighbour_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str
         f"capacity C = {capacity:.2f} req/s; B offers 0.3 C = {0.3 * capacity:.2f}/s, A 5 C = {5 * capacity:.2f}/s, "
         f"{seconds:g} s of arrivals, {args.rounds} rounds pooled, both retrying yields at the hint; onset = B's "
         f"arrivals in A's first {ONSET_S:g} s; B's guarantee {guarantee[0]} (B's p99 concurrency alone, per round: "
-        f"{[concurrency_p99(r['B alone'].of(tenant='B')) for r in rounds]}).\n\n{table}\n\n"
+        f"{[concurrency_p99(r['B alone'].of(tenant='B')) for r in rounds]}; its TTFT p99 ms per round: "
+        f"{[fmt(p99(r['B alone'].of(tenant='B'))) for r in rounds]}).\n\n{table}\n\n"
         f"B's added wait in the steady state of the tenants 1:1 run, by how many of B's requests were in flight "
         f"as it arrived (A's share past the threshold leaves B about {MAX_INFLIGHT - int(0.8 * MAX_INFLIGHT)} "
         f"slots at once; past them B waits for releases, its own earlier appointments first):\n\n"
@@ -313,6 +314,14 @@ def record_neighbour(
     def p99_figure(label: str, side: str, key: str, n_key: str, bar: float | None, headline: bool) -> None:
         value, base = measured[side][key], solo["b_ttft_p99_ms"]
         ratio = value / base if value is not None and base else None
+        steady = key.startswith("b_steady")
+        offset_of = offset if "joins" in side else 0.0
+
+        def b_p99(run: Run) -> float | None:  # one round's, for the paired ratio beside the pooled one
+            b = run.of(tenant="B")
+            return p99([o for o in b if o.sent_s - offset_of >= ONSET_S] if steady and not offset_of else b)
+
+        paired = paired_ratio(rounds, side, "B alone", b_p99)
         sitting.figure(
             label,
             value,
@@ -321,7 +330,8 @@ def record_neighbour(
             bar=None if bar is None else f"ratio <= {bar:g}",
             met=None if bar is None or ratio is None else ratio <= bar,
             headline=headline,
-            note=f"n {measured[side][n_key]:.0f} (alone {solo['b_ttft_n']:.0f}), {len(rounds)} rounds pooled",
+            note=f"n {measured[side][n_key]:.0f} (alone {solo['b_ttft_n']:.0f}), {len(rounds)} rounds pooled; "
+            f"median of the rounds' own ratios {fmt(paired, 2)}x",
         )
 
     p99_figure(
