@@ -348,16 +348,25 @@ def record_adaptive(
         (f"halving_fixed{best_cap}", "the best fixed cap", False),
         ("halving_shadow", "--adaptive-limit shadow", False),
     ):
-        before, after = changes[run]["ttft_p99_before_ms"], changes[run]["ttft_p99_after_ms"]
-        ratio = after / before if after is not None and before else None
+        change = changes[run]
+        before, after, ratio = change["ttft_p99_before_ms"], change["ttft_p99_after_ms"], change["ratio"]
         sitting.figure(
             f"TTFT p99 after the capacity halves, {label}",
             after,
             "ms",
             baseline=("before it", before),
+            ratio=ratio,
             bar="ratio <= 2",
             met=None if ratio is None else ratio <= 2,
             headline=headline,
+            note=f"medians of {rounds} rounds (the ratio: of each run's own); n {fmt(change['n_before'])} before, "
+            f"{fmt(change['n_after'])} after, per run",
+        )
+        sitting.figure(
+            f"completed/s after the capacity halves, {label}",
+            change["done_after_rps"],
+            "req/s",
+            headline=False,
         )
     utilisation = changes["halving_enforce"]["utilisation_after"]
     sitting.figure(
@@ -411,6 +420,7 @@ def across_the_change(run: Run, seconds: float) -> dict[str, float | None]:
         "utilisation_before": busy_ratio(run, seconds / 4, seconds),
         "utilisation_after": busy_ratio(run, seconds + 3, 2 * seconds),
         "done_rps": run.rps,
+        "done_after_rps": run.done_count(since=seconds + 3) / (seconds - 3),
         "limit_before": statistics.median(limits_before) if limits_before else None,
         "limit_after": statistics.median(limits_after) if limits_after else None,
         "settled_s": settled[0] if settled else None,
