@@ -145,31 +145,42 @@ def start_governor(tmp_path: Path) -> Iterator[Callable[..., Governor]]:
     ) -> Governor:
         """A governor; unless flags name an external --worker (or a --config file, which names its
         endpoints), it spawns one running `worker_args` (the echo engine unless they choose another).
-        `env` is added to its environment. Safe to call from several threads at once."""
-        port, metrics_port = free_ports(2)
-        log = tmp_path / f"governor-{next(names)}.log"
-        argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
-        if "--worker" in flags or "--config" in flags:
-            argv += flags
-        else:
-            engine = () if "--engine" in worker_args else ("--engine", "echo")
-            argv += [*flags, "--", *engine, *worker_args]
-        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        with log.open("wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment)
-        governor = Governor(proc, port, metrics_port, log)
-        started.append(governor)
+        `env` is added to its environment. Safe to call from several threads at once. A port taken
+        between `free_ports` and the governor's bind (another process's outgoing connection may get
+        it) is retried with new ports, twice."""
+        for attempt in range(3):
+            port, metrics_port = free_ports(2)
+            log = tmp_path / f"governor-{next(names)}.log"
+            argv = [
+                sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)
+            ]  # fmt: skip
+            if "--worker" in flags or "--config" in flags:
+                argv += flags
+            else:
+                engine = () if "--engine" in worker_args else ("--engine", "echo")
+                argv += [*flags, "--", *engine, *worker_args]
+            environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+            with log.open("wb") as out:  # the child keeps its own descriptor
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=environment)
+            governor = Governor(proc, port, metrics_port, log)
+            started.append(governor)
 
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"governor exited early:\n{log.read_text()}")
+            def ready(proc: subprocess.Popen[bytes] = proc, log: Path = log, governor: Governor = governor) -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"governor exited early:\n{log.read_text()}")
+                try:
+                    return governor.http("/readyz")[0] == (200 if wait_ready else 503)
+                except OSError:
+                    return False
+
             try:
-                return governor.http("/readyz")[0] == (200 if wait_ready else 503)
-            except OSError:
-                return False
-
-        governor.wait_until(ready, START_TIMEOUT_S, "governor readiness")
-        return governor
+                governor.wait_until(ready, START_TIMEOUT_S, "governor readiness")
+            except AssertionError:
+                if attempt < 2 and proc.poll() is not None and "is already in use" in log.read_text():
+                    continue
+                raise
+            return governor
+        raise AssertionError("unreachable")
 
     yield start
     for governor in started:
