@@ -233,7 +233,7 @@ def deadline_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
         value = f[key]
         return None if value is None else 100 * value
 
-    def bar(key: str, low: float, high: float = 1.0) -> bool | None:
+    def bar(key: str, low: float, high: float) -> bool | None:
         value = f[key]
         return None if value is None else low <= value <= high
 
@@ -247,38 +247,19 @@ def deadline_experiment(bench: Bench, capacity: float, sitting: Sitting) -> str:
         bar="ratio >= 1.3",
         met=None if gain is None else gain >= 1.3,
     )
-    sitting.figure(
-        "admitted requests that met their deadline",
-        pct("met_share"),
-        "%",
-        bar=">= 95%",
-        met=bar("met_share", 0.95),
-        note=f"{f['admitted']} admitted",
-    )
-    sitting.figure(
-        "frames with a deadline served in time",
-        pct("in_time_share"),
-        "%",
-        bar=">= 90%",
-        met=bar("in_time_share", 0.9),
-        note=n,
-    )
-    sitting.figure(
-        "deadline refusals whose twin without a deadline missed it",
-        pct("refusal_precision"),
-        "%",
-        bar=">= 80%",
-        met=bar("refusal_precision", 0.8),
-        note=f"{f['refused']} refused",
-    )
-    sitting.figure(
-        "admitted first tokens within their prediction (coverage)",
-        pct("coverage"),
-        "%",
-        bar="93-97%",
-        met=bar("coverage", 0.93, 0.97),
-        note=f"{f['predicted']} predicted (stats.deadlines)",
-    )
+    for name, key, bar_text, low, high, note in (
+        ("admitted requests that met their deadline", "met_share", ">= 95%", 0.95, 1.0, f"{f['admitted']} admitted"),
+        ("frames with a deadline served in time", "in_time_share", ">= 90%", 0.9, 1.0, n),
+        (
+            "deadline refusals whose twin without a deadline missed it",
+            "refusal_precision", ">= 80%", 0.8, 1.0, f"{f['refused']} refused",
+        ),
+        (
+            "admitted first tokens within their prediction (coverage)",
+            "coverage", "93-97%", 0.93, 0.97, f"{f['predicted']} predicted (stats.deadlines)",
+        ),
+    ):  # fmt: skip
+        sitting.figure(name, pct(key), "%", bar=bar_text, met=bar(key, low, high), note=note)
     sitting.figure("expired share of the admitted", pct("expired_share"), "%", headline=False)
     sitting.details = {"arrivals_rps": 1.5 * capacity, "capacity_rps": capacity, "requests": len(plan), **f}
     rows = [
