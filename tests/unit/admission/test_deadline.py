@@ -25,6 +25,15 @@ def replies(writes: Any) -> list[dict[str, Any]]:
     return [orjson.loads(line) for line in writes.lines()]
 
 
+def millisecond_per_token() -> TtftModel:
+    """A model with no margin that learnt an exact 1 ms per prompt token, its own or ahead of it."""
+    model = TtftModel(margin=0.0)
+    for own in range(0, 2000, 100):
+        for ahead in (0, 500, 1000):
+            model.observe(own, ahead, 0, (own + ahead) / 1000)
+    return model
+
+
 def test_the_model_learns_a_linear_ttft_and_adds_its_error_margin() -> None:
     model = TtftModel(margin=0.0)
     rng = random.Random(1)
@@ -79,10 +88,7 @@ def test_coverage_counts_admitted_deadline_frames_against_their_prediction() -> 
     upstream = FakeUpstream()
     state = make_state(max_inflight=16, clock=clock, upstream=upstream, timers=timers)
     endpoint = state.admission.pool.endpoints[0]
-    endpoint.ttft = TtftModel(margin=0.0)
-    for own in range(0, 2000, 100):  # 1 ms per prompt token, its own or ahead: predictions are the fit
-        for ahead in (0, 500, 1000):
-            endpoint.ttft.observe(own, ahead, 0, (own + ahead) / 1000)
+    endpoint.ttft = millisecond_per_token()  # exact: predictions are the fit
     ingress, _ = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 400, deadline_ms=900) + frame("b", "x" * 400, deadline_ms=900))
     (a_uid, _), (b_uid, _) = upstream.dispatched.items()  # predicted 0.1 s and 0.2 s
@@ -106,10 +112,7 @@ def test_a_request_predicted_to_miss_its_deadline_yields_with_the_excess_as_hint
     upstream = FakeUpstream()
     state = make_state(max_inflight=16, clock=clock, upstream=upstream)
     endpoint = state.admission.pool.endpoints[0]
-    endpoint.ttft = TtftModel(margin=0.0)
-    for own in range(0, 2000, 100):  # 1 ms per prompt token, its own or ahead
-        for ahead in (0, 500, 1000):
-            endpoint.ttft.observe(own, ahead, 0, (own + ahead) / 1000)
+    endpoint.ttft = millisecond_per_token()
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a", "x" * 1200, deadline_ms=500))  # 300 tokens: 0.3 s
     assert replies(writes) == [] and endpoint.waiting_tokens == 300
