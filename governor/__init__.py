@@ -16,4 +16,6 @@ socket. The wire contract it shares with the worker lives in the `govwire` packa
 tests/unit/test_layers.py checks who imports whom.
 """
 
-__version__ = "0.1.0"
+from govwire import __version__
+
+__all__ = ["__version__"]

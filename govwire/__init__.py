@@ -12,3 +12,7 @@ The governor, the worker and the clients all import this package, and it imports
 - `auth`, `address`: the shared secret and the address syntax, the same on both hops
 - `options`, `logs`: process plumbing both programs share (flags from a config dataclass, logging)
 """
+
+__version__ = "0.1.0"
+"""The release of the governor distribution (the governor, the worker, the clients): one number, read
+by pyproject.toml and by both programs' --version."""

@@ -46,7 +46,10 @@ def add_options(parser: argparse.ArgumentParser, cls: type) -> None:
             kwargs["action"] = "append"
         else:
             kwargs["type"] = kind
-        parser.add_argument(flag, help=f"{help_text} (default: {_show(f.default)})", **kwargs)
+        # argparse expands `%(default)s`-style specifiers in help: a literal `%` ("5% of") would
+        # crash every --help, so the text is escaped here, once for every option.
+        text = f"{help_text} (default: {_show(f.default)})".replace("%", "%%")
+        parser.add_argument(flag, help=text, **kwargs)
 
 
 def _show(value: Any) -> str:

@@ -7,13 +7,16 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from govwire import __version__
 from govwire.logs import configure_logging
 from govwire.options import ConfigError, add_options, from_namespace
+from govwire.vocab import PROTOCOL_VERSION
 from worker.config import WorkerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="worker", description="inference worker behind a governor")
+    parser.add_argument("--version", action="version", version=f"worker {__version__} (protocol v{PROTOCOL_VERSION})")
     sub = parser.add_subparsers(dest="command", required=True)
     serve_parser = sub.add_parser("serve", help="run the worker's socket server")
     add_options(serve_parser, WorkerConfig)
