@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -187,6 +188,13 @@ def _error_response(error: GovernorError, keep: bool) -> bytes:
     return response(status, error_body(status, error), keep, extra)
 
 
+def response_id(chat: bool) -> str:
+    """A new response's id, random as OpenAI's (`cmpl-…`, `chatcmpl-…` for chat): unique across
+    connections, processes and restarts, so logs, traces and clients that key on it never mix two
+    requests (96 bits: a repeat is as likely as a uuid4's)."""
+    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+
+
 def chunk(data: bytes) -> bytes:
     """One piece of a `Transfer-Encoding: chunked` body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
@@ -278,7 +286,6 @@ class HttpIngress:
         self._header_read = 0  # bytes of later reads spent on that request's unfinished headers
         self._began = False  # a request began during the current read
         self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
-        self._next_id = 0
         self.active: dict[str, InflightRequest] = {}
         self.tenant = DEFAULT_TENANT  # of the request being answered, for logs when shed
         self.closing: ShedReason | None = None  # the adapter sheds the connection with this reason
@@ -494,7 +501,6 @@ class HttpIngress:
         state = self._state
         accounting = state.accounting
         keep = message.keep_alive
-        self._next_id += 1
         rid = ""  # named once admitted: a refusal needs no id
         if state.auth is not None:
             unauthorized = self._authorize(message)
@@ -624,7 +630,7 @@ class HttpIngress:
         state = self._state
         keep = message.keep_alive
         chat = frame is not None
-        rid = f"cmpl-{id(self):x}-{self._next_id}"
+        rid = response_id(chat)
         if frame is not None:
             frame["id"] = rid
 

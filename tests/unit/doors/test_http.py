@@ -194,6 +194,31 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     assert state.accounting.executed == 2 and balanced(state)
 
 
+def test_response_ids_never_repeat_across_connections_and_chat_ids_are_chatcmpl() -> None:
+    # Each request on a connection of its own, the last one freed first: an id built from the
+    # connection object's address repeated once the address was reused (240 unique of 300).
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=4, integrity=IntegrityMode.OFF, upstream=upstream)
+    ids: list[str] = []
+    for i in range(300):
+        chat = i % 2 == 1
+        client = Client(state)
+        if chat:
+            body = orjson.dumps({"model": "gpt2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+            client.send(post(body).replace(b"/v1/completions", b"/v1/chat/completions"))
+        else:
+            client.send(post(completion()))
+        (uid,) = upstream.link.inflight  # the one in flight
+        upstream.worker_sends(done_frame(uid, "x", completion_tokens=1))
+        (answered,) = client.responses()
+        rid = orjson.loads(answered.body)["id"]
+        assert rid.startswith("chatcmpl-" if chat else "cmpl-")
+        ids.append(rid)
+        del client
+    assert len(set(ids)) == len(ids) == 300
+    assert state.accounting.executed == 300 and balanced(state)
+
+
 def test_a_stream_sends_its_head_with_the_first_token_then_events_and_done() -> None:
     upstream = FakeUpstream()
     state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
