@@ -10,6 +10,10 @@ wall (client: first submission to last reply) and as the worker's prompt tokens 
 so the worker runs without its prefix cache: with it, every prompt after the first would be a cache
 hit and the burst no prefill at all (the experiment predates the cache).
 
+Beside p50/p99, each run keeps its admitted requests' TTFT at every percentile from 0 (the first
+reply) to 100 (the last), linearly interpolated: enough for the figures page to draw both runs'
+distributions from the result file alone (the per-request samples stay in benchmarks/out/).
+
     python -m benchmarks.admission.burst [--requests 256] [--prompt-repeats 26] [--cap 64] [--repeats 1]
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from benchmarks.harness import rounds
 from benchmarks.harness.common import (
@@ -34,7 +39,7 @@ from benchmarks.harness.common import (
 from benchmarks.harness.results import Sitting
 from governor.bench.plot import write_plot
 from governor.bench.runner import RunResult
-from governor.bench.stats import Summary
+from governor.bench.stats import Summary, percentile
 
 
 def engine_totals(port: int) -> dict[str, float]:
@@ -65,11 +70,19 @@ def run_one(cap: int, args: argparse.Namespace) -> tuple[Summary, RunResult, flo
         stop(proc)
 
 
-Run = dict[str, float | None]  # one configuration's figures in one pair
+Run = dict[str, Any]  # one configuration's figures in one pair: numbers, and the TTFT quantiles
+
+
+def ttft_quantiles_ms(result: RunResult) -> list[float | None]:
+    """The completed requests' TTFT at percentiles 0, 1, ..., 100 (ms, to the microsecond): the
+    run's distribution in 101 numbers: what a plot of it needs, small enough for the result file
+    (the samples, every token's timestamp, stay in benchmarks/out/)."""
+    ttfts = [t * 1000 for s in result.samples if (t := s.ttft) is not None]
+    return [None if (v := percentile(ttfts, q)) is None else round(v, 3) for q in range(101)]
 
 
 def figures(summary: Summary, result: RunResult, busy_rate: float) -> Run:
-    """The table's columns as numbers, for the result file."""
+    """The table's columns as numbers, and the TTFT quantiles, for the result file."""
     return {
         "accepted": summary.requests,
         "yielded": summary.yielded,
@@ -79,6 +92,7 @@ def figures(summary: Summary, result: RunResult, busy_rate: float) -> Run:
         "completion_tok_s": summary.output_tok_s,
         "total_tok_s": summary.total_tok_s,
         "busy_prompt_tok_s": busy_rate,
+        "ttft_quantiles_ms": ttft_quantiles_ms(result),
     }
 
 
