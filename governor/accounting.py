@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from governor.admission.tally import Tally
 from govwire.errors import ERRORS_BY_CODE, GovernorError, RequestFailed, RequestRejected
-from govwire.vocab import Priority, YieldReason
+from govwire.vocab import ErrorCode, Priority, YieldReason
 
 if TYPE_CHECKING:
     from governor.admission.cost import Ask
@@ -34,7 +34,10 @@ FAILURE_REASONS = (
     CLIENT_CANCELLED,
     CONNECTION_SHED,
 )
-
+# The failures that count against the endpoint a request ran on (governor_endpoint_failed_total):
+# an error it sent, or one of its own making. `worker_lost` is counted where the link is lost
+# (Lifecycle.lose), as a request lost there may still be re-routed and run elsewhere.
+ENDPOINT_FAILURES = frozenset((ErrorCode.INTERNAL.value, ErrorCode.WORKER_UNAVAILABLE.value))
 
 ANSWERS = ("admitted", "yielded")
 

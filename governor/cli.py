@@ -16,10 +16,11 @@ import orjson
 
 from governor import __version__
 from governor.bench.config import BenchConfig
-from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError
+from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError, Yielded
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
 from govwire.auth import SharedSecret
+from govwire.codec import encode_error, encode_yield
 from govwire.errors import WorkerUnavailable
 from govwire.logs import configure_logging
 from govwire.options import ConfigError, add_options, from_namespace, given
@@ -215,29 +216,49 @@ def _send(args: argparse.Namespace) -> int:
     if args.no_stop_on_eos:
         fields["stop_on_eos"] = False
     deadline = time.monotonic() + args.wait_s
-    waiting = False
     while True:
+        _await_worker(args, deadline)
         try:
             return _send_once(args, fields, sys.stdout)
-        except WorkerUnavailable as exc:  # right after `make run`, the worker may still be loading
+        except WorkerUnavailable as exc:  # gone again between the poll and the frame, or the wait ran out
             if time.monotonic() >= deadline:
                 return _failed("error: ", exc)
+
+
+def _await_worker(args: argparse.Namespace, deadline: float) -> None:
+    """Right after `make run` the worker may still be loading: wait until the governor has an
+    endpoint up (or `deadline`), asking with `stats`, a control frame that no request counter
+    counts, so the wait shows in `governor status` as nothing rather than as failed requests."""
+    waiting = False
+    with _client(args) as client:
+        while True:
+            try:
+                workers = client.stats().get("workers")
+            except GovernorError:  # a worker's own socket answers no `stats`: it is up
+                return
+            if not isinstance(workers, list) or any(w.get("up") for w in workers if isinstance(w, dict)):
+                return
+            if time.monotonic() >= deadline:
+                return  # the request itself then says what it gets
             if not waiting:
                 print("waiting for the governor's worker to come up (up to --wait-s)...", file=sys.stderr)
                 waiting = True
-            time.sleep(0.5)
+            time.sleep(0.25)
 
 
 def _send_once(args: argparse.Namespace, fields: dict[str, Any], out: TextIO) -> int:
-    """One attempt; `WorkerUnavailable` goes to the caller, which waits for a worker and retries."""
-    from governor.client import Yielded
-
+    """One attempt; `WorkerUnavailable` goes to the caller, which waits for a worker and retries.
+    With `--json` every reply is printed as its frame; else the text (streamed tokens, or with
+    `--no-stream` the final text alone: a worker's socket streams regardless) on stdout and the
+    rest on stderr."""
     try:
         with _client(args) as client:
             stream = client.stream(args.prompt, **fields)
             for token_ in stream:
-                text = orjson.dumps({"status": "token", **dataclasses.asdict(token_)}).decode() + "\n"
-                out.write(text if args.json else printable(token_.text))
+                if args.json:
+                    out.write(orjson.dumps({"status": "token", **dataclasses.asdict(token_)}).decode() + "\n")
+                elif not args.no_stream:
+                    out.write(printable(token_.text))
                 out.flush()
             assert stream.result is not None
             reply = stream.result.reply
@@ -247,10 +268,28 @@ def _send_once(args: argparse.Namespace, fields: dict[str, Any], out: TextIO) ->
                 out.write(printable(reply.get("text", "")) + "\n" if args.no_stream else "\n")
                 print(" ".join(f"{k}={reply[k]}" for k in reply if k not in ("id", "status", "text")), file=sys.stderr)
     except Yielded as exc:
-        print(f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}", file=sys.stderr)
+        if args.json:
+            out.write(encode_yield(exc.request_id, exc.retry_hint_ms, exc.reason, exc.retry_ticket, exc.final).decode())
+        print(describe_yield(exc), file=sys.stderr)
         return EXIT_YIELDED
     except WorkerUnavailable:
         raise
-    except (GovernorError, OSError) as exc:
+    except GovernorError as exc:
+        if args.json:
+            out.write(encode_error(exc).decode())
+        return _failed("error: ", exc)
+    except OSError as exc:
         return _failed("error: ", exc)
     return 0
+
+
+def describe_yield(exc: Yielded) -> str:
+    """A refusal in words: a final one says so (its hint is no invitation to come back), a
+    retryable one says when, and with which ticket."""
+    if exc.final:
+        return (
+            f"refused: reason={exc.reason} final=true (nothing frees within the governor's promise horizon:"
+            " do not retry now)"
+        )
+    ticket = f" retry_ticket={exc.retry_ticket}" if exc.retry_ticket else ""
+    return f"yield: reason={exc.reason} retry_hint_ms={exc.retry_hint_ms}{ticket} (retry after the hint)"

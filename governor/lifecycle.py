@@ -34,7 +34,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from governor.accounting import Accounting, DeadlineOutcome, Outcome, outcome_of
+from governor.accounting import ENDPOINT_FAILURES, Accounting, DeadlineOutcome, Outcome, outcome_of
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
 from governor.admission.displacement import Answer
@@ -346,7 +346,10 @@ class Lifecycle:
 
     def lose(self, request: InflightRequest, message: str) -> None:
         """Its endpoint was lost (the link dropped, or would not confirm a cancel): re-routed once
-        if it had not started, else `worker_lost`."""
+        if it had not started, else `worker_lost`. Either way a failure of the endpoint it was on."""
+        lost_at = request.grant.endpoint
+        if lost_at is not None:
+            lost_at.ended(executed=False)
         if not self.reroute(request):
             self.fail(request, WorkerLost(message, request.client_id))
 
@@ -376,7 +379,11 @@ class Lifecycle:
         else:
             grant.used = 0  # it never ran
         now = self._clock()
-        self._admission.release(grant, outcome is _EXECUTED, now)
+        executed = outcome is _EXECUTED
+        endpoint = grant.endpoint
+        if endpoint is not None and reached_worker and (executed or reason in ENDPOINT_FAILURES):
+            endpoint.ended(executed)
+        self._admission.release(grant, executed, now)
         self._freed()
         grant.progress = None
         self._accounting.request_settled(grant.ask, outcome, reason, grant.used)

@@ -74,7 +74,10 @@ def _endpoint_families(upstream: Upstream, now: float) -> Iterator[GaugeMetricFa
             "governor_endpoint_executed", "Requests the endpoint completed with done.", labels=["worker"]
         ),
         "failed": CounterMetricFamily(
-            "governor_endpoint_failed", "Admitted requests that did not end in done.", labels=["worker"]
+            "governor_endpoint_failed",
+            "Requests that failed on the endpoint: lost with it, or an error it sent (not a client's 4xx,"
+            " disconnect or deadline).",
+            labels=["worker"],
         ),
         "concurrency": GaugeMetricFamily(
             "governor_endpoint_concurrency_limit", "The endpoint's concurrency cap; 0 = none.", labels=["worker"]

@@ -118,12 +118,22 @@ class Endpoint:
         # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
         # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
         self.paused_until = 0.0
+        # What became of the requests it ran (Lifecycle.settle, .lose): ended in `done`, or failed
+        # there (lost with it, or an error it sent). What the client caused (a 4xx once admitted,
+        # a disconnect, a deadline) and yields are not its failures.
         self.executed = 0
-        self.failed = 0  # every admitted request that did not end in `done`
+        self.failed = 0
         # Its `tokens=N` budget's and its `qps=N` bucket's appointments (pool.py), each from its
         # first refusal there.
         self.tokens_book: AppointmentBook | None = None
         self.qps_book: PrepaidBook | None = None
+
+    def ended(self, executed: bool) -> None:
+        """A request it ran ended in `done` (`executed`) or failed through its fault."""
+        if executed:
+            self.executed += 1
+        else:
+            self.failed += 1
 
     def describe(self) -> dict[str, Any]:
         """Its caps and load in `stats` (its link adds what it knows of the other side)."""

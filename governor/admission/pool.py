@@ -285,7 +285,3 @@ class Pool:
         if not grant.started:
             endpoint.waiting -= 1
             endpoint.waiting_tokens -= grant.ask.prompt_tokens
-        if executed:
-            endpoint.executed += 1
-        else:
-            endpoint.failed += 1

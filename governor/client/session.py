@@ -164,7 +164,9 @@ class Session:
             except orjson.JSONDecodeError:
                 reply = None
             if type(reply) is not dict:
-                self.broken = ConnectionLost(f"not a reply: {line[:200]!r}")
+                # An HTTP answer: the address is the front door (--http-port), not the NDJSON port.
+                hint = " (an HTTP server: the client speaks NDJSON to the governor's --port)" if line[:5] == b"HTTP/" else ""
+                self.broken = ConnectionLost(f"not a reply: {line[:200]!r}{hint}")
                 return out
             rid = reply.get("id")
             status = reply.get("status")

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable
 
+import orjson
 import pytest
 
 from govwire.codec import encode, generate_frame
@@ -357,6 +358,32 @@ def test_send_waits_for_a_worker_that_comes_up_late(start_governor: Start) -> No
         out, err = sender.communicate(timeout=60)
         assert sender.returncode == 0, err
         assert out.decode().strip() == "late"
+        # The waiting asks `stats`, which counts no request: the one that gave up made one attempt,
+        # and that is the only worker_unavailable (polling with requests made one every 0.5 s).
+        stats = gov.stats()
+        assert stats["failed_by_reason"]["worker_unavailable"] == 1, stats["failed_by_reason"]
+        assert stats["received_total"] == 2 and stats["executed_total"] == 1
+        # Straight to the worker, whose replies always stream: --no-stream prints the text once.
+        direct = [*cli[:4], "--address", f"127.0.0.1:{worker_port}", "--max-new-tokens", "4", "--no-stream"]
+        once = subprocess.run([*direct, "wxyz"], capture_output=True, text=True, timeout=30)
+        assert (once.returncode, once.stdout) == (0, "wxyz\n"), once.stderr
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
+
+
+def test_send_says_whether_a_refusal_is_final_and_prints_it_with_json(start_governor: Start) -> None:
+    # One slot, held by a request that ends ~4 s out: past the 1 s promise horizon.
+    gov = start_governor("--max-inflight", "1", worker_args=("--token-delay-ms", "200"))
+    hog = gov.conn()
+    hog.send("hog", "x" * 20, max_new_tokens=20)
+    assert hog.recv()["status"] in ("ack", "token")
+    cli = [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{gov.port}", "--max-new-tokens", "2"]
+    final = subprocess.run([*cli, "--json", "q"], capture_output=True, text=True, timeout=30)
+    assert final.returncode == 3, final.stderr
+    (line,) = final.stdout.splitlines()
+    reply = orjson.loads(line)
+    assert (reply["status"], reply["reason"], reply["final"]) == ("yield", "inflight", True)
+    assert "final=true" in final.stderr and "do not retry" in final.stderr
+    assert "retry_hint_ms" not in final.stderr  # a final hint is no invitation to come back
+    hog.close()

@@ -86,6 +86,9 @@ def test_an_unreadable_reply_breaks_the_session_after_delivering_what_came_befor
     oversized = Session(request_ids())
     oversized._splitter.max_frame_bytes = 16  # noqa: SLF001  (the 64 MiB limit, shrunk)
     assert oversized.feed(b"x" * 32 + b"\n") == [] and oversized.broken is not None
+    http = Session(request_ids())  # pointed at the front door by mistake: it says so
+    assert http.feed(b"HTTP/1.1 400 Bad Request\r\n") == []
+    assert "--port" in str(http.broken) and "NDJSON" in str(http.broken)
 
 
 def test_an_id_less_reply_goes_to_the_head_even_when_the_head_was_given_up_on() -> None:

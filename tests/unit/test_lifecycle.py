@@ -12,7 +12,7 @@ from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.limits import Grant
 from governor.lifecycle import InflightRequest, LifecycleError, Phase
 from governor.state import ServerState
-from govwire.errors import BadFrame, GovernorError, InternalError
+from govwire.errors import BadFrame, DeadlineExceeded, GovernorError, InternalError
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
@@ -74,18 +74,21 @@ def balanced(state: ServerState) -> bool:
     return state.accounting.unbalanced_by(state.admission.inflight.inflight) == 0
 
 
+# Each ending, what it renders, how the governor counts it, and how its endpoint does (executed,
+# failed): only a `done` and a failure of the endpoint's own count there, never the client's fault.
 ENDINGS = [
-    ("finish", Completion("hi", 1, 1, FinishReason.LENGTH, 0.0), ("done", FinishReason.LENGTH), "executed"),
-    ("fail", BadFrame("too long", "r"), ("error", "bad_frame"), "rejected"),
-    ("fail", InternalError("boom", "r"), ("error", "internal"), "failed"),
-    ("busy", 250, ("yield", "endpoint_busy", 250), "yielded"),
-    ("lose", "gone", ("error", "worker_lost"), "failed"),
+    ("finish", Completion("hi", 1, 1, FinishReason.LENGTH, 0.0), ("done", FinishReason.LENGTH), "executed", (1, 0)),
+    ("fail", BadFrame("too long", "r"), ("error", "bad_frame"), "rejected", (0, 0)),
+    ("fail", InternalError("boom", "r"), ("error", "internal"), "failed", (0, 1)),
+    ("fail", DeadlineExceeded("late", "r"), ("error", "deadline_exceeded"), "failed", (0, 0)),
+    ("busy", 250, ("yield", "endpoint_busy", 250), "yielded", (0, 0)),
+    ("lose", "gone", ("error", "worker_lost"), "failed", (0, 1)),
 ]
 
 
-@pytest.mark.parametrize(("ending", "argument", "render", "counted"), ENDINGS)
+@pytest.mark.parametrize(("ending", "argument", "render", "counted", "at_endpoint"), ENDINGS)
 def test_each_ending_settles_once_then_renders_once(
-    ending: str, argument: Any, render: tuple[Any, ...], counted: str
+    ending: str, argument: Any, render: tuple[Any, ...], counted: str, at_endpoint: tuple[int, int]
 ) -> None:
     upstream = FakeUpstream()
     state = make_state(upstream=upstream)
@@ -102,6 +105,8 @@ def test_each_ending_settles_once_then_renders_once(
         "failed": state.accounting.failed_total,
         "yielded": state.accounting.yielded_total,
     }[counted] == 1
+    endpoint = request.grant.endpoint
+    assert endpoint is not None and (endpoint.executed, endpoint.failed) == at_endpoint
     with pytest.raises(LifecycleError):  # a second ending is a bug: nothing freed or rendered twice
         state.lifecycle.fail(request, InternalError("again", "r"))
     assert owner.rendered == [render] and balanced(state)
@@ -121,8 +126,13 @@ def test_busy_and_lose_reroute_once_before_the_first_token(ending: str) -> None:
     assert owner.rendered == [] and request.phase is Phase.DISPATCHED  # the client cannot tell
     assert request.grant.endpoint is not first and state.accounting.rerouted == 1 and len(upstream.dispatched) == 2
     assert first_uid not in upstream.link.inflight and request.uid in upstream.link.inflight
+    # A request lost is the lost endpoint's failure, re-routed or not; an endpoint that said it is
+    # full (busy) failed nothing
+    assert first.failed == (1 if ending == "lose" else 0)
     getattr(state.lifecycle, ending)(request, 250 if ending == "busy" else "gone")  # once only
     assert [r[0] for r in owner.rendered] == ["yield" if ending == "busy" else "error"]
+    second = request.grant.endpoint
+    assert second is not None and (first.failed, second.failed) == ((1, 1) if ending == "lose" else (0, 0))
     assert state.admission.inflight.inflight == 0 and all(e.inflight == 0 for e in state.admission.pool.endpoints)
     assert balanced(state)
 
@@ -147,6 +157,7 @@ def test_abandon_cancels_and_settles_everything_its_owner_holds_and_renders_noth
     assert owner.rendered == [] and not owner.active and list(other.active) == ["b"]
     assert [f["id"] for f in upstream.sent_frames] == ["1"]  # the worker is told to stop it
     assert state.accounting.failed[CLIENT_DISCONNECTED] == 1 and state.admission.inflight.inflight == 1
+    assert sum(e.failed for e in state.admission.pool.endpoints) == 0  # a client gone: not the endpoint's failure
     assert balanced(state)
 
 

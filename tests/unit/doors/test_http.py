@@ -345,6 +345,54 @@ def test_any_bytes_get_responses_or_a_close_and_every_request_is_accounted(chunk
         assert parsed.status in (200, 400, 404, 405, 413, 429, 431, 503)
 
 
+# Bodies a client may get wrong once admitted (each answered 400), and the worker's endings.
+CLIENT_MISTAKES = [
+    completion(max_tokens=-1),
+    completion(max_tokens=0),
+    completion(n=3),
+    completion(stop=["x"]),
+    {"prompt": "no model", "max_tokens": 4},
+    completion(prompt=["a", "b"]),
+]
+
+
+@settings(max_examples=200)
+@given(st.lists(st.one_of(st.sampled_from(CLIENT_MISTAKES), st.sampled_from(["done", "internal", "lost"])), max_size=12))
+def test_only_the_endpoints_own_failures_count_against_it_and_the_counters_balance(steps: list[Any]) -> None:
+    """A client's 4xx is rejected (the accounting says so), never an endpoint's failure; a
+    worker's `internal` error and a lost link are. received = executed + yielded + rejected +
+    failed + inflight throughout."""
+    upstream = FakeUpstream()
+    state = make_state(max_inflight=2, integrity=IntegrityMode.OFF, upstream=upstream)
+    (endpoint,) = state.admission.pool.endpoints
+    expected_failed = expected_executed = mistakes = 0
+    for step in steps:
+        client = Client(state)
+        if isinstance(step, dict):
+            (answer,) = client.send(post(step))
+            assert answer.status == 400 and orjson.loads(answer.body)["error"]["code"] == "bad_frame"
+            mistakes += 1
+        else:
+            assert client.send(post(completion())) == []
+            (uid,) = upstream.link.inflight
+            if step == "done":
+                upstream.worker_sends(done_frame(uid, "x", completion_tokens=1))
+                expected_executed += 1
+            elif step == "internal":
+                upstream.worker_sends({"id": uid, "status": "error", "code": "internal", "message": "boom"})
+                expected_failed += 1
+            else:  # its link dropped, and nowhere else to run it
+                endpoint.up = False
+                state.lifecycle.lose(upstream.link.inflight[uid], "gone")
+                client.core.flush()  # as the link does after a loss
+                endpoint.up = True
+                expected_failed += 1
+            assert len(client.responses()) == 1
+        assert balanced(state) and state.admission.inflight.inflight == 0
+    assert (endpoint.executed, endpoint.failed) == (expected_executed, expected_failed)
+    assert state.accounting.rejected_total == mistakes
+
+
 GATEWAY_NAMES = sorted(name.decode() for name in gateway.HEADERS_IN)
 
 
