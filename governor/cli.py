@@ -179,7 +179,7 @@ def _status(args: argparse.Namespace) -> int:
 def _serve(config: GovernorConfig) -> int:
     from governor.server import Server
 
-    configure_logging(config.log_level, "governor")
+    configure_logging(config.log_level, "governor", config.log_format)
     try:
         import uvloop
 

@@ -270,6 +270,9 @@ class GovernorConfig:
         60.0, "a worker with requests in flight that sends none of them anything for this long is declared lost"
     )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
+    log_format: Literal["logfmt", "json"] = option(
+        "logfmt", "log lines as logfmt (key=value) or as JSON objects; a spawned worker logs the same way"
+    )
     config: str = option(
         "", "TOML file of settings and [[endpoint]] tables; flags win; SIGHUP re-reads its caps", metavar="PATH"
     )

@@ -16,6 +16,7 @@ import signal
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client.exposition import generate_latest
 
@@ -41,7 +42,7 @@ from governor.links.worker_link import WorkerLink
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
 from governor.state import ClientCore, ServerState
-from governor.supervisor import WorkerSupervisor
+from governor.supervisor import WorkerExit, WorkerSupervisor
 from govwire.address import Address
 from govwire.auth import SharedSecret, TenantSecrets
 from govwire.errors import FleetLeaseLost
@@ -53,6 +54,7 @@ log = logging.getLogger("governor.server")
 
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
 TIMEOUT_SWEEP_MAX_S = 1.0  # idle and unauthenticated connections are looked for at least this often
+SPAWNED = "spawned-"  # a spawned worker's endpoint name: spawned-0, spawned-1, ... (its metrics label)
 
 
 def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
@@ -199,7 +201,9 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     if state.fleet is not None:
         state.fleet.lease.set_caps(config.fleet_policy(), now)
         state.admission.fleet_caps_changed()
-    endpoints = {e.name: e for e in state.admission.pool.endpoints}
+    # Spawned workers are not the file's to list (it cannot add --worker endpoints to a spawning
+    # governor), so only --worker endpoints are matched against it.
+    endpoints = {e.name: e for e in state.admission.pool.endpoints if not e.name.startswith(SPAWNED)}
     for address, limits in (parse_endpoint(text) for text in config.worker):
         endpoint = endpoints.pop(str(address), None)
         if endpoint is None:
@@ -209,6 +213,21 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     for name in endpoints:  # in the running pool but no longer in the file: kept as they are
         log.warning("event=reload_endpoint_kept address=%s reason=endpoints_change_on_restart", name)
     state.lobby.freed()  # a cap raised may let a held client in now
+
+
+async def announce_ready(upstream: Upstream, config: GovernorConfig, poll_s: float = 0.05) -> None:
+    """Log `event=ready` once, when the first endpoint is up: the line to wait for after
+    `make run` (`listening` comes seconds earlier, while the worker still loads its model)."""
+    while not upstream.num_up:
+        await asyncio.sleep(poll_s)
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    log.info(
+        "event=ready endpoints_up=%d ndjson=%s openai=%s hint=%s",
+        upstream.num_up,
+        f"{host}:{config.port}",
+        f"http://{host}:{config.http_port}/v1" if config.http_port else "off",
+        "the governor serves requests now",
+    )
 
 
 def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:
@@ -319,7 +338,8 @@ class Server:
         )
         # An endpoint's name is its metrics label: a --worker's address, or for a spawned worker
         # `spawned-N`, stable across restarts (its socket is in a fresh temporary directory).
-        names = [str(address) for address, _ in specs] if config.worker else [f"spawned-{i}" for i in range(len(specs))]
+        spawned = [f"{SPAWNED}{i}" for i in range(len(specs))]
+        names = [str(address) for address, _ in specs] if config.worker else spawned
         upstream = Upstream(
             [
                 (address, Endpoint(name, limits, now, TtftModel(config.deadline_margin)))
@@ -336,8 +356,9 @@ class Server:
         if runtime_dir is not None:
             devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
             assert worker_secret is not None  # generated above for spawned workers
-            for link, device in zip(upstream.worker_links, devices, strict=True):
-                supervisor = self._spawn_worker(link, state, device, worker_secret)
+            for i, (link, device) in enumerate(zip(upstream.worker_links, devices, strict=True)):
+                report = Path(runtime_dir) / f"worker-{i}.exit"
+                supervisor = self._spawn_worker(link, state, device, worker_secret, report)
                 stack.push_async_callback(supervisor.stop)
         max_open_files = raise_fd_limit()
         if state.auth is None and not is_loopback(config.host):
@@ -382,6 +403,8 @@ class Server:
             max_open_files,
             ",".join(link.address for link in upstream.links),
         )
+        ready = asyncio.create_task(announce_ready(upstream, config))
+        stack.callback(ready.cancel)
         return state, listeners
 
     async def _open_front_door(
@@ -441,16 +464,21 @@ class Server:
         state.fleet = member
 
     def _spawn_worker(
-        self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret
+        self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret, report: Path
     ) -> WorkerSupervisor:
         def on_spawn(pid: int) -> None:
             link.pid = pid
 
+        def on_exit(ended: WorkerExit) -> None:
+            link.exited = str(ended)  # /readyz and `stats` say why it is down, until it is up again
+
         env = {**os.environ, WORKER_TOKEN_ENV: secret.token.decode()}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
+        # The worker logs as the governor does, unless its own flags (after --) say otherwise.
+        args = ["--log-format", self.config.log_format, *self.config.worker_args]
         supervisor = WorkerSupervisor(
-            link.address, list(self.config.worker_args), on_spawn, state.accounting.worker_restarted, env
+            link.address, args, on_spawn, state.accounting.worker_restarted, env, on_exit, report
         )
         link.kill_worker = supervisor.kill
         supervisor.start()

@@ -133,3 +133,11 @@ client's, so every frame the governor admits stays readable by its worker."""
 WORKER_TOKEN_ENV: Final = "GOVERNOR_WORKER_TOKEN"
 """The per-run secret a spawned worker demands on every link, passed in its environment (which,
 unlike argv, other users cannot read)."""
+
+WORKER_EXIT_REPORT_ENV: Final = "GOVERNOR_WORKER_EXIT_REPORT"
+"""A file a spawned worker writes one line to when it exits on an error: why (its supervisor puts
+it in /readyz, `stats` and its log)."""
+
+EXIT_STARTUP: Final = 2
+"""A worker's exit code when it cannot start for a reason a restart will not change (a flag, the
+model path, the dtype): its supervisor then waits minutes, not seconds, before trying again."""

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.options import ConfigError, option
 from govwire.vocab import WORKER_TOKEN_ENV
+
+RANDOM_GPT2 = "random-gpt2"
+RANDOM_TINY = "random-tiny"
+RANDOM_MODELS = (RANDOM_GPT2, RANDOM_TINY)  # embedded: no files (loading.py builds them)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class WorkerConfig:
     )
     parent_pid: int = option(0, "exit when this process is gone (set by a spawning governor); 0 = never")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
+    log_format: Literal["logfmt", "json"] = option("logfmt", "log lines as logfmt (key=value) or as JSON objects")
 
     def __post_init__(self) -> None:
         try:
@@ -101,11 +107,23 @@ class WorkerConfig:
             )
         if not 0 <= self.tokenizer_nice <= 19:
             raise ConfigError("--tokenizer-nice must be between 0 and 19")
+        self.check_model_path()
         if self.stats_interval_s <= 0:
             raise ConfigError("--stats-interval-s must be > 0")
         if not 0 <= self.drain_timeout_s < float("inf"):
             raise ConfigError("--drain-timeout-s must be finite and >= 0")
         self.secret()
+
+    def check_model_path(self) -> None:
+        """A --model that is not an embedded one must be a directory with a config.json: checked
+        here, before torch is imported (seconds of CPU), so a typo fails at once."""
+        if self.engine != "gpt2" or self.model in RANDOM_MODELS:
+            return
+        path = Path(self.model)
+        if not path.is_dir():
+            raise ConfigError(f"--model {self.model!r}: no such directory (or use one of {', '.join(RANDOM_MODELS)})")
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"--model {self.model!r}: no config.json in it (a Hugging Face GPT-2 directory has one)")
 
     def secret(self) -> SharedSecret | None:
         try:

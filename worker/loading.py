@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from worker.config import RANDOM_GPT2, RANDOM_MODELS
 from worker.errors import ModelLoadError
 from worker.model import GPT2, can_pack_for_cpu
 from worker.model_shape import GPT2Shape
@@ -22,9 +23,6 @@ from worker.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 log = logging.getLogger("worker.loading")
 
-RANDOM_GPT2 = "random-gpt2"
-RANDOM_TINY = "random-tiny"
-RANDOM_MODELS = (RANDOM_GPT2, RANDOM_TINY)
 RANDOM_SEED = 0
 # oneDNN lays out packed weights for about this many rows; one layout served 1 to 2,048 rows
 # within a few percent of the best per size (model.py), so the decode batch default is used.

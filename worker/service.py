@@ -13,9 +13,9 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from govwire.address import Address, parse_address, start_listener
 from govwire.auth import SharedSecret, auth_candidate, authenticate
@@ -46,6 +46,7 @@ from worker.backends.base import Backend, RequestHandle
 from worker.config import WorkerConfig
 
 log = logging.getLogger("worker.service")
+T = TypeVar("T")
 
 # Compared for every frame: module globals (an enum member read through its class costs ~75 ns on 3.11).
 _CANCEL, _PING, _AUTH, _GENERATE = Op.CANCEL, Op.PING, Op.AUTH, Op.GENERATE
@@ -53,6 +54,10 @@ _CANCEL, _PING, _AUTH, _GENERATE = Op.CANCEL, Op.PING, Op.AUTH, Op.GENERATE
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long cancelled requests get to answer
 # The governor already enforced its limits; the worker re-validates shape, not policy.
 WORKER_LIMITS = Limits(max_new_tokens=1 << 30, integrity=IntegrityMode.OPTIONAL)
+
+
+class StoppedWhileLoading(Exception):
+    """SIGTERM or SIGINT came before the backend had loaded: nothing runs, nothing to drain."""
 
 
 class _Sink:
@@ -242,8 +247,10 @@ class WorkerServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
             stack.callback(loop.remove_signal_handler, sig)
-        backend = make_backend(config)
-        await backend.start()
+        # Loading takes seconds (torch's import, the weights): in a thread, so that a SIGTERM meanwhile
+        # is heard at once rather than after the load (a governor stopped while its worker loads).
+        backend = await self._unless_stopped(asyncio.to_thread(make_backend, config))
+        await self._unless_stopped(backend.start())
         stack.push_async_callback(backend.close)
         state = WorkerState(backend, config.secret())
         address = parse_address(config.listen)
@@ -255,6 +262,16 @@ class WorkerServer:
             _start_task(stack, _watch_parent(config.parent_pid, self.stop))
         log.info("event=worker_ready listen=%s engine=%s pid=%d", address, config.engine, os.getpid())
         return state, server
+
+    async def _unless_stopped(self, work: Awaitable[T]) -> T:
+        """`work`'s result, or `StoppedWhileLoading` as soon as a stop is asked for."""
+        task = asyncio.ensure_future(work)
+        stop = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait((task, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not task.done():
+            raise StoppedWhileLoading
+        return task.result()
 
     async def run(self) -> None:
         await self.stop.wait()

@@ -165,7 +165,8 @@ class Session:
                 reply = None
             if type(reply) is not dict:
                 # An HTTP answer: the address is the front door (--http-port), not the NDJSON port.
-                hint = " (an HTTP server: the client speaks NDJSON to the governor's --port)" if line[:5] == b"HTTP/" else ""
+                http = line[:5] == b"HTTP/"
+                hint = " (an HTTP server: the client speaks NDJSON to the governor's --port)" if http else ""
                 self.broken = ConnectionLost(f"not a reply: {line[:200]!r}{hint}")
                 return out
             rid = reply.get("id")

@@ -239,7 +239,7 @@ class GovernorProtocol(asyncio.Protocol):
             "event=connection_shed reason=%s protocol=%s peer=%s tenant=%s inflight=%d",
             reason,
             self.protocol,
-            self.peer,
+            peer_text(self.peer),
             tenant,
             inflight,
         )
@@ -285,3 +285,12 @@ class GovernorProtocol(asyncio.Protocol):
     def close(self) -> None:
         if self._transport is not None:
             self._transport.close()
+
+
+def peer_text(peer: object) -> str:
+    """A socket's peer as one token: `HOST:PORT` (`[HOST]:PORT` for IPv6), a Unix socket's path,
+    or `-` when unknown. (Its peername is a tuple, which logged as `('127.0.0.1', 52744)`.)"""
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        host, port = peer[0], peer[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(peer) if peer else "-"

@@ -69,7 +69,7 @@ def connect(where: FleetRedis, timeout_s: float) -> redis.Redis:
     if not where.sentinels:
         return redis.from_url(where.url, retry=Retry(NoBackoff(), 0), **timeouts)
     asking = {**timeouts, "password": where.sentinel_password, "retry": Retry(NoBackoff(), 0)}
-    sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=asking, **timeouts)  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(where.sentinels), sentinel_kwargs=asking, **timeouts)
     primary: redis.Redis = sentinel.master_for(
         where.service,
         db=where.db,

@@ -96,6 +96,11 @@ class OpenAILink:
         self.busy_total = 0  # 429/503 answers
         self.last_error = ""  # why the last health check or request failed, for `stats`
 
+    @property
+    def down_reason(self) -> str:
+        """Why it is not up (or why its last request failed)."""
+        return self.last_error
+
     def describe(self) -> dict[str, Any]:
         return {
             "address": self.address,
@@ -103,7 +108,7 @@ class OpenAILink:
             "model": self.target.model,
             **self.endpoint.describe(),
             "busy": self.busy_total,
-            "last_error": self.last_error,
+            "last_error": self.down_reason,
             "pid": None,
             "engine": {},
         }

@@ -55,7 +55,7 @@ class Upstream:
         """None while an endpoint is up; else why none is, one line per endpoint (/readyz's body)."""
         if self.num_up:
             return None
-        lines = [f"{link.address}: {link.last_error or 'not answered yet'}" for link in self.links]
+        lines = [f"{_named(link)}: {link.down_reason or 'not answered yet'}" for link in self.links]
         return "no endpoint up\n" + "\n".join(lines) + "\n"
 
     def bind(self, lifecycle: Lifecycle) -> None:
@@ -97,3 +97,9 @@ class Upstream:
                 await task
         for link in self.links:
             link.close()
+
+
+def _named(link: WorkerLink | OpenAILink) -> str:
+    """Its endpoint's name (its metrics label), with its address where that is another."""
+    name = link.endpoint.name
+    return name if name == str(link.address) else f"{name} ({link.address})"

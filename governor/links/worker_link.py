@@ -98,6 +98,14 @@ class WorkerLink(asyncio.Protocol):
         self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
         self.last_progress_at = 0.0  # when a request on this link last heard from the worker
         self.last_error = ""  # why it is not up (unreachable, refused, unresponsive), for /readyz and stats
+        # For a spawned worker: how its process last ended (supervisor.WorkerExit), until it is up
+        # again: why it is unreachable, which the socket's error does not say.
+        self.exited = ""
+
+    @property
+    def down_reason(self) -> str:
+        """Why it is not up: how its process ended, when the governor spawned it, else the link's error."""
+        return self.exited or self.last_error
 
     @property
     def is_connected(self) -> bool:
@@ -109,7 +117,7 @@ class WorkerLink(asyncio.Protocol):
             "address": self.address,
             "kind": self.kind,
             **self.endpoint.describe(),
-            "last_error": self.last_error,
+            "last_error": self.down_reason,
             "pid": self.pid,
             "engine": self.engine_stats.to_dict(),
         }
@@ -308,7 +316,7 @@ class WorkerLink(asyncio.Protocol):
             self.answered = True
             if not self.endpoint.up:
                 self.endpoint.up = True
-                self.last_error = ""
+                self.last_error = self.exited = ""
                 log.info("event=worker_up worker=%s", self.address)
 
     def connection_lost(self, exc: Exception | None) -> None:

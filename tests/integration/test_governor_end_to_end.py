@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
@@ -387,3 +388,56 @@ def test_send_says_whether_a_refusal_is_final_and_prints_it_with_json(start_gove
     assert "final=true" in final.stderr and "do not retry" in final.stderr
     assert "retry_hint_ms" not in final.stderr  # a final hint is no invitation to come back
     hog.close()
+
+
+def test_a_worker_that_cannot_start_is_not_restarted_in_a_loop_and_says_why(
+    start_governor: Start, tmp_path: Path
+) -> None:
+    typo = str(tmp_path / "gtp2")
+    gov = start_governor(worker_args=("--engine", "gpt2", "--model", typo), wait_ready=False)
+    cause = f"--model '{typo}': no such directory"
+    gov.wait_until(lambda: cause in gov.http("/readyz")[1], what="/readyz naming the cause")
+    status, body = gov.http("/readyz")
+    assert status == 503 and "spawned-0" in body and "could not start (exit code 2)" in body
+    assert "next start in 300 s" in body
+    (worker,) = gov.stats()["workers"]
+    assert cause in worker["last_error"] and not worker["up"]
+    screen = subprocess.run(
+        [sys.executable, "-m", "governor", "status", "--address", f"127.0.0.1:{gov.port}", "--interval", "0.1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert cause in screen.stdout
+    time.sleep(1.5)  # the crash loop respawned it every 0.1 s doubling: several times by now
+    log = gov.log.read_text()
+    assert log.count("event=worker_spawned") == 1, log
+    said = [line for line in log.splitlines() if "proc=worker" in line and "level=ERROR" in line]
+    assert len(said) == 1 and cause in said[0] and "event=start_failed" in said[0]
+
+
+def test_a_governor_stopped_while_its_worker_loads_stops_at_once(start_governor: Start) -> None:
+    gov = start_governor(worker_args=("--engine", "gpt2", "--model", "random-tiny"), wait_ready=False)
+    gov.wait_until(lambda: "event=worker_spawned" in gov.log.read_text(), what="the worker spawned")
+    time.sleep(0.3)  # importing torch: seconds
+    started = time.monotonic()
+    assert gov.stop() == 0
+    log = gov.log.read_text()
+    assert "terminate_timeout" not in log and time.monotonic() - started < 4.0, log
+    assert "event=worker_ready" in log or "reason=stopped_while_loading" in log
+
+
+def test_ready_is_logged_once_the_worker_is_up_and_a_plain_reload_warns_of_nothing(
+    start_governor: Start, tmp_path: Path
+) -> None:
+    config = tmp_path / "governor.toml"
+    config.write_text("max_inflight = 8\n")  # no endpoints: the worker is spawned
+    gov = start_governor("--config", str(config), "--", "--engine", "echo")
+    gov.wait_until(lambda: "event=ready" in gov.log.read_text(), what="the ready line")
+    (ready,) = [line for line in gov.log.read_text().splitlines() if "event=ready" in line]
+    assert f"ndjson=127.0.0.1:{gov.port}" in ready and "endpoints_up=1" in ready
+    config.write_text("max_inflight = 4\n")
+    gov.proc.send_signal(signal.SIGHUP)
+    gov.wait_until(lambda: gov.stats()["max_inflight"] == 4, what="reload")
+    gov.wait_until(lambda: "event=reloaded" in gov.log.read_text(), what="the reload logged")
+    assert "level=WARNING" not in gov.log.read_text()

@@ -85,6 +85,17 @@ def test_config_validation_outside_the_cli() -> None:
         WorkerConfig(tokenizer_nice=20)
 
 
+def test_a_model_path_is_checked_by_the_config_before_anything_loads(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such directory"):
+        WorkerConfig(model=str(tmp_path / "gtp2"))
+    with pytest.raises(ConfigError, match="no config.json"):
+        WorkerConfig(model=str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert WorkerConfig(model=str(tmp_path)).model == str(tmp_path)  # the rest is the loader's to judge
+    assert WorkerConfig(model="random-tiny").model == "random-tiny"
+    assert WorkerConfig(engine="echo", model=str(tmp_path / "absent")).engine == "echo"  # echo loads none
+
+
 @pytest.mark.parametrize(
     ("text", "address"),
     [

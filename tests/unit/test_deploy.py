@@ -31,6 +31,7 @@ from governor.config_file import load_config
 from govwire.options import ConfigError, given
 from worker.cli import build_parser as worker_parser
 from worker.config import WorkerConfig
+from worker.errors import StartupError
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
@@ -81,6 +82,8 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str], cls: type) -> a
         return parser.parse_args(list(argv))
     except SystemExit as exc:  # argparse printed why to stderr, which pytest shows
         pytest.fail(f"the CLI rejects {list(argv)} (exit {exc.code})")
+    except StartupError as exc:  # the worker's parser raises what argparse would print
+        pytest.fail(f"the CLI rejects {list(argv)}: {exc}")
 
 
 def _with_readable_secrets(values: dict[str, Any], secret: Path) -> tuple[dict[str, Any], dict[str, str]]:

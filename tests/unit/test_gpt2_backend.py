@@ -153,8 +153,9 @@ def test_loading_and_every_step_run_on_the_engine_thread(config: WorkerConfig, m
 
 def test_a_model_that_cannot_load_fails_start_with_its_error(tmp_path: Path) -> None:
     async def scenario() -> None:
-        backend = GPT2Backend(WorkerConfig(model=str(tmp_path / "absent"), device="cpu"))
-        with pytest.raises(ModelLoadError, match="no such directory"):
+        (tmp_path / "config.json").write_text("not json")  # a directory that passes the config's check
+        backend = GPT2Backend(WorkerConfig(model=str(tmp_path), device="cpu"))
+        with pytest.raises(ModelLoadError, match="cannot read config.json"):
             await backend.start()
         await backend.close()
 

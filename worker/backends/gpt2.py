@@ -149,7 +149,7 @@ class GPT2Backend:
         """On the engine thread: everything that touches torch, so it all runs in one OpenMP team."""
         config = self.config
         if not keep_freed_memory():
-            log.info("event=allocator_default reason='no glibc mallopt'")
+            log.info("event=allocator_default reason=%s", "no glibc mallopt")
         if config.threads:
             torch.set_num_threads(config.threads)
         self._threads = torch.get_num_threads()

@@ -357,7 +357,7 @@ CLIENT_MISTAKES = [
 
 
 @settings(max_examples=200)
-@given(st.lists(st.one_of(st.sampled_from(CLIENT_MISTAKES), st.sampled_from(["done", "internal", "lost"])), max_size=12))
+@given(st.lists(st.sampled_from([*CLIENT_MISTAKES, "done", "internal", "lost"]), max_size=12))
 def test_only_the_endpoints_own_failures_count_against_it_and_the_counters_balance(steps: list[Any]) -> None:
     """A client's 4xx is rejected (the accounting says so), never an endpoint's failure; a
     worker's `internal` error and a lost link are. received = executed + yielded + rejected +
