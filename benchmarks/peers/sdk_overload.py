@@ -722,6 +722,7 @@ def main() -> None:
         "llama_cpp": llamacpp.SDIST,
         "capacity_per_s": capacity,
         "poisson_rate_per_s": args.overload * capacity,
+        "slo_ms": args.slo_ms,  # what goodput counts: the figures page's picture labels it
         "raw": str(raw.relative_to(ROOT) if raw.is_relative_to(ROOT) else raw),
         "rounds": [{load: {t: run.summary() for t, run in rnd.items()} for load, rnd in r.items()} for r in per_round],
     }
