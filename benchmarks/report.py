@@ -1,6 +1,7 @@
 """Build the current-figures page, docs/BENCHMARKS.md, from the committed result files.
 
     python -m benchmarks.report [--results DIR] [--out docs/BENCHMARKS.md] [--methods docs/benchmarks/methods.md]
+                                [--images docs/img]
     make bench-report
 
 One table, one row per headline figure of the latest result of each benchmark
@@ -14,6 +15,11 @@ rev-list RESULT..HEAD -- PACKAGES`), or when it was measured with uncommitted ch
 number may no longer be what that code does. Benchmarks with no result file yet are listed with
 their commands. The page is generated whole: edit this script or re-run a benchmark, not the page.
 
+Below the table, pictures (benchmarks/plots.py) drawn from the same result files, never from
+benchmarks/out/, into docs/img/bench-*.svg: each with a caption naming its machine, date, command
+and staleness, as the table does; a picture whose result lacks a field it needs is not drawn, and
+the page says which command keeps it.
+
 It also writes docs/benchmarks/methods.md from the benchmarks' own docstrings (what each does and
 why), so the methods cannot drift from the code that runs them.
 """
@@ -23,12 +29,15 @@ from __future__ import annotations
 import argparse
 import ast
 import math
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from benchmarks import plots
 from benchmarks.harness.results import RESULTS, ROOT, Machine, git
 
 FOLDERS = {  # the order of the page, and what each kind of measurement is
@@ -52,6 +61,7 @@ code it measures changed after it was taken. What each benchmark does and why:
 [sittings](benchmarks/sittings.md). The command in each row re-runs it and rewrites its result
 file; `make bench-report` then rebuilds this page."""
 METHODS = ROOT / "docs" / "benchmarks" / "methods.md"
+IMAGES = ROOT / "docs" / "img"
 
 
 @dataclass(frozen=True)
@@ -178,6 +188,12 @@ class Page:
             return result.date
         return f"{result.date} **stale**[^{self.stale.index(result) + 1}]"
 
+    def result_of(self, benchmark: str, part: str | None) -> Result | None:
+        """The result of one benchmark's run (its default run's: part None), if there is one."""
+        return next(
+            (r for r in self.results if (r.record["benchmark"], r.record.get("part")) == (benchmark, part)), None
+        )
+
     def summary(self) -> list[str]:
         lines = []
         for folder, what in FOLDERS.items():
@@ -227,7 +243,44 @@ def page(results: list[Result], repo: Path = ROOT) -> str:
     return render(Page(results, repo))
 
 
-def render(built: Page) -> str:
+def pictures(built: Page, images: Path, page_dir: Path) -> list[str]:
+    """Draw every picture its result allows into `images` (rewriting a file only when its bytes
+    change), and return the page's lines for them: each image with its caption, or why it is not
+    drawn and which command keeps what it needs. A picture not drawn loses its old file: the page
+    never shows a picture of a result it no longer has."""
+    lines: list[str] = []
+    for picture in plots.PICTURES:
+        path = images / f"{picture.name}.svg"
+        result = built.result_of(picture.benchmark, picture.part)
+        try:
+            if result is None:
+                raise plots.Missing("")
+            image = plots.svg(picture, result.record)
+        except plots.Missing as missing:
+            path.unlink(missing_ok=True)
+            if result is None:
+                why = f"no result yet; `{picture.command}` produces it"
+            else:
+                where = result.path.relative_to(result.path.parents[1])
+                why = f"`{where}` has no `{missing}`; `{result.record['command']}` (re-run) keeps it"
+            lines += [f"- **{picture.title}**: not drawn: {why}.", ""]
+            continue
+        images.mkdir(parents=True, exist_ok=True)
+        if not path.exists() or path.read_bytes() != image:
+            path.write_bytes(image)
+        machine = result.machine
+        lines += [
+            f"![{picture.title}]({Path(os.path.relpath(path, page_dir)).as_posix()})",
+            "",
+            f"**{picture.title}.** {machine.cpu} ({' '.join(machine.flags) or 'no vector flags'}), "
+            f"{machine.cores} cores ({built.machines[machine]}) · {built.date(result)} · "
+            f"`{result.record['command']}` · [every figure](#{anchor(result)})",
+            "",
+        ]
+    return lines
+
+
+def render(built: Page, drawn: Sequence[str] = ()) -> str:
     results = built.results
     measured = {str(r.record["benchmark"]) for r in results}
     missing = [
@@ -263,6 +316,16 @@ def render(built: Page) -> str:
             "",
             "Not measured since results were kept as files (their last figures, dated, are in the",
             "[sittings](benchmarks/sittings.md)): " + ", ".join(missing) + ".",
+        ]
+    if drawn:
+        out += [
+            "",
+            "## Pictures",
+            "",
+            "Drawn by `make bench-report` from the result files above (benchmarks/plots.py), not from",
+            "per-request samples; each names the machine, the date and the command of its result.",
+            "",
+            *drawn,
         ]
     out += [
         "",
@@ -304,9 +367,10 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--out", type=Path, default=PAGE)
     parser.add_argument("--methods", type=Path, default=METHODS)
+    parser.add_argument("--images", type=Path, default=IMAGES, help="where the pictures go")
     args = parser.parse_args()
     built = Page(load(args.results), ROOT)
-    args.out.write_text(render(built))
+    args.out.write_text(render(built, pictures(built, args.images, args.out.parent)))
     args.methods.parent.mkdir(parents=True, exist_ok=True)
     args.methods.write_text(methods())
     print(f"{args.out}: {len(built.results)} results, {len(built.stale)} stale; {args.methods}")
