@@ -17,10 +17,13 @@ class GovernorError(Exception):
 
     code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
-    def __init__(self, message: str, request_id: str | None = None) -> None:
+    def __init__(self, message: str, request_id: str | None = None, *, field: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.request_id = request_id
+        # The request field at fault, by its NDJSON name (the front door names it as OpenAI's
+        # `param`, in the client's own words: `max_tokens` for `max_new_tokens`).
+        self.field = field
 
 
 class RequestRejected(GovernorError):

@@ -81,17 +81,19 @@ def chat_messages(raw: Any, rid: str | None) -> list[dict[str, str]]:
     """A chat's `messages`, checked and with text parts joined: [{role, content}], content a str.
     Text only: a list of parts must be all text (no images, no tool calls)."""
     if type(raw) is not list or not 0 < len(raw) <= MAX_MESSAGES:
-        raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", rid)
+        raise BadFrame(f"messages must be a list of 1 to {MAX_MESSAGES} messages", rid, field="messages")
     messages: list[dict[str, str]] = []
     for i, message in enumerate(raw):
         role = message.get("role") if type(message) is dict else None
         if type(role) is not str or role not in CHAT_ROLES or set(message) - {"role", "content", "name"}:
-            raise BadFrame(f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", rid)
+            raise BadFrame(
+                f"messages[{i}] must be {{role: system|developer|user|assistant, content}}", rid, field="messages"
+            )
         content = message.get("content")
         if type(content) is list and all(type(p) is dict and p.get("type") == "text" for p in content):
             content = "".join(str(p.get("text", "")) for p in content)
         if type(content) is not str:
-            raise BadFrame(f"messages[{i}].content must be text", rid)
+            raise BadFrame(f"messages[{i}].content must be text", rid, field="messages")
         messages.append({"role": role, "content": content})
     return messages
 
@@ -101,46 +103,48 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     A chat's `messages` are left normalised in `obj` (see `chat_messages`)."""
     rid = obj["id"]
     if type(obj.get("prompt")) is not str:
-        raise BadFrame("prompt must be a string", rid)
+        raise BadFrame("prompt must be a string", rid, field="prompt")
     v = obj.get("messages")
     if v is not None:
         obj["messages"] = chat_messages(v, rid)
     n = obj.get("max_new_tokens")
     if n is not None and not (is_int(n) and 1 <= n <= limits.max_new_tokens):
-        raise BadFrame(f"max_new_tokens must be an integer in [1, {limits.max_new_tokens}]", rid)
+        raise BadFrame(
+            f"max_new_tokens must be an integer in [1, {limits.max_new_tokens}]", rid, field="max_new_tokens"
+        )
     v = obj.get("temperature")
     if v is not None and not (is_number(v) and v >= 0):
-        raise BadFrame("temperature must be a number >= 0", rid)
+        raise BadFrame("temperature must be a number >= 0", rid, field="temperature")
     v = obj.get("top_p")
     if v is not None and not (is_number(v) and 0 < v <= 1):
-        raise BadFrame("top_p must be a number in (0, 1]", rid)
+        raise BadFrame("top_p must be a number in (0, 1]", rid, field="top_p")
     v = obj.get("top_k")
     if v is not None and not (is_int(v) and v >= 0):
-        raise BadFrame("top_k must be an integer >= 0 (0 disables it)", rid)
+        raise BadFrame("top_k must be an integer >= 0 (0 disables it)", rid, field="top_k")
     v = obj.get("seed")
     if v is not None and not (is_int(v) and 0 <= v <= MAX_SEED):
-        raise BadFrame(f"seed must be an integer in [0, {MAX_SEED}]", rid)
+        raise BadFrame(f"seed must be an integer in [0, {MAX_SEED}]", rid, field="seed")
     v = obj.get("stop_on_eos")
     if v is not None and type(v) is not bool:
-        raise BadFrame("stop_on_eos must be a boolean", rid)
+        raise BadFrame("stop_on_eos must be a boolean", rid, field="stop_on_eos")
     v = obj.get("stream")
     if v is not None and type(v) is not bool:
-        raise BadFrame("stream must be a boolean", rid)
+        raise BadFrame("stream must be a boolean", rid, field="stream")
     v = obj.get("ack")
     if v is not None and type(v) is not bool:
-        raise BadFrame("ack must be a boolean", rid)
+        raise BadFrame("ack must be a boolean", rid, field="ack")
     v = obj.get("prompt_tokens")
     if v is not None and not (is_int(v) and 0 <= v <= MAX_DECLARED_TOKENS):
-        raise BadFrame(f"prompt_tokens must be an integer in [0, {MAX_DECLARED_TOKENS}]", rid)
+        raise BadFrame(f"prompt_tokens must be an integer in [0, {MAX_DECLARED_TOKENS}]", rid, field="prompt_tokens")
     v = obj.get("deadline_ms")
     if v is not None and not (is_number(v) and 0 < v <= MAX_DEADLINE_MS):
-        raise BadFrame(f"deadline_ms must be a number in (0, {MAX_DEADLINE_MS}]", rid)
+        raise BadFrame(f"deadline_ms must be a number in (0, {MAX_DEADLINE_MS}]", rid, field="deadline_ms")
     v = obj.get("tenant")
     if v is not None and not (type(v) is str and is_tenant_name(v)):
-        raise BadFrame(f"tenant must be 1 to {MAX_TENANT_CHARS} characters of A-Z a-z 0-9 _ . -", rid)
+        raise BadFrame(f"tenant must be 1 to {MAX_TENANT_CHARS} characters of A-Z a-z 0-9 _ . -", rid, field="tenant")
     v = obj.get("priority")
     if v is not None and (type(v) is not str or v not in _PRIORITIES):
-        raise BadFrame(f"priority must be one of {', '.join(sorted(_PRIORITIES))}", rid)
+        raise BadFrame(f"priority must be one of {', '.join(sorted(_PRIORITIES))}", rid, field="priority")
     if limits.integrity is IntegrityMode.OFF:
         return
     size = obj.get("size")
@@ -148,9 +152,9 @@ def validate_generate(obj: dict[str, Any], limits: Limits) -> None:
     if limits.integrity is IntegrityMode.REQUIRED and (size is None or digest is None):
         raise BadFrame("size and sha256 are required (server runs with --integrity required)", rid)
     if size is not None and not (is_int(size) and size >= 0):
-        raise BadFrame("size must be an integer >= 0", rid)
+        raise BadFrame("size must be an integer >= 0", rid, field="size")
     if digest is not None and not (type(digest) is str and _is_hex64(digest)):
-        raise BadFrame("sha256 must be 64 lowercase hex characters", rid)
+        raise BadFrame("sha256 must be 64 lowercase hex characters", rid, field="sha256")
 
 
 def verify_integrity(obj: dict[str, Any], limits: Limits) -> None:

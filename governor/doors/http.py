@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import logging
+import re
 import secrets
 import time
 from collections import deque
@@ -94,6 +95,7 @@ _REASONS = {
     405: b"Method Not Allowed",
     408: b"Request Timeout",
     413: b"Content Too Large",
+    415: b"Unsupported Media Type",
     431: b"Request Header Fields Too Large",
     429: b"Too Many Requests",
     500: b"Internal Server Error",
@@ -104,7 +106,9 @@ _REASONS = {
 _JSON = b"application/json"
 # The headers read, each with whether it is a gateway's (gateway.HEADERS_IN); the rest are skipped.
 _HEADERS_READ = {
-    **dict.fromkeys((b"content-length", b"authorization", b"content-digest", b"retry-ticket"), False),
+    **dict.fromkeys(
+        (b"content-length", b"authorization", b"content-digest", b"retry-ticket", b"content-type", b"expect"), False
+    ),
     **dict.fromkeys(gateway.HEADERS_IN, True),
 }
 _HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
@@ -112,6 +116,11 @@ _SSE = b"text/event-stream"
 _GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
 _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+# A body's media types read as JSON: application/json and any +json type; no Content-Type at all
+# is read as JSON too (what most clients that send JSON without saying so mean).
+_JSON_TYPES = re.compile(rb"\s*application/([a-z0-9.+-]+\+)?json\s*(;.*)?", re.IGNORECASE)
 
 _429 = (429, b"Too Many Requests", b"rate_limit_error")
 _YIELD_HEAD = (
@@ -384,6 +393,17 @@ class HttpIngress:
         length = message.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
             self._too_large()
+        if (
+            message.http11
+            and message.headers.get(b"expect", b"").lower() == b"100-continue"
+            and self._exchange is None
+            and self._lobby is None
+            and not self._queue
+        ):
+            # The client waits for this before sending its body (curl: a second, then sends it
+            # anyway). Only when nothing is being answered: an interim response must not land
+            # inside an earlier request's.
+            self._pending.append(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
         message = self._message
@@ -507,6 +527,12 @@ class HttpIngress:
             if unauthorized is not None:
                 accounting.frame_rejected(unauthorized.code)
                 return response(401, error_body(401, unauthorized), keep)
+        media_type = message.headers.get(b"content-type")
+        if media_type is not None and not _JSON_TYPES.fullmatch(media_type):
+            shown = media_type.decode("latin-1")[:100]
+            return self._rejected(
+                BadFrame(f"the body must be JSON (Content-Type: application/json), not {shown!r}"), keep, 415
+            )
         parts = message.body
         raw = parts[0] if len(parts) == 1 else b"".join(parts)
         # Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
@@ -520,8 +546,11 @@ class HttpIngress:
             if type(body) is not dict:
                 raise BadFrame("the request body must be a JSON object", rid)
             model = body.get("model")
+            if model is None:
+                raise BadFrame("model is required; GET /v1/models lists the models served here", rid, field="model")
             if type(model) is not str or model not in self._models:
-                raise BadFrame(f"model {str(model)[:100]!r} is not served here; GET /v1/models lists them", rid)
+                shown = model[:100] if type(model) is str else orjson.dumps(model)[:100].decode()
+                raise BadFrame(f"model {shown!r} is not served here; GET /v1/models lists them", rid, field="model")
             # Its class and deadline go into the body, where every check reads them; an SDK's first
             # attempt, the common case (its retry count 0 and nothing else), says nothing to read.
             if message.gateway and (message.gateway > 1 or message.headers.get(gateway.RETRY_COUNT) != b"0"):
@@ -686,9 +715,9 @@ class HttpIngress:
             got = base64.b64encode(item.value).decode()[:64]
             raise IntegrityMismatch(f"Content-Digest mismatch: sha-256 of the body differs from {got}", rid)
 
-    def _rejected(self, error: RequestRejected, keep: bool) -> bytes:
+    def _rejected(self, error: RequestRejected, keep: bool, status: int = 0) -> bytes:
         self._state.accounting.frame_rejected(error.code)
-        status = STATUS_OF_CODE.get(error.code, 400)
+        status = status or STATUS_OF_CODE.get(error.code, 400)
         return response(status, error_body(status, error), keep)
 
     @staticmethod

@@ -49,10 +49,10 @@ def _check_fields(body: Any, known: set[str], neutral: dict[str, tuple[object, .
         raise BadFrame("the request body must be a JSON object", request_id)
     unknown = sorted(key for key in body if key not in known)
     if unknown:
-        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id)
+        raise BadFrame(f"unsupported field {unknown[0]!r}", request_id, field=unknown[0])
     for key, defaults in neutral.items():
         if body.get(key) not in defaults:
-            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id)
+            raise BadFrame(f"{key}={body[key]!r} is not supported (only the default)", request_id, field=key)
 
 
 def _prompt_of(body: dict[str, Any]) -> Any:
@@ -79,7 +79,9 @@ def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     _check_fields(body, _KNOWN, _NEUTRAL, request_id)
     prompt = _prompt_of(body)
     if type(prompt) is not str:
-        raise BadFrame("prompt must be a string (one prompt; token arrays are not supported)", request_id)
+        raise BadFrame(
+            "prompt must be a string (one prompt; token arrays are not supported)", request_id, field="prompt"
+        )
     frame: dict[str, Any] = {"id": request_id, "op": Op.GENERATE.value, "prompt": prompt}
     if body.get("max_tokens") is not None:
         frame["max_new_tokens"] = body["max_tokens"]
@@ -89,11 +91,11 @@ def generate_frame_of(body: Any, request_id: str) -> dict[str, Any]:
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None:
         if type(ignore_eos) is not bool:
-            raise BadFrame("ignore_eos must be a boolean", request_id)
+            raise BadFrame("ignore_eos must be a boolean", request_id, field="ignore_eos")
         frame["stop_on_eos"] = not ignore_eos
     stream = body.get("stream")
     if stream is not None and type(stream) is not bool:
-        raise BadFrame("stream must be a boolean", request_id)
+        raise BadFrame("stream must be a boolean", request_id, field="stream")
     frame["stream"] = bool(stream)
     return frame
 
@@ -221,27 +223,32 @@ ERROR_TYPES = {
     405: "invalid_request_error",
     408: "timeout_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     500: "server_error",
     503: "service_unavailable",
 }
 
+# A generate frame's fields by the names a completions body gives them (the rest are the same).
+OPENAI_NAMES = {"max_new_tokens": "max_tokens", "stop_on_eos": "ignore_eos"}
 
-def error_object(status: int, code: str, message: str, **extra: Any) -> dict[str, Any]:
-    """An OpenAI-style error (`{"error": {...}}`): `code` is the NDJSON error code or yield reason."""
-    return {
-        "error": {
-            "message": message,
-            "type": ERROR_TYPES.get(status, "server_error"),
-            "param": None,
-            "code": code,
-            **extra,
-        }
-    }
+
+def error_object(status: int, code: str, message: str, param: str | None = None, **extra: Any) -> dict[str, Any]:
+    """An OpenAI-style error (`{"error": {...}}`): `code` is the NDJSON error code or yield reason,
+    `param` the body field at fault."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error" if 400 <= status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code, **extra}}
 
 
 def error_body(status: int, error: GovernorError) -> bytes:
-    return orjson.dumps(error_object(status, error.code, error.message))
+    """The error as the client's body named things: a frame field's check (`max_new_tokens must
+    be …`) names the body's field (`max_tokens must be …`), which is also its `param`."""
+    message, field = error.message, error.field
+    param = OPENAI_NAMES.get(field, field) if field is not None else None
+    if field is not None and param != field and message.startswith(field):
+        message = param + message[len(field) :]
+    return orjson.dumps(error_object(status, error.code, message, param))
 
 
 def error_event(error: GovernorError) -> bytes:

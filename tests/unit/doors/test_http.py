@@ -707,3 +707,87 @@ def test_retries_are_told_from_first_attempts_and_blind_ones_shed_first() -> Non
     upstream.worker_sends(done_frame(list(upstream.dispatched)[1], "x", completion_tokens=1))
     state.admission.shed_blind_retries = False
     assert Client(state).send(post(completion("8"), *retry)) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "starts"),
+    [
+        ({"prompt": "hi", "max_tokens": 4}, "model", "model is required"),
+        (completion(model=None), "model", "model is required"),
+        (completion(model=["gpt2"]), "model", "model '[\"gpt2\"]' is not served here"),
+        (completion(model="gpt3"), "model", "model 'gpt3' is not served here"),
+        (completion(max_tokens=-5), "max_tokens", "max_tokens must be an integer in [1, "),
+        (completion(max_tokens=0), "max_tokens", "max_tokens must be an integer"),
+        (completion(max_tokens="5"), "max_tokens", "max_tokens must be an integer"),
+        (completion(max_tokens=5000), "max_tokens", "max_tokens must be an integer"),
+        (completion(max_tokens=1e30), "max_tokens", "max_tokens must be an integer"),
+        (completion(n=3), "n", "n=3 is not supported"),
+        (completion(tools=[]), "tools", "unsupported field 'tools'"),
+        (completion(temperature=-1), "temperature", "temperature must be"),
+        (completion(ignore_eos="yes"), "ignore_eos", "ignore_eos must be a boolean"),
+        (completion(prompt=["a", "b"]), "prompt", "prompt must be a string"),
+    ],
+)
+def test_a_bad_body_is_a_400_naming_the_field_in_the_clients_words(
+    body: dict[str, Any], param: str, starts: str
+) -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    (answer,) = Client(state).send(post(body))
+    error = orjson.loads(answer.body)["error"]
+    assert answer.status == 400 and error["type"] == "invalid_request_error" and error["code"] == "bad_frame"
+    assert error["param"] == param and error["message"].startswith(starts), error
+    assert "None" not in error["message"] and "max_new_tokens" not in error["message"]
+    assert state.accounting.rejected_total == 1 and balanced(state)
+    assert sum(e.failed for e in state.admission.pool.endpoints) == 0
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        (None, None),
+        ("application/json", None),
+        ("Application/JSON; charset=utf-8", None),
+        ("application/vnd.api+json", None),
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("multipart/form-data; boundary=x", 415),
+    ],
+)
+def test_a_body_that_says_it_is_not_json_is_415(content_type: str | None, status: int | None) -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    headers = [] if content_type is None else [f"content-type: {content_type}"]
+    answers = Client(state).send(post(completion(), *headers))
+    if status is None:
+        assert answers == [] and len(upstream.dispatched) == 1  # admitted
+    else:
+        (answer,) = answers
+        error = orjson.loads(answer.body)["error"]
+        assert (
+            answer.status == 415 and error["type"] == "invalid_request_error" and "application/json" in error["message"]
+        )
+        assert state.accounting.rejected_total == 1 and not upstream.dispatched
+    assert balanced(state)
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent() -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    client = Client(state)
+    request = post(completion(), "expect: 100-continue")
+    head, _, body = request.partition(b"\r\n\r\n")
+    client.core.receive_data(head + b"\r\n\r\n")
+    assert b"".join(client.writes.chunks) == b"HTTP/1.1 100 Continue\r\n\r\n"  # curl sends the body on this
+    client.core.receive_data(body)
+    assert len(upstream.dispatched) == 1
+    # While a response is being written, no interim one cuts into it: the client waits it out.
+    pipelined = post(completion(), "expect: 100-continue").partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+    client.core.receive_data(pipelined)
+    assert b"".join(client.writes.chunks).count(b"100 Continue") == 1
+
+
+def test_headers_too_large_are_a_client_error() -> None:
+    client = Client(make_state(integrity=IntegrityMode.OFF), HttpLimits(max_header_bytes=1024))
+    (answer,) = client.send(post(completion(), "x-big: " + "a" * 2000))
+    assert answer.status == 431 and orjson.loads(answer.body)["error"]["type"] == "invalid_request_error"
