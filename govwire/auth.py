@@ -54,6 +54,11 @@ class SharedSecret:
         token = text.strip()
         if not token:
             raise ValueError(f"{source}: the token is empty")
+        if len(token.split()) > 1:  # (a governor's client file may list `TENANT SECRET` lines)
+            raise ValueError(
+                f"{source}: holds more than one word or line; this takes one secret alone (a governor's"
+                " --auth-token-file of `TENANT SECRET` lines is not a client's: give it a file with its own secret)"
+            )
         if len(token.encode()) > MAX_TOKEN_BYTES or not token.isprintable():
             raise ValueError(f"{source}: the token must be printable and at most {MAX_TOKEN_BYTES} bytes")
         if token.startswith(PLACEHOLDER_PREFIX):

@@ -190,6 +190,20 @@ def test_an_empty_token_file_is_refused_and_a_token_never_shows_in_the_config(tm
     assert "hunter2" not in repr(config) + repr(secret)
 
 
+def test_a_clients_token_file_is_one_secret_and_a_servers_tenant_file_is_refused_saying_so(tmp_path: Path) -> None:
+    from govwire.auth import SharedSecret
+
+    servers = tmp_path / "tokens"
+    servers.write_text("alpha secret-alpha\nbeta secret-beta\n")
+    assert GovernorConfig(auth_token_file=str(servers)).client_secret() is not None  # the governor's own
+    for text in ("alpha secret-alpha\nbeta secret-beta\n", "alpha secret-alpha\n"):
+        servers.write_text(text)
+        with pytest.raises(ValueError, match="TENANT SECRET"):
+            SharedSecret.read(str(servers))
+    servers.write_text("  secret-alpha \n")
+    assert SharedSecret.read(str(servers)).matches("secret-alpha")
+
+
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [("127.0.0.1", True), ("::1", True), ("localhost", True), ("0.0.0.0", False), ("example.org", False)],
