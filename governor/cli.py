@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the governor. Arguments after a literal -- go to the spawned worker.",
     )
     add_options(serve, GovernorConfig)
+    serve.set_defaults(subparser=serve)  # whose usage an invalid setting is reported with
     serve.add_argument(
         "--print-config",
         action="store_true",
@@ -121,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="drive a running governor (or --direct a worker) with a workload and report latency figures",
     )
     add_options(bench, BenchConfig)
+    bench.set_defaults(subparser=bench)
     return parser
 
 
@@ -137,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             config = load_config(flags, tuple(worker_args))
         except ConfigError as exc:
-            parser.error(str(exc))
+            args.subparser.error(str(exc))
         if args.print_config:
             sys.stdout.write(render_config(config, config_sources(flags, os.environ)))
             return 0
@@ -148,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             bench_config = from_namespace(BenchConfig, args)
         except ConfigError as exc:
-            parser.error(str(exc))
+            args.subparser.error(str(exc))
         from governor.bench.main import run_bench
 
         try:

@@ -78,3 +78,15 @@ def test_a_percent_sign_in_an_options_help_is_printed_as_written() -> None:
     parser = argparse.ArgumentParser(prog="x")
     add_options(parser, Config)
     assert "5% of first tokens may come later (100%% sure) (default: 0.05)" in " ".join(parser.format_help().split())
+
+
+def test_an_invalid_setting_is_reported_by_the_subcommand_it_belongs_to(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main, _ = _entry(SCRIPTS["governor"])
+    monkeypatch.setenv("GOVERNOR_MAX_INFLIGHT", "abc")
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: governor serve")
+    assert "governor serve: error: $GOVERNOR_MAX_INFLIGHT: 'abc' is not a valid int" in err
