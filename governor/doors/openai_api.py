@@ -245,8 +245,10 @@ def error_body(status: int, error: GovernorError) -> bytes:
     """The error as the client's body named things: a frame field's check (`max_new_tokens must
     be …`) names the body's field (`max_tokens must be …`), which is also its `param`."""
     message, field = error.message, error.field
-    param = OPENAI_NAMES.get(field, field) if field is not None else None
-    if field is not None and param != field and message.startswith(field):
+    if field is None:
+        return orjson.dumps(error_object(status, error.code, message))
+    param = OPENAI_NAMES.get(field, field)
+    if param != field and message.startswith(field):
         message = param + message[len(field) :]
     return orjson.dumps(error_object(status, error.code, message, param))
 
