@@ -16,7 +16,16 @@ import orjson
 
 from governor import __version__
 from governor.bench.config import BenchConfig
-from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS, NO_RETRY, Client, GovernorError, Yielded
+from governor.client import (
+    ADDRESS_ENV,
+    ADDRESS_HELP,
+    DEFAULT_ADDRESS,
+    NO_RETRY,
+    Client,
+    GovernorError,
+    Yielded,
+    default_address,
+)
 from governor.config import GovernorConfig
 from governor.config_file import config_sources, load_config, render_config
 from govwire.auth import SharedSecret
@@ -34,7 +43,11 @@ EXIT_YIELDED = 3
 def _add_client_options(parser: argparse.ArgumentParser) -> None:
     # The clients' one convention (send, status, bench): where to connect is one --address, as
     # --worker names an endpoint; --host/--port are what `serve` listens on.
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help=f"{ADDRESS_HELP} (default: {DEFAULT_ADDRESS})")
+    parser.add_argument(
+        "--address",
+        default=default_address(),
+        help=f"{ADDRESS_HELP} (default: ${ADDRESS_ENV}, else {DEFAULT_ADDRESS})",
+    )
     parser.add_argument("--timeout", type=float, default=60.0, help="socket timeout in seconds (default: 60)")
     parser.add_argument("--auth-token-file", metavar="PATH", help="the governor's shared secret, if it wants one")
 

@@ -269,8 +269,9 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
             or "no soft caps"
         )
         kind = f" [openai, model {w['model']}]" if w.get("kind") == "openai" else ""
+        name = w.get("name") or w["address"]
         line = (
-            f"  {'up  ' if w['up'] else 'DOWN'} {w['address']}{kind}: {w['inflight']} in flight ({caps}), "
+            f"  {'up  ' if w['up'] else 'DOWN'} {name}{kind}: {w['inflight']} in flight ({caps}), "
             f"executed {w['executed']}, failed {w['failed']}"
         )
         if w.get("busy"):

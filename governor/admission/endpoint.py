@@ -139,6 +139,7 @@ class Endpoint:
         """Its caps and load in `stats` (its link adds what it knows of the other side)."""
         limits = self.limits
         return {
+            "name": self.name,  # its metrics label: a --worker's address, or spawned-N
             "up": self.up,
             "inflight": self.inflight,
             "concurrency": limits.concurrency,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from governor.bench.tenants import TenantGroup, parse_tenant_mix, read_tenant_tokens
-from governor.client import ADDRESS_HELP, DEFAULT_ADDRESS
+from governor.client import ADDRESS_ENV, ADDRESS_HELP, DEFAULT_ADDRESS, default_address
 from govwire.address import parse_address
 from govwire.auth import SharedSecret
 from govwire.options import ConfigError, option
@@ -14,7 +14,7 @@ from govwire.options import ConfigError, option
 
 @dataclass(frozen=True)
 class BenchConfig:
-    address: str = option(DEFAULT_ADDRESS, ADDRESS_HELP)
+    address: str = option(default_address(), f"{ADDRESS_HELP}; ${ADDRESS_ENV} when set, else {DEFAULT_ADDRESS}")
     direct: str = option(
         "",
         "connect straight to this worker address instead (same protocol), to measure the governor's cost",

@@ -13,13 +13,12 @@ from governor.client.aio import AsyncClient, AsyncStream
 from governor.client.retry import NO_RETRY, RetryBudget, RetryPolicy, Yielded
 from governor.client.session import ConnectionLost, Result, Token
 from governor.client.sync import Client, Stream
+from governor.client.where import ADDRESS_ENV, ADDRESS_HELP, DEFAULT_ADDRESS, default_address
 from govwire.errors import GovernorError
 from govwire.vocab import MAX_REPLY_BYTES
 
-DEFAULT_ADDRESS = "127.0.0.1:7070"  # where `governor serve` listens by default (--host, --port)
-ADDRESS_HELP = "the governor's HOST:PORT, or unix:PATH of a worker's socket"
-
 __all__ = [
+    "ADDRESS_ENV",
     "ADDRESS_HELP",
     "DEFAULT_ADDRESS",
     "MAX_REPLY_BYTES",
@@ -35,4 +34,5 @@ __all__ = [
     "Stream",
     "Token",
     "Yielded",
+    "default_address",
 ]

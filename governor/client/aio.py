@@ -23,7 +23,8 @@ from governor.client.session import (
     refusal,
     request_ids,
 )
-from govwire.address import Address, open_connection, parse_address
+from governor.client.where import client_address
+from govwire.address import open_connection
 from govwire.auth import SharedSecret
 from govwire.errors import GovernorError
 from govwire.vocab import Op, ReservedId, Status
@@ -79,8 +80,8 @@ class _Link(asyncio.Protocol):
 class AsyncClient:
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 7070,
+        host: str | None = None,
+        port: int | None = None,
         *,
         token: str | None = None,
         timeout: float | None = 60.0,
@@ -89,8 +90,9 @@ class AsyncClient:
         address: str | None = None,
     ) -> None:
         """Connects on first use (or `await client.connect()`), and again after a loss. `address`
-        (`HOST:PORT` or `unix:PATH`, e.g. a worker's socket) replaces host and port."""
-        self._address = Address(host=host, port=port) if address is None else parse_address(address)
+        (`HOST:PORT` or `unix:PATH`, e.g. a worker's socket) replaces host and port; given none of
+        them, `$GOVERNOR_ADDRESS` or 127.0.0.1:7070."""
+        self._address = client_address(host, port, address)
         self.host, self.port = self._address.host, self._address.port  # "" and 0 for a unix socket
         self._where = str(self._address)
         self._secret = None if token is None else SharedSecret.from_text(token, "token")

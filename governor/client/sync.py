@@ -23,7 +23,7 @@ from governor.client.session import (
     refusal,
     request_ids,
 )
-from govwire.address import Address, parse_address
+from governor.client.where import client_address
 from govwire.auth import SharedSecret
 from govwire.errors import GovernorError
 from govwire.vocab import Op, ReservedId, Status
@@ -63,8 +63,8 @@ class Stream:
 class Client:
     def __init__(
         self,
-        host: str = "127.0.0.1",
-        port: int = 7070,
+        host: str | None = None,
+        port: int | None = None,
         *,
         token: str | None = None,
         timeout: float | None = 60.0,
@@ -75,8 +75,9 @@ class Client:
         """`timeout` bounds each wait for a reply (None: wait forever). Without `retry` every yield
         is raised as `Yielded`; with a `RetryPolicy` yields are retried after their hint. The
         connection opens here and is reopened by the next call after a loss. `address`
-        (`HOST:PORT` or `unix:PATH`) replaces host and port, as for AsyncClient."""
-        self._address = Address(host=host, port=port) if address is None else parse_address(address)
+        (`HOST:PORT` or `unix:PATH`) replaces host and port, as for AsyncClient; given none of
+        them, `$GOVERNOR_ADDRESS` or 127.0.0.1:7070."""
+        self._address = client_address(host, port, address)
         self.host, self.port = self._address.host, self._address.port  # "" and 0 for a unix socket
         self._where = str(self._address)
         self._secret = None if token is None else SharedSecret.from_text(token, "token")

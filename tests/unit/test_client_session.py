@@ -154,3 +154,14 @@ def test_retries_never_exceed_the_budget(pattern: list[bool], ratio: float, rese
             retries += 1
             yielded = retries % 3 != 0  # some retries are admitted, some yielded again
     assert retries <= reserve + ratio * firsts + 1e-9
+
+
+def test_a_client_told_no_address_reads_governor_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    from governor.client.where import client_address
+
+    monkeypatch.delenv("GOVERNOR_ADDRESS", raising=False)
+    assert str(client_address(None, None, None)) == "127.0.0.1:7070"
+    monkeypatch.setenv("GOVERNOR_ADDRESS", "10.0.0.5:9000")
+    assert str(client_address(None, None, None)) == "10.0.0.5:9000"
+    assert str(client_address(None, 7171, None)) == "127.0.0.1:7171"  # what it is told wins
+    assert str(client_address("::1", None, "unix:/tmp/w.sock")) == "unix:/tmp/w.sock"

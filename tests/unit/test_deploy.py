@@ -171,7 +171,26 @@ def _kind(path: Path) -> str | None:
         ".service": "systemd",
         ".conf": "systemd",
         ".md": "markdown",
+        ".toml": "config",
     }.get(path.suffix)
+
+
+def test_the_example_config_loads_as_written_and_with_its_tables_uncommented(tmp_path: Path, secret: Path) -> None:
+    example = DEPLOY / "config" / "governor.toml"
+    config = load_config({"config": str(example)}, environ={})
+    assert (config.max_inflight, config.http_port, config.promise_horizon_ms) == (32, 8080, 1000.0)
+    # Its commented-out tables and the token file, as a user would uncomment them.
+    lines = []
+    for line in example.read_text().splitlines():
+        body = line.removeprefix("# ")
+        if line.startswith("# ") and (body.startswith("[[") or re.match(r"[a-z_]+ = ", body)):
+            line = body.replace("/run/secrets/governor-tokens", str(secret)).split("   #", 1)[0]
+        lines.append(line)
+    uncommented = tmp_path / "governor.toml"
+    uncommented.write_text("\n".join(lines) + "\n")
+    full = load_config({"config": str(uncommented)}, environ={})
+    assert full.worker and full.worker[0].startswith("http://127.0.0.1:8000/v1") and full.tenant
+    assert full.auth_token_file == str(secret)
 
 
 def test_every_yaml_and_json_file_parses() -> None:
