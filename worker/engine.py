@@ -52,8 +52,13 @@ class TokenEvent:
 
 @dataclass(frozen=True, slots=True)
 class FinishEvent:
+    """A request ended. `tail` is text its detokenizer still held (the start of a character no
+    token completed): streamed before the `done` as a piece with no token of its own, so that the
+    streamed pieces always add up to `completion.text`, whichever way the request ended."""
+
     seq: Sequence
     completion: Completion
+    tail: str = ""
 
 
 Event = TokenEvent | FinishEvent
@@ -273,9 +278,9 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence, reason: FinishReason, now: float) -> FinishEvent:
         self.scheduler.finish(seq, reason, now)
-        del self._detokenizers[seq]
+        tail = self._detokenizers.pop(seq).flush()
         self.counters.finished += 1
-        return FinishEvent(seq, completion_of(seq, self.tokenizer.decode(seq.output_ids)))
+        return FinishEvent(seq, completion_of(seq, self.tokenizer.decode(seq.output_ids)), tail)
 
 
 @dataclass(slots=True)

@@ -69,7 +69,7 @@ class _Sink:
         self._conn = conn
         self._id = request_id
 
-    def token(self, index: int, token_id: int, text: str) -> None:
+    def token(self, index: int, token_id: int | None, text: str) -> None:
         self._conn.queue(encode_token(self._id, index, token_id, text))
 
     def done(self, completion: Completion) -> None:

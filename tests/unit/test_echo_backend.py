@@ -10,11 +10,11 @@ from worker.backends.echo import EchoBackend
 
 class Recorder:
     def __init__(self) -> None:
-        self.tokens: list[tuple[int, int, str]] = []
+        self.tokens: list[tuple[int, int | None, str]] = []
         self.completion: Completion | None = None
         self.errors: list[GovernorError] = []
 
-    def token(self, index: int, token_id: int, text: str) -> None:
+    def token(self, index: int, token_id: int | None, text: str) -> None:
         self.tokens.append((index, token_id, text))
 
     def done(self, completion: Completion) -> None:
@@ -38,6 +38,13 @@ def test_echoes_utf8_bytes_with_text_on_the_completing_byte() -> None:
     sink = run(GenerateRequest(id="a", prompt="hé", max_new_tokens=10))
     assert sink.tokens == [(0, 104, "h"), (1, 0xC3, ""), (2, 0xA9, "é")]
     assert sink.completion == Completion("hé", 3, 3, "eos", 0.0)
+
+
+def test_a_character_cut_short_is_streamed_too_so_the_pieces_add_up() -> None:
+    sink = run(GenerateRequest(id="a", prompt="hé", max_new_tokens=2))  # the é's first byte only
+    assert sink.tokens == [(0, 104, "h"), (1, 0xC3, ""), (2, None, "\ufffd")]
+    assert sink.completion == Completion("h\ufffd", 3, 2, "length", 0.0)
+    assert "".join(text for _, _, text in sink.tokens) == sink.completion.text
 
 
 def test_max_new_tokens_cuts_with_finish_reason_length() -> None:

@@ -78,6 +78,37 @@ def test_streamed_pieces_add_up_to_the_final_text(loaded: LoadedModel) -> None:
         assert "".join(t.text for t in tokens) == finished[rid].completion.text
 
 
+def test_streamed_pieces_add_up_to_the_text_however_a_request_ends() -> None:
+    # The byte-level random model samples invalid and unfinished UTF-8 and, at temperature 2, its
+    # end-of-sequence often enough: a request ending (EOS, cancelled) while its detokenizer held
+    # the start of a character streams that too, so no ending loses text from the stream.
+    engine = make_engine(load("random-tiny", CPU, torch.float32), max_batch_size=64)
+    for i in range(96):
+        engine.add(request(f"r{i}", "x", 48, temperature=2.0, seed=i))
+    events: dict[str, list[TokenEvent | FinishEvent]] = {}
+    finished: dict[str, FinishEvent] = {}
+    for step in range(1000):
+        if not engine.has_work:
+            break
+        if step == 20:  # cancel a third of them midway, at a step boundary as the backend does
+            for event in [engine.cancel(seq) for seq in list(engine.scheduler.running)[::3]]:
+                if event is not None:
+                    events.setdefault(event.seq.request_id, []).append(event)
+                    finished[event.seq.request_id] = event
+        for event in engine.step():
+            events.setdefault(event.seq.request_id, []).append(event)
+            if isinstance(event, FinishEvent):
+                finished[event.seq.request_id] = event
+    reasons = {e.completion.finish_reason for e in finished.values()}
+    assert {"eos", "length", "cancelled"} <= reasons and len(finished) == 96
+    tails = 0
+    for rid, end in finished.items():
+        streamed = "".join(e.text for e in events[rid] if isinstance(e, TokenEvent)) + end.tail
+        assert streamed == end.completion.text, rid
+        tails += end.tail != ""
+    assert tails > 0  # the case this is about happened
+
+
 def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(loaded: LoadedModel) -> None:
     sampling = {"temperature": 0.9, "top_k": 50, "top_p": 0.95, "seed": 42, "stop_on_eos": False}
     alone = make_engine(loaded)

@@ -28,7 +28,7 @@ class Sink:
         self.finals: list[Completion | GovernorError] = []
         self.settled = asyncio.Event()
 
-    def token(self, index: int, token_id: int, text: str) -> None:
+    def token(self, index: int, token_id: int | None, text: str) -> None:
         self.tokens.append(token_id)
 
     def done(self, completion: Completion) -> None:

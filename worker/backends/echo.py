@@ -59,12 +59,16 @@ class EchoBackend:
                 sink.token(index, byte, text)
         except asyncio.CancelledError:
             finish_reason = FinishReason.CANCELLED
-        pieces.append(decoder.decode(b"", final=True))
+        tokens = len(pieces)
+        tail = decoder.decode(b"", final=True)
+        if tail:  # a character's start no byte completed: streamed too, so the pieces add up
+            sink.token(tokens, None, tail)
+            pieces.append(tail)
         sink.done(
             Completion(
                 text="".join(pieces),
                 prompt_tokens=len(data),
-                completion_tokens=len(pieces) - 1,
+                completion_tokens=tokens,
                 finish_reason=finish_reason,
                 queue_wait_ms=0.0,
             )

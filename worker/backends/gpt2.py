@@ -375,6 +375,8 @@ def _dispatch(out: _Delivery) -> None:
         if isinstance(event, TokenEvent):
             sink.token(event.index, event.token_id, event.text)
         elif isinstance(event, FinishEvent):
+            if event.tail:  # held text no token completed: the stream still adds up to the text
+                sink.token(len(event.seq.output_ids), None, event.tail)
             sink.done(event.completion)
         elif isinstance(event, Completion):
             sink.done(event)
