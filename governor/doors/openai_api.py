@@ -104,8 +104,25 @@ _CHAT_NEUTRAL = {
     **{k: v for k, v in _NEUTRAL.items() if k not in ("echo", "suffix", "best_of")},
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
+    # What SDK wrappers (LangChain, LiteLLM) send by default and changes nothing: no tools, plain
+    # text out.
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "parallel_tool_calls": (None, True, False),
+    "response_format": (None, {"type": "text"}),
 }
-_CHAT_KNOWN = (_KNOWN - {"prompt", "echo", "suffix", "best_of"}) | {"messages", "max_completion_tokens", "top_logprobs"}
+_CHAT_KNOWN = (_KNOWN - {"prompt", "echo", "suffix", "best_of"}) | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+}
+
+
+_CHAT_ONLY = _CHAT_KNOWN - _KNOWN  # checked above; nothing a completions body would take
 
 
 def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict[str, str]]]:
@@ -113,7 +130,7 @@ def chat_frame_of(body: Any, request_id: str) -> tuple[dict[str, Any], list[dict
     cost is estimated from), and the messages themselves (`govwire.request.chat_messages`)."""
     _check_fields(body, _CHAT_KNOWN, _CHAT_NEUTRAL, request_id)
     messages = chat_messages(body.get("messages"), request_id)
-    completion_like = {k: v for k, v in body.items() if k not in ("messages", "max_completion_tokens", "top_logprobs")}
+    completion_like = {k: v for k, v in body.items() if k not in _CHAT_ONLY}
     completion_like["prompt"] = "\n".join(m["content"] for m in messages)
     if body.get("max_completion_tokens") is not None:
         completion_like["max_tokens"] = body["max_completion_tokens"]

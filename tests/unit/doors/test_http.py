@@ -791,3 +791,32 @@ def test_headers_too_large_are_a_client_error() -> None:
     client = Client(make_state(integrity=IntegrityMode.OFF), HttpLimits(max_header_bytes=1024))
     (answer,) = client.send(post(completion(), "x-big: " + "a" * 2000))
     assert answer.status == 431 and orjson.loads(answer.body)["error"]["type"] == "invalid_request_error"
+
+
+def chat(**fields: Any) -> bytes:
+    body = {"model": "gpt2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+    return post(orjson.dumps(body)).replace(b"/v1/completions", b"/v1/chat/completions")
+
+
+@pytest.mark.parametrize(
+    "neutral",
+    [{"tools": []}, {"tool_choice": "none"}, {"response_format": {"type": "text"}}, {"parallel_tool_calls": True}],
+)
+def test_chat_fields_sdk_wrappers_send_at_their_defaults_are_accepted(neutral: dict[str, Any]) -> None:
+    upstream = FakeUpstream()
+    state = make_state(integrity=IntegrityMode.OFF, upstream=upstream)
+    assert Client(state).send(chat(**neutral)) == [] and len(upstream.dispatched) == 1
+
+
+@pytest.mark.parametrize(
+    ("asking", "param"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tool_choice": "required"}, "tool_choice"),
+    ],
+)
+def test_chat_fields_that_ask_for_more_are_refused_naming_them(asking: dict[str, Any], param: str) -> None:
+    state = make_state(integrity=IntegrityMode.OFF, upstream=FakeUpstream())
+    (answer,) = Client(state).send(chat(**asking))
+    assert answer.status == 400 and orjson.loads(answer.body)["error"]["param"] == param

@@ -21,7 +21,7 @@ from govwire.vocab import FinishReason
         {"messages": []},
         {"messages": [{"role": "wizard", "content": "x"}]},
         {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-        {"messages": [{"role": "user", "content": "x"}], "tools": []},
+        {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}]},
         {"messages": [{"role": "user", "content": "x"}], "n": 2},
     ],
 )
