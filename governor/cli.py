@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     send = sub.add_parser("send", help="send one generate frame and print the streamed reply")
-    send.add_argument("prompt", help="the prompt; size and sha256 are computed for you")
+    send.add_argument("prompt", help="the prompt (- reads it from stdin); size and sha256 are computed for you")
     _add_client_options(send)
     send.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default: 16)")
     send.add_argument("--temperature", type=float, help="sampling temperature; 0 = greedy")
@@ -224,6 +224,8 @@ def printable(text: str) -> str:
 
 
 def _send(args: argparse.Namespace) -> int:
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read()
     fields: dict[str, Any] = {"max_new_tokens": args.max_new_tokens, "stream": not args.no_stream}
     for name in ("temperature", "top_p", "top_k", "seed", "tenant", "priority"):
         if getattr(args, name) is not None:

@@ -306,6 +306,15 @@ def test_send_command_prints_the_streamed_reply(start_governor: Start) -> None:
     )
     assert out.stdout == "hello governor\n"
     assert "finish_reason=eos" in out.stderr
+    piped = subprocess.run(
+        [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{gov.port}", "-"],
+        input="from stdin",
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=True,
+    )
+    assert piped.stdout == "from stdin\n"
     dead = subprocess.run(
         [sys.executable, "-m", "governor", "send", "--address", f"127.0.0.1:{free_port()}", "x"],
         capture_output=True,
