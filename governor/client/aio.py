@@ -26,7 +26,7 @@ from governor.client.session import (
 from governor.client.where import client_address
 from govwire.address import open_connection
 from govwire.auth import SharedSecret
-from govwire.errors import GovernorError
+from govwire.errors import GovernorError, InternalError
 from govwire.vocab import Op, ReservedId, Status
 
 Reply = Event | dict[str, Any] | ConnectionLost
@@ -230,7 +230,9 @@ class AsyncClient:
             self._routes.pop(rid, None)
         if isinstance(reply, GovernorError):
             raise reply  # e.g. unauthorized: the governor closes the connection after it
-        return cast(dict[str, Any], reply)
+        if not isinstance(reply, dict):  # a peer that is not a governor answered something else
+            raise InternalError(f"{op}: not a {op} reply but {type(reply).__name__}")
+        return reply
 
     def _queue(self, rid: str) -> asyncio.Queue[Reply]:
         queue: asyncio.Queue[Reply] = asyncio.Queue()

@@ -25,7 +25,7 @@ from governor.client.session import (
 )
 from governor.client.where import client_address
 from govwire.auth import SharedSecret
-from govwire.errors import GovernorError
+from govwire.errors import GovernorError, InternalError
 from govwire.vocab import Op, ReservedId, Status
 
 Reply = Event | dict[str, Any] | ConnectionLost
@@ -191,7 +191,8 @@ class Client:
             self._queues.pop(rid, None)
         if isinstance(reply, GovernorError | ConnectionLost):
             raise reply  # e.g. unauthorized: the governor closes the connection after it
-        assert isinstance(reply, dict)
+        if not isinstance(reply, dict):  # a peer that is not a governor answered something else
+            raise InternalError(f"{op}: not a {op} reply but {type(reply).__name__}")
         return reply
 
     def _abandon(self, rid: str) -> None:
