@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import NamedTuple
 
 import pytest
 
+from tests.integration.conftest import Governor
 from tests.polling import wait_until
 from tests.redis_server import free_ports
 
@@ -47,18 +47,14 @@ def make_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     argv = [sys.executable, "-m", "governor", "serve", "--port", str(port), "--metrics-port", str(metrics_port)]
     with log.open("wb") as out:
         proc = subprocess.Popen([*argv, "--http-port", str(http_port)], stdout=out, stderr=subprocess.STDOUT)
+    governor = Governor(proc, port, metrics_port, log)
     try:
         # What the README tells a newcomer to wait for.
         wait_until(lambda: "event=ready" in log.read_text() or proc.poll() is not None, 90, "event=ready", log)
         assert proc.poll() is None, log.read_text()
         yield Running(port, http_port, log)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        governor.stop(30)
 
 
 def run(code: str, where: Running, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
