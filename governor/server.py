@@ -9,21 +9,17 @@ import dataclasses
 import functools
 import ipaddress
 import logging
-import os
 import resource
-import shutil
 import signal
-import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Sequence
 
 from prometheus_client.exposition import generate_latest
 
 from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
-from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.ttft import TtftModel
 from governor.config import GovernorConfig, parse_endpoint
@@ -38,23 +34,20 @@ from governor.lifecycle import Phase
 from governor.links.health import HealthPolicy
 from governor.links.openai_link import OpenAILink
 from governor.links.upstream import Upstream
-from governor.links.worker_link import WorkerLink
 from governor.metrics import build_registry
 from governor.metrics_server import MetricsEndpoint
+from governor.spawned import SPAWNED, SpawnedWorkers
 from governor.state import ClientCore, ServerState
-from governor.supervisor import WorkerExit, WorkerSupervisor
 from govwire.address import Address
-from govwire.auth import SharedSecret, TenantSecrets
+from govwire.auth import TenantSecrets
 from govwire.errors import FleetLeaseLost
 from govwire.options import ConfigError
 from govwire.request import IntegrityMode, Limits
-from govwire.vocab import WORKER_TOKEN_ENV
 
 log = logging.getLogger("governor.server")
 
 CANCEL_GRACE_S = 1.0  # after the drain deadline, how long the worker gets to confirm cancels
 TIMEOUT_SWEEP_MAX_S = 1.0  # idle and unauthenticated connections are looked for at least this often
-SPAWNED = "spawned-"  # a spawned worker's endpoint name: spawned-0, spawned-1, ... (its metrics label)
 
 
 def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
@@ -230,19 +223,6 @@ async def announce_ready(upstream: Upstream, config: GovernorConfig, poll_s: flo
     )
 
 
-def gpu_assignment(workers: int, visible: str | None) -> list[str | None]:
-    """One GPU per spawned worker when there are several: worker i sees the i-th visible device
-    (of CUDA_VISIBLE_DEVICES when set, else GPU i), round-robin if there are fewer devices. A
-    single worker keeps the environment as it is."""
-    if workers == 1:
-        return [None]
-    if visible is None:
-        devices = [str(i) for i in range(workers)]
-    else:  # "" hides every GPU: keep it hidden
-        devices = [d.strip() for d in visible.split(",") if d.strip()] or [""]
-    return [devices[i % len(devices)] for i in range(workers)]
-
-
 def raise_fd_limit() -> int:
     """Lift the soft open-files limit to the hard one: each client connection is a descriptor."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -323,23 +303,19 @@ class Server:
             loop.add_signal_handler(sig, self.request_stop)
             stack.callback(loop.remove_signal_handler, sig)
         now = time.monotonic()
-        runtime_dir: str | None = None
+        spawned: SpawnedWorkers | None = None
+        specs: Sequence[tuple[Address | OpenAITarget, EndpointLimits]]
         if config.worker:
             specs = [parse_endpoint(text) for text in config.worker]
+            names = [str(address) for address, _ in specs]  # an endpoint's name is its metrics label
+            worker_secret = config.worker_secret()
         else:
-            runtime_dir = tempfile.mkdtemp(prefix="governor-")  # mode 0700: the worker sockets are ours alone
-            stack.callback(shutil.rmtree, runtime_dir, ignore_errors=True)
-            sockets = [os.path.join(runtime_dir, f"worker-{i}.sock") for i in range(config.workers)]
-            specs = [(Address(path=path), EndpointLimits()) for path in sockets]
-        # Spawned workers accept only links that present this run's secret (passed in their environment).
-        worker_secret = config.worker_secret() if config.worker else SharedSecret.generate()
+            spawned = SpawnedWorkers(config.workers, config.worker_args, config.log_format)
+            stack.callback(spawned.remove)
+            specs, names, worker_secret = spawned.specs, spawned.names, spawned.secret
         health = HealthPolicy(
             config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
         )
-        # An endpoint's name is its metrics label: a --worker's address, or for a spawned worker
-        # `spawned-N`, stable across restarts (its socket is in a fresh temporary directory).
-        spawned = [f"{SPAWNED}{i}" for i in range(len(specs))]
-        names = [str(address) for address, _ in specs] if config.worker else spawned
         upstream = Upstream(
             [
                 (address, Endpoint(name, limits, now, TtftModel(config.deadline_margin)))
@@ -353,13 +329,8 @@ class Server:
         if config.config or config.auth_token_file:
             loop.add_signal_handler(signal.SIGHUP, self.reload, state)
             stack.callback(loop.remove_signal_handler, signal.SIGHUP)
-        if runtime_dir is not None:
-            devices = gpu_assignment(config.workers, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            assert worker_secret is not None  # generated above for spawned workers
-            for i, (link, device) in enumerate(zip(upstream.worker_links, devices, strict=True)):
-                report = Path(runtime_dir) / f"worker-{i}.exit"
-                supervisor = self._spawn_worker(link, state, device, worker_secret, report)
-                stack.push_async_callback(supervisor.stop)
+        if spawned is not None:
+            spawned.start(upstream.worker_links, state.accounting.worker_restarted, stack)
         max_open_files = raise_fd_limit()
         if state.auth is None and not is_loopback(config.host):
             log.warning(
@@ -462,27 +433,6 @@ class Server:
             )
         member.start()
         state.fleet = member
-
-    def _spawn_worker(
-        self, link: WorkerLink, state: ServerState, device: str | None, secret: SharedSecret, report: Path
-    ) -> WorkerSupervisor:
-        def on_spawn(pid: int) -> None:
-            link.pid = pid
-
-        def on_exit(ended: WorkerExit) -> None:
-            link.exited = str(ended)  # /readyz and `stats` say why it is down, until it is up again
-
-        env = {**os.environ, WORKER_TOKEN_ENV: secret.token.decode()}
-        if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device
-        # The worker logs as the governor does, unless its own flags (after --) say otherwise.
-        args = ["--log-format", self.config.log_format, *self.config.worker_args]
-        supervisor = WorkerSupervisor(
-            link.address, args, on_spawn, state.accounting.worker_restarted, env, on_exit, report
-        )
-        link.kill_worker = supervisor.kill
-        supervisor.start()
-        return supervisor
 
     async def _drain(self, state: ServerState) -> None:
         """New frames now yield with reason `draining`; wait for in-flight ones, then cancel the rest."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from governor.admission.endpoint import Endpoint, OpenAITarget
@@ -29,7 +30,7 @@ class Upstream:
 
     def __init__(
         self,
-        endpoints: list[tuple[Address | OpenAITarget, Endpoint]],
+        endpoints: Sequence[tuple[Address | OpenAITarget, Endpoint]],
         health: HealthPolicy | None = None,
         secret: SharedSecret | None = None,
     ) -> None:

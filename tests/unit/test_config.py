@@ -159,7 +159,7 @@ def test_a_bad_endpoint_is_refused_naming_it(spec: str) -> None:
 
 
 def test_spawned_workers_get_one_gpu_each() -> None:
-    from governor.server import gpu_assignment
+    from governor.spawned import gpu_assignment
 
     assert gpu_assignment(1, "3") == [None]  # a single worker keeps the environment
     assert gpu_assignment(3, None) == ["0", "1", "2"]
