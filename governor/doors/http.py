@@ -549,7 +549,7 @@ class HttpIngress:
             if model is None:
                 raise BadFrame("model is required; GET /v1/models lists the models served here", rid, field="model")
             if type(model) is not str or model not in self._models:
-                shown = model[:100] if type(model) is str else orjson.dumps(model)[:100].decode()
+                shown = (model if type(model) is str else orjson.dumps(model).decode())[:100]
                 raise BadFrame(f"model {shown!r} is not served here; GET /v1/models lists them", rid, field="model")
             # Its class and deadline go into the body, where every check reads them; an SDK's first
             # attempt, the common case (its retry count 0 and nothing else), says nothing to read.

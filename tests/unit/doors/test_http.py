@@ -715,6 +715,7 @@ def test_retries_are_told_from_first_attempts_and_blind_ones_shed_first() -> Non
         ({"prompt": "hi", "max_tokens": 4}, "model", "model is required"),
         (completion(model=None), "model", "model is required"),
         (completion(model=["gpt2"]), "model", "model '[\"gpt2\"]' is not served here"),
+        (completion(model=["x" + "é" * 80]), "model", "model '[\"xéé"),  # cut at 100 characters, not bytes
         (completion(model="gpt3"), "model", "model 'gpt3' is not served here"),
         (completion(max_tokens=-5), "max_tokens", "max_tokens must be an integer in [1, "),
         (completion(max_tokens=0), "max_tokens", "max_tokens must be an integer"),
