@@ -240,6 +240,36 @@ def test_bad_http_gets_clear_statuses_and_nothing_leaks(start_governor: Start) -
     assert c.until_final("n")[-1]["status"] == "done"
 
 
+def test_odd_bodies_get_a_4xx_naming_the_field_and_no_worker_is_blamed(start_governor: Start) -> None:
+    gov, port = front_door(start_governor, None)
+    ok = orjson.dumps({"model": "gpt2", "prompt": "hi", "max_tokens": 2})
+    cases = [
+        (post(orjson.dumps({"prompt": "hi"})), 400, "model"),
+        (post(orjson.dumps({"model": "gpt2", "prompt": "hi", "max_tokens": -5})), 400, "max_tokens"),
+        (post(orjson.dumps({"model": "gpt2", "prompt": "hi", "n": 3})), 400, "n"),
+        (post(ok, "content-type: text/plain"), 415, None),
+        (post(ok, "content-type: application/x-www-form-urlencoded"), 415, None),
+        (post(ok, "x-big: " + "a" * 70_000), 431, None),
+    ]
+    for request, status, param in cases:
+        reply = raw(port, request)
+        error = orjson.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]
+        assert status_of(reply) == status and error["type"] == "invalid_request_error", reply[:300]
+        assert error["param"] == param and "None" not in error["message"], error
+    # Expect: 100-continue is answered before the body is sent (curl waits a second for it).
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        head = post(ok, "expect: 100-continue").split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+        sock.sendall(head)
+        assert sock.recv(4096) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(ok)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    gov.wait_until(lambda: gov.stats()["inflight"] == 0, what="settled")
+    balanced(gov)
+    stats = gov.stats()
+    (worker,) = stats["workers"]
+    assert worker["failed"] == 0 and stats["failed_total"] == 0 and stats["rejected_total"] == len(cases)
+
+
 def test_auth_maps_bearer_tokens_to_tenants_and_a_drain_is_503(start_governor: Start, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("alpha secret-a\n")
