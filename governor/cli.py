@@ -240,6 +240,7 @@ def _send(args: argparse.Namespace) -> int:
         except WorkerUnavailable as exc:  # gone again between the poll and the frame, or the wait ran out
             if time.monotonic() >= deadline:
                 return _failed("error: ", exc)
+            time.sleep(0.25)  # up by `stats` yet refused: not in a tight loop of failed requests
 
 
 def _await_worker(args: argparse.Namespace, deadline: float) -> None:
