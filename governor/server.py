@@ -213,12 +213,11 @@ async def announce_ready(upstream: Upstream, config: GovernorConfig, poll_s: flo
     `make run` (`listening` comes seconds earlier, while the worker still loads its model)."""
     while not upstream.num_up:
         await asyncio.sleep(poll_s)
-    host = f"[{config.host}]" if ":" in config.host else config.host
     log.info(
         "event=ready endpoints_up=%d ndjson=%s openai=%s hint=%s",
         upstream.num_up,
-        f"{host}:{config.port}",
-        f"http://{host}:{config.http_port}/v1" if config.http_port else "off",
+        Address(host=config.host, port=config.port),
+        f"http://{Address(host=config.host, port=config.http_port)}/v1" if config.http_port else "off",
         "the governor serves requests now",
     )
 

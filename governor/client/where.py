@@ -23,4 +23,5 @@ def client_address(host: str | None, port: int | None, address: str | None) -> A
         return parse_address(address)
     if host is None and port is None:
         return parse_address(default_address())
-    return Address(host="127.0.0.1" if host is None else host, port=7070 if port is None else port)
+    default = parse_address(DEFAULT_ADDRESS)
+    return Address(host=default.host if host is None else host, port=default.port if port is None else port)

@@ -22,6 +22,7 @@ from governor.accounting import CONNECTION_SHED, ShedReason
 from governor.doors.ndjson import Ingress
 from governor.doors.turns import FRAMES_PER_TURN, TurnQueue
 from governor.state import ClientCore, ServerState
+from govwire.address import Address
 from govwire.errors import BufferFull, GovernorError, TooManyConnections
 
 # The logger keeps its name from before the file moved: it is in every log line (logger=governor.protocol).
@@ -291,6 +292,5 @@ def peer_text(peer: object) -> str:
     """A socket's peer as one token: `HOST:PORT` (`[HOST]:PORT` for IPv6), a Unix socket's path,
     or `-` when unknown. (Its peername is a tuple, which logged as `('127.0.0.1', 52744)`.)"""
     if isinstance(peer, tuple) and len(peer) >= 2:
-        host, port = peer[0], peer[1]
-        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+        return str(Address(host=str(peer[0]), port=int(peer[1])))
     return str(peer) if peer else "-"
