@@ -15,6 +15,7 @@ from governor.fleet.redis_url import FleetRedis
 from governor.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
+from govwire.logs import LogFormat
 from govwire.options import ConfigError, option
 from govwire.vocab import MAX_FRAME_BYTES_LIMIT, MIB, Priority
 
@@ -270,7 +271,7 @@ class GovernorConfig:
         60.0, "a worker with requests in flight that sends none of them anything for this long is declared lost"
     )
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
-    log_format: Literal["logfmt", "json"] = option(
+    log_format: LogFormat = option(
         "logfmt", "log lines as logfmt (key=value) or as JSON objects; a spawned worker logs the same way"
     )
     config: str = option(

@@ -16,11 +16,12 @@ import datetime
 import logging
 import re
 import sys
-from typing import Any
+from typing import Any, Literal, get_args
 
 import orjson
 
-LOG_FORMATS = ("logfmt", "json")
+LogFormat = Literal["logfmt", "json"]  # both programs' --log-format
+LOG_FORMATS: tuple[str, ...] = get_args(LogFormat)
 
 # One `key=value` token of a template: the value either literal or made of %-specifiers.
 _TOKEN = re.compile(r"[a-z_][a-z0-9_.]*=\S*")

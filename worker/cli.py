@@ -78,14 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _log_format(args: list[str]) -> str:
-    """--log-format as given, for the one line said before the flags could be read."""
-    for i, arg in enumerate(args):
-        value = arg.partition("=")[2] if arg.startswith("--log-format=") else None
-        if arg == "--log-format" and i + 1 < len(args):
-            value = args[i + 1]
-        if value in LOG_FORMATS:
-            return value
-    return "logfmt"
+    """--log-format as given, for the one line said when the rest of the flags could not be read."""
+    alone = _Parser(add_help=False)
+    alone.add_argument("--log-format", choices=LOG_FORMATS, default="logfmt")
+    try:
+        return str(alone.parse_known_args(args)[0].log_format)
+    except StartupError:  # --log-format itself is the flag at fault
+        return "logfmt"
 
 
 def _cannot_start(message: str, log_format: str) -> int:

@@ -9,6 +9,7 @@ from typing import Literal
 
 from govwire.address import parse_address
 from govwire.auth import SharedSecret
+from govwire.logs import LogFormat
 from govwire.options import ConfigError, option
 from govwire.vocab import WORKER_TOKEN_ENV
 
@@ -87,7 +88,7 @@ class WorkerConfig:
     )
     parent_pid: int = option(0, "exit when this process is gone (set by a spawning governor); 0 = never")
     log_level: Literal["debug", "info", "warning", "error"] = option("info", "log verbosity")
-    log_format: Literal["logfmt", "json"] = option("logfmt", "log lines as logfmt (key=value) or as JSON objects")
+    log_format: LogFormat = option("logfmt", "log lines as logfmt (key=value) or as JSON objects")
 
     def __post_init__(self) -> None:
         try:
