@@ -34,7 +34,7 @@ from worker.cuda_graphs import CudaGraphCapture
 from worker.loading import LoadedModel
 from worker.prefill_budget import FLOOR, PrefillBudget
 from worker.runner import ModelRunner, StepHandle
-from worker.scheduler import NEEDS_DRAIN, ScheduledStep, Scheduler, SchedulerConfig
+from worker.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 from worker.sequence import SamplingParams, Sequence, SequenceStatus
 from worker.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -202,11 +202,12 @@ class LLMEngine:
         if self.prefill_budget is not None:  # for the batch about to decode
             rows = min(len(self.scheduler.running), self.scheduler.config.max_batch_size)
             self.scheduler.prefill_while_decoding = self.prefill_budget.while_decoding(rows)
-        scheduled = self.scheduler.schedule(started, may_preempt=self._in_flight is None)
-        if scheduled == NEEDS_DRAIN:
+        planned = self.scheduler.schedule(started, may_preempt=self._in_flight is None)
+        if planned.needs_drain:
             events = self.drain()
-            scheduled = self.scheduler.schedule(started)
-        assert scheduled != NEEDS_DRAIN  # nothing is in flight now
+            planned = self.scheduler.schedule(started)
+        assert not planned.needs_drain  # nothing is in flight now
+        scheduled = planned.step
         launched = None
         if scheduled is not None:
             launched = _Launched(scheduled, self.runner.launch(scheduled, self.scheduler.tables), started)

@@ -135,7 +135,21 @@ class ScheduledStep:
         return self.decode + [chunk.seq for chunk in self.prefill if chunk.samples]
 
 
-NEEDS_DRAIN: Final = "needs-drain"
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """`Scheduler.schedule`'s answer: the step to launch, or why there is none. Nothing to run
+    (`NOTHING`) and "this step would preempt while another is in flight, so complete that one and
+    ask again" (`NEEDS_DRAIN`) are both "no step", but the caller must tell them apart; two named
+    fields say so where a `ScheduledStep | None | "needs-drain"` union left it to a comparison
+    with a string."""
+
+    step: ScheduledStep | None = None  # None: no step now
+    needs_drain: bool = False  # (step None) drain the step in flight, then schedule again
+
+
+NOTHING: Final = Schedule()
+"""`schedule`'s answer when nothing can run."""
+NEEDS_DRAIN: Final = Schedule(needs_drain=True)
 """`schedule`'s answer when the step would preempt while another is in flight."""
 
 
@@ -171,11 +185,42 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self, now: float, may_preempt: bool = True) -> ScheduledStep | None | Literal["needs-drain"]:
+    def schedule(self, now: float, may_preempt: bool = True) -> Schedule:
         """The next step: decodes first, then prompt chunks up to the prefill budget (new prompts
-        before those under way, which keep half of it); None if nothing can run. Scheduling
+        before those under way, which keep half of it); `NOTHING` if nothing can run. Scheduling
         advances the sequences as if the step had run (`num_computed`, `num_pending`).
         `may_preempt` False: answer `NEEDS_DRAIN` instead of preempting."""
+        preemptions = self.num_preemptions
+        scheduled = self._schedule_decodes(self._steps + 1, may_preempt)
+        if scheduled is None:
+            return NEEDS_DRAIN
+        preempted = self.num_preemptions != preemptions
+        # The prompt budget: new prompts first, so a short request that arrives while a long
+        # prompt is being prefilled starts at the next step instead of after the long one's last
+        # chunk; but prompts already under way keep at least half of it, so a stream of new ones
+        # cannot starve them.
+        budget = self.config.max_prefill_tokens
+        if scheduled.decode:
+            budget = max(1, min(budget, self.prefill_while_decoding))
+        if preempted:  # a victim may have been prefilling
+            underway = [seq for seq in self.running if not seq.is_decoding]
+        else:
+            underway = list(self._prefilling)
+        kept = min(max(1, budget // 2), sum(seq.num_tokens - seq.num_computed for seq in underway))
+        budget -= kept
+        if not preempted:  # nothing is admitted in a step that preempted
+            budget = self._schedule_new_prompts(scheduled, budget, now)
+        self._schedule_underway(scheduled, underway, budget + kept)
+        if not scheduled.decode and not scheduled.prefill:
+            return NOTHING
+        self._steps = scheduled.step
+        self._in_flight.append(scheduled.step)
+        return Schedule(scheduled)
+
+    def _schedule_decodes(self, step: int, may_preempt: bool) -> ScheduledStep | None:
+        """The first phase: step `step` with a decode row for each decoding sequence it takes, up to
+        the decode batch, each given a new block when its token crosses into one (which may preempt,
+        or, `may_preempt` False, answer None instead)."""
         config = self.config
         if self._membership_changed:
             self._decoding = [seq for seq in self.running if seq.is_decoding]
@@ -199,36 +244,31 @@ class Scheduler:
                 continue  # its last token is in flight
             if seq.num_computed >= len(seq.block_table) * span:  # crosses into a new block
                 if not may_preempt and not self._grows_without_preempting(seq):
-                    return NEEDS_DRAIN
+                    return None
                 self._make_room(seq, seq.num_computed + 1)  # which may preempt one chosen before it
                 if seq.status is not SequenceStatus.RUNNING:
                     continue
             chosen.append(seq)
-        step = self._steps + 1
-        slots: list[int] = []
-        positions: list[int] = []
         if self.num_preemptions != preemptions:
             chosen = [seq for seq in chosen if seq.status is SequenceStatus.RUNNING]
+        return self._decode_rows(step, chosen)
+
+    def _decode_rows(self, step: int, chosen: list[Sequence]) -> ScheduledStep:
+        """Step `step` with a decode row for each of `chosen`, each advanced by its pending token."""
+        slots: list[int] = []
+        positions: list[int] = []
         for seq in chosen:
             slots.append(seq.slot)
             positions.append(seq.num_computed)
             seq.num_computed += 1
             seq.num_pending += 1
             seq.last_step = step
-        scheduled = ScheduledStep(step, chosen, slots, positions)
-        # The prompt budget: new prompts first, so a short request that arrives while a long
-        # prompt is being prefilled starts at the next step instead of after the long one's last
-        # chunk; but prompts already under way keep at least half of it, so a stream of new ones
-        # cannot starve them.
-        budget = config.max_prefill_tokens
-        if chosen:
-            budget = max(1, min(budget, self.prefill_while_decoding))
-        if self.num_preemptions == preemptions:
-            underway = list(self._prefilling)
-        else:  # a victim may have been prefilling
-            underway = [seq for seq in self.running if not seq.is_decoding]
-        kept = min(max(1, budget // 2), sum(seq.num_tokens - seq.num_computed for seq in underway))
-        budget -= kept
+        return ScheduledStep(step, chosen, slots, positions)
+
+    def _schedule_new_prompts(self, scheduled: ScheduledStep, budget: int, now: float) -> int:
+        """The second phase: admit waiting sequences in order (FIFO, the head blocking those behind
+        it) while the step has room, each with its first chunk; the budget left."""
+        config = self.config
         admitted = 0
         waiting = self.waiting
         while (
@@ -237,7 +277,6 @@ class Scheduler:
             and admitted < config.prefill_max_batch_size
             and len(self.running) < config.running_cap
             and self._free_slots
-            and self.num_preemptions == preemptions
         ):
             seq = waiting[0]
             need = seq.max_kv_tokens if self._worst_case else seq.num_tokens
@@ -253,16 +292,15 @@ class Scheduler:
             self.running[seq] = None
             self._membership_changed = True
             admitted += 1
-            budget -= self._add_prefill_chunk(scheduled, seq, budget, step)
-        budget += kept
+            budget -= self._add_prefill_chunk(scheduled, seq, budget)
+        return budget
+
+    def _schedule_underway(self, scheduled: ScheduledStep, underway: list[Sequence], budget: int) -> None:
+        """The third phase: the next chunk of each prompt under way, in order, while budget is left."""
         for seq in underway:
-            if budget:
-                budget -= self._add_prefill_chunk(scheduled, seq, budget, step)
-        if not chosen and not scheduled.prefill:
-            return None
-        self._steps = step
-        self._in_flight.append(step)
-        return scheduled
+            if not budget:
+                break
+            budget -= self._add_prefill_chunk(scheduled, seq, budget)
 
     def step_done(self, step: int) -> None:
         """Step `step` (and every earlier one) has run: what ended meanwhile gives back its blocks."""
@@ -309,13 +347,13 @@ class Scheduler:
         table = seq.block_table
         self.tables[seq.slot, start : len(table)] = table[start:]
 
-    def _add_prefill_chunk(self, scheduled: ScheduledStep, seq: Sequence, budget: int, step: int) -> int:
+    def _add_prefill_chunk(self, scheduled: ScheduledStep, seq: Sequence, budget: int) -> int:
         start = seq.num_computed
         end = min(seq.num_tokens, start + budget)
         samples = end == seq.num_tokens
         scheduled.prefill.append(Chunk(seq, start, end, samples))
         seq.num_computed = end
-        seq.last_step = step
+        seq.last_step = scheduled.step
         if samples:
             seq.num_pending += 1
             seq.is_decoding = True

@@ -39,11 +39,12 @@ class Rows(list[Row]):
 
 def schedule(s: Scheduler, now: float = 0.0) -> Rows:
     """The next step's rows, decode rows first."""
-    step = s.schedule(now)
+    planned = s.schedule(now)
+    assert not planned.needs_drain
+    step = planned.step
     rows = Rows()
     if step is None:
         return rows
-    assert step != "needs-drain"
     rows.step = step.step
     rows += [Row(x, p, p + 1, True, False) for x, p in zip(step.decode, step.positions, strict=True)]
     rows += [Row(c.seq, c.start, c.end, c.samples, True) for c in step.prefill]
