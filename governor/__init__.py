@@ -9,11 +9,11 @@ The path of a frame through the folders:
     fleet/         caps shared with other replicas: a lease (one more limit) renewed in Redis
 
 Beside them: `accounting.py` (every count), `latency.py` (the histograms), `state.py` (what every
-connection shares), `metrics.py` and `metrics_server.py` (Prometheus), and the server shell that
-builds and runs it all: `cli.py`, `config.py`, `config_file.py`, `server.py`, `spawned.py` and
-`supervisor.py` (the workers it spawns and restarts), `status.py`. Nothing imports the shell.
-`client/` and `bench/` talk to a governor through its socket. The wire contract it shares with
-the worker lives in the `govwire` package; tests/unit/test_layers.py checks who imports whom.
+connection shares), `report/` (the read side: Prometheus, the status page) and `shell/`, which
+reads the configuration, builds and runs it all, and spawns and restarts the workers. Nothing
+imports the shell. `client/` and `bench/` talk to a governor through its socket. The wire contract
+it shares with the worker lives in the `govwire` package; tests/unit/test_layers.py checks who
+imports whom.
 """
 
 from govwire import __version__

@@ -1,3 +1,3 @@
-from governor.cli import main
+from governor.shell.cli import main
 
 raise SystemExit(main())

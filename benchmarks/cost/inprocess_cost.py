@@ -29,12 +29,12 @@ from benchmarks.harness.common import machine, markdown_table
 from benchmarks.harness.results import Sitting
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.ttft import TtftModel
-from governor.config import GovernorConfig
 from governor.doors.ndjson import Ingress
 from governor.doors.turns import FRAMES_PER_TURN
 from governor.links.upstream import Upstream
 from governor.links.worker_link import WorkerLink
-from governor.server import build_state
+from governor.shell.config import GovernorConfig
+from governor.shell.server import build_state
 from governor.state import ServerState
 from govwire.address import Address
 from govwire.codec import encode, encode_done, encode_token, generate_frame

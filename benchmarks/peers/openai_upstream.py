@@ -70,7 +70,7 @@ from benchmarks.harness.common import fmt, free_port, machine, markdown_table, o
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
 from governor.bench.stats import percentile
-from governor.config import GovernorConfig
+from governor.shell.config import GovernorConfig
 from tests.openai_server import TransformersServe
 from tests.tiny_gpt2 import save_tiny_gpt2
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from governor.gateway_policy import GatewayPolicy
+from governor.doors.gateway_policy import GatewayPolicy
 from govwire.errors import BadFrame
 from govwire.request import MAX_DEADLINE_MS, is_tenant_name
 from govwire.vocab import Priority, YieldReason

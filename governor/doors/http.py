@@ -47,6 +47,7 @@ from governor.doors.gateway import (
     QUEUE_DURATION,
     SATURATED,
 )
+from governor.doors.gateway_policy import GatewayPolicy
 from governor.doors.openai_api import (
     DONE_EVENT,
     STATUS_OF_CODE,
@@ -65,7 +66,6 @@ from governor.doors.openai_api import (
     wants_usage,
 )
 from governor.doors.shared import admit_and_dispatch, flush_pending
-from governor.gateway_policy import GatewayPolicy
 from governor.lifecycle import InflightRequest
 from governor.lobby import Held
 from governor.state import ServerState

@@ -3,7 +3,7 @@ HPA's adapter rules name is exported, a real Prometheus evaluates them all (scra
 prometheus.yml does and as the Prometheus Operator does for the ServiceMonitor), and promtool
 accepts the exposition.
 
-A metric renamed in governor/metrics.py would otherwise leave deploy/ querying nothing, silently:
+A metric renamed in governor/report/metrics.py would otherwise leave deploy/ querying nothing, silently:
 an alert on an absent series never fires. The governor runs the real GPT-2 engine (tiny random
 weights) so that the worker's pushed statistics appear too, and joins a fleet on a real Redis so
 that the fleet's series do.

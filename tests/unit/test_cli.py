@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from governor.cli import describe_yield, printable
 from governor.client import Yielded
+from governor.shell.cli import describe_yield, printable
 
 
 def test_send_escapes_control_characters_but_keeps_text_newlines_and_tabs() -> None:

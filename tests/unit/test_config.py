@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from governor import cli
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
-from governor.config import GovernorConfig, parse_endpoint
-from governor.server import is_loopback
+from governor.shell import cli
+from governor.shell.config import GovernorConfig, parse_endpoint
+from governor.shell.server import is_loopback
 from govwire.address import Address, parse_address
 from govwire.options import ConfigError
 from govwire.vocab import DEFAULT_TENANT
@@ -159,7 +159,7 @@ def test_a_bad_endpoint_is_refused_naming_it(spec: str) -> None:
 
 
 def test_spawned_workers_get_one_gpu_each() -> None:
-    from governor.spawned import gpu_assignment
+    from governor.shell.spawned import gpu_assignment
 
     assert gpu_assignment(1, "3") == [None]  # a single worker keeps the environment
     assert gpu_assignment(3, None) == ["0", "1", "2"]

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import yaml
 
-from governor.cli import build_parser as governor_parser
-from governor.config import GovernorConfig
-from governor.config_file import load_config
+from governor.shell.cli import build_parser as governor_parser
+from governor.shell.config import GovernorConfig
+from governor.shell.config_file import load_config
 from govwire.options import ConfigError, given
 from worker.cli import build_parser as worker_parser
 from worker.config import WorkerConfig
@@ -93,7 +93,7 @@ def _with_readable_secrets(values: dict[str, Any], secret: Path) -> tuple[dict[s
 
 
 def parse_governor(argv: Sequence[str], secret: Path) -> Parsed:
-    """`argv` after the `governor` program name, split at `--` as governor.cli.main does."""
+    """`argv` after the `governor` program name, split at `--` as governor.shell.cli.main does."""
     args, worker_args = list(argv), []
     if "--" in args:
         cut = args.index("--")

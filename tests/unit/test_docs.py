@@ -8,11 +8,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from governor.cli import build_parser as governor_parser
 from governor.fleet.lease import FleetLease, FleetPolicy
 from governor.fleet.member import FleetMember
 from governor.links.upstream import Upstream
-from governor.metrics import build_registry
+from governor.report.metrics import build_registry
+from governor.shell.cli import build_parser as governor_parser
 from govwire.messages import STATS_FIELDS
 from tests.fakes import make_state
 from worker.cli import build_parser as worker_parser

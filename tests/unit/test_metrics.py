@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.links.upstream import Upstream
-from governor.metrics import Histogram, build_registry
+from governor.report.metrics import Histogram, build_registry
 from governor.state import ServerState
 from govwire.address import Address
 from govwire.codec import encode, generate_frame

@@ -9,7 +9,7 @@ from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission.tenant import TenantLimits
 from governor.fleet.lease import FleetLease, FleetPolicy, LeaseReply
 from governor.fleet.member import FleetMember
-from governor.status import render_status
+from governor.report.status import render_status
 from govwire.vocab import Priority
 from tests.fakes import make_state
 

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-import governor.supervisor as supervisor_module
-from governor.supervisor import WorkerSupervisor
+import governor.shell.supervisor as supervisor_module
+from governor.shell.supervisor import WorkerSupervisor
 
 
 class FakeProcess:

@@ -21,10 +21,10 @@ from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant
 from governor.admission.priority import CeilingPolicy
 from governor.admission.tenant import TenantLimits, parse_tenant
-from governor.config import GovernorConfig
-from governor.config_file import read_config_file
 from governor.doors.ndjson import Ingress
 from governor.lifecycle import InflightRequest
+from governor.shell.config import GovernorConfig
+from governor.shell.config_file import read_config_file
 from governor.state import ServerState
 from govwire.auth import SharedSecret, TenantSecrets
 from govwire.codec import encode, generate_frame

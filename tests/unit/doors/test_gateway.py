@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from governor.doors import gateway
 from governor.doors.gateway import GatewayAsk, apply, read
-from governor.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
+from governor.doors.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
 from govwire.errors import BadFrame
 from govwire.vocab import Priority, YieldReason
 

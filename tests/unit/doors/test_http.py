@@ -20,8 +20,8 @@ from governor.admission.hints import RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import TenantLimits
 from governor.doors import gateway
+from governor.doors.gateway_policy import GatewayPolicy
 from governor.doors.http import HttpIngress, HttpLimits
-from governor.gateway_policy import GatewayPolicy
 from governor.state import ServerState
 from govwire.auth import TenantSecrets
 from govwire.codec import encode_token

@@ -17,7 +17,6 @@ from lupa import lua51
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
-from governor.config import GovernorConfig
 from governor.fleet.lease import (
     CLOCK_MARGIN,
     LEASE_SCRIPT,
@@ -28,6 +27,7 @@ from governor.fleet.lease import (
     WaitLedger,
 )
 from governor.fleet.redis_url import FleetRedis
+from governor.shell.config import GovernorConfig
 from govwire.errors import OverBudget
 from govwire.options import ConfigError
 from tests.fakes import make_state

@@ -26,8 +26,8 @@ from governor.client import (
     Yielded,
     default_address,
 )
-from governor.config import GovernorConfig
-from governor.config_file import config_sources, load_config, render_config
+from governor.shell.config import GovernorConfig
+from governor.shell.config_file import config_sources, load_config, render_config
 from govwire.auth import SharedSecret
 from govwire.codec import encode_error, encode_yield
 from govwire.errors import WorkerUnavailable
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from governor.status import render_status
+    from governor.report.status import render_status
 
     if not args.interval > 0:
         raise SystemExit("governor status: error: --interval must be > 0")
@@ -192,7 +192,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _serve(config: GovernorConfig) -> int:
-    from governor.server import Server
+    from governor.shell.server import Server
 
     configure_logging(config.log_level, "governor", config.log_format)
     try:

@@ -10,9 +10,9 @@ from urllib.parse import urlsplit
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.admission.priority import CeilingPolicy, parse_allowance
 from governor.admission.tenant import TenantLimits, parse_tenant
+from governor.doors.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
 from governor.fleet.lease import FleetPolicy
 from governor.fleet.redis_url import FleetRedis
-from governor.gateway_policy import GatewayPolicy, parse_objective, parse_trusted
 from govwire.address import Address, parse_address
 from govwire.auth import PLACEHOLDER_PREFIX, SharedSecret, TenantSecrets
 from govwire.logs import LogFormat

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from governor.admission.endpoint import EndpointLimits
 from governor.links.worker_link import WorkerLink
-from governor.supervisor import WorkerExit, WorkerSupervisor
+from governor.shell.supervisor import WorkerExit, WorkerSupervisor
 from govwire.address import Address
 from govwire.auth import SharedSecret
 from govwire.vocab import WORKER_TOKEN_ENV

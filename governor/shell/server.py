@@ -22,8 +22,6 @@ from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.ttft import TtftModel
-from governor.config import GovernorConfig, parse_endpoint
-from governor.config_file import reload_config
 from governor.doors.connection import ConnectionLimits, GovernorProtocol
 from governor.doors.http import HttpIngress, HttpLimits
 from governor.doors.turns import TurnQueue
@@ -34,9 +32,11 @@ from governor.lifecycle import Phase
 from governor.links.health import HealthPolicy
 from governor.links.openai_link import OpenAILink
 from governor.links.upstream import Upstream
-from governor.metrics import build_registry
-from governor.metrics_server import MetricsEndpoint
-from governor.spawned import SPAWNED, SpawnedWorkers
+from governor.report.metrics import build_registry
+from governor.report.metrics_server import MetricsEndpoint
+from governor.shell.config import GovernorConfig, parse_endpoint
+from governor.shell.config_file import reload_config
+from governor.shell.spawned import SPAWNED, SpawnedWorkers
 from governor.state import ClientCore, ServerState
 from govwire.address import Address
 from govwire.auth import TenantSecrets
