@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from worker.kernels.decode_attention import DecodeAttentionKernel
+from worker.kernels.decode_attention import StepAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,20 +55,15 @@ class DecodeAttention(Protocol):
 
 
 class KernelDecode:
+    """A step's decode rows bound to the C kernel as a `DecodeAttention` (the protocol's argument
+    order, and a name for torch.profiler). `DecodeAttentionKernel.prepare` binds them, checking
+    the index tensors once for the step: rows [B], tables [B, W], lens [B] and slots [N] (needed:
+    the kernel writes the rows' own keys and values), int64 on the CPU."""
+
     writes_kv = True
 
-    def __init__(
-        self,
-        kernel: DecodeAttentionKernel,
-        rows: Tensor,
-        tables: Tensor,
-        lens: Tensor,
-        block_size: int,
-        scale: float,
-        slots: Tensor,
-    ) -> None:
-        # rows [B], tables [B, W], lens [B], slots [N] int64 on the CPU: checked here, once for the step
-        self.step = kernel.prepare(rows, tables, lens, block_size, scale, slots)
+    def __init__(self, step: StepAttention) -> None:
+        self.step = step
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, out: Tensor) -> None:
         # Named for torch.profiler, which sees no torch op inside a ctypes call.

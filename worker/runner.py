@@ -312,7 +312,7 @@ class ModelRunner:
         if not max_len:
             return None
         if self.kernel is not None:
-            return KernelDecode(self.kernel, rows, tables, lens, self.block_size, self.scale, slots)
+            return KernelDecode(self.kernel.prepare(rows, tables, lens, self.block_size, self.scale, slots))
         return GatherDecode(rows, tables, lens, max_len, self.block_size, self.scale)
 
     def _stage(self, ints: list[np.ndarray], floats: list[np.ndarray]) -> tuple[list[Tensor], list[Tensor]]:

@@ -74,7 +74,7 @@ def run(
     before = keys.clone(), values.clone()
     out = torch.full((q.shape[0], H, D), 7.0, dtype=q.dtype)
     if decode_cls == "kernel":
-        KernelDecode(kernel, rows, tables, lens, BLOCK, SCALE, slots)(q, new_k, new_v, keys, values, out)
+        KernelDecode(kernel.prepare(rows, tables, lens, BLOCK, SCALE, slots))(q, new_k, new_v, keys, values, out)
     else:
         keys.index_copy_(1, slots[rows], new_k[rows].transpose(0, 1))
         values.index_copy_(1, slots[rows], new_v[rows].transpose(0, 1))
