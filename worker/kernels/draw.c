@@ -1,10 +1,10 @@
 /* Sampled rows on the CPU: temperature, top-k and top-p draws without sorting the vocabulary.
  *
- * The draw is the one worker/sampling.py defines (and tests/unit/test_sampling.py checks against
- * float64): tokens in order of likelihood, most likely first and ties by token id; top-k keeps
- * every token at least as likely as the k-th; top-p keeps tokens while the mass before them is
- * below top_p (after top-k, renormalised); a plain temperature draw (neither filter) walks the 64
- * most likely tokens, then the others by id. The token is the first whose cumulative mass, in
+ * The draw is the one worker/sampling.py defines (and tests/unit/worker/test_sampling.py checks
+ * against float64): tokens in order of likelihood, most likely first and ties by token id; top-k
+ * keeps every token at least as likely as the k-th; top-p keeps tokens while the mass before them
+ * is below top_p (after top-k, renormalised); a plain temperature draw (neither filter) walks the
+ * 64 most likely tokens, then the others by id. The token is the first whose cumulative mass, in
  * that order, passes uniform * (the kept mass).
  *
  * Why not sort: a random-weight or high-temperature row is flat, its top-p set is most of a

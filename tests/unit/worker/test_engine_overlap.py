@@ -18,8 +18,8 @@ import pytest
 from torch import Tensor
 
 from tests.engine_run import PROMPTS, drain, request
-from tests.unit.test_cuda_graphs import EagerCapture
-from tests.unit.test_engine_paging import run_in_two_waves, shared_prefix_requests
+from tests.unit.worker.test_cuda_graphs import EagerCapture
+from tests.unit.worker.test_engine_paging import run_in_two_waves, shared_prefix_requests
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.loading import LoadedModel
 from worker.prefill_budget import FLOOR

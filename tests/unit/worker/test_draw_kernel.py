@@ -66,7 +66,7 @@ def test_draws_from_either_path_hold_their_uniform(
     """Uniforms spread over [0, 1), the last ones close to 1, so that draws fall past a row's
     likely tokens (the listed path's edges) as well as among them, on peaked rows and on flat ones
     (more likely tokens than it lists: the bucketed path)."""
-    from tests.unit.test_sampling import reference_interval
+    from tests.unit.worker.test_sampling import reference_interval
 
     m, temperature = 64, 0.7
     logits = torch.randn(m, vocab, generator=torch.Generator().manual_seed(vocab + int(spread))) * spread

@@ -33,7 +33,7 @@ print(held - rss_kib())
 
 
 def kib_handed_back(mode: str) -> int:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", STEP, mode], cwd=root, capture_output=True, text=True, timeout=60, check=True
     )
