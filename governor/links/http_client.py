@@ -102,14 +102,18 @@ class HttpPool:
         call.send()
         return call
 
-    def _take_idle(self) -> HttpConnection | None:
+    # -- its calls' and connections' side ----------------------------------------------------------
+
+    def take_idle(self) -> HttpConnection | None:
+        """The most recently released connection still open, if any (Call.send)."""
         while self._idle:
             connection, _ = self._idle.popitem()
             if not connection.closed:
                 return connection
         return None
 
-    async def _connect(self) -> HttpConnection:
+    async def connect(self) -> HttpConnection:
+        """A new connection (Call); `ConnectTimeout` or `ConnectFailed` when none is made."""
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
@@ -127,10 +131,20 @@ class HttpPool:
             raise ConnectFailed(f"{self.host}:{self.port}: {exc.strerror or exc}") from None
         return connection
 
-    def _release(self, connection: HttpConnection) -> None:
+    def opened(self, connection: HttpConnection) -> None:
+        """A connection is made: `close` aborts it until it is lost."""
+        self._all.add(connection)
+
+    def release(self, connection: HttpConnection) -> None:
+        """Its response ended and both sides keep it alive: the next request may take it."""
         self._idle[connection] = None
 
-    def _forget(self, connection: HttpConnection) -> None:
+    def withdraw(self, connection: HttpConnection) -> None:
+        """It is closing: no request takes it."""
+        self._idle.pop(connection, None)
+
+    def forget(self, connection: HttpConnection) -> None:
+        """It is lost."""
         self._idle.pop(connection, None)
         self._all.discard(connection)
 
@@ -158,7 +172,7 @@ class Call:
         self._aborted = False
 
     def send(self) -> None:
-        connection = self._pool._take_idle()
+        connection = self._pool.take_idle()
         if connection is not None:
             self._connection = connection
             connection.send(self._payload, self._handler, self, self._stall_s)
@@ -167,7 +181,7 @@ class Call:
 
     async def _send_new(self) -> None:
         try:
-            connection = await self._pool._connect()
+            connection = await self._pool.connect()
         except HttpClientError as exc:
             self._task = None
             self._handler.response_failed(exc)
@@ -226,7 +240,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # (uvloop's is not an asyncio.Transport)
-        self._pool._all.add(self)
+        self._pool.opened(self)
 
     def data_received(self, data: bytes) -> None:
         handler = self._handler
@@ -248,7 +262,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._pool._forget(self)
+        self._pool.forget(self)
         handler = self._handler
         if handler is None:
             return
@@ -299,7 +313,7 @@ class HttpConnection(asyncio.Protocol):
         self._detach()
         if keep_alive and not self.closed:
             self.reused = True
-            self._pool._release(self)
+            self._pool.release(self)
         else:
             self.abort()
         if handler is not None:
@@ -315,7 +329,7 @@ class HttpConnection(asyncio.Protocol):
         self._detach()
         if not self.closed:
             self.closed = True
-            self._pool._idle.pop(self, None)
+            self._pool.withdraw(self)
             if self._transport is not None:
                 self._transport.abort()
 
