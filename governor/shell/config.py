@@ -283,13 +283,38 @@ class GovernorConfig:
     """Fields given as flags: a reloaded config file does not change them."""
 
     def __post_init__(self) -> None:
-        checks: list[tuple[bool, str]] = [
+        """Refuse a configuration that cannot run, naming the flag to change. Each setting's range
+        first, in four tables read in one order (a later check may lean on an earlier one: a bound
+        read against another setting comes after that setting's own check); then what reading the
+        secret files and parsing the endpoints, tenants, classes, gateways and fleet finds."""
+        ranges = (*self._listener_ranges(), *self._admission_ranges(), *self._process_ranges(), *self._cost_ranges())
+        for ok, message in ranges:
+            if not ok:
+                raise ConfigError(message)
+        self.client_secret()
+        self.worker_secret()
+        self._check_worker_source()
+        self._check_endpoints()
+        self.tenant_limits()
+        self.ceiling_policy()
+        self.gateway_policy()
+        self._check_fleet()
+
+    def _listener_ranges(self) -> list[tuple[bool, str]]:
+        """The ports and the front door's own limits: (holds, the message when it does not)."""
+        return [
             (0 <= self.port < 65536, "--port must be in [0, 65535]"),
             (0 <= self.metrics_port < 65536, "--metrics-port must be in [0, 65535]"),
             (0 <= self.http_port < 65536, "--http-port must be in [0, 65535]"),
             (self.http_request_timeout_s > 0, "--http-request-timeout-s must be > 0"),
             (self.http_max_pipelined >= 1, "--http-max-pipelined must be >= 1"),
             (bool(self.served_model.strip()), "--served-model must not be empty"),
+        ]
+
+    def _admission_ranges(self) -> list[tuple[bool, str]]:
+        """The in-flight cap, the hints and promises, and what one frame may ask. The front door's
+        bound on them comes last: it compares the hint bounds checked just before it."""
+        return [
             (self.max_inflight >= 1, "--max-inflight must be >= 1"),
             (self.retry_hint_ms > 0, "--retry-hint-ms must be > 0"),
             (self.appointment_grace_ms > 0, "--appointment-grace-ms must be > 0"),
@@ -308,6 +333,12 @@ class GovernorConfig:
                 f"with --http-port, --promise-horizon-ms and --retry-hint-max-ms must be <= {SDK_MAX_RETRY_AFTER_MS}:"
                 " the OpenAI SDKs give up on a longer Retry-After",
             ),
+        ]
+
+    def _process_ranges(self) -> list[tuple[bool, str]]:
+        """The drain, the rate cap, the workers, the connections and their buffers, and the workers'
+        health checks. The buffer must hold a whole frame: it comes after --max-frame-bytes."""
+        return [
             (self.drain_timeout_s >= 0, "--drain-timeout-s must be >= 0"),
             (
                 math.isfinite(self.max_qps + self.qps_burst) and self.max_qps >= 0 and self.qps_burst >= 0,
@@ -323,6 +354,13 @@ class GovernorConfig:
                 0 < self.worker_ping_interval_s <= self.worker_ping_timeout_s < math.inf,
                 "--worker-ping-interval-s must be > 0 and <= --worker-ping-timeout-s",
             ),
+        ]
+
+    def _cost_ranges(self) -> list[tuple[bool, str]]:
+        """The bursts and token caps, what a token costs, the deadline margin, the adaptive limit
+        and the tenants' shares. A burst of 0 means the default, so it is checked apart from the
+        rate's own range above; the adaptive floor lies under --max-inflight, checked before."""
+        return [
             (not self.qps_burst or self.qps_burst >= 1, "--qps-burst must be >= 1 (or 0 for the default)"),
             (self.max_inflight_tokens >= 0, "--max-inflight-tokens must be >= 0"),
             (
@@ -344,17 +382,20 @@ class GovernorConfig:
             (1 <= self.adaptive_slowdown < math.inf, "--adaptive-slowdown must be finite and >= 1"),
             (0 <= self.tenant_share_from <= 1, "--tenant-share-from must be in [0, 1]"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        self.client_secret()
-        self.worker_secret()
+
+    def _check_worker_source(self) -> None:
+        """Workers come either from --worker endpoints or spawned by --workers, never both: a flag
+        meant for one kind would be silently ignored by the other."""
         if self.worker_auth_token_file and not self.worker:
             raise ConfigError("--worker-auth-token-file is for --worker endpoints; spawned ones get a per-run secret")
         if self.worker and self.workers > 1:
             raise ConfigError("--workers spawns local workers; it cannot be combined with --worker endpoints")
         if self.worker and self.worker_args:
             raise ConfigError("worker flags after -- only apply to a spawned worker; drop them or --worker")
+
+    def _check_endpoints(self) -> None:
+        """Every --worker parses, its API key file reads, and none is listed twice: an endpoint's
+        address is its name (in the pool, the metrics and a reload's matching)."""
         seen: set[str] = set()
         for text in self.worker:
             try:
@@ -367,9 +408,11 @@ class GovernorConfig:
             if address in seen:
                 raise ConfigError(f"--worker {address} is listed twice")
             seen.add(address)
-        self.tenant_limits()
-        self.ceiling_policy()
-        self.gateway_policy()
+
+    def _check_fleet(self) -> None:
+        """--fleet and the fleet caps come together (a cap with no Redis to share it through, or
+        a Redis with nothing to share, is a mistake, not a default), and its URL parses with a
+        password that is not the shipped placeholder."""
         policy = self.fleet_policy()
         if self.fleet and not policy.any:
             raise ConfigError("--fleet needs a fleet cap: --fleet-max-inflight, --fleet-max-qps or a token one")
@@ -488,6 +531,17 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
     `served_as=NAME` (its name at the front door) and `ignore_eos=pass|refuse` too."""
     address, *options = text.split(",")
     is_http = address.startswith(("http://", "https://"))
+    values, target = _endpoint_options(options, is_http)
+    limits = EndpointLimits(**values)  # type: ignore[arg-type]
+    if not is_http:
+        return parse_address(address), limits
+    return _openai_target(address, target), limits
+
+
+def _endpoint_options(options: list[str], is_http: bool) -> tuple[dict[str, int | float], dict[str, str]]:
+    """An endpoint's `key=value` options, split into its numeric limits and (for an http(s) URL)
+    the keys that describe its target; one error per bad option, in the order written, so a typo
+    is named before any check of what the options mean."""
     values: dict[str, int | float] = {}
     target: dict[str, str] = {}
     for item in options:
@@ -503,9 +557,13 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
             values[key] = kind(value)
         except ValueError:
             raise ValueError(f"{key}={value!r} is not a number") from None
-    limits = EndpointLimits(**values)  # type: ignore[arg-type]
-    if not is_http:
-        return parse_address(address), limits
+    return values, target
+
+
+def _openai_target(address: str, target: dict[str, str]) -> OpenAITarget:
+    """An OpenAI-compatible endpoint from its URL and target keys: the URL must name a host (and
+    a numeric port, if any), `model` is required (the name its requests carry upstream), and
+    `served_as`, when given, must name one (front-door clients send it)."""
     try:
         url = urlsplit(address)
         url.port  # noqa: B018 (a port that is not a number raises here)
@@ -521,13 +579,10 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
     served_as = target.get("served_as", "")
     if "served_as" in target and not served_as:
         raise ValueError("served_as must name the model (it is what front-door clients send)")
-    return (
-        OpenAITarget(
-            address.rstrip("/"),
-            target["model"],
-            target.get("api_key_file", ""),
-            served_as,
-            ignore_eos,  # type: ignore[arg-type]
-        ),
-        limits,
+    return OpenAITarget(
+        address.rstrip("/"),
+        target["model"],
+        target.get("api_key_file", ""),
+        served_as,
+        ignore_eos,  # type: ignore[arg-type]
     )
