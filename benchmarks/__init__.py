@@ -2,7 +2,8 @@
 
     harness/     what the benchmarks share: starting governors and workers on loopback, local model
                  directories, the load clients they start as processes, alternating rounds, the
-                 open-loop experiment skeleton, and the result files
+                 open-loop experiment skeleton, and the result files; fixtures/ in it, the servers
+                 and tiny model the tests start too (benchmarks never import tests/)
     peers/       the governor and its engine beside other software, in the same sitting: nginx and
                  HAProxy, llama.cpp's server, transformers serve, aiperf and guidellm, httpx/aiohttp
     cost/        the governor's own cost: refusals/s and added latency against a bare server and

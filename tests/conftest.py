@@ -15,6 +15,6 @@ settings.load_profile("governor")
 @pytest.fixture(scope="session")
 def tiny_gpt2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny GPT-2 directory (config, weights, tokenizer) as `save_pretrained` writes it."""
-    from tests.tiny_gpt2 import save_tiny_gpt2
+    from benchmarks.harness.fixtures.tiny_gpt2 import save_tiny_gpt2
 
     return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"))

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import yaml
 
+from benchmarks.harness.fixtures.redis_server import free_port
 from tests.deploy_tools import tool
 from tests.polling import wait_until
-from tests.redis_server import free_port
 
 
 class PrometheusError(AssertionError):

@@ -49,9 +49,9 @@ from benchmarks.harness.common import (
     wait_for_port,
     wait_until,
 )
+from benchmarks.harness.fixtures.redis_server import RedisServer
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
-from tests.redis_server import RedisServer
 
 CAP, QPS = 32, 300.0
 KILL_TAIL = ("--fleet-hold-s", "0.5", "--fleet-max-request-s", "1")

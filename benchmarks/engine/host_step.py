@@ -2,11 +2,12 @@
 
     python -m benchmarks.engine.host_step [--batch 256] [--prompt-tokens 32] [--new-tokens 64] [--steps 32]
 
-The tests' tiny GPT-2 (2 layers, 64 wide, a trained 400-entry byte-level BPE; tests/tiny_gpt2.py),
-loaded through `from_pretrained` on the CPU in float32: its forward is small, so a step is mostly
-the host's work, which is what this measures. `--batch` requests of `--prompt-tokens`-token
-prompts each generate `--new-tokens` tokens, end-of-sequence ignored, under `--max-batch-size
---batch`. After the prefill, `--steps` decode steps are timed phase by phase:
+The tests' tiny GPT-2 (2 layers, 64 wide, a trained 400-entry byte-level BPE;
+benchmarks/harness/fixtures/tiny_gpt2.py), loaded through `from_pretrained` on the CPU in float32:
+its forward is small, so a step is mostly the host's work, which is what this measures. `--batch`
+requests of `--prompt-tokens`-token prompts each generate `--new-tokens` tokens, end-of-sequence
+ignored, under `--max-batch-size --batch`. After the prefill, `--steps` decode steps are timed
+phase by phase:
 
 - schedule: `Scheduler.schedule` (who runs, block checks, the persistent batch's counters);
 - plan + stage: `ModelRunner.launch` less the device's part of the step (`_execute`: the forward,
@@ -34,10 +35,10 @@ from typing import Any
 import torch
 
 from benchmarks.harness.common import machine
+from benchmarks.harness.fixtures.tiny_gpt2 import save_tiny_gpt2
 from benchmarks.harness.results import Sitting
 from govwire.codec import encode_token
 from govwire.request import GenerateRequest
-from tests.tiny_gpt2 import save_tiny_gpt2
 from worker.backends.gpt2 import _dispatch
 from worker.engine import LLMEngine, TokenEvent
 from worker.loading import load

@@ -1,11 +1,11 @@
 """The governor in front of a third-party OpenAI-compatible server: a burst straight at `transformers
 serve`, and the same burst through the governor's front door with the server as an endpoint.
 
-`transformers serve` (transformers' own FastAPI app, tests/openai_server.py, its default settings)
-serves the tiny GPT-2 the tests save (tests/tiny_gpt2.py) on the CPU. It generates one request at a
-time and queues the rest inside, each waiting stream already holding its 200. A burst of `--burst`
-streaming `/v1/completions` requests (distinct prompts, `max_tokens` `--max-tokens`, usage asked
-for) is released at once, each on a connection of its own:
+`transformers serve` (transformers' own FastAPI app, benchmarks/harness/fixtures/openai_server.py, its
+default settings) serves the tiny GPT-2 the tests save (benchmarks/harness/fixtures/tiny_gpt2.py) on
+the CPU. It generates one request at a time and queues the rest inside, each waiting stream already
+holding its 200. A burst of `--burst` streaming `/v1/completions` requests (distinct prompts,
+`max_tokens` `--max-tokens`, usage asked for) is released at once, each on a connection of its own:
 
 - direct: at `transformers serve`;
 - through the governor (`--http-port`, one endpoint `--worker http://.../v1,model=DIR,concurrency=K`)
@@ -67,12 +67,12 @@ from httpx_sse import EventSource
 
 from benchmarks.cost.http_front import cpu_seconds
 from benchmarks.harness.common import fmt, free_port, machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.harness.fixtures.openai_server import TransformersServe
+from benchmarks.harness.fixtures.tiny_gpt2 import save_tiny_gpt2
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
 from governor.bench.stats import percentile
 from governor.shell.config import GovernorConfig
-from tests.openai_server import TransformersServe
-from tests.tiny_gpt2 import save_tiny_gpt2
 
 DIRECT = "direct"
 REFUSED_FOR_GOOD = "refused for good (429, x-should-retry: false)"
@@ -680,7 +680,7 @@ def main() -> None:
     print(f"\ncommand: `{command.strip()}`\nmachine: {machine()}\n")
     print(
         f"`transformers serve` (its defaults, CPU, torch threads: {args.server_threads or 'default'}) serving the tiny"
-        " GPT-2 of tests/tiny_gpt2.py; bursts of"
+        " GPT-2 of benchmarks/harness/fixtures/tiny_gpt2.py; bursts of"
         f" {args.burst} streaming requests, max_tokens {args.max_tokens}, {args.client} client; {args.rounds} rounds;"
         f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}\n"
     )

@@ -1,19 +1,20 @@
 """The fleet at scale and through faults: governor replicas sharing one echo worker (the upstream
 the fleet cap protects: 5 tokens 20 ms apart, about 85 ms a request) and one real redis-server.
 The fleet's concurrency is read where it matters, at that worker, and the grants in Redis (every
-node's, the most of them), both every 10 ms (tests/fleet_probe.py); the load is closed-loop
-clients that wait out each yield's hint.
+node's, the most of them), both every 10 ms (benchmarks/harness/fixtures/fleet_probe.py); the load
+is closed-loop clients that wait out each yield's hint.
 
 1. **Scale.** 16 replicas, `--fleet-max-inflight 64`, 80 clients skewed over 8 of them (16, 12,
    12, 10, 10, 8, 6, 6) for `--seconds`; halfway, the load moves to the other 8. Samples over the
    cap (worker, Redis); the mean use of the cap once settled; how long after the shift the cap
    is 90% in use again (100 ms windows); Redis's CPU (from /proc) and commands per second.
 2. **Partition.** 4 replicas, cap 8, 6 clients each; one replica's path to Redis is black-holed
-   (tests/fault_proxy.py: connections open, nothing answered) for `--partition-s` while it goes
-   on serving. Once with each fallback: `local` (the unreserved opt-in, the old default),
-   `closed` and `hold` (hold 1 s), both with `--fleet-max-request-s 0.25` (requests last ~85 ms).
-   Samples over the cap; when the cut-off replica's reservation went back to the others after the
-   cut; when it was leased again, and holding a share again, after the path healed.
+   (benchmarks/harness/fixtures/fault_proxy.py: connections open, nothing answered) for
+   `--partition-s` while it goes on serving. Once with each fallback: `local` (the unreserved
+   opt-in, the old default), `closed` and `hold` (hold 1 s), both with `--fleet-max-request-s
+   0.25` (requests last ~85 ms). Samples over the cap; when the cut-off replica's reservation went
+   back to the others after the cut; when it was leased again, and holding a share again, after
+   the path healed.
 3. **Failover.** Redis with two replicas and a Sentinel (down after 500 ms); 3 governor replicas on
    `redis+sentinel://` with `--fleet-replica-acks 1`, 6 clients each; the primary SIGKILLed. Samples
    over the cap; the longest a replica went without completing a request; when every governor was
@@ -46,10 +47,10 @@ from benchmarks.harness.common import (
     wait_for_port,
     wait_until,
 )
+from benchmarks.harness.fixtures.fault_proxy import FaultProxy
+from benchmarks.harness.fixtures.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
+from benchmarks.harness.fixtures.redis_server import RedisServer, SentinelServer
 from benchmarks.harness.results import Sitting
-from tests.fault_proxy import FaultProxy
-from tests.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
-from tests.redis_server import RedisServer, SentinelServer
 
 RENEW_S, LEASE_S = 0.25, 1.0
 FLEET_TIMING = ("--fleet-renew-ms", str(RENEW_S * 1000), "--fleet-lease-ms", str(LEASE_S * 1000))

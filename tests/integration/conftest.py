@@ -19,11 +19,11 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness.fixtures.redis_server import RedisServer, free_port, free_ports
 from govwire.codec import encode, generate_frame
 from govwire.framing import LineSplitter
 from govwire.vocab import FINAL_STATUSES
 from tests.polling import wait_until
-from tests.redis_server import RedisServer, free_port, free_ports
 
 pytestmark = pytest.mark.integration
 START_TIMEOUT_S = 20.0

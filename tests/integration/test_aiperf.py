@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.fixtures.redis_server import free_port
 from tests.integration.test_gpt2_worker import Start, gpt2_governor
-from tests.redis_server import free_port
 
 AIPERF = Path(__file__).resolve().parents[2] / ".tools" / "aiperf" / "bin" / "aiperf"
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
+from benchmarks.harness.fixtures.redis_server import RedisServer
 from tests.deploy_tools import tool
 from tests.integration.conftest import Governor
 from tests.prometheus_server import PrometheusError, PrometheusServer
-from tests.redis_server import RedisServer
 from tests.unit.test_deploy import DEPLOY, K8S, promql_expressions, referenced_label_values, referenced_metrics
 
 # The echo engine pushes only `running`; the GPT-2 engine pushes every governor_worker_* statistic.

@@ -12,10 +12,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from benchmarks.harness.fixtures.redis_server import free_port
+from benchmarks.harness.fixtures.tiny_gpt2 import N_POSITIONS
 from tests.integration.conftest import Governor
 from tests.integration.test_gpt2_worker import gpt2_governor, worker
-from tests.redis_server import free_port
-from tests.tiny_gpt2 import N_POSITIONS
 
 pytestmark = pytest.mark.integration
 

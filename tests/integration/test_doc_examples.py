@@ -15,9 +15,9 @@ from typing import NamedTuple
 
 import pytest
 
+from benchmarks.harness.fixtures.redis_server import free_ports
 from tests.integration.conftest import Governor
 from tests.polling import wait_until
-from tests.redis_server import free_ports
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

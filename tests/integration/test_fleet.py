@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from benchmarks.harness.fixtures.fault_proxy import FaultProxy
+from benchmarks.harness.fixtures.redis_server import RedisServer
 from governor.client import AsyncClient, Yielded
 from governor.client.retry import NO_RETRY
-from tests.fault_proxy import FaultProxy
 from tests.integration.conftest import Governor, Worker
-from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 

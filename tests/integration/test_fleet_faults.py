@@ -1,7 +1,8 @@
 """The fleet through faults and at scale, over real processes: governor replicas sharing one echo
 worker (the upstream the cap protects, whose own count of running requests is the fleet's
-concurrency at one instant: tests/fleet_probe.py) and one real redis-server, with a fault proxy
-(tests/fault_proxy.py) between one replica and Redis. The long runs are benchmarks/admission/fleet.py's."""
+concurrency at one instant: benchmarks/harness/fixtures/fleet_probe.py) and one real redis-server,
+with a fault proxy (benchmarks/harness/fixtures/fault_proxy.py) between one replica and Redis. The
+long runs are benchmarks/admission/fleet.py's."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.fault_proxy import FaultProxy
-from tests.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
+from benchmarks.harness.fixtures.fault_proxy import FaultProxy
+from benchmarks.harness.fixtures.fleet_probe import FleetLoad, GrantWatch, UpstreamWatch
+from benchmarks.harness.fixtures.redis_server import RedisServer, SentinelServer, free_port
 from tests.integration.conftest import Governor, Worker
 from tests.integration.test_fleet import share_of
-from tests.redis_server import RedisServer, SentinelServer, free_port
 
 pytestmark = pytest.mark.integration
 

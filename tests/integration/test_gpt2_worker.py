@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.fixtures.tiny_gpt2 import N_POSITIONS, hf_greedy
 from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Conn, Governor, Worker
-from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.loading import load_hf_model
 
 pytestmark = pytest.mark.integration

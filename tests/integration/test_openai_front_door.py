@@ -20,9 +20,9 @@ import orjson
 import pytest
 from transformers import AutoTokenizer
 
+from benchmarks.harness.fixtures.redis_server import free_port
 from tests.integration.conftest import Governor
 from tests.integration.test_gpt2_worker import gpt2_governor
-from tests.redis_server import free_port
 from worker.tokenizer import default_chat_prompt
 
 pytestmark = pytest.mark.integration

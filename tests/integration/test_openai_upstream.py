@@ -1,7 +1,7 @@
 """The governor in front of a real third-party OpenAI-compatible server, `transformers serve`
-(tests/openai_server.py), as an `http://.../v1,model=...` endpoint: NDJSON and HTTP clients get
-their tokens, the endpoint's cap holds at the server, and a killed server is a lost worker that
-comes back."""
+(benchmarks/harness/fixtures/openai_server.py), as an `http://.../v1,model=...` endpoint: NDJSON and
+HTTP clients get their tokens, the endpoint's cap holds at the server, and a killed server is a lost
+worker that comes back."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import openai
 import pytest
 
+from benchmarks.harness.fixtures.openai_server import RequestCountingRelay, TransformersServe
+from benchmarks.harness.fixtures.redis_server import free_port
 from tests.integration.conftest import Governor
-from tests.openai_server import RequestCountingRelay, TransformersServe
-from tests.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ from typing import Any
 import openai
 import pytest
 
+from benchmarks.harness.fixtures.redis_server import free_port
 from tests.integration.conftest import Conn, Governor
-from tests.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.harness.fixtures.tiny_gpt2 import N_POSITIONS
 from govwire.codec import encode, generate_frame
 from tests.integration.conftest import Governor, Worker
 from tests.integration.test_gpt2_worker import gpt2_governor, worker
-from tests.tiny_gpt2 import N_POSITIONS
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from lupa import lua51
 
+from benchmarks.harness.fixtures.fleet_probe import reserved
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
@@ -31,7 +32,6 @@ from governor.shell.config import GovernorConfig
 from govwire.errors import OverBudget
 from govwire.options import ConfigError
 from tests.fakes import make_state
-from tests.fleet_probe import reserved
 
 KEY = "fleet:leases"
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from benchmarks.harness.fixtures.tiny_gpt2 import hf_greedy
 from tests.engine_run import PROMPTS, request, run_with_late_arrivals
-from tests.tiny_gpt2 import hf_greedy
 from worker.cuda_graphs import batch_buckets, context_buckets
 from worker.engine import LLMEngine
 from worker.loading import LoadedModel

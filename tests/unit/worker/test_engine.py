@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks.harness.fixtures.tiny_gpt2 import N_POSITIONS, hf_greedy
 from govwire.errors import BadFrame
 from tests.engine_run import PROMPTS, drain, request, run_with_late_arrivals
-from tests.tiny_gpt2 import N_POSITIONS, hf_greedy
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.errors import ModelLoadError
 from worker.loading import LoadedModel, load
