@@ -31,8 +31,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -69,7 +68,6 @@ log = logging.getLogger("governor.openai_link")
 DEFAULT_BUSY_S = 1.0  # the pause after a 429/503 that names no Retry-After
 ERROR_PREVIEW_BYTES = 512  # of an error response's body, quoted in the client's error
 _DONE = b"[DONE]"
-T = TypeVar("T")
 
 
 class OpenAILink:
@@ -154,16 +152,17 @@ class OpenAILink:
         """Still ours to answer (not settled by a deadline, a disconnect or a re-route since)."""
         return self.inflight.get(uid) is request
 
-    def _fail(self, uid: str, request: InflightRequest, error: GovernorError) -> None:
-        self._end(uid, request, self.lifecycle.fail, error)
-
-    def _end(self, uid: str, request: InflightRequest, ending: Callable[[InflightRequest, T], None], arg: T) -> None:
-        """End a request through the lifecycle's `ending` (finish, fail, busy, lose), if it is
-        still ours: not settled by a deadline, a disconnect or a re-route since. Then flush its
-        owner (this runs in a read of the upstream's connection, or a timer: never a client's read)."""
+    def _ours_to_end(self, uid: str, request: InflightRequest) -> bool:
+        """Whether an ending of `request` is still the link's to tell the lifecycle: not settled by
+        a deadline, a disconnect or a re-route since. Its relay is done either way. The ending then
+        flushes the request's owner (it runs in a read of the upstream's connection, or a timer:
+        never a client's read)."""
         self._relays.pop(uid, None)
-        if self._current(uid, request):
-            ending(request, arg)
+        return self._current(uid, request)
+
+    def _fail(self, uid: str, request: InflightRequest, error: GovernorError) -> None:
+        if self._ours_to_end(uid, request):
+            self.lifecycle.fail(request, error)
             request.owner.flush()
 
     def _finish(
@@ -177,7 +176,9 @@ class OpenAILink:
         completion = Completion(
             "".join(parts), prompt_tokens, completion_tokens, finish, 0.0, cached_prompt_tokens=cached
         )
-        self._end(uid, request, self.lifecycle.finish, completion)
+        if self._ours_to_end(uid, request):
+            self.lifecycle.finish(request, completion)
+            request.owner.flush()
 
     def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
         self.last_error = why
@@ -191,7 +192,9 @@ class OpenAILink:
         self.endpoint.paused_until = max(self.endpoint.paused_until, now + wait_s)
         self.busy_total += 1
         log.info("event=endpoint_busy endpoint=%s retry_after_s=%.3f", self.address, wait_s)
-        self._end(uid, request, self.lifecycle.busy, hint_of(wait_s))
+        if self._ours_to_end(uid, request):
+            self.lifecycle.busy(request, hint_of(wait_s))
+            request.owner.flush()
 
     def _lost(self, uid: str, request: InflightRequest, error: HttpClientError) -> None:
         """The exchange failed: the endpoint goes down until a health check passes (unless the
@@ -207,7 +210,9 @@ class OpenAILink:
             # passes. One stream's silence is that request's loss, not the endpoint's.
             self.endpoint.up = False
             log.warning("event=worker_lost worker=%s why=%r", self.address, why)
-        self._end(uid, request, self.lifecycle.lose, f"connection to endpoint {self.address} lost ({why})")
+        if self._ours_to_end(uid, request):
+            self.lifecycle.lose(request, f"connection to endpoint {self.address} lost ({why})")
+            request.owner.flush()
 
     # -- health -----------------------------------------------------------------------------------
 
