@@ -48,8 +48,9 @@ milliseconds on loopback; 4 ms past the horizon at p99 in benchmarks.peers.sdk_o
 LOBBY_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Seconds a held frame waited for its answer."""
 
-Answer = Callable[[Grant | Refusal | RequestRejected], None]
-"""Renders a held frame's decision on its connection (read at once: a refusal is reused)."""
+Answer = Callable[[Grant | Refusal | RequestRejected, float], None]
+"""Renders a held frame's decision on its connection (read at once: a refusal is reused), with
+when it was first held."""
 
 
 class Held:
@@ -133,7 +134,7 @@ class Lobby:
             self._give_back(appointment)  # refused (by another limit, or for good): the promise is void
         self.wait.observe(now - held.since)
         try:
-            held.answer(decision)
+            held.answer(decision, held.since)
         except Exception:  # a bug in rendering must not stop the other held frames' answers
             log.exception("event=internal_error where=lobby_answer")
 

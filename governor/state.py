@@ -109,6 +109,7 @@ class ServerState:
         "latency",
         "lifecycle",
         "lobby",
+        "timers",
         "upstream",
         "connections",
         "buffered_bytes",
@@ -139,7 +140,7 @@ class ServerState:
         self.accounting = Accounting()
         self.latency = LatencyMetrics()
         self.upstream = upstream
-        timers = timers or LoopTimers()
+        timers = self.timers = timers or LoopTimers()
         self.lobby = Lobby(admission, timers, clock)  # returning clients held for their capacity
         self.lifecycle = Lifecycle(
             admission, self.accounting, self.latency, upstream, clock, self.costs, timers, self.lobby.freed

@@ -54,6 +54,7 @@ class Ask:
         "tenant",
         "ceiling",
         "ticket",
+        "resent",
         "identity",
         "identity_unique",
         "appointment",
@@ -83,10 +84,13 @@ class Ask:
         # The fraction of each cap this request may fill: its class's ceiling, set by admission.
         self.ceiling = 1.0
         # What recognises a client returning to an appointment (appointments.py): the ticket its
-        # retry sent back, and a digest of what it re-sent (set by the door while appointments
-        # are live; 0 = none), `identity_unique` when no other client can send the same (it names
-        # the client's own request id); the appointment they name, found by admission.
+        # retry sent back, and what it re-sends when it retries without one (`resent`, the door's
+        # choice: an NDJSON frame's id and prompt, an HTTP body), whose digest admission takes
+        # while appointments are live (`identity`; 0 = none), `identity_unique` when no other
+        # client can send the same (it names the client's own request id); the appointment they
+        # name, found by admission.
         self.ticket: str | None = None
+        self.resent: object = None
         self.identity = 0
         self.identity_unique = False
         self.appointment: Appointment | None = None

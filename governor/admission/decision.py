@@ -34,7 +34,15 @@ import math
 from collections.abc import Callable, Sequence
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import HOLD, Appointment, AppointmentBook, Appointments, FreeAt, PrepaidBook
+from governor.admission.appointments import (
+    HOLD,
+    Appointment,
+    AppointmentBook,
+    Appointments,
+    FreeAt,
+    PrepaidBook,
+    identity_of,
+)
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.displacement import Displacement, Evictor
@@ -413,7 +421,9 @@ class Admission:
         elif self._classes:
             ask.rank = _CLASS_RANK[ask.priority]
         appointments = self.appointments
-        if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):
+        if ask.appointment is None and (appointments.by_ticket or appointments.lapsed):  # someone may be back
+            if ask.resent is not None and not ask.identity:
+                ask.identity = identity_of(ask.tenant, ask.resent)
             ask.appointment = appointments.find(ask.ticket, ask.identity, ask.identity_unique, ask.tenant, now)
         # Shed before first attempts: a blind retry held to the sheddable ceiling, and then refused,
         # was refused by that cap and no shortage of its class: it closes no class gate, displaces
@@ -433,6 +443,8 @@ class Admission:
                     if refusal.reason == _INFLIGHT and self.displacement.armed:
                         displaced = self._displace(now, ask, refusal)
                         if displaced is not None:
+                            if type(displaced) is Refusal and displaced.appointment is not None:
+                                self._name(displaced.appointment, ask)
                             return displaced
                     self._gate(now, ask, refusal)
                 if self._sharing and not shed:
@@ -443,6 +455,8 @@ class Admission:
                 held = ask.appointment
                 if held is not None and refusal.appointment is not held:
                     self._refused_elsewhere(held, now)
+                if refusal.appointment is not None:
+                    self._name(refusal.appointment, ask)
                 return refusal
         grant = Grant(ask)
         if self._learning:
@@ -450,6 +464,12 @@ class Admission:
         for limit in self._limits:
             limit.charge(grant, now)
         return grant
+
+    def _name(self, appointment: Appointment, ask: Ask) -> None:
+        """Booked before anyone was coming back (no identity yet): its return is recognised by
+        what its client re-sends (the OpenAI SDKs re-send the same body after `retry-after-ms`)."""
+        if not appointment.identity and ask.resent is not None:
+            self.appointments.identify(appointment, identity_of(ask.tenant, ask.resent))
 
     def headroom(self, grant: Grant, now: float) -> int:
         """How many more requests like the one `grant` admitted the limit that binds first would
@@ -615,6 +635,7 @@ class Admission:
         hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, ask.rank)
         if appointment is not None:
             appointment.displaced = True
+            self._name(appointment, ask)
         return hint_ms, appointment
 
     def started(self, grant: Grant, ttft_s: float, now: float) -> None:

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import http_sfv
 import httptools
@@ -35,8 +35,7 @@ import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import HOLD, Appointment, identity_of
-from governor.admission.cost import Ask
+from governor.admission.appointments import Appointment
 from governor.admission.limits import Grant, Refusal
 from governor.doors import gateway
 from governor.doors.gateway import (
@@ -65,7 +64,7 @@ from governor.doors.openai_api import (
     usage_event,
     wants_usage,
 )
-from governor.doors.shared import admit_and_dispatch, flush_pending
+from governor.doors.shared import admit_and_dispatch, decide_frame, flush_pending
 from governor.lifecycle import InflightRequest
 from governor.lobby import Held
 from governor.state import ServerState
@@ -228,6 +227,20 @@ class _Message:
 
 
 @dataclass(slots=True)
+class _Parsed:
+    """A completions request as read before admission: its message, its JSON body, the frame a
+    chat request became (None for a completion: built once admitted), the chat messages, the
+    model, and the body's bytes (what Content-Digest covers and what an SDK re-sends)."""
+
+    message: _Message
+    body: dict[str, Any]
+    frame: dict[str, Any] | None
+    messages: Any
+    model: str
+    raw: bytes
+
+
+@dataclass(slots=True)
 class _Exchange:
     """The admitted request being answered: how its response is written."""
 
@@ -242,7 +255,6 @@ class _Exchange:
     headers_sent: bool = False
     relayed: bool = False  # an OpenAI-compatible endpoint's events went out as they came
     usage_sent: bool = False  # one of them carried the usage
-    body: bytes = b""  # the request's body: what an SDK re-sends, recognised if it is told to come back
     feedback: list[tuple[bytes, bytes]] = field(default_factory=list)  # llm-d's headers on its 200
 
     def piece(self, data: bytes, last: bool = False) -> bytes:
@@ -302,6 +314,8 @@ class HttpIngress:
         self.backlogged = False
         self.last_line_at = state.clock()  # the idle timeout counts from here
         self.started_at: float | None = None  # when the request being read began arriving
+        self._advancing = False  # the next request's answer is scheduled (`_next`)
+        self._gone = False  # the connection is lost: nothing more is answered
 
     @property
     def buffered_bytes(self) -> int:
@@ -575,99 +589,56 @@ class HttpIngress:
         else:
             ask.tenant = state.admission.tenants.resolve(self.tenant)
         ticket = message.headers.get(b"retry-ticket")
-        if ticket is not None or (said is not None and said.retry_count > 0):
+        if ticket is not None:
             ask.retry = True
-        appointments = state.admission.appointments
-        if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
-            ask.ticket = None if ticket is None else ticket.decode("latin-1").strip()
-            ask.identity = identity_of(ask.tenant, raw)
-        try:
-            decision = state.admission.decide(now, ask)
-        except RequestRejected as exc:  # OverBudget
-            return self._rejected(exc, keep)
-        if type(decision) is Refusal:
-            if decision.hint_ms == HOLD:  # back for its appointment, its capacity not free yet
-                self._hold(message, ask, cast(Appointment, decision.appointment), body, frame, messages, model, raw)
-                return b""
-            return self._refused(ask, decision, raw, keep)
-        return self._admitted(message, cast(Grant, decision), body, frame, messages, model, raw, now)
+            ask.ticket = ticket.decode("latin-1").strip()
+        elif said is not None and said.retry_count > 0:
+            ask.retry = True
+        ask.resent = raw  # the OpenAI SDKs re-send the same body after `retry-after-ms`
+        return decide_frame(state, self, _Parsed(message, body, frame, messages, model, raw), ask, now)
 
-    def _refused(self, ask: Ask, refusal: Refusal, raw: bytes, keep: bool) -> bytes:
-        state = self._state
-        state.accounting.frame_yielded(refusal.reason, ask, refusal.final)
-        state.latency.retry_hint(refusal.reason, refusal.hint_ms)
+    # -- rendering the decision step's answers (shared.Renderer; the frame: a _Parsed request) ----
+
+    def render_refusal(self, frame: _Parsed, refusal: Refusal) -> bytes:
         appointment = refusal.appointment
+        keep = frame.message.keep_alive
         if appointment is None:
             return self._yield(refusal.hint_ms, refusal.reason, keep, None, refusal.final)
-        if not appointment.identity:
-            # The OpenAI SDKs re-send the same body after `retry-after-ms`: that is the client.
-            state.admission.appointments.identify(appointment, identity_of(ask.tenant, raw))
         return self._yield(refusal.hint_ms, refusal.reason, keep, appointment.ticket)
 
-    def _hold(
-        self,
-        message: _Message,
-        ask: Ask,
-        appointment: Appointment,
-        body: dict[str, Any],
-        frame: dict[str, Any] | None,
-        messages: Any,
-        model: str,
-        raw: bytes,
-    ) -> None:
-        """Park the request in the lobby: nothing after it on this connection is answered before
-        it is (HTTP/1.1 answers in order), and the connection is not timed out meanwhile."""
-        state = self._state
+    def render_rejected(self, frame: _Parsed, error: RequestRejected) -> bytes:
+        return self._rejected(error, frame.message.keep_alive)
 
-        def answer(decision: Grant | Refusal | RequestRejected) -> None:
-            since = self._lobby.since if self._lobby is not None else state.clock()
-            self._lobby = None
-            accounting = state.accounting
-            received = accounting.received
-            keep = message.keep_alive
-            if isinstance(decision, RequestRejected):
-                reply = self._rejected(decision, keep)
-            elif type(decision) is Refusal:
-                reply = self._refused(ask, decision, raw, keep)
-            else:
-                now = state.clock()
-                grant = cast(Grant, decision)
-                reply = self._admitted(message, grant, body, frame, messages, model, raw, now, now - since)
-            accounting.http_received += accounting.received - received
-            self._pending.append(reply)
-            if not keep and self._exchange is None:
-                self.finished = True
-            self._advance(state.clock())
-            self.flush()  # a timer or another request's end brought it: no read will flush it
+    def park(self, frame: _Parsed, held: Held) -> None:
+        """Held in the lobby: nothing after it on this connection is answered before it is
+        (HTTP/1.1 answers in order), and the connection is not timed out meanwhile."""
+        self._lobby = held
 
-        self._lobby = state.lobby.hold(ask, appointment, answer)
+    def answer_held(self, frame: _Parsed, reply: bytes) -> None:
+        self._lobby = None
+        self._state.accounting.http_received += 1  # (counted once, as whatever it was answered)
+        self._pending.append(reply)
+        if not frame.message.keep_alive and self._exchange is None:
+            self.finished = True
+        self._advance(self._state.clock())
+        self.flush()
 
-    def _admitted(
-        self,
-        message: _Message,
-        grant: Grant,
-        body: dict[str, Any],
-        frame: dict[str, Any] | None,
-        messages: Any,
-        model: str,
-        raw: bytes,
-        now: float,
-        queued_s: float = 0.0,
-    ) -> bytes:
+    def render_admitted(self, frame: _Parsed, grant: Grant, now: float, queued_s: float) -> bytes:
         """Checked, dispatched, and its response begun (`_exchange`); or the error that refunded it.
         `queued_s`: how long it was held in the lobby."""
         state = self._state
+        message = frame.message
         keep = message.keep_alive
-        chat = frame is not None
+        chat = frame.frame is not None
         rid = response_id(chat)
-        if frame is not None:
-            frame["id"] = rid
+        if frame.frame is not None:
+            frame.frame["id"] = rid
 
         def check() -> GenerateRequest:
-            checked = generate_frame_of(body, rid) if frame is None else frame
-            self._verify_digest(message, raw, rid)
+            checked = generate_frame_of(frame.body, rid) if frame.frame is None else frame.frame
+            self._verify_digest(message, frame.raw, rid)
             generate = checked_request(checked, self._frame_limits)
-            generate.messages = messages
+            generate.messages = frame.messages
             return generate
 
         admitted = admit_and_dispatch(state.lifecycle, self, rid, grant, now, check)
@@ -677,8 +648,6 @@ class HttpIngress:
         stream = generate.stream
         chunked = message.http11
         keep = keep and (chunked or not stream)  # an HTTP/1.0 stream ends with its connection
-        created = int(time.time())
-        usage = wants_usage(body)
         # llm-d's response feedback: how long it waited (in the lobby), and how many more like it
         # would be admitted now.
         feedback = [
@@ -686,7 +655,15 @@ class HttpIngress:
             (HEADROOM, b"%d" % state.admission.headroom(grant, now)),
         ]
         self._exchange = _Exchange(
-            request, str(model), stream, usage, keep, created, chat, chunked, body=raw, feedback=feedback
+            request,
+            frame.model,
+            stream,
+            wants_usage(frame.body),
+            keep,
+            int(time.time()),
+            chat,
+            chunked,
+            feedback=feedback,
         )
         return b""
 
@@ -822,11 +799,8 @@ class HttpIngress:
         exchange = self._end(request)
         if exchange is None:
             return
-        ticket = None
-        if appointment is not None:
-            ticket = appointment.ticket
-            identity = identity_of(request.grant.ask.tenant, exchange.body)
-            self._state.admission.appointments.identify(appointment, identity)
+        # (an appointment admission named by what the client re-sends: the request's body)
+        ticket = None if appointment is None else appointment.ticket
         final = ticket is None and self._state.admission.is_final(reason, retry_hint_ms)
         self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive, ticket, final))
         self._next(exchange)
@@ -839,11 +813,21 @@ class HttpIngress:
         return exchange
 
     def _next(self, exchange: _Exchange) -> None:
-        """The response is complete: close if the client asked to, else answer what waits."""
+        """The response is complete: close if the client asked to, else answer what waits, on
+        the next turn of the loop (this runs inside an endpoint's read or a lifecycle's settle,
+        which must not decide another request)."""
         if not exchange.keep_alive:
             self.finished = True
             return
-        self._advance(self._state.clock())
+        if not self._advancing and (self._queue or self._broken is not None or self.backlogged):
+            self._advancing = True
+            self._state.timers.call_later(0.0, self._advance_later)
+
+    def _advance_later(self) -> None:
+        self._advancing = False
+        if not self._gone:
+            self._advance(self._state.clock())
+            self.flush()  # a timer fired: no read will flush it
 
     def flush(self) -> None:
         flush_pending(self._pending, self.write)
@@ -853,6 +837,7 @@ class HttpIngress:
     # -- the connection -----------------------------------------------------------------------------
 
     def connection_lost(self, reason: str = CLIENT_DISCONNECTED) -> None:
+        self._gone = True
         state = self._state
         state.lifecycle.abandon(self, reason)
         if self._lobby is not None:  # held for its capacity: its appointment goes back

@@ -18,15 +18,14 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from time import perf_counter
-from typing import Any, cast
+from typing import Any
 
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_CANCELLED, CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import HOLD, Appointment, identity_of
-from governor.admission.cost import Ask
+from governor.admission.appointments import Appointment
 from governor.admission.limits import Grant, Refusal
-from governor.doors.shared import admit_and_dispatch, flush_pending
+from governor.doors.shared import admit_and_dispatch, decide_frame, flush_pending
 from governor.doors.turns import FRAMES_PER_TURN
 from governor.lifecycle import InflightRequest
 from governor.lobby import Held
@@ -87,11 +86,8 @@ class Ingress:
 
     __slots__ = (
         "_state",
-        "_decide",
         "_ask",
-        "_appointments",
         "_decisions",
-        "_hints",
         "_decided",
         "_accounting",
         "_lifecycle",
@@ -116,11 +112,8 @@ class Ingress:
     def __init__(self, state: ServerState, write: Callable[[bytes], None], max_frame_bytes: int) -> None:
         self._state = state
         # Bound once: these are called for every frame.
-        self._decide = state.admission.decide
         self._ask = state.costs.ask
-        self._appointments = state.admission.appointments
         self._decisions = state.latency.admission_decision
-        self._hints = state.latency.retry_hint
         self._decided = 0  # generate frames decided during the current read
         self._accounting = state.accounting
         self._lifecycle = state.lifecycle
@@ -236,64 +229,48 @@ class Ingress:
             ticket = None  # (a ticket of any other shape is none)
         elif ticket:  # the client says it retries (counted apart; a blind one without its appointment)
             ask.retry = True
-        appointments = self._appointments
-        if appointments.by_ticket or appointments.lapsed:  # someone may be coming back: recognise them
-            ask.ticket = ticket
-            ask.identity = identity_of(ask.tenant, resent(rid, obj))
-            ask.identity_unique = True  # an id names one client's request
-        try:
-            decision = self._decide(now, ask)
-        except RequestRejected as exc:  # OverBudget: no wait would let it in
-            exc.request_id = rid
-            return self._reject(exc)
-        self._decided += 1
-        if type(decision) is Refusal:
-            if decision.hint_ms == HOLD:  # back for its appointment, its capacity not free yet
-                self._hold(obj, rid, ask, cast(Appointment, decision.appointment))
-                return b""
-            return self._refused(obj, rid, ask, decision)
-        return self._admit(obj, rid, now, cast(Grant, decision))
+        ask.ticket = ticket
+        ask.resent = resent(rid, obj)
+        ask.identity_unique = True  # an id names one client's request
+        return decide_frame(self._state, self, obj, ask, now)
 
-    def _refused(self, obj: dict[str, Any], rid: str, ask: Ask, refusal: Refusal) -> bytes:
+    # -- rendering the decision step's answers (shared.Renderer; the frame: its JSON object) ------
+
+    def render_refusal(self, frame: dict[str, Any], refusal: Refusal) -> bytes:
         """The hot path under overload: decided and encoded in the read that brought the frame,
         written with that read's replies."""
+        self._decided += 1
         self._refused_in_a_row += 1
-        final = refusal.final
-        self._accounting.frame_yielded(refusal.reason, ask, final)
-        self._hints(refusal.reason, refusal.hint_ms)
         appointment = refusal.appointment
         if appointment is None:
-            return encode_yield(rid, refusal.hint_ms, refusal.reason, None, final)
-        if not appointment.identity:  # booked before anyone was coming back: recognise its return
-            self._appointments.identify(appointment, identity_of(ask.tenant, resent(rid, obj)))
-        return encode_yield(rid, refusal.hint_ms, refusal.reason, appointment.ticket)
+            return encode_yield(frame["id"], refusal.hint_ms, refusal.reason, None, refusal.final)
+        return encode_yield(frame["id"], refusal.hint_ms, refusal.reason, appointment.ticket)
 
-    def _hold(self, obj: dict[str, Any], rid: str, ask: Ask, appointment: Appointment) -> None:
-        """Park the frame in the lobby; its answer is written when it comes (the NDJSON door
-        answers by id: the frames after it are not held up)."""
+    def render_rejected(self, frame: dict[str, Any], error: RequestRejected) -> bytes:
+        error.request_id = frame["id"]
+        return self._reject(error)
 
-        def answer(decision: Grant | Refusal | RequestRejected) -> None:
-            del self.in_lobby[rid]
-            if isinstance(decision, RequestRejected):
-                decision.request_id = rid
-                reply = self._reject(decision)
-            elif type(decision) is Refusal:
-                reply = self._refused(obj, rid, ask, decision)
-            else:
-                reply = self._admit(obj, rid, self._state.clock(), cast(Grant, decision))
-            self._pending.append(reply)
-            self.flush()  # a timer or another request's end brought it: no read will flush it
-
-        self.in_lobby[rid] = self._lobby.hold(ask, appointment, answer)
-
-    def _admit(self, obj: dict[str, Any], rid: str, now: float, grant: Grant) -> bytes:
+    def render_admitted(self, frame: dict[str, Any], grant: Grant, now: float, queued_s: float) -> bytes:
+        self._decided += 1
         self._refused_in_a_row = 0
+        rid = frame["id"]
         admitted = admit_and_dispatch(
-            self._lifecycle, self, rid, grant, now, partial(checked_request, obj, self._state.limits)
+            self._lifecycle, self, rid, grant, now, partial(checked_request, frame, self._state.limits)
         )
         if isinstance(admitted, GovernorError):
             return encode_error(admitted, rid)
         return encode_accepted(rid) if admitted[1].ack else b""
+
+    def park(self, frame: dict[str, Any], held: Held) -> None:
+        """Parked in the lobby; its answer is written when it comes (the NDJSON door answers by
+        id: the frames after it are not held up)."""
+        self._decided += 1
+        self.in_lobby[frame["id"]] = held
+
+    def answer_held(self, frame: dict[str, Any], reply: bytes) -> None:
+        del self.in_lobby[frame["id"]]
+        self._pending.append(reply)
+        self.flush()
 
     def _reject(self, exc: RequestRejected) -> bytes:
         self._accounting.frame_rejected(exc.code)
@@ -418,12 +395,8 @@ class Ingress:
         if appointment is None:
             final = self._state.admission.is_final(reason, retry_hint_ms)
             self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason, None, final))
-            return
-        generate = request.generate
-        if generate is not None:  # its return is recognised as a refused frame's is: by id and prompt
-            resent = (request.client_id, generate.prompt)
-            self._appointments.identify(appointment, identity_of(request.grant.ask.tenant, resent))
-        self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason, appointment.ticket))
+        else:  # (admission named it by what the client re-sends: its id and prompt)
+            self._pending.append(encode_yield(request.client_id, retry_hint_ms, reason, appointment.ticket))
 
     def flush(self) -> None:
         flush_pending(self._pending, self.write)

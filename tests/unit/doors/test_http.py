@@ -29,7 +29,7 @@ from govwire.errors import BadFrame, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import IntegrityMode
 from govwire.vocab import FinishReason, Priority
-from tests.fakes import FakeClock, FakeTransportWrites, FakeUpstream, done_frame, make_state
+from tests.fakes import FakeClock, FakeTimers, FakeTransportWrites, FakeUpstream, done_frame, make_state
 
 
 @dataclass
@@ -186,6 +186,9 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     upstream.worker_sends(done_frame(uid_a, "A", completion_tokens=1))
     first = client.responses()
     assert [r.status for r in first] == [200] and orjson.loads(first[0].body)["choices"][0]["text"] == "A"
+    # b is decided on the loop's next turn, not inside the worker's read that ended a
+    assert [u for u in upstream.dispatched if u != uid_a] == []
+    assert isinstance(state.timers, FakeTimers) and state.timers.fire_due() == 1
     uid_b = [u for u in upstream.dispatched if u != uid_a][0]  # b was dispatched once a was answered
     _, generate_b = upstream.dispatched[uid_b]
     assert generate_b.prompt == "b"
