@@ -1,8 +1,9 @@
 """A link to an OpenAI-compatible HTTP server (vLLM, SGLang, llama.cpp, TGI, `transformers serve`).
 
 Each admitted request becomes one streaming `POST {base}/completions` (or `/chat/completions`) on
-a pooled keep-alive connection (http_client.py; openai_stream.py maps the fields). Its body is
-read as server-sent events (sse.py) straight from the parser's callbacks: each chunk with text is
+a pooled keep-alive connection (http_client.py; openai_stream.py maps the fields). Its response
+goes to the request's relay (openai_relay.py), which reads the body as server-sent events (sse.py)
+straight from the parser's callbacks and tells the link how it ended: each chunk with text is
 counted by the lifecycle and handed to the request's owner with its event's bytes (the HTTP front
 door relays them as they came, the NDJSON door renders the text), and the owner is flushed once
 per read, however many chunks it brought. The end finishes the request with the server's usage.
@@ -40,23 +41,9 @@ from governor.admission.endpoint import Endpoint, OpenAITarget
 from governor.admission.limits import hint_of
 from governor.lifecycle import InflightRequest, Lifecycle
 from governor.links.health import HealthPolicy
-from governor.links.http_client import (
-    Call,
-    ConnectTimeout,
-    HttpClientError,
-    HttpPool,
-    StallTimeout,
-    request_head,
-)
-from governor.links.openai_stream import (
-    Chunk,
-    UpstreamProtocolError,
-    Usage,
-    completion_body,
-    read_chunk,
-    retry_after_s,
-)
-from governor.links.sse import SseDecoder, SseError
+from governor.links.http_client import ConnectTimeout, HttpClientError, HttpPool, StallTimeout, request_head
+from governor.links.openai_relay import Relay
+from governor.links.openai_stream import Usage, completion_body, retry_after_s
 from govwire.auth import SharedSecret
 from govwire.errors import BadFrame, GovernorError, InternalError
 from govwire.messages import Completion
@@ -66,8 +53,6 @@ from govwire.vocab import FinishReason
 log = logging.getLogger("governor.openai_link")
 
 DEFAULT_BUSY_S = 1.0  # the pause after a 429/503 that names no Retry-After
-ERROR_PREVIEW_BYTES = 512  # of an error response's body, quoted in the client's error
-_DONE = b"[DONE]"
 
 
 class OpenAILink:
@@ -87,7 +72,7 @@ class OpenAILink:
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # never spawned by the governor
         self.kill_worker = None
-        self._relays: dict[str, _Relay] = {}
+        self._relays: dict[str, Relay] = {}
         self._pool: HttpPool | None = None  # made by `maintain`, with the health policy's timeouts
         self._headers = b""  # the request headers every request carries (the API key's, if any)
         self._health_path = b"/health"  # or {base}/models, where /health is 404
@@ -140,7 +125,7 @@ class OpenAILink:
             len(payload),
         )
         self.inflight[uid] = request
-        relay = self._relays[uid] = _Relay(self, uid, request)
+        relay = self._relays[uid] = Relay(self, self.lifecycle, uid, request)
         relay.call = pool.start(head + payload, relay)
 
     def cancel(self, uid: str) -> None:
@@ -148,24 +133,29 @@ class OpenAILink:
         if relay is not None:
             relay.cancel()
 
-    def _current(self, uid: str, request: InflightRequest) -> bool:
+    # -- what its relays tell it (openai_relay.RelayLink) -----------------------------------------
+
+    def holds(self, uid: str, request: InflightRequest) -> bool:
         """Still ours to answer (not settled by a deadline, a disconnect or a re-route since)."""
         return self.inflight.get(uid) is request
 
-    def _ours_to_end(self, uid: str, request: InflightRequest) -> bool:
-        """Whether an ending of `request` is still the link's to tell the lifecycle: not settled by
-        a deadline, a disconnect or a re-route since. Its relay is done either way. The ending then
-        flushes the request's owner (it runs in a read of the upstream's connection, or a timer:
-        never a client's read)."""
+    def drop_relay(self, uid: str) -> None:
+        """Its relay has nothing more to do."""
         self._relays.pop(uid, None)
-        return self._current(uid, request)
+
+    def _ours_to_end(self, uid: str, request: InflightRequest) -> bool:
+        """Whether an ending of `request` is still the link's to tell the lifecycle (it `holds` it);
+        its relay is done either way. The ending then flushes the request's owner (it runs in a
+        read of the upstream's connection, or a timer: never a client's read)."""
+        self.drop_relay(uid)
+        return self.holds(uid, request)
 
     def _fail(self, uid: str, request: InflightRequest, error: GovernorError) -> None:
         if self._ours_to_end(uid, request):
             self.lifecycle.fail(request, error)
             request.owner.flush()
 
-    def _finish(
+    def finish(
         self, uid: str, request: InflightRequest, parts: list[str], finish: FinishReason, usage: Usage | None
     ) -> None:
         # Without usage (a server that ignores stream_options) the counts are estimates: the
@@ -180,12 +170,18 @@ class OpenAILink:
             self.lifecycle.finish(request, completion)
             request.owner.flush()
 
-    def _protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
+    def refused(self, uid: str, request: InflightRequest, status: int, preview: str) -> None:
+        """A status other than 200, 429 and 503: the server's own words go to the client."""
+        self.last_error = f"HTTP {status}"
+        cls = BadFrame if 400 <= status < 500 else InternalError
+        self._fail(uid, request, cls(f"endpoint {self.address} answered {status}: {preview}", request.client_id))
+
+    def protocol_error(self, uid: str, request: InflightRequest, why: str) -> None:
         self.last_error = why
         log.warning("event=upstream_protocol_error endpoint=%s error=%r", self.address, why)
         self._fail(uid, request, InternalError(f"endpoint {self.address}: {why}", request.client_id))
 
-    def _busy(self, uid: str, request: InflightRequest, headers: dict[bytes, bytes]) -> None:
+    def busy(self, uid: str, request: InflightRequest, headers: dict[bytes, bytes]) -> None:
         wait_s = retry_after_s({k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()})
         wait_s = DEFAULT_BUSY_S if wait_s is None else wait_s
         now = time.monotonic()
@@ -196,7 +192,7 @@ class OpenAILink:
             self.lifecycle.busy(request, hint_of(wait_s))
             request.owner.flush()
 
-    def _lost(self, uid: str, request: InflightRequest, error: HttpClientError) -> None:
+    def lost(self, uid: str, request: InflightRequest, error: HttpClientError) -> None:
         """The exchange failed: the endpoint goes down until a health check passes (unless the
         failure was one stream's silence or a slow connect), and the request is re-routed once
         (before its first token) or fails with `worker_lost`."""
@@ -297,175 +293,3 @@ class _Probe:
 
     def read_done(self) -> None:
         pass
-
-
-class _Relay:
-    """One admitted request's streamed response (an http_client.ResponseHandler): its events
-    become tokens and the request's ending. Until its first text, the events without text (a
-    chat stream's role chunk) are held: a request re-routed before its first token shows its
-    client nothing of the endpoint it left."""
-
-    __slots__ = (
-        "_decoder",
-        "_ended",
-        "_finish",
-        "_held",
-        "_preview",
-        "_status",
-        "_usage",
-        "_wrote",
-        "call",
-        "done",
-        "link",
-        "parts",
-        "request",
-        "uid",
-    )
-
-    def __init__(self, link: OpenAILink, uid: str, request: InflightRequest) -> None:
-        self.link, self.uid, self.request = link, uid, request
-        self.call: Call | None = None
-        self.done = False  # answered (or cancelled): nothing more from this response matters
-        self.parts: list[str] = []
-        self._status = 0
-        self._decoder = SseDecoder()
-        self._ended = False  # by [DONE] or a finish_reason: a stream cut before either was lost
-        self._finish: FinishReason | None = None
-        self._usage: Usage | None = None
-        self._held: list[tuple[bytes, bool, bool]] = []  # events without text before the first token
-        self._preview = b""
-        self._wrote = False  # chunks went to the owner in this read: flush it
-
-    def cancel(self) -> None:
-        """Close the stream (the server stops) and answer `cancelled` on the next loop turn,
-        outside whoever asked (the lifecycle's cancel, a shed connection, the drain)."""
-        if self.done:
-            return
-        self._stop()
-        asyncio.get_running_loop().call_soon(
-            self.link._finish, self.uid, self.request, self.parts, FinishReason.CANCELLED, self._usage
-        )
-
-    def _stop(self) -> None:
-        """Done with this response: its connection is closed unless it already ended."""
-        self.done = True
-        if self.call is not None:
-            self.call.abort()
-
-    # -- http_client.ResponseHandler --------------------------------------------------------------
-
-    def response_head(self, status: int, headers: dict[bytes, bytes]) -> None:
-        if self.done:
-            return
-        self._status = status
-        link, uid, request = self.link, self.uid, self.request
-        if status == 429 or status == 503:
-            self.done = True  # its body is read and dropped; the connection is kept
-            link._busy(uid, request, headers)
-        elif status == 200:
-            kind = headers.get(b"content-type", b"")
-            if not kind.startswith(b"text/event-stream"):
-                self._stop()
-                why = f"expected a text/event-stream response, got content-type {kind.decode('latin-1')[:100]!r}"
-                link._protocol_error(uid, request, why)
-
-    def response_body(self, data: bytes) -> None:
-        if self.done:
-            return
-        if self._status != 200:
-            self._preview += data[: ERROR_PREVIEW_BYTES - len(self._preview)]
-            if len(self._preview) >= ERROR_PREVIEW_BYTES:
-                self._stop()
-                self._refused()
-            return
-        link, uid, request = self.link, self.uid, self.request
-        if not link._current(uid, request):  # settled meanwhile (deadline, disconnect): stop it
-            self._stop()
-            link._relays.pop(uid, None)
-            return
-        try:
-            events = self._decoder.feed(data)
-            for event in events:
-                if event == _DONE:
-                    self._ended = True
-                    self.done = True
-                    self._answer()
-                    return
-                self._chunk(read_chunk(event), event)
-        except (UpstreamProtocolError, SseError) as exc:
-            self._stop()
-            link._protocol_error(uid, request, str(exc))
-
-    def _chunk(self, chunk: Chunk, event: bytes) -> None:
-        if chunk.finish_reason is not None:
-            self._ended = True
-            self._finish = chunk.finish_reason
-        if chunk.usage is not None:
-            self._usage = chunk.usage
-        request = self.request
-        if chunk.text:
-            self.parts.append(chunk.text)
-            self.link.lifecycle.token(request)
-            if self._held:
-                self._release_held()
-            request.owner.relay_event(request, chunk.text, event, chunk.usage is not None, False)
-            self._wrote = True
-            return
-        usage = chunk.usage is not None
-        only_usage = usage and chunk.finish_reason is None
-        if request.tokens_seen:
-            request.owner.relay_event(request, "", event, usage, only_usage)
-            self._wrote = True
-        else:
-            self._held.append((event, usage, only_usage))
-
-    def _release_held(self) -> None:
-        request = self.request
-        for event, usage, only_usage in self._held:
-            request.owner.relay_event(request, "", event, usage, only_usage)
-        self._held.clear()
-
-    def _answer(self) -> None:
-        """The stream ended well: what was held goes out, then the request finishes."""
-        request = self.request
-        if self._held and self.link._current(self.uid, request):
-            self._release_held()
-        self.link._finish(self.uid, request, self.parts, self._finish or FinishReason.EOS, self._usage)
-
-    def _refused(self) -> None:
-        """A status other than 200, 429 and 503: the server's own words go to the client."""
-        preview = self._preview.decode("utf-8", "replace")
-        link, status = self.link, self._status
-        link.last_error = f"HTTP {status}"
-        cls = BadFrame if 400 <= status < 500 else InternalError
-        message = f"endpoint {link.address} answered {status}: {preview}"
-        link._fail(self.uid, self.request, cls(message, self.request.client_id))
-
-    def response_end(self) -> None:
-        if self.done:
-            self.link._relays.pop(self.uid, None)
-            return
-        self.done = True
-        if self._status != 200:
-            self._refused()
-        elif self._ended:
-            self._answer()
-        else:
-            self.link._lost(self.uid, self.request, StreamCut("the stream ended without [DONE] or a finish_reason"))
-
-    def response_failed(self, error: HttpClientError) -> None:
-        if self.done:
-            self.link._relays.pop(self.uid, None)
-            return
-        self.done = True
-        self.link._lost(self.uid, self.request, error)
-
-    def read_done(self) -> None:
-        if self._wrote:
-            self._wrote = False
-            if not self.done:  # else its ending flushed it
-                self.request.owner.flush()
-
-
-class StreamCut(HttpClientError):
-    """A response that ended (by its length or chunking) before its stream did."""
