@@ -34,7 +34,6 @@ from concurrent.futures import ThreadPoolExecutor
 from subprocess import Popen
 from typing import Any
 
-from benchmarks.cost.yield_throughput import run_governor
 from benchmarks.harness.common import (
     ROOT,
     bench,
@@ -52,6 +51,7 @@ from benchmarks.harness.common import (
 from benchmarks.harness.fixtures.redis_server import RedisServer
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
+from benchmarks.harness.yield_path import run_governor
 
 CAP, QPS = 32, 300.0
 KILL_TAIL = ("--fleet-hold-s", "0.5", "--fleet-max-request-s", "1")

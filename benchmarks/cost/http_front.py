@@ -30,22 +30,20 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import os
 import socket
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httptools
 import orjson
 
-from benchmarks.cost.yield_throughput import measure as ndjson_yield_rate
 from benchmarks.harness.common import (
     ROOT,
+    cpu_seconds,
     fmt,
     machine,
     markdown_table,
@@ -58,6 +56,7 @@ from benchmarks.harness.common import (
 from benchmarks.harness.http_yield_client import completion_request
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
+from benchmarks.harness.yield_path import ndjson_yield_rate
 from governor.bench.stats import percentile
 from governor.client import Client
 from govwire.codec import encode, generate_frame
@@ -65,12 +64,6 @@ from govwire.codec import encode, generate_frame
 MODEL = "gpt2"  # the governor's default --served-model
 PROMPT = "Summarise the following support ticket in one sentence: my order arrived late."
 MAX_TOKENS = 4
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (from /proc; clock ticks, 10 ms here)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def accounting(port: int) -> str:

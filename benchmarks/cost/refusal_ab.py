@@ -28,9 +28,10 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from benchmarks.cost.http_front import cpu_seconds, http_yield_rate
+from benchmarks.cost.http_front import http_yield_rate
 from benchmarks.harness.common import (
     ROOT,
+    cpu_seconds,
     free_port,
     machine,
     markdown_table,

@@ -13,13 +13,7 @@ yield. Runs alternate bare/governor to share the machine's noise.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
-import subprocess
-import sys
-from pathlib import Path
-
-import orjson
 
 from benchmarks.harness.common import (
     ROOT,
@@ -27,43 +21,12 @@ from benchmarks.harness.common import (
     machine,
     markdown_table,
     start,
-    start_governor,
-    stats,
     stop,
     wait_for_port,
-    wait_until,
 )
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
-from governor.client import NO_RETRY, Client, Yielded
-from govwire.codec import encode, generate_frame
-
-
-def measure(port: int, args: argparse.Namespace) -> dict[str, float]:
-    """frames_per_s, rtt_p50_ms and rtt_p99_ms of one client run."""
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.harness.yield_client",
-            "--port",
-            str(port),
-            "--seconds",
-            str(args.seconds),
-            "--connections",
-            str(args.connections),
-            "--window",
-            str(args.window),
-            "--batch",
-            str(args.batch),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, float] = orjson.loads(out.stdout)
-    return result
+from benchmarks.harness.yield_path import ndjson_yield_rate, run_governor
 
 
 def run_bare(args: argparse.Namespace) -> dict[str, float]:
@@ -71,41 +34,7 @@ def run_bare(args: argparse.Namespace) -> dict[str, float]:
     proc = start(["-m", "benchmarks.harness.bare_server", str(port)])
     try:
         wait_for_port(port)
-        return measure(port, args)
-    finally:
-        stop(proc)
-
-
-def yielded_hint(client: Client) -> int:
-    """The retry hint of one generate refused while the only slot is held."""
-    try:
-        client.generate("x")
-    except Yielded as exc:
-        return exc.retry_hint_ms
-    raise AssertionError("admitted while the only slot was held")
-
-
-def run_governor(args: argparse.Namespace, log: Path, *flags: str) -> tuple[dict[str, float], list[int], float]:
-    """Frames/s on the yield path, the retry hints a client sees right after, the service time (ms).
-    `flags` set the cap one request fills (default `--max-inflight 1`)."""
-    flags = flags or ("--max-inflight", "1")
-    proc, port = start_governor(*flags, worker_args=("--token-delay-ms", "1000"), log=log)
-    try:
-        with Client("127.0.0.1", port) as client:
-            for _ in range(20):  # empty prompts end at once (eos): service times get observed
-                client.generate("")
-        service_time_ms = stats(port)["service_time_ms"]
-        assert service_time_ms is not None
-        holder = socket.create_connection(("127.0.0.1", port))
-        holder.sendall(encode(generate_frame("holder", "x", max_new_tokens=4096, stop_on_eos=False)))
-        wait_until(lambda: stats(port)["inflight"] == 1)
-        try:
-            rate = measure(port, args)
-            with Client("127.0.0.1", port, retry=NO_RETRY) as client:
-                hints = [yielded_hint(client) for _ in range(5)]
-            return rate, hints, service_time_ms
-        finally:
-            holder.close()
+        return ndjson_yield_rate(port, args)
     finally:
         stop(proc)
 

@@ -8,6 +8,8 @@
   experiments' skeleton).
 - `model_dir`: local GPT-2 directories saved with `save_pretrained` (`python -m
   benchmarks.harness.model_dir [--trained]`); `gguf_convert`: llama.cpp's converter for them.
+- `yield_path`: frames/s refused by a governor whose only slot is held (the cost benchmarks' and
+  the fleet's yield-path runs).
 - `fixtures/`: what the tests start too (a tiny GPT-2, redis-server, a fault proxy, the fleet's
   probes, `transformers serve`), kept here so that no benchmark imports tests/.
 - Load tools started as processes: `yield_client` (pipelined NDJSON frames), `http_yield_client`

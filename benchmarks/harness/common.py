@@ -1,8 +1,9 @@
-"""Helpers shared by the benchmark scripts: start processes, wait for ports, read RSS."""
+"""Helpers shared by the benchmark scripts: start processes, wait for ports, read RSS and CPU time."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import socket
 import statistics
@@ -146,6 +147,12 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat, in clock ticks: 10 ms here)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> str:

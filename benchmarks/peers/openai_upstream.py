@@ -65,8 +65,17 @@ import orjson
 import uvloop
 from httpx_sse import EventSource
 
-from benchmarks.cost.http_front import cpu_seconds
-from benchmarks.harness.common import fmt, free_port, machine, markdown_table, out_dir, start_governor, stats, stop
+from benchmarks.harness.common import (
+    cpu_seconds,
+    fmt,
+    free_port,
+    machine,
+    markdown_table,
+    out_dir,
+    start_governor,
+    stats,
+    stop,
+)
 from benchmarks.harness.fixtures.openai_server import TransformersServe
 from benchmarks.harness.fixtures.tiny_gpt2 import save_tiny_gpt2
 from benchmarks.harness.results import Sitting

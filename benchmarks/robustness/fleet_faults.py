@@ -26,7 +26,6 @@ is closed-loop clients that wait out each yield's hint.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -36,6 +35,7 @@ from subprocess import Popen
 from typing import Any
 
 from benchmarks.harness.common import (
+    cpu_seconds,
     free_port,
     machine,
     markdown_table,
@@ -80,12 +80,6 @@ def start_replicas(worker: str, urls: list[str], *flags: str, name: str) -> tupl
     # and past a new fleet's first lease, in which no share grows
     wait_until(lambda: all(stats(p)["fleet"]["resources"]["inflight"]["share"] >= 1 for p in ports), 20)
     return procs, ports
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/PID/stat, in clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def over(samples: list[float], cap: float) -> int:
