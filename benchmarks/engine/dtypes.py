@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
-from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, make_workload, run_engine, timed_median_ms
+from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, run_engine, timed_median_ms
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine
 from benchmarks.harness.results import Sitting
+from benchmarks.harness.workloads import make_workload
 from worker.attention import Segment
 from worker.engine import LLMEngine
 from worker.kv_cache import KVCache

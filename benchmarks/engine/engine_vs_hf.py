@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import statistics
 import threading
 import time
@@ -35,40 +34,13 @@ import torch
 
 from benchmarks.harness.common import machine, out_dir, start_governor, stats, stop
 from benchmarks.harness.results import Sitting
+from benchmarks.harness.workloads import Workload, make_workload
 from governor.client import AsyncClient
 from govwire.request import GenerateRequest
 from worker.allocator import keep_freed_memory
 from worker.engine import FinishEvent, LLMEngine
 from worker.loading import DTYPES, load, load_hf_model
 from worker.scheduler import SchedulerConfig
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    prompts: list[str]
-    max_new_tokens: list[int]
-
-    @property
-    def useful_tokens(self) -> int:
-        return sum(self.max_new_tokens)
-
-
-def make_workload(name: str, seed: int) -> Workload:
-    rng = random.Random(seed)
-    alphabet = "abcdefghijklmnopqrstuvwxyz      "
-
-    def text(n: int) -> str:  # n ASCII characters: n tokens for the byte tokenizer of the random models
-        return "".join(rng.choice(alphabet) for _ in range(n))
-
-    if name == "uniform":
-        return Workload(name, [text(64) for _ in range(32)], [64] * 32)
-    if name == "wide":  # issue 45: 256 streams at once, where the host's work per sequence shows
-        return Workload(name, [text(32) for _ in range(256)], [64] * 256)
-    if name == "mixed":
-        lengths = [rng.randint(16, 512) for _ in range(32)]
-        return Workload(name, [text(n) for n in lengths], [rng.randint(8, 128) for _ in range(32)])
-    raise SystemExit(f"unknown workload {name!r}; expected uniform, mixed or wide")
 
 
 @dataclass

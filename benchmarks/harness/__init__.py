@@ -8,6 +8,7 @@
   experiments' skeleton).
 - `model_dir`: local GPT-2 directories saved with `save_pretrained` (`python -m
   benchmarks.harness.model_dir [--trained]`); `gguf_convert`: llama.cpp's converter for them.
+- `workloads`: the named prompt sets the engine is measured on, here and beside llama.cpp.
 - `yield_path`: frames/s refused by a governor whose only slot is held (the cost benchmarks' and
   the fleet's yield-path runs).
 - `fixtures/`: what the tests start too (a tiny GPT-2, redis-server, a fault proxy, the fleet's

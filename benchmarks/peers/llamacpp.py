@@ -12,8 +12,8 @@
    50,257-entry BPE) converted to GGUF for each dtype (benchmarks/harness/gguf_convert.py), once.
 4. For each dtype and round, alternating which goes first: `llama-server --parallel 32
    --cont-batching` and the governor's front door (`--http-port`) in front of a GPT-2 worker, each
-   with `--threads` threads, are sent the workload of benchmarks/engine/engine_vs_hf.py (uniform: 32 ×
-   64-character prompts, 64 new tokens; mixed: 16–512 characters, 8–128 new tokens) all at once
+   with `--threads` threads, are sent engine_vs_hf's workload (benchmarks/harness/workloads.py; uniform:
+   32 × 64-character prompts, 64 new tokens; mixed: 16–512 characters, 8–128 new tokens) all at once
    on `/v1/completions`: greedy, `ignore_eos`, not streamed, and no prompt cache on either side
    (`cache_prompt: false` to llama-server, `--no-prefix-caching` to the worker) so every round is
    a first round. Tokens/s = completion tokens / the wall time from the first send to the last
@@ -50,7 +50,6 @@ from typing import Any
 
 import httpx
 
-from benchmarks.engine.engine_vs_hf import Workload, make_workload
 from benchmarks.harness import rounds
 from benchmarks.harness.common import (
     HARNESS,
@@ -65,6 +64,7 @@ from benchmarks.harness.common import (
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
 from benchmarks.harness.model_dir import ensure_trained
 from benchmarks.harness.results import Sitting
+from benchmarks.harness.workloads import Workload, make_workload
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
