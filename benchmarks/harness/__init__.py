@@ -1,4 +1,5 @@
-"""What the benchmarks share; nothing here is a benchmark of its own.
+"""What the benchmarks share; nothing here is a benchmark of its own. The benchmark folders import
+this package and never each other (tests/unit/benchmarks/test_imports.py).
 
 - `common`: start a governor (with its front door) or a standalone worker on free loopback ports,
   stop it, read its stats, RSS and CPU time; table formatting; benchmarks/out/.
