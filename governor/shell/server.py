@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
 from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
@@ -51,6 +52,31 @@ TIMEOUT_SWEEP_MAX_S = 1.0  # idle and unauthenticated connections are looked for
 
 
 def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> ServerState:
+    """What every connection shares: admission and its tenants, the client secrets, what a
+    request may ask and what it costs."""
+    admission = build_admission(config, upstream, now)
+    auth = config.client_secret()
+    apply_tenancy(admission, config, auth, now)
+    state = ServerState(
+        limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
+        admission=admission,
+        upstream=upstream,
+        auth=auth,
+        tenant_from_frame=config.tenant_from == "frame",
+        costs=CostModel(
+            config.bytes_per_token,
+            config.output_token_weight,
+            config.max_new_tokens_limit,
+            calibrate=config.token_estimate == "calibrated",
+        ),
+    )
+    state.tenant_from = config.tenant_from
+    return state
+
+
+def build_admission(config: GovernorConfig, upstream: Upstream, now: float) -> Admission:
+    """The governor's own caps over the upstream's endpoints, the hints its refusals carry and
+    the adaptive limit; its tenants are set apart (apply_tenancy), as a SIGHUP sets them again."""
     policy = RetryHintPolicy(
         base_ms=config.retry_hint_ms,
         min_ms=config.retry_hint_min_ms,
@@ -79,24 +105,9 @@ def build_state(config: GovernorConfig, upstream: Upstream, now: float) -> Serve
         tokens_burst=config.tokens_burst,
         adaptive=adaptive,
         appointment_grace_s=config.appointment_grace_ms / 1000,
+        lobby=True,  # returning clients are held for their capacity (ServerState builds the lobby)
     )
-    auth = config.client_secret()
-    apply_tenancy(admission, config, auth, now)
-    state = ServerState(
-        limits=Limits(max_new_tokens=config.max_new_tokens_limit, integrity=IntegrityMode(config.integrity)),
-        admission=admission,
-        upstream=upstream,
-        auth=auth,
-        tenant_from_frame=config.tenant_from == "frame",
-        costs=CostModel(
-            config.bytes_per_token,
-            config.output_token_weight,
-            config.max_new_tokens_limit,
-            calibrate=config.token_estimate == "calibrated",
-        ),
-    )
-    state.tenant_from = config.tenant_from
-    return state
+    return admission
 
 
 def served_models(upstream: Upstream, served_model: str) -> list[str]:
@@ -295,34 +306,15 @@ class Server:
         return 0
 
     async def start_up(self, stack: contextlib.AsyncExitStack) -> tuple[ServerState, list[asyncio.Server]]:
-        """Workers (spawned or linked), the shared state, the metrics endpoint, then the listener."""
+        """Workers (spawned or linked), the shared state, the metrics endpoint, then the listener;
+        each registers its teardown on `stack` as it opens, so shutdown undoes them in reverse."""
         config = self.config
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
             stack.callback(loop.remove_signal_handler, sig)
         now = time.monotonic()
-        spawned: SpawnedWorkers | None = None
-        specs: Sequence[tuple[Address | OpenAITarget, EndpointLimits]]
-        if config.worker:
-            specs = [parse_endpoint(text) for text in config.worker]
-            names = [str(address) for address, _ in specs]  # an endpoint's name is its metrics label
-            worker_secret = config.worker_secret()
-        else:
-            spawned = SpawnedWorkers(config.workers, config.worker_args, config.log_format)
-            stack.callback(spawned.remove)
-            specs, names, worker_secret = spawned.specs, spawned.names, spawned.secret
-        health = HealthPolicy(
-            config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
-        )
-        upstream = Upstream(
-            [
-                (address, Endpoint(name, limits, now, TtftModel(config.deadline_margin)))
-                for (address, limits), name in zip(specs, names, strict=True)
-            ],
-            health,
-            worker_secret,
-        )
+        upstream, spawned = self._link_workers(stack, now)
         state = build_state(config, upstream, now)
         await self._join_fleet(state, stack)
         if config.config or config.auth_token_file:
@@ -337,32 +329,78 @@ class Server:
                 config.host,
                 "anyone who can reach this address can submit work; set --auth-token-file",
             )
-        upstream.start()
-        stack.push_async_callback(upstream.close)
-        stack.callback(_close_connections, state)  # before the links close: their requests settle first
-        sweeper = asyncio.create_task(sweep_timeouts(state, config.idle_timeout_s))
-        stack.callback(sweeper.cancel)
-        lag_sampler = asyncio.create_task(sample_loop_lag(state.latency.event_loop_lag, loop.time))
-        stack.callback(lag_sampler.cancel)
-        registry = build_registry(
-            state, upstream, config.served_model
-        )  # scraped on --metrics-port and the front door's /metrics
+        self._start_background(state, upstream, stack)
+        registry = build_registry(state, upstream, config.served_model)  # scraped: --metrics-port, front door
         if config.metrics_port:
             metrics = MetricsEndpoint(registry, upstream.not_ready)
             await metrics.start(config.metrics_host or config.host, config.metrics_port)
             stack.push_async_callback(metrics.close)
+        listeners = await self._open_listeners(state, upstream, registry, stack)
+        self._announce(upstream, max_open_files, stack)
+        return state, listeners
+
+    def _link_workers(self, stack: contextlib.AsyncExitStack, now: float) -> tuple[Upstream, SpawnedWorkers | None]:
+        """Links to the --worker endpoints, or to the workers it spawns. Nothing starts here: the
+        spawned workers (returned) once the state that counts their restarts exists, the links
+        once the fleet is joined (_start_background)."""
+        config = self.config
+        spawned: SpawnedWorkers | None = None
+        specs: Sequence[tuple[Address | OpenAITarget, EndpointLimits]]
+        if config.worker:
+            specs = [parse_endpoint(text) for text in config.worker]
+            names = [str(address) for address, _ in specs]  # an endpoint's name is its metrics label
+            worker_secret = config.worker_secret()
+        else:
+            spawned = SpawnedWorkers(config.workers, config.worker_args, config.log_format)
+            stack.callback(spawned.remove)
+            specs, names, worker_secret = spawned.specs, spawned.names, spawned.secret
+        health = HealthPolicy(
+            config.worker_ping_interval_s, config.worker_ping_timeout_s, config.worker_stall_timeout_s
+        )
+        endpoints = [
+            (address, Endpoint(name, limits, now, TtftModel(config.deadline_margin)))
+            for (address, limits), name in zip(specs, names, strict=True)
+        ]
+        return Upstream(endpoints, health, worker_secret), spawned
+
+    def _start_background(self, state: ServerState, upstream: Upstream, stack: contextlib.AsyncExitStack) -> None:
+        """The links, the timeout sweep and the loop-lag sampler."""
+        upstream.start()
+        stack.push_async_callback(upstream.close)
+        stack.callback(_close_connections, state)  # before the links close: their requests settle first
+        sweeper = asyncio.create_task(sweep_timeouts(state, self.config.idle_timeout_s))
+        stack.callback(sweeper.cancel)
+        lag_sampler = asyncio.create_task(
+            sample_loop_lag(state.latency.event_loop_lag, asyncio.get_running_loop().time)
+        )
+        stack.callback(lag_sampler.cancel)
+
+    async def _open_listeners(
+        self, state: ServerState, upstream: Upstream, registry: CollectorRegistry, stack: contextlib.AsyncExitStack
+    ) -> list[asyncio.Server]:
+        """The NDJSON port, then with --http-port the front door: one set of connection limits
+        and one turn queue for both, whichever port a connection came in on."""
+        config = self.config
         limits = connection_limits(config)
         turns = TurnQueue()  # one per loop: the frames every connection holds, a turn's worth per turn
+        loop = asyncio.get_running_loop()
         listener = await loop.create_server(
             lambda: GovernorProtocol(state, limits, turns), config.host, config.port, backlog=1024
         )
         stack.callback(listener.close)
-        listeners = [listener]
-        if config.http_port:
-            models = served_models(upstream, config.served_model)
-            exposition = functools.partial(generate_latest, registry)
-            listeners.append(await self._open_front_door(state, models, limits, turns, exposition))
-            stack.callback(listeners[-1].close)
+        if not config.http_port:
+            return [listener]
+        models = served_models(upstream, config.served_model)
+        front_door = await self._open_front_door(
+            state, models, limits, turns, functools.partial(generate_latest, registry)
+        )
+        stack.callback(front_door.close)
+        return [listener, front_door]
+
+    def _announce(self, upstream: Upstream, max_open_files: int, stack: contextlib.AsyncExitStack) -> None:
+        """Log `event=listening` with the settings an operator checks first, and start the task
+        that logs `event=ready` once an endpoint is up (cancelled at teardown if none ever is)."""
+        config = self.config
         log.info(
             "event=listening host=%s port=%d http_port=%d metrics_port=%d max_inflight=%d max_open_files=%d workers=%s",
             config.host,
@@ -375,7 +413,6 @@ class Server:
         )
         ready = asyncio.create_task(announce_ready(upstream, config))
         stack.callback(ready.cancel)
-        return state, listeners
 
     async def _open_front_door(
         self,
