@@ -82,6 +82,8 @@ def _failed(prefix: str, exc: GovernorError | OSError) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """`governor` and its subcommands: `serve` and `bench` take their options from their config
+    dataclass (each declared once), `send` and `status` are clients with a few flags of their own."""
     parser = argparse.ArgumentParser(prog="governor", description="TCP ingress governor for inference workers")
     parser.add_argument("--version", action="version", version=f"governor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,7 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the effective configuration (flags > GOVERNOR_* environment > --config file > defaults) and exit",
     )
 
-    send = sub.add_parser("send", help="send one generate frame and print the streamed reply")
+    _add_send_options(sub.add_parser("send", help="send one generate frame and print the streamed reply"))
+
+    status = sub.add_parser("status", help="one screen of caps, load, rates, yields and worker health")
+    _add_client_options(status)
+    status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples (default: 1)")
+
+    bench = sub.add_parser(
+        "bench",
+        help="drive a running governor (or --direct a worker) with a workload and report latency figures",
+    )
+    add_options(bench, BenchConfig)
+    bench.set_defaults(subparser=bench)
+    return parser
+
+
+def _add_send_options(send: argparse.ArgumentParser) -> None:
+    """`send`'s prompt and the generate frame's fields, beside the clients' common options."""
     send.add_argument("prompt", help="the prompt (- reads it from stdin); size and sha256 are computed for you")
     _add_client_options(send)
     send.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default: 16)")
@@ -125,18 +143,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         help="while the governor has no worker up yet (it is starting), retry for this long (default: 30; 0: no wait)",
     )
-
-    status = sub.add_parser("status", help="one screen of caps, load, rates, yields and worker health")
-    _add_client_options(status)
-    status.add_argument("--interval", type=float, default=1.0, help="seconds between the two samples (default: 1)")
-
-    bench = sub.add_parser(
-        "bench",
-        help="drive a running governor (or --direct a worker) with a workload and report latency figures",
-    )
-    add_options(bench, BenchConfig)
-    bench.set_defaults(subparser=bench)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
