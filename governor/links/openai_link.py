@@ -32,6 +32,7 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -59,10 +60,11 @@ class OpenAILink:
     kind = "openai"
     lifecycle: Lifecycle  # where its requests' answers go (Upstream.bind)
 
-    def __init__(self, target: OpenAITarget, endpoint: Endpoint) -> None:
+    def __init__(self, target: OpenAITarget, endpoint: Endpoint, clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
         self.address = str(target)
         self.endpoint = endpoint
+        self._clock = clock  # the governor's, which admission reads too: an endpoint's pause ends on it
         url = urlsplit(target.base_url)
         self._tls = url.scheme == "https"
         self._host = url.hostname or ""
@@ -184,7 +186,7 @@ class OpenAILink:
     def busy(self, uid: str, request: InflightRequest, headers: dict[bytes, bytes]) -> None:
         wait_s = retry_after_s({k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()})
         wait_s = DEFAULT_BUSY_S if wait_s is None else wait_s
-        now = time.monotonic()
+        now = self._clock()
         self.endpoint.paused_until = max(self.endpoint.paused_until, now + wait_s)
         self.busy_total += 1
         log.info("event=endpoint_busy endpoint=%s retry_after_s=%.3f", self.address, wait_s)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from governor.admission.endpoint import Endpoint, OpenAITarget
@@ -33,9 +34,14 @@ class Upstream:
         endpoints: Sequence[tuple[Address | OpenAITarget, Endpoint]],
         health: HealthPolicy | None = None,
         secret: SharedSecret | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        # `clock`: the governor's (ServerState's), so that a link times a token, and an endpoint's
+        # pause, on the clock the lifecycle and admission read.
         self.links: list[WorkerLink | OpenAILink] = [
-            OpenAILink(target, endpoint) if isinstance(target, OpenAITarget) else WorkerLink(target, endpoint, secret)
+            OpenAILink(target, endpoint, clock)
+            if isinstance(target, OpenAITarget)
+            else WorkerLink(target, endpoint, secret, clock)
             for target, endpoint in endpoints
         ]
         self.health = health or HealthPolicy()

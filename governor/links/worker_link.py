@@ -82,10 +82,17 @@ class WorkerLink(asyncio.Protocol):
     kind = "worker"
     lifecycle: Lifecycle  # where its requests' answers go (Upstream.bind)
 
-    def __init__(self, address: Address, endpoint: Endpoint, secret: SharedSecret | None = None) -> None:
+    def __init__(
+        self,
+        address: Address,
+        endpoint: Endpoint,
+        secret: SharedSecret | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.address = str(address)
         self._secret = secret
         self._address = address
+        self._clock = clock  # the governor's, which the lifecycle reads too: tokens, pings and stalls are timed on it
         self.endpoint = endpoint  # its caps and load in the pool; up while this link is connected
         self.inflight: dict[str, InflightRequest] = {}  # uid -> request
         self.pid: int | None = None  # set when the governor spawned this worker
@@ -95,7 +102,7 @@ class WorkerLink(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         self._splitter = LineSplitter(MAX_REPLY_BYTES)
         self._closed: asyncio.Future[None] | None = None
-        self.ping_pending_since: float | None = None  # time.monotonic() of the unanswered ping, if any
+        self.ping_pending_since: float | None = None  # when the unanswered ping went, if any
         self.last_progress_at = 0.0  # when a request on this link last heard from the worker
         self.last_error = ""  # why it is not up (unreachable, refused, unresponsive), for /readyz and stats
         # For a spawned worker: how its process last ended (supervisor.WorkerExit), until it is up
@@ -157,7 +164,7 @@ class WorkerLink(asyncio.Protocol):
         """Send an admitted request under the governor's `uid` (a chat with its messages: the
         worker renders them with its chat template)."""
         if not self.inflight:
-            self.last_progress_at = time.monotonic()  # the stall clock starts with the first request
+            self.last_progress_at = self._clock()  # the stall clock starts with the first request
         self.inflight[uid] = request
         frame = generate.to_frame()
         frame["id"] = uid
@@ -206,7 +213,7 @@ class WorkerLink(asyncio.Protocol):
     async def _watch(self, health: HealthPolicy) -> None:
         """Ping a connected link until it closes; cut it when it stops answering or progressing."""
         while self.is_connected:
-            now = time.monotonic()
+            now = self._clock()
             if not self.probe(now, health.ping_timeout_s):
                 self._give_up(f"ping unanswered for {health.ping_timeout_s:g} s")
                 break
@@ -244,7 +251,7 @@ class WorkerLink(asyncio.Protocol):
         touched: set[RequestOwner] = set()
         inflight = self.inflight
         lifecycle = self.lifecycle
-        now = time.monotonic()
+        now = self._clock()
         for line in self._splitter.feed(data):
             if type(line) is bytes and line.startswith(TOKEN_FRAME_HEAD):
                 close = line.find(b'"', _HEAD_LEN)

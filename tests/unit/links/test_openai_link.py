@@ -89,9 +89,11 @@ async def serve(respond: Respond) -> ScriptedServer:
     return await ScriptedServer(route).start()
 
 
-async def started_link(base_url: str, health: HealthPolicy | None = None) -> tuple[OpenAILink, asyncio.Task[None]]:
-    endpoint = Endpoint("e", EndpointLimits(), time.monotonic())
-    link = OpenAILink(OpenAITarget(base_url, "m"), endpoint)
+async def started_link(
+    base_url: str, health: HealthPolicy | None = None, clock: Callable[[], float] = time.monotonic
+) -> tuple[OpenAILink, asyncio.Task[None]]:
+    endpoint = Endpoint("e", EndpointLimits(), clock())
+    link = OpenAILink(OpenAITarget(base_url, "m"), endpoint, clock)
     task = asyncio.create_task(link.maintain(health or HealthPolicy(0.05, 1.0, 5.0)))
     for _ in range(200):
         if endpoint.up:
@@ -187,6 +189,19 @@ def test_a_full_server_pauses_its_endpoint_and_the_request_is_busy(status: str, 
     )
     assert owner.events == [("busy", hint)]
     assert link.endpoint.paused_until > time.monotonic() - 1 and link.busy_total == 1
+
+
+def test_a_full_servers_pause_ends_on_the_clock_the_link_was_given() -> None:
+    async def scenario() -> OpenAILink:
+        server = await serve(answer(plain_response("429 Too Many Requests", b"{}", "retry-after-ms: 300\r\n")))
+        link, task = await started_link(server.base_url, clock=FakeClock(1000.0))
+        await one_request(link, GenerateRequest("c1", "hi"))
+        task.cancel()
+        await server.close()
+        return link
+
+    link = asyncio.run(scenario())
+    assert link.endpoint.paused_until == pytest.approx(1000.3)
 
 
 def test_a_refused_request_is_bad_frame_with_the_servers_words() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,15 +63,15 @@ class Owner:
         self.flushes += 1
 
 
-def new_link() -> WorkerLink:
+def new_link(clock: Callable[[], float] = time.monotonic) -> WorkerLink:
     """A link as Upstream makes it: bound to a lifecycle (this one records)."""
-    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0))
+    link = WorkerLink(Address(path="/tmp/x.sock"), Endpoint("x", EndpointLimits(), 0.0), clock=clock)
     link.lifecycle = RecordingLifecycle()  # type: ignore[assignment]
     return link
 
 
-def linked() -> tuple[WorkerLink, FakeTransport, Owner, RecordingLifecycle]:
-    link = new_link()
+def linked(clock: Callable[[], float] = time.monotonic) -> tuple[WorkerLink, FakeTransport, Owner, RecordingLifecycle]:
+    link = new_link(clock)
     lifecycle: RecordingLifecycle = link.lifecycle  # type: ignore[assignment]
     transport = FakeTransport()
     link.connection_made(transport)  # type: ignore[arg-type]
@@ -99,6 +101,12 @@ def test_token_frames_are_routed_as_bytes_without_parsing() -> None:
     assert owner.tokens == [token[len(b'{"id":"u1"') : -1]] * 2  # everything after the id, no newline
     assert lifecycle.calls == [("start", "client-1"), ("finish", "hi")] and owner.flushes == 1
     assert link.inflight["u1"].tokens_seen == 2
+
+
+def test_a_tokens_time_is_read_on_the_clock_the_link_was_given() -> None:
+    link, _, _, _ = linked(lambda: 42.0)
+    link.data_received(encode_token("u1", 0, 104, "h"))
+    assert link.inflight["u1"].t_last_token == 42.0 and link.last_progress_at == 42.0
 
 
 @pytest.mark.parametrize(
@@ -161,10 +169,9 @@ def test_a_refusal_under_the_ping_id_is_not_an_answer() -> None:
     assert not link.endpoint.up and link.is_connected  # the worker closes it; nothing is attributed
 
 
-def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_link_stalls_when_its_requests_hear_nothing_for_the_timeout() -> None:
     clock = [100.0]
-    monkeypatch.setattr("governor.links.worker_link.time.monotonic", lambda: clock[0])
-    link, _, owner, _ = linked()  # holds u1, added by hand: the stall clock starts at submit()
+    link, _, owner, _ = linked(lambda: clock[0])  # holds u1, added by hand: the stall clock starts at submit()
     link.inflight.clear()
     link.submit("u1", InflightRequest("client-1", owner, Grant(), 0.0), GenerateRequest("client-1", "x"))
     clock[0] = 160.0
