@@ -384,7 +384,7 @@ def test_through_a_door_the_lifecycle_ends_the_request_and_the_link_forgets_it()
         server = await serve(answer(body))
         clock = FakeClock()
         endpoint = Endpoint("e", EndpointLimits(), clock())
-        upstream = Upstream([(OpenAITarget(server.base_url, "m"), endpoint)], HealthPolicy(0.05, 1.0, 5.0))
+        upstream = Upstream([(OpenAITarget(server.base_url, "m"), endpoint)], HealthPolicy(0.05, 1.0, 5.0), clock=clock)
         link = upstream.links[0]
         assert isinstance(link, OpenAILink)
         state = make_state(upstream=upstream, endpoints=[endpoint], clock=clock, integrity=IntegrityMode.OFF)
