@@ -40,13 +40,14 @@ from governor.admission.decision import Admission
 from governor.admission.displacement import Answer
 from governor.admission.limits import Grant
 from governor.latency import LatencyMetrics
+from governor.timers import Cancellable, Timers
 from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerLost, WorkerUnavailable
 from govwire.messages import Completion
 from govwire.request import GenerateRequest
 from govwire.vocab import YieldReason
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment
+    from governor.admission.appointments.appointment import Appointment
 
 log = logging.getLogger("governor.lifecycle")
 
@@ -104,16 +105,6 @@ class RequestOwner(Protocol):
         (the door recognises the client by what it re-sends, and renders the ticket)."""
 
     def flush(self) -> None: ...
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Timers(Protocol):
-    """Where deadlines are scheduled: the event loop (`loop.call_later`), or a test's fake."""
-
-    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> Cancellable: ...
 
 
 class Link(Protocol):

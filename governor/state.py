@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.accounting import Accounting, ShedReason
+from governor.admission.appointments.lobby import Lobby
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
 from governor.latency import LatencyMetrics
-from governor.lifecycle import Cancellable, Dispatcher, InflightRequest, Lifecycle, Timers
-from governor.lobby import Lobby
+from governor.lifecycle import Dispatcher, InflightRequest, Lifecycle
+from governor.timers import Cancellable, Timers
 from govwire.auth import TenantSecrets
 from govwire.errors import GovernorError
 from govwire.request import Limits

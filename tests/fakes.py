@@ -7,7 +7,7 @@ from typing import Any
 
 import orjson
 
-from governor.admission.appointments import PrepaidBook
+from governor.admission.appointments.books import PrepaidBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
@@ -185,7 +185,7 @@ def make_state(
         endpoint.up = True
         endpoints = [endpoint]
     hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
-    admission = Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), **token_caps)
+    admission = Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), lobby=True, **token_caps)
     implicit = auth.tenants if auth is not None else frozenset()
     admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock(), preempt)
     return ServerState(

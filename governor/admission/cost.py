@@ -23,7 +23,7 @@ from govwire.request import DEFAULT_MAX_NEW_TOKENS, MAX_DEADLINE_MS
 from govwire.vocab import Priority
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment
+    from governor.admission.appointments.appointment import Appointment
     from governor.admission.tenant import Tenant
 
 _PRIORITY: dict[object, Priority] = {p.value: p for p in Priority}

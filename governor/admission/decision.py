@@ -34,15 +34,9 @@ import math
 from collections.abc import Callable, Sequence
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
-from governor.admission.appointments import (
-    HOLD,
-    Appointment,
-    AppointmentBook,
-    Appointments,
-    FreeAt,
-    PrepaidBook,
-    identity_of,
-)
+from governor.admission.appointments.appointment import Appointment
+from governor.admission.appointments.books import HOLD, AppointmentBook, FreeAt, PrepaidBook
+from governor.admission.appointments.registry import Appointments, identity_of
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.deadline import DeadlineLimit
 from governor.admission.displacement import Displacement, Evictor
@@ -194,6 +188,7 @@ class Admission:
         tokens_burst: float = 0.0,
         adaptive: AdaptivePolicy | None = None,
         appointment_grace_s: float = 0.05,
+        lobby: bool = False,
     ) -> None:
         self.hints = hints
         # Refusals whose hint is at least this far are final (Refusal.final): no promise is booked
@@ -201,7 +196,7 @@ class Admission:
         self.horizon_ms = hints.policy.horizon_ms
         self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
         forecast = self.forecast = ReleaseForecast()
-        registry = self.appointments = Appointments(appointment_grace_s, hints)
+        registry = self.appointments = Appointments(appointment_grace_s, hints, lobby)
         self.drain = Draining(hints)
         booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
 
@@ -519,7 +514,7 @@ class Admission:
         goes back (counted `refused_elsewhere`) rather than keeping capacity idle until its window
         closes and lapsing against its book's trust. (A limit that booked the frame anew removed
         and counted it already; a frame back before its window keeps its place.)"""
-        if self.appointments.by_ticket.get(held.ticket) is held and held.opened(now):
+        if held.live and held.opened(now):
             held.book.refused_elsewhere(held)
 
     def _rank_of(self, now: float, ask: Ask) -> int:
@@ -632,9 +627,8 @@ class Admission:
             return self.hints.hint_ms(now), None
         ask = victim.ask
         deficit = max(1, inflight.inflight + 1 - int(inflight.max_inflight * ask.ceiling))
-        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, ask.rank)
+        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, ask.rank, displaced=True)
         if appointment is not None:
-            appointment.displaced = True
             self._name(appointment, ask)
         return hint_ms, appointment
 

@@ -36,7 +36,7 @@ from governor.admission.priority import RANK
 from govwire.vocab import DEFAULT_TENANT, Priority
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment
+    from governor.admission.appointments.appointment import Appointment
 
 Answer = Callable[[int, "Appointment | None"], None]
 """Renders the victim's `yield` (its hint in ms, and its appointment if one was booked)."""

@@ -11,7 +11,7 @@ from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
 from governor.admission.ttft import TtftModel
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import AppointmentBook, PrepaidBook
+    from governor.admission.appointments.books import AppointmentBook, PrepaidBook
 
 
 @dataclass(frozen=True, slots=True)

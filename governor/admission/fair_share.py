@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import AppointmentBook, Appointments
+from governor.admission.appointments.books import AppointmentBook
+from governor.admission.appointments.registry import Appointments
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, InflightLimiter, Refusal, TokenBudget

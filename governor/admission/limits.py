@@ -30,7 +30,8 @@ from govwire.vocab import Priority, YieldReason
 _CRITICAL = Priority.CRITICAL
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import Appointment, AppointmentBook, PrepaidBook
+    from governor.admission.appointments.appointment import Appointment
+    from governor.admission.appointments.books import AppointmentBook, PrepaidBook
 
 
 class Refusal:

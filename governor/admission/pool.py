@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import AppointmentBook, Appointments, NewBook, PrepaidBook
+from governor.admission.appointments.books import AppointmentBook, NewBook, PrepaidBook
+from governor.admission.appointments.registry import Appointments
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator

@@ -26,7 +26,7 @@ from govwire.request import is_tenant_name
 from govwire.vocab import DEFAULT_TENANT
 
 if TYPE_CHECKING:
-    from governor.admission.appointments import AppointmentBook, PrepaidBook
+    from governor.admission.appointments.books import AppointmentBook, PrepaidBook
 
 
 @dataclass(frozen=True, slots=True)

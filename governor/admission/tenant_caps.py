@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from governor.admission.appointments import Appointments, NewBook, PrepaidBook
+from governor.admission.appointments.books import NewBook, PrepaidBook
+from governor.admission.appointments.registry import Appointments
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, over_budget

@@ -35,7 +35,8 @@ import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import Appointment
+from governor.admission.appointments.appointment import Appointment
+from governor.admission.appointments.lobby import Held
 from governor.admission.limits import Grant, Refusal
 from governor.doors import gateway
 from governor.doors.gateway import (
@@ -66,7 +67,6 @@ from governor.doors.openai_api import (
 )
 from governor.doors.shared import admit_and_dispatch, decide_frame, flush_pending
 from governor.lifecycle import InflightRequest
-from governor.lobby import Held
 from governor.state import ServerState
 from govwire.errors import (
     BadFrame,

@@ -23,12 +23,12 @@ from typing import Any
 from orjson import JSONDecodeError, loads
 
 from governor.accounting import CLIENT_CANCELLED, CLIENT_DISCONNECTED, ShedReason
-from governor.admission.appointments import Appointment
+from governor.admission.appointments.appointment import Appointment
+from governor.admission.appointments.lobby import Held
 from governor.admission.limits import Grant, Refusal
 from governor.doors.shared import admit_and_dispatch, decide_frame, flush_pending
 from governor.doors.turns import FRAMES_PER_TURN
 from governor.lifecycle import InflightRequest
-from governor.lobby import Held
 from governor.state import ServerState
 from govwire.auth import AUTH_FRAME_BYTES, auth_candidate, authenticate
 from govwire.codec import (

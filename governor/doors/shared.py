@@ -17,11 +17,11 @@ from functools import partial
 from typing import Protocol, TypeVar, cast
 
 from governor.accounting import outcome_of
-from governor.admission.appointments import HOLD
+from governor.admission.appointments.books import HOLD
+from governor.admission.appointments.lobby import Held
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.lifecycle import InflightRequest, Lifecycle, RequestOwner
-from governor.lobby import Held
 from governor.state import ServerState
 from govwire.errors import RequestRejected, WorkerUnavailable
 from govwire.request import GenerateRequest

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from governor.admission.adaptive_limit import AdaptiveMode
-from governor.admission.appointments import OUTCOMES
+from governor.admission.appointments.registry import OUTCOMES
 from governor.admission.tally import Tally
 from governor.fleet.lease import RESOURCES, FleetState
 from governor.fleet.member import FleetMember

@@ -137,18 +137,20 @@ def test_the_scheduler_and_its_bookkeeping_need_no_torch(bookkeeping: str) -> No
 # else of the governor. A module is in the layer whose name is its longest prefix.
 LAYERS: dict[str, frozenset[str]] = {
     "governor.latency": frozenset(),  # the histograms: everything records into them
+    "governor.timers": frozenset(),  # where deadlines are set (the lobby's and the lifecycle's)
     "governor.doors.gateway_policy": frozenset(),  # which gateway headers the front door trusts: configuration
-    "governor.admission": frozenset({"governor.latency"}),  # the decision and its limits: pure
+    # the decision, its limits, the appointments and the lobby: pure, timed through a Protocol
+    "governor.admission": frozenset({"governor.latency", "governor.timers"}),
     "governor.fleet": frozenset({"governor.admission", "governor.latency"}),  # a lease is one more limit
     "governor.accounting": frozenset({"governor.admission"}),
-    "governor.lifecycle": frozenset({"governor.accounting", "governor.admission", "governor.latency"}),
+    "governor.lifecycle": frozenset(
+        {"governor.accounting", "governor.admission", "governor.latency", "governor.timers"}
+    ),
     "governor.links": frozenset({"governor.lifecycle", "governor.admission"}),
-    # returning clients held for their capacity: decided by admission, timed like the lifecycle
-    "governor.lobby": frozenset({"governor.lifecycle", "governor.admission", "governor.latency"}),
     "governor.state": frozenset(
         {
             "governor.lifecycle",
-            "governor.lobby",
+            "governor.timers",
             "governor.accounting",
             "governor.admission",
             "governor.latency",
@@ -158,7 +160,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "governor.doors": frozenset(
         {
             "governor.state",
-            "governor.lobby",
             "governor.lifecycle",
             "governor.accounting",
             "governor.admission",
@@ -168,7 +169,6 @@ LAYERS: dict[str, frozenset[str]] = {
     "governor.report": frozenset(
         {
             "governor.state",
-            "governor.lobby",
             "governor.links",
             "governor.fleet",
             "governor.lifecycle",
@@ -199,8 +199,8 @@ NEVER = [
     ("governor.doors", "governor.links"),
     ("governor.lifecycle", "governor.doors"),
     ("governor.lifecycle", "governor.links"),
-    ("governor.lifecycle", "governor.lobby"),
-    ("governor.admission", "governor.lobby"),
+    ("governor.timers", "governor.lifecycle"),
+    ("governor.timers", "governor.admission"),
 ]
 DOORS = ("governor.doors.ndjson", "governor.doors.http")
 
@@ -372,3 +372,40 @@ def test_the_echo_worker_starts_without_torch(tmp_path: Path) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
     assert "worker.service" in imported, "the walk saw the worker's own modules"
     assert not {m for m in imported if m.split(".")[0] in ("torch", "transformers")}
+
+
+def registry_reaches(path: Path) -> list[str]:
+    """Where a door decides or reaches into the appointments itself (admission's and the shared
+    decision step's work): a call of `decide` or `identify`, a read of the registry's
+    `appointments`, `by_ticket` or `lapsed`, or an import of the registry."""
+    found = []
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in (
+            "decide",
+            "identify",
+            "appointments",
+            "by_ticket",
+            "lapsed",
+        ):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    found += [f"{i.where}: imports {i.target}" for i in imports_of(path) if ".appointments.registry" in i.target]
+    return found
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_door_decides_or_reads_the_appointment_registry(door: str) -> None:
+    # One decision step for both doors (doors/shared.py): a feature around `decide` is written once.
+    assert registry_reaches(ROOT.joinpath(*door.split(".")).with_suffix(".py")) == []
+
+
+def test_the_registry_check_sees_a_door_that_reaches_in(tmp_path: Path) -> None:
+    sample = ROOT / "governor" / "doors" / "_sample_door.py"
+    sample.write_text(
+        "from governor.admission.appointments.registry import identity_of\n"
+        "def f(state, ask):\n    state.admission.appointments.identify(1, 2)\n    return state.admission.decide(0, ask)\n"
+    )
+    try:
+        assert len(registry_reaches(sample)) == 4
+    finally:
+        sample.unlink()

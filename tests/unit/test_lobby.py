@@ -515,7 +515,7 @@ def test_clients_sending_the_same_body_are_each_recognised_while_one_is_held() -
     assert isinstance(second, Refusal)
     two = second.appointment
     assert one is not None and two is not None and one is not two
-    one.in_lobby = True  # the first client is back and held
+    one.hold(clock())  # the first client is back and held
     clock.advance(two.at - clock())
     back = same_body()
     admission.decide(clock(), back)

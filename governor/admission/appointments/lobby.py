@@ -2,14 +2,14 @@
 instead of being told a new time.
 
 A refused client is told to be back by a little before its slot's forecast release
-(admission/appointments.py: "be here by"). When it comes back inside its window and the capacity
+(books.py: "be here by"). When it comes back inside its window and the capacity
 kept for it is not free yet (the forecast was early by a fraction of a token, or the client
 came early on purpose), `Admission.decide` answers `HOLD` rather than a new hint, and the door
 parks the frame here with the callback that renders its answer. A held frame is decided again
 each time capacity may have come back (`freed`: from the lifecycle's settle, at the end of an
 endpoint's 429/503 pause, after a reload's new caps), holders in the
 order of their appointments, and answered with the first decision that is not a hold: admitted,
-or refused by another limit. It is decided a last time (`Appointment.last_call`) at the promise
+or refused by another limit. It is decided a last time (its appointment's LAST_CALL) at the promise
 horizon from its first refusal (or when its window closes, if that is later): the holder is here,
 so holding it costs no capacity (the capacity is kept for it either way), and a forecast early by
 a fraction of a token, or by a prefill that stalled the batch, keeps it rather than sending it
@@ -18,7 +18,7 @@ is made once, and no client waits on the governor's promises longer than the hor
 
 Only returning clients are held (a first arrival always gets an answer at once), so the promise
 "never queued" becomes "a returning client may wait, at most until its promise horizon". Bounded: one entry per
-open appointment (a second frame for a held appointment is a new client, decision.py), one timer
+open appointment (a second frame for a held appointment is a new client, registry.py), one timer
 each. A held client that leaves gives its appointment back (`leave`); a drain answers every held
 frame (`answer_all`). The doors own what a held frame is on their connection; the decisions are
 admission's.
@@ -28,14 +28,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from governor.admission.appointments import HOLD, Appointment
+from governor.admission.appointments.appointment import Appointment
+from governor.admission.appointments.books import HOLD
 from governor.admission.cost import Ask
-from governor.admission.decision import Admission
 from governor.admission.limits import Grant, Refusal
 from governor.latency import Histogram
-from governor.lifecycle import Cancellable, Timers
+from governor.timers import Cancellable, Timers
 from govwire.errors import RequestRejected
+
+if TYPE_CHECKING:
+    from governor.admission.decision import Admission
 
 log = logging.getLogger("governor.lobby")
 
@@ -77,7 +81,8 @@ class Lobby:
         self._held: dict[Appointment, Held] = {}
         self._waking = False  # a wake-up is scheduled
         self.wait = Histogram(LOBBY_WAIT_BUCKETS)  # governor_lobby_wait_seconds
-        admission.appointments.lobby = True  # its books may now answer HOLD
+        if not admission.appointments.lobby:  # (its books would never answer HOLD)
+            raise ValueError("admission was built without a lobby (Admission(..., lobby=True))")
 
     def __len__(self) -> int:
         return len(self._held)
@@ -86,8 +91,7 @@ class Lobby:
         """Park the frame `decide` answered HOLD for `appointment` until it is decided otherwise."""
         now = self._clock()
         held = Held(appointment, ask, answer, now)
-        appointment.in_lobby = True
-        appointment.came_at = now
+        appointment.hold(now)
         self._held[appointment] = held
         # Held until the promise horizon from its first refusal (or its window's close, if later).
         last = appointment.booked_at + self._admission.horizon_ms / 1000.0
@@ -114,7 +118,7 @@ class Lobby:
     def _last_call(self, held: Held) -> None:
         held.timer = None
         if self._held.get(held.appointment) is held:
-            held.appointment.last_call = True
+            held.appointment.call_last()
             self._decide(held, self._clock())
 
     def _decide(self, held: Held, now: float) -> None:
@@ -141,7 +145,7 @@ class Lobby:
     def _remove(self, held: Held) -> None:
         appointment = held.appointment
         del self._held[appointment]
-        appointment.in_lobby = appointment.last_call = False
+        appointment.unhold()
         if held.timer is not None:
             held.timer.cancel()
             held.timer = None
@@ -156,14 +160,14 @@ class Lobby:
 
     def _give_back(self, appointment: Appointment) -> None:
         """Out of its book, if it is still there (a refusal may have moved or removed it)."""
-        if self._admission.appointments.by_ticket.get(appointment.ticket) is appointment:
+        if appointment.live:
             appointment.book.remove(appointment)
 
     def answer_all(self) -> None:
         """Decide every held frame now (a drain: each is told `draining`)."""
         now = self._clock()
         for held in sorted(self._held.values(), key=_by_appointment):
-            held.appointment.last_call = True
+            held.appointment.call_last()
             self._decide(held, now)
 
 

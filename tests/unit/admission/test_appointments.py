@@ -12,15 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from governor.admission.appointments import (
-    LAPSED_MEMORY_S,
-    MIN_TRUST,
-    PROBE_EVERY,
-    TRUST_WEIGHT,
-    Appointment,
-    AppointmentBook,
-    Appointments,
-)
+from governor.admission.appointments.appointment import Appointment
+from governor.admission.appointments.books import MIN_TRUST, PROBE_EVERY, AppointmentBook
+from governor.admission.appointments.registry import LAPSED_MEMORY_S, TRUST_WEIGHT, Appointments
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from governor.admission.appointments import MIN_TRUST, PROBE_EVERY, PrepaidBook
+from governor.admission.appointments.books import MIN_TRUST, PROBE_EVERY, PrepaidBook
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
