@@ -1,6 +1,6 @@
 -- One replica's lease renewal, run atomically inside Redis (EVALSHA): the whole fleet-wide
 -- allocation, so no two replicas ever decide on the same free capacity. The rules are in
--- governor/fleet/lease.py's docstring and docs/operations.md ("Fleet").
+-- governor/fleet/__init__.py's docstring and docs/operations.md ("Fleet").
 --
 -- KEYS[1]  the fleet's hash: one field per replica, "EXPIRY_MS HOLD_MS RELEASE_MS SEQ" (absolute,
 --          in the fleet's clock; the renewal that wrote it) then, per resource, "LIMIT WANT HELD

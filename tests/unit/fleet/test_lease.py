@@ -25,7 +25,6 @@ from governor.fleet.lease import (
     FleetPolicy,
     FleetState,
     LeaseReply,
-    WaitLedger,
 )
 from governor.fleet.redis_url import FleetRedis
 from governor.shell.config import GovernorConfig
@@ -615,17 +614,6 @@ def test_a_renewal_too_few_redis_replicas_acknowledged_renews_nothing_and_grows_
     redis.now = lease.valid_until  # only unacknowledged renewals since: the lease lapses
     assert not lease.granted(redis.renew("m", lease), redis.now - 0.1, redis.now, durable=False)
     assert lease.state is FleetState.HOLDING
-
-
-def test_the_wait_ledger_counts_each_client_until_its_hint_ends() -> None:
-    """Two clients told to wait 600 ms and one 100 ms, at t=10 s: over the periods of 250 ms that
-    follow, 2 + 1 wait, then 2, then 2 for 100 ms of the 250; then nobody, at once."""
-    ledger = WaitLedger(30.0)
-    ledger.take(10.0)
-    ledger.add(10.0, 2, 0.6)
-    ledger.add(10.0, 1, 0.1)
-    periods = [ledger.take(10.0 + 0.25 * k) / 0.25 for k in range(1, 5)]
-    assert periods == pytest.approx([2 + 1 * 0.1 / 0.25, 2.0, 2 * 0.1 / 0.25, 0.0], abs=0.05)
 
 
 def test_a_replica_whose_clients_left_asks_for_nothing_a_period_later() -> None:
