@@ -1,7 +1,7 @@
 """This replica's lease on the fleet's caps: their values and timing (`FleetPolicy`), the reply
 of a renewal (`LeaseReply`), and `FleetLease`, the admission `Limit` that enforces this replica's
 shares (`check`, `charge`, `refund`, `release`) and the state machine of its renewals (`report`
-when one is sent, `granted` with its reply, `lapse` when none came, and the fallback). Pure logic:
+when one is sent, `apply` with its reply, `lapse` when none came, and the fallback). Pure logic:
 the clock is passed in. The shares and the demand they measure are shares.py; why it all works
 as it does, the package's docstring.
 """
@@ -112,7 +112,7 @@ class LeaseReply:
 
 class FleetLease:
     """The fleet limits as one `Limit` (a `SharedLimit`, admission/limits.py), checked after the
-    replica's own caps. Fed by member.FleetMember: `report` when a renewal is sent, `granted` with
+    replica's own caps. Fed by member.FleetMember: `report` when a renewal is sent, `apply` with
     its reply, `lapse` when none came. Pure logic: the clock is passed in."""
 
     __slots__ = (
@@ -306,11 +306,11 @@ class FleetLease:
             self._reported_at = now
         return [x for share in self.shares for x in share.report(now, elapsed)]
 
-    def granted(self, reply: LeaseReply, sent_at: float, now: float, durable: bool = True) -> bool:
-        """Apply a renewal's reply; True when a share shrank (the member confirms at once so
-        that Redis frees the difference). A reply that is not `durable` (too few Redis replicas
-        acknowledged it: a failover may lose it) neither renews the lease nor grows a share; a
-        share may shrink, while the lease in force lasts."""
+    def apply(self, reply: LeaseReply, sent_at: float, now: float, durable: bool = True) -> bool:
+        """Apply a renewal's reply, and return whether a share shrank (the member then confirms at
+        once, so that Redis frees the difference). A reply that is not `durable` (too few Redis
+        replicas acknowledged it: a failover may lose it) neither renews the lease nor grows a
+        share; a share may shrink, while the lease in force lasts."""
         self.replicas = max(1, reply.replicas)
         self.lapsed = reply.lapsed
         self.rtt_s = now - sent_at

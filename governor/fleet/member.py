@@ -139,7 +139,7 @@ class FleetMember:
         durable = acked >= self.acks
         if not durable:
             self.unacked += 1
-        shrank = lease.granted(reply, sent, now, durable=durable)
+        shrank = lease.apply(reply, sent, now, durable=durable)
         if lease.state is not FleetState.LEASED:
             if durable:  # the reply came after the lease it renewed ran out
                 self._failed(TimeoutError(f"the reply came {now - sent:.3f} s after the renewal, past the lease"))

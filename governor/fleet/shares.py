@@ -30,7 +30,7 @@ class Lease(Protocol):
 class WaitLedger:
     """How many clients wait on a share, integrated over time: a refused client waits from its
     refusal until its hint runs out (when it comes back and, refused again, waits anew), so the
-    count is a step function, +amount at the refusal and -amount when its hint ends. `take`
+    count is a step function, +amount at the refusal and -amount when its hint ends. `take_area`
     returns its integral since the last call (amount-seconds), exactly to a slot: a client told
     to wait longer than a renewal period counts in every period it waits through, and one that
     does not come back stops counting when its hint ends — a replica whose clients left asks for
@@ -45,7 +45,7 @@ class WaitLedger:
         self.horizon_s = horizon_s  # the longest wait it counts
         self._slot = 0  # the slot swept up to (time / SLOT_S)
         self._count = 0.0  # waiting now
-        self._area = 0.0  # since the last `take`
+        self._area = 0.0  # since the last `take_area`
         self._ends: dict[int, float] = {}  # slot -> amount whose wait ends there
 
     def _sweep(self, now: float) -> None:
@@ -71,13 +71,15 @@ class WaitLedger:
         end = max(self._slot + 1, int((now + wait_s) / self.SLOT_S))
         self._ends[end] = self._ends.get(end, 0.0) + amount
 
-    def take(self, now: float) -> float:
+    def take_area(self, now: float) -> float:
+        """The count's integral (amount-seconds) since the last call, up to `now`: a renewal divides
+        it by its period for how many waited on average; the next period starts from nothing."""
         self._sweep(now)
         area, self._area = self._area, 0.0
         return area
 
-    def now(self, now: float) -> float:
-        """How many wait at `now`."""
+    def waiting_at(self, now: float) -> float:
+        """How many wait at `now`: refused, their hints not yet run out."""
         self._sweep(now)
         return self._count
 
@@ -123,7 +125,7 @@ class Share:
     def waiting(self, now: float, elapsed_s: float) -> float:
         """How much waited here on average over the period that ends now; a new period starts."""
         self.refusals, self.largest = 0, 1.0
-        return self.ledger.take(now) / elapsed_s
+        return self.ledger.take_area(now) / elapsed_s
 
     def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
         """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
@@ -168,7 +170,7 @@ class HeldShare(Share):
             return False
         if self.reported > self.share >= self.holding:
             return True
-        unused = self.share - self.holding - self.ledger.now(now)
+        unused = self.share - self.holding - self.ledger.waiting_at(now)
         return self.share >= 2 and unused >= max(1.0, self.share / 2)
 
     def take(self, amount: int) -> None:

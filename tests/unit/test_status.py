@@ -313,7 +313,7 @@ def test_a_real_snapshot_renders_the_fleet_lease() -> None:
         "redis://:secret@redis:6379/0", "inference", lease, member_id="pod-a", clock=lambda: clock[0]
     )
     shares = (20.0, 90.0, 0, 0)
-    lease.granted(
+    lease.apply(
         LeaseReply(3, 1, 1, shares, (64, 300, 0, 0), (50, 250, 0, 0), (70, 400, 0, 0), shares, (40, 200, 0, 0)),
         0.0,
         0.001,

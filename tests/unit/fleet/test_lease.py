@@ -119,7 +119,7 @@ class Fleet(RuleBasedStateMachine):
 
     def deliver_now(self, i: int) -> None:
         reply = self.redis.renew(f"m{i}", self.leases[i])
-        self.leases[i].granted(reply, self.redis.now, self.redis.now)
+        self.leases[i].apply(reply, self.redis.now, self.redis.now)
 
     @rule(i=st.integers(0, 2), requests=st.integers(1, 6))
     def admit(self, i: int, requests: int) -> None:
@@ -147,7 +147,7 @@ class Fleet(RuleBasedStateMachine):
         if pending is not None:
             self.pending[i] = None
             reply, sent = pending
-            if self.leases[i].granted(reply, sent, self.redis.now):
+            if self.leases[i].apply(reply, sent, self.redis.now):
                 self.send(i)  # the confirming renewal FleetMember sends at once
                 self.deliver(i)
 
@@ -269,8 +269,8 @@ def offer(redis: LuaRedis, lease: FleetLease, clients: int, seconds: float, gran
 def renew_all(redis: LuaRedis, leases: dict[str, FleetLease]) -> None:
     """Every replica renews once, confirming a shrunk share at once (as FleetMember does)."""
     for member, lease in leases.items():
-        if lease.granted(redis.renew(member, lease), redis.now, redis.now):
-            lease.granted(redis.renew(member, lease), redis.now, redis.now)
+        if lease.apply(redis.renew(member, lease), redis.now, redis.now):
+            lease.apply(redis.renew(member, lease), redis.now, redis.now)
 
 
 @given(demands=st.lists(st.integers(0, 40), min_size=2, max_size=4), limit=st.integers(1, 40))
@@ -405,7 +405,7 @@ def test_a_reply_later_than_the_lease_it_renews_grants_nothing() -> None:
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight=4, unavailable="closed"), hints(), redis.now)
     reply = redis.renew("m", lease)
-    assert not lease.granted(reply, redis.now, redis.now + 1.0)
+    assert not lease.apply(reply, redis.now, redis.now + 1.0)
     assert lease.state is FleetState.JOINING and lease.closed
 
 
@@ -413,7 +413,7 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     redis = LuaRedis()
     policy = FleetPolicy(max_inflight=4, max_qps=10.0, qps_burst=4.0)
     lease = FleetLease(policy, hints(), redis.now)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     now = redis.now
     # Alone and wanting nothing yet: headroom of one request's worth of each cap.
     assert lease.inflight.share == 1 and lease.qps.share == 2.5  # a burst of 1 at 10 x 1/4 per second
@@ -426,7 +426,7 @@ def test_refusals_name_the_fleet_limit_and_hint_at_the_refill_or_the_renewal() -
     assert isinstance(refusal, Refusal) and refusal.reason == "fleet_inflight"
     assert lease.refusing and lease.could_grow  # the member renews early: the fleet has room
     zero = FleetLease(policy, hints(), now)
-    zero.granted(
+    zero.apply(
         LeaseReply(3, 1, 0, (0.0,) * 4, (4, 10, 0, 0), (4, 0, 0, 0), (9, 20, 0, 0), (0,) * 4, (4, 0, 0, 0)), now, now
     )
     zero.next_renewal = now + 0.2
@@ -441,7 +441,7 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     next renewal, an exact wait in either mode."""
     hints = RetryHintEstimator(RetryHintPolicy(adaptive=False, jitter=0.0, base_ms=40), 32)
     lease = FleetLease(FleetPolicy(max_inflight=4, max_inflight_tokens=200), hints, 0.0)
-    lease.granted(
+    lease.apply(
         LeaseReply(2, 1, 0, (2, 0, 100, 0), (4, 0, 200, 0), (0,) * 4, (0,) * 4, (2, 0, 100, 0), (2, 0, 100, 0)),
         0.0,
         0.0,
@@ -457,7 +457,7 @@ def test_with_fixed_hints_a_full_share_hints_the_base_value_until_only_a_renewal
     told.append((refusal.reason, refusal.hint_ms) if isinstance(refusal, Refusal) else None)
     assert told == [("fleet_tokens", 40), None, ("fleet_inflight", 40), ("fleet_inflight", 40)]
     empty = FleetLease(FleetPolicy(max_inflight=4), hints, 0.0)
-    empty.granted(LeaseReply(2, 1, 0, (0,) * 4, (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0,) * 4, (4, 0, 0, 0)), 0.0, 0.0)
+    empty.apply(LeaseReply(2, 1, 0, (0,) * 4, (4, 0, 0, 0), (0,) * 4, (0,) * 4, (0,) * 4, (4, 0, 0, 0)), 0.0, 0.0)
     empty.next_renewal = 0.2
     refusal = admit(empty, 0.0)  # no share at all: only the next renewal may bring one
     assert isinstance(refusal, Refusal) and (refusal.reason, refusal.hint_ms) == ("fleet_inflight", 200)
@@ -475,7 +475,7 @@ def test_token_shares_settle_with_the_real_cost() -> None:
     lease = FleetLease(FleetPolicy(max_inflight_tokens=200, max_tokens_per_s=1000.0), hints(), redis.now)
     # Granted half of each (another replica holds the rest): 100 tokens held, 500 per second.
     shares = (0, 500, 100, 500)
-    lease.granted(LeaseReply(2, 1, 0, shares, (0, 0, 200, 1000), (0,) * 4, (0,) * 4, shares, shares), 0, 0)
+    lease.apply(LeaseReply(2, 1, 0, shares, (0, 0, 200, 1000), (0,) * 4, (0,) * 4, shares, shares), 0, 0)
     redis.now = 1.0
     grant = admit(lease, redis.now, cost=60)
     assert isinstance(grant, Grant) and lease.tokens.holding == 60
@@ -584,7 +584,7 @@ def test_a_renewal_that_reaches_redis_after_a_later_one_changes_nothing() -> Non
     on still reach Redis afterwards, the script leaves the entry as the later one wrote it."""
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     entry = redis.hash["m"]
     redis.seq -= 1  # the renewal before the last one, arriving late
     with pytest.raises(ValueError, match="later renewal"):
@@ -598,21 +598,21 @@ def test_a_renewal_too_few_redis_replicas_acknowledged_renews_nothing_and_grows_
     share applies at once."""
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.share == 1  # alone and wanting nothing: a request of headroom
     valid_until, cut_at = lease.valid_until, lease.cut_at
     grants: list[Grant] = []
     offer(redis, lease, 6, lease.policy.renew_s, grants)  # six want in
-    lease.granted(redis.renew("m", lease), redis.now, redis.now, durable=False)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now, durable=False)
     assert lease.inflight.share == 1 and (lease.valid_until, lease.cut_at) == (valid_until, cut_at)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.share >= 6 and lease.valid_until > valid_until
     grown = lease.inflight.share
     smaller = LeaseReply(1, 99, 0, (2.0, 0, 0, 0), (8, 0, 0, 0), (0,) * 4, (0,) * 4, (2.0, 0, 0, 0), (0,) * 4)
-    assert lease.granted(smaller, redis.now, redis.now, durable=False)  # shrank: confirmed at once
+    assert lease.apply(smaller, redis.now, redis.now, durable=False)  # shrank: confirmed at once
     assert lease.inflight.share == 2 < grown
     redis.now = lease.valid_until  # only unacknowledged renewals since: the lease lapses
-    assert not lease.granted(redis.renew("m", lease), redis.now - 0.1, redis.now, durable=False)
+    assert not lease.apply(redis.renew("m", lease), redis.now - 0.1, redis.now, durable=False)
     assert lease.state is FleetState.HOLDING
 
 
@@ -621,17 +621,17 @@ def test_a_replica_whose_clients_left_asks_for_nothing_a_period_later() -> None:
     period reports no waiting demand (no memory that outlives the hints)."""
     redis = LuaRedis()
     lease = FleetLease(FleetPolicy(max_inflight=8), hints(), redis.now)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     grants: list[Grant] = []
     offer(redis, lease, 6, lease.policy.renew_s, grants)
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.want > 1
     for grant in grants:
         lease.release(grant, executed=True)
     redis.now += lease.policy.renew_s
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     redis.now += lease.policy.renew_s
-    lease.granted(redis.renew("m", lease), redis.now, redis.now)
+    lease.apply(redis.renew("m", lease), redis.now, redis.now)
     assert lease.inflight.want == 0
 
 
@@ -724,7 +724,7 @@ def test_a_hash_restored_from_an_old_snapshot_grows_no_share_until_every_live_re
     redis.hash = snapshot  # the restart, loading the dump
     for _ in range(4):  # b's load comes back first, and it renews before a
         offer(redis, b, 6 - len(gb), 0.05, gb)
-        b.granted(redis.renew("b", b), redis.now, redis.now)
+        b.apply(redis.renew("b", b), redis.now, redis.now)
         assert a.inflight.holding + b.inflight.holding <= 8
 
 
