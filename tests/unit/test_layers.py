@@ -147,8 +147,13 @@ LAYERS: dict[str, frozenset[str]] = {
         {"governor.accounting", "governor.admission", "governor.latency", "governor.timers"}
     ),
     "governor.links": frozenset({"governor.lifecycle", "governor.admission"}),
+    # the read side's one reading of the parts (stats, /metrics and `governor status` read it)
+    "governor.report.snapshot": frozenset(
+        {"governor.accounting", "governor.admission", "governor.latency", "governor.fleet"}
+    ),
     "governor.state": frozenset(
         {
+            "governor.report.snapshot",
             "governor.lifecycle",
             "governor.timers",
             "governor.accounting",
@@ -168,6 +173,7 @@ LAYERS: dict[str, frozenset[str]] = {
     ),
     "governor.report": frozenset(
         {
+            "governor.report.snapshot",
             "governor.state",
             "governor.links",
             "governor.fleet",
@@ -403,7 +409,9 @@ def test_the_registry_check_sees_a_door_that_reaches_in(tmp_path: Path) -> None:
     sample = ROOT / "governor" / "doors" / "_sample_door.py"
     sample.write_text(
         "from governor.admission.appointments.registry import identity_of\n"
-        "def f(state, ask):\n    state.admission.appointments.identify(1, 2)\n    return state.admission.decide(0, ask)\n"
+        "def f(state, ask):\n"
+        "    state.admission.appointments.identify(1, 2)\n"
+        "    return state.admission.decide(0, ask)\n"
     )
     try:
         assert len(registry_reaches(sample)) == 4
