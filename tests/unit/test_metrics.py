@@ -6,8 +6,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
+from governor.latency import Histogram
 from governor.links.upstream import Upstream
-from governor.report.metrics import Histogram, build_registry
+from governor.report.metrics import build_registry
 from governor.state import ServerState
 from govwire.address import Address
 from govwire.codec import encode, generate_frame
@@ -70,7 +71,7 @@ def test_each_endpoint_is_exported_under_a_worker_label() -> None:
     links = upstream.links
     links[0].endpoint.up, links[0].endpoint.inflight, links[0].endpoint.executed = True, 2, 7
     links[1].endpoint.failed = 1
-    links[0].engine_stats = EngineStats(steps_total=5, running=2)
+    upstream.worker_links[0].engine_stats = EngineStats(steps_total=5, running=2)
     samples = scrape(state, upstream)
     a, b = (("worker", "a"),), (("worker", "b"),)  # the endpoints' names
     assert (samples[("governor_endpoint_up", a)], samples[("governor_endpoint_up", b)]) == (1, 0)
