@@ -1,7 +1,9 @@
 """`governor status`: one screen an operator can read, from two `stats` snapshots.
 
 Rates are the counters' differences over the interval between the snapshots, so the command
-needs no Prometheus to say what the governor is doing right now.
+needs no Prometheus to say what the governor is doing right now. A `stats` reply is a
+`Snapshot.to_dict` (snapshot/reading.py), read here in that wire form: the page may be asking a
+governor older than some of its fields, so those are read with `.get`.
 """
 
 from __future__ import annotations
@@ -212,18 +214,15 @@ def _tenancy_lines(before: dict[str, Any], after: dict[str, Any], seconds: float
     return lines
 
 
-def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
-    """Caps and load, rates over the interval, yields by reason, token budgets, deadlines and the
-    adaptive limit when in use, the fleet lease with --fleet, the busiest tenants and the
-    priority classes when there are more than one, and each endpoint's health."""
-    lines = []
+def _load_lines(before: dict[str, Any], after: dict[str, Any], seconds: float) -> list[str]:
+    """Serving or draining, the cap and load, and the rates over the interval."""
     cap = f"{after['inflight']}/{after['max_inflight']} in flight"
     qps = f", --max-qps {after['max_qps']:g} ({after['qps_tokens']:g} tokens)" if after.get("max_qps") else ""
     state = "DRAINING" if after["draining"] else "serving"
     n = after["connections"]
     doors = after.get("connections_by_protocol", {})
     split = f" (ndjson {doors['ndjson']}, http {doors['http']})" if doors.get("http") else ""
-    lines.append(f"governor: {state}, {cap}{qps}, {n} connection{'s' if n != 1 else ''}{split}")
+    lines = [f"governor: {state}, {cap}{qps}, {n} connection{'s' if n != 1 else ''}{split}"]
     http = after.get("received_by_protocol", {}).get("http", 0)
     if http:
         lines.append(f"received through the HTTP front door since start: {http}")
@@ -241,6 +240,13 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
     received = after["received_total"] - before["received_total"]
     if received:
         lines.append(f"yield ratio: {(after['yielded_total'] - before['yielded_total']) / received:.1%}")
+    return lines
+
+
+def _since_start_lines(after: dict[str, Any]) -> list[str]:
+    """The yields, rejections, failures and shed connections since start by reason, and the
+    service time observed."""
+    lines = []
     for title, key in (
         ("yields", "yielded_by_reason"),
         ("rejections", "rejected_by_reason"),
@@ -254,35 +260,53 @@ def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float)
         lines.append("connections shed: " + ", ".join(f"{reason} {n}" for reason, n in sorted(shed.items())))
     if after.get("service_time_ms") is not None:
         lines.append(f"observed service time: {after['service_time_ms']:.1f} ms")
-    lines += _hint_lines(before, after)
-    lines.extend(_token_lines(after))
-    lines.extend(_fleet_lines(after))
-    lines.extend(_tenancy_lines(before, after, seconds))
-    lines.append(
+    return lines
+
+
+def _worker_line(w: dict[str, Any], was: dict[str, Any], seconds: float) -> str:
+    """One endpoint: up or down, its load and soft caps, its counts, and what its engine reports."""
+    caps = (
+        ", ".join(f"{name} {w[name]:g}" for name in ("concurrency", "tokens", "qps") if w.get(name)) or "no soft caps"
+    )
+    kind = f" [openai, model {w['model']}]" if w.get("kind") == "openai" else ""
+    name = w.get("name") or w["address"]
+    line = (
+        f"  {'up  ' if w['up'] else 'DOWN'} {name}{kind}: {w['inflight']} in flight ({caps}), "
+        f"executed {w['executed']}, failed {w['failed']}"
+    )
+    if w.get("busy"):
+        line += f", busy (429/503) {w['busy']}"
+    if not w["up"] and w.get("last_error"):
+        line += f", last error: {w['last_error']}"
+    engine = w.get("engine", {})
+    tokens = _engine_rate(was.get("engine", {}), engine, "generated_tokens_total", seconds)
+    if tokens is not None:
+        line += f", {tokens:.0f} tok/s"
+    if "running" in engine:
+        line += f", running {engine['running']}, waiting {engine.get('waiting', 0)}"
+    return line
+
+
+def _workers_lines(before: dict[str, Any], after: dict[str, Any], seconds: float) -> list[str]:
+    lines = [
         f"workers: {sum(w['up'] for w in after['workers'])}/{len(after['workers'])} up, "
         f"{after['worker_restarts']} restarts, {after['rerouted_total']} re-routed"
-    )
+    ]
     previous = {w["address"]: w for w in before["workers"]}
-    for w in after["workers"]:
-        caps = (
-            ", ".join(f"{name} {w[name]:g}" for name in ("concurrency", "tokens", "qps") if w.get(name))
-            or "no soft caps"
-        )
-        kind = f" [openai, model {w['model']}]" if w.get("kind") == "openai" else ""
-        name = w.get("name") or w["address"]
-        line = (
-            f"  {'up  ' if w['up'] else 'DOWN'} {name}{kind}: {w['inflight']} in flight ({caps}), "
-            f"executed {w['executed']}, failed {w['failed']}"
-        )
-        if w.get("busy"):
-            line += f", busy (429/503) {w['busy']}"
-        if not w["up"] and w.get("last_error"):
-            line += f", last error: {w['last_error']}"
-        engine, old = w.get("engine", {}), previous.get(w["address"], {}).get("engine", {})
-        tokens = _engine_rate(old, engine, "generated_tokens_total", seconds)
-        if tokens is not None:
-            line += f", {tokens:.0f} tok/s"
-        if "running" in engine:
-            line += f", running {engine['running']}, waiting {engine.get('waiting', 0)}"
-        lines.append(line)
+    lines.extend(_worker_line(w, previous.get(w["address"], {}), seconds) for w in after["workers"])
+    return lines
+
+
+def render_status(before: dict[str, Any], after: dict[str, Any], seconds: float) -> str:
+    """Caps and load, rates over the interval, yields by reason, token budgets, deadlines and the
+    adaptive limit when in use, the fleet lease with --fleet, the busiest tenants and the
+    priority classes when there are more than one, and each endpoint's health. `before` and
+    `after`: two `stats` replies (`Snapshot.to_dict`, maybe of an older governor's)."""
+    lines = _load_lines(before, after, seconds)
+    lines += _since_start_lines(after)
+    lines += _hint_lines(before, after)
+    lines += _token_lines(after)
+    lines += _fleet_lines(after)
+    lines += _tenancy_lines(before, after, seconds)
+    lines += _workers_lines(before, after, seconds)
     return "\n".join(lines) + "\n"
