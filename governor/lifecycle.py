@@ -32,13 +32,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from governor.accounting import ENDPOINT_FAILURES, Accounting, DeadlineOutcome, Outcome, outcome_of
-from governor.admission.cost import CostModel
+from governor.admission.cost import Ask, CostModel
 from governor.admission.decision import Admission
-from governor.admission.displacement import Answer
-from governor.admission.limits import Grant
+from governor.admission.displacement import Answer, Displace
+from governor.admission.limits import Grant, Refusal
 from governor.latency import LatencyMetrics
 from governor.timers import Cancellable, Timers
 from govwire.errors import DeadlineExceeded, GovernorError, RequestRejected, WorkerLost, WorkerUnavailable
@@ -187,8 +187,20 @@ class Lifecycle:
         self._clock = clock
         self._costs = costs
         self._timers = timers
-        self._freed = freed  # told after every release of capacity (the lobby: governor/lobby.py)
-        admission.set_evictor(self)
+        self._freed = freed  # told after every release of capacity (the lobby: admission/appointments/lobby.py)
+
+    def decide(self, now: float, ask: Ask) -> Grant | Refusal:
+        """Admission's decision on `ask`, carried out where it is a displacement: the victim is
+        settled (`evict`: its capacity is back), the frame decided again on what it freed, and the
+        victim's client told its hint once that is booked. Raises `OverBudget` as `decide` does."""
+        admission = self._admission
+        decision = admission.decide(now, ask)
+        if type(decision) is not Displace:
+            return cast("Grant | Refusal", decision)
+        answer = self.evict(decision.victim)
+        decided, hint_ms, appointment = admission.after_displacing(now, ask, decision)
+        answer(hint_ms, appointment)
+        return decided
 
     def admit(self, owner: RequestOwner, client_id: str, grant: Grant, now: float) -> InflightRequest:
         """Register a request `decide` granted. From here on whatever happens to it ends in `settle`
@@ -320,7 +332,8 @@ class Lifecycle:
         newcomer in the same turn. Its client is answered by the returned callable once admission
         has booked its hint (after the newcomer was charged), on the next turn of the loop: never
         inside the decision that displaced it."""
-        request = cast(InflightRequest, grant.progress)
+        request = grant.progress
+        assert isinstance(request, InflightRequest)  # (every admitted grant's, until it settles)
         self.cancel(request)
         self.settle(request, _YIELDED, _PREEMPTED)
 

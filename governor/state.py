@@ -141,14 +141,19 @@ class ServerState:
         self.latency = LatencyMetrics()
         self.upstream = upstream
         timers = self.timers = timers or LoopTimers()
-        self.lobby = Lobby(admission, timers, clock)  # returning clients held for their capacity
         self.lifecycle = Lifecycle(
-            admission, self.accounting, self.latency, upstream, clock, self.costs, timers, self.lobby.freed
+            admission, self.accounting, self.latency, upstream, clock, self.costs, timers, self._capacity_freed
         )
+        # Returning clients held for their capacity, decided again as the lifecycle decides.
+        self.lobby = Lobby(admission, self.lifecycle.decide, timers, clock)
         upstream.bind(self.lifecycle)  # the links end requests through it
         self.connections: set[ClientConnection] = set()
         self.buffered_bytes = 0  # unfinished-frame bytes held over all connections
         self.fleet: FleetMember | None = None  # with --fleet: the lease and its renewals
+
+    def _capacity_freed(self) -> None:
+        """The lifecycle released capacity: the lobby decides its held frames again (next turn)."""
+        self.lobby.freed()
 
     def connections_by_protocol(self) -> dict[str, int]:
         counts = {"ndjson": 0, "http": 0}

@@ -9,6 +9,7 @@ import orjson
 
 from governor.admission.appointments.books import PrepaidBook
 from governor.admission.buckets import TokenBucket
+from governor.admission.caps import Caps
 from governor.admission.cost import CostModel
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -177,7 +178,8 @@ def make_state(
     **token_caps: Any,
 ) -> ServerState:
     """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter;
-    `token_caps` are Admission's keyword arguments (max_inflight_tokens, tokens_per_s, ...);
+    `token_caps`: max_inflight_tokens, tokens_per_s and tokens_burst (caps.Caps), and Admission's
+    other keyword arguments;
     the tenant table holds `tenants`, the names `auth` gives, and the default one."""
     clock = clock or FakeClock()
     if endpoints is None:
@@ -185,7 +187,13 @@ def make_state(
         endpoint.up = True
         endpoints = [endpoint]
     hints = RetryHintEstimator(hint_policy or RetryHintPolicy(), max_inflight, rng=random.Random(7))
-    admission = Admission(endpoints, max_inflight, 0.0, 0.0, hints, clock(), lobby=True, **token_caps)
+    caps = Caps(
+        max_inflight=max_inflight,
+        max_inflight_tokens=token_caps.pop("max_inflight_tokens", 0),
+        max_tokens_per_s=token_caps.pop("tokens_per_s", 0.0),
+        tokens_burst=token_caps.pop("tokens_burst", 0.0),
+    )
+    admission = Admission(endpoints, caps, hints, clock(), served=True, **token_caps)
     implicit = auth.tenants if auth is not None else frozenset()
     admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock(), preempt)
     return ServerState(

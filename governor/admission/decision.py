@@ -31,112 +31,29 @@ The doors only parse, call `decide` and render the answer; new limits are added 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
+from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission.appointments.appointment import Appointment
-from governor.admission.appointments.books import HOLD, AppointmentBook, FreeAt, PrepaidBook
-from governor.admission.appointments.registry import Appointments, identity_of
+from governor.admission.appointments.books import HOLD, PrepaidBook
+from governor.admission.appointments.registry import identity_of
+from governor.admission.build import build_parts
+from governor.admission.caps import Caps
 from governor.admission.cost import NO_ASK, Ask
-from governor.admission.deadline import DeadlineLimit
-from governor.admission.displacement import Displacement, Evictor
+from governor.admission.displacement import Displace
 from governor.admission.endpoint import Endpoint
-from governor.admission.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
 from governor.admission.hints import RetryHintEstimator
-from governor.admission.limits import (
-    Draining,
-    Grant,
-    InflightLimiter,
-    Limit,
-    RateLimit,
-    Refusal,
-    SharedLimit,
-    TokenBudget,
-    TokenRate,
-)
-from governor.admission.pool import Pool
-from governor.admission.priority import RANK, CeilingPolicy, PriorityCeilings
-from governor.admission.release_forecast import NOTHING_PROMISED, ReleaseForecast
-from governor.admission.tenant import Tenant, TenantLimits, Tenants
-from governor.admission.tenant_caps import TenantCaps
+from governor.admission.limits import Grant, Limit, Refusal, SharedLimit
+from governor.admission.priority import RANK, CeilingPolicy
+from governor.admission.reasons import GATING
+from governor.admission.tenant import Tenant, TenantLimits
 from govwire.errors import OverBudget
 from govwire.vocab import YieldReason
 
 _INFLIGHT = YieldReason.INFLIGHT.value
-_TOKEN_BOOKS = (YieldReason.ENDPOINT_TOKENS.value, YieldReason.TENANT_TOKENS.value)
-"""The own caps' books that count token cost (the others count requests)."""
 _DRAINING = YieldReason.DRAINING.value
 _CLASS_RANK = {priority: 2 * rank + 1 for priority, rank in RANK.items()}
 """`Ask.rank` of a frame of each class whose tenant is not over its share (cost.RANKS)."""
-_GATING = frozenset(
-    reason.value
-    for reason in (
-        YieldReason.INFLIGHT,
-        YieldReason.QPS,
-        YieldReason.TOKENS,
-        YieldReason.TOKEN_RATE,
-        YieldReason.ENDPOINT_INFLIGHT,
-        YieldReason.ENDPOINT_QPS,
-        YieldReason.ENDPOINT_TOKENS,
-        YieldReason.ENDPOINT_BUSY,
-        YieldReason.FLEET_INFLIGHT,
-        YieldReason.FLEET_QPS,
-        YieldReason.FLEET_TOKENS,
-        YieldReason.FLEET_TOKEN_RATE,
-    )
-)
-"""The refusals of shared capacity: one of a higher-class frame closes the lower classes' gates
-(a tenant's own caps, a deadline or draining do not: the lower classes' restraint frees none)."""
-
-
-def _slots_free_at(
-    forecast: ReleaseForecast,
-    hints: RetryHintEstimator,
-    registry: Appointments,
-    book: Callable[[], AppointmentBook],
-    among: Callable[[], Sequence[object]] | None = None,
-) -> FreeAt:
-    """When a slot-counting book's next slot frees (its `FreeAt`): short of `deficit` slots,
-    1 - deficit of them are free now (and held for appointments); the first `ahead` appointments'
-    requests free theirs again after their service. `among`: only the requests of these endpoints
-    (an endpoint cap's book) or of this tenant (a tenant's `max_inflight`) count, read when
-    asked. `book` is read when asked too: the book is built with this function."""
-
-    def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
-        service_s = hints.service_time_s
-        promised = NOTHING_PROMISED
-        if service_s:
-            times = book().times
-            promised = (times if ahead >= len(times) else times[:ahead], service_s + registry.round_delay_s)
-        group = None if among is None else among()
-        return forecast.slot_free_at(at, math.ceil(need), service_s, max(0, 1 - int(deficit)), promised, group)
-
-    return free_at
-
-
-def _tokens_free_at(
-    forecast: ReleaseForecast,
-    hints: RetryHintEstimator,
-    registry: Appointments,
-    book: Callable[[], AppointmentBook],
-    among: object = None,
-) -> FreeAt:
-    """When a token-counting book's `need` is back (its `FreeAt`): from the requests in flight (of
-    `among` only: a tenant's `max_inflight_tokens` or an endpoint's `tokens=N`) and those the
-    first `ahead` appointments start."""
-
-    def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
-        service_s = hints.service_time_s
-        if not service_s:
-            return forecast.tokens_free_at(at, need, service_s, among=among)
-        kept = book()
-        times, cumulative = kept.times, kept.cumulative()
-        if ahead < len(times):
-            times, cumulative = times[:ahead], cumulative[:ahead]
-        promised = (times, service_s + registry.round_delay_s)
-        return forecast.tokens_free_at(at, need, service_s, promised, cumulative, registry.round_delay_s, among)
-
-    return free_at
 
 
 class Admission:
@@ -178,83 +95,41 @@ class Admission:
     def __init__(
         self,
         endpoints: list[Endpoint],
-        max_inflight: int,
-        qps: float,
-        burst: float,
+        caps: Caps,
         hints: RetryHintEstimator,
         now: float,
-        max_inflight_tokens: int = 0,
-        tokens_per_s: float = 0.0,
-        tokens_burst: float = 0.0,
         adaptive: AdaptivePolicy | None = None,
         appointment_grace_s: float = 0.05,
-        lobby: bool = False,
+        served: bool = False,
     ) -> None:
+        """Admission under `caps` over `endpoints` (its parts: build.py). `served`: its decisions
+        are carried out by a server's lifecycle and lobby (state.ServerState): a client back for
+        its appointment before its capacity frees is held (HOLD), not told a new time, and a
+        higher class may displace a request not started (Displace). Alone (as in its own tests),
+        neither happens."""
+        parts = build_parts(endpoints, caps, hints, now, adaptive, appointment_grace_s, served)
         self.hints = hints
         # Refusals whose hint is at least this far are final (Refusal.final): no promise is booked
         # past it (RetryHintPolicy.horizon_ms), so none of them carries an appointment.
         self.horizon_ms = hints.policy.horizon_ms
-        self.max_inflight = max_inflight  # as configured; the effective cap may be the adaptive one
-        forecast = self.forecast = ReleaseForecast()
-        registry = self.appointments = Appointments(appointment_grace_s, hints, lobby)
-        self.drain = Draining(hints)
-        booking = hints.policy.adaptive  # fixed hints (--retry-hint fixed) are the base value: no forecast
-
-        slots = AppointmentBook(
-            YieldReason.INFLIGHT.value, registry, True, _slots_free_at(forecast, hints, registry, lambda: slots)
-        )
-        self.inflight = InflightLimiter(max_inflight, hints, slots if booking else None)
-        qps_book = PrepaidBook(YieldReason.QPS.value, registry, True, lambda: self.rate.bucket)
-        self.rate = RateLimit(qps, burst, now, qps_book if booking else None)
-
-        tokens = AppointmentBook(
-            YieldReason.TOKENS.value, registry, False, _tokens_free_at(forecast, hints, registry, lambda: tokens)
-        )
-        self.tokens = TokenBudget(max_inflight_tokens, hints, tokens if booking else None)
-        token_rate_book = PrepaidBook(YieldReason.TOKEN_RATE.value, registry, False, lambda: self.token_rate.bucket)
-        self.token_rate = TokenRate(tokens_per_s, tokens_burst, now, token_rate_book if booking else None)
-
-        # As for the global cap, over the requests of the endpoints at their caps only.
-        endpoint_free_at = _slots_free_at(forecast, hints, registry, lambda: endpoint_slots, lambda: self.pool.capped)
-        endpoint_slots = AppointmentBook(YieldReason.ENDPOINT_INFLIGHT.value, registry, True, endpoint_free_at)
-        self.pool = Pool(
-            endpoints,
-            max_inflight,
-            hints,
-            forecast,
-            endpoint_slots if booking else None,
-            self._own_book if booking else None,
-            registry if booking else None,
-        )
-        self.deadline = DeadlineLimit(self.pool, forecast, hints)
-        self.adaptive = AdaptiveLimit(adaptive or AdaptivePolicy(ceiling=max_inflight))
+        self.max_inflight = caps.max_inflight  # as configured; the effective cap may be the adaptive one
+        self.forecast = parts.forecast
+        self.appointments = parts.appointments
+        self.drain = parts.drain
+        self.inflight = parts.inflight
+        self.rate = parts.rate
+        self.tokens = parts.tokens
+        self.token_rate = parts.token_rate
+        self.pool = parts.pool
+        self.deadline = parts.deadline
+        self.adaptive = parts.adaptive
+        self.tenants = parts.tenants
+        self.tenant_caps = parts.tenant_caps
+        self.fair = parts.fair
+        self.ceilings = parts.ceilings
+        self.displacement = parts.displacement
         self._learning = self.adaptive.policy.mode is not AdaptiveMode.OFF
-        self.tenants = Tenants(hints, now)
-        self.tenant_caps = TenantCaps(self._own_book if booking else None, registry if booking else None)
-        if booking:
-            registry.reasons = tuple(
-                reason.value
-                for reason in (
-                    YieldReason.INFLIGHT,
-                    YieldReason.QPS,
-                    YieldReason.TOKENS,
-                    YieldReason.TOKEN_RATE,
-                    YieldReason.ENDPOINT_INFLIGHT,
-                    YieldReason.ENDPOINT_QPS,
-                    YieldReason.ENDPOINT_TOKENS,
-                    YieldReason.TENANT_INFLIGHT,
-                    YieldReason.TENANT_QPS,
-                    YieldReason.TENANT_TOKENS,
-                    YieldReason.TENANT_TOKEN_RATE,
-                    YieldReason.TENANT_SHARE,
-                )
-            )
-        self.fair = FairShare(
-            self.tenants, DEFAULT_SHARE_THRESHOLD, self.inflight, self.tokens, hints, registry if booking else None
-        )
-        self.ceilings = PriorityCeilings(CeilingPolicy())
         self.ceilings.on_classes = self._activate  # the first frame of another class than standard
-        self.displacement = Displacement()
         # --shed-blind-retries: a retry without a valid appointment may fill only the sheddable
         # ceiling of each cap while a first attempt was refused capacity lately (until then).
         self.shed_blind_retries = False
@@ -278,26 +153,13 @@ class Admission:
             self.fair,
             self.pool,
             self.deadline,
-            forecast,
+            self.forecast,
             self.displacement,
         )
         self._limits: tuple[Limit, ...] = ()
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
         self._fits: tuple[Callable[[Ask], None], ...] = ()
         self._activate()
-
-    def _own_book(self, reason: str, key: object) -> AppointmentBook:
-        """The book of one tenant's (or one endpoint's) own cap, `reason`: as for the global cap or
-        token budget, over the requests of `key` only (appointments.NewBook)."""
-        forecast, hints, registry = self.forecast, self.hints, self.appointments
-        tokens = reason in _TOKEN_BOOKS
-        if tokens:
-            forecast.cost_groups = True  # (what its forecast reads)
-            free_at = _tokens_free_at(forecast, hints, registry, lambda: book, key)
-        else:
-            free_at = _slots_free_at(forecast, hints, registry, lambda: book, lambda: (key,))
-        book = AppointmentBook(reason, registry, not tokens, free_at)
-        return book
 
     def _activate(self) -> None:
         """The limits that can refuse now, in order: draining only while draining, the rate and
@@ -347,25 +209,16 @@ class Admission:
         self.drain.draining = True
         self._activate()
 
-    def set_caps(
-        self,
-        max_inflight: int,
-        qps: float,
-        burst: float,
-        now: float,
-        max_inflight_tokens: int = 0,
-        tokens_per_s: float = 0.0,
-        tokens_burst: float = 0.0,
-    ) -> None:
+    def set_caps(self, caps: Caps, now: float) -> None:
         """Live change (SIGHUP). Lowering a cap never cancels a running request: it stops new
         admissions until in-flight falls under it."""
-        self.max_inflight = max_inflight
-        self.inflight.set_max(max_inflight)
-        self.rate.set_rate(qps, burst, now)
-        self.tokens.max_tokens = max_inflight_tokens
-        self.token_rate.set_rate(tokens_per_s, tokens_burst, now)
-        self.pool.default_capacity = max_inflight
-        self.adaptive.set_ceiling(max_inflight)
+        self.max_inflight = caps.max_inflight
+        self.inflight.set_max(caps.max_inflight)
+        self.rate.set_rate(caps.max_qps, caps.qps_burst, now)
+        self.tokens.max_tokens = caps.max_inflight_tokens
+        self.token_rate.set_rate(caps.max_tokens_per_s, caps.tokens_burst, now)
+        self.pool.default_capacity = caps.max_inflight
+        self.adaptive.set_ceiling(caps.max_inflight)
         self._activate()
 
     def join_fleet(self, fleet: SharedLimit) -> None:
@@ -400,14 +253,10 @@ class Admission:
         self.displacement.enabled = preempt
         self._activate()
 
-    def set_evictor(self, evictor: Evictor) -> None:
-        """Who ends a displaced request (the lifecycle, once it exists)."""
-        self.displacement.evictor = evictor
-        self._activate()
-
-    def decide(self, now: float, ask: Ask = NO_ASK) -> Grant | Refusal:
-        """A refusal is the refusing limit's own object (limits.Refusal): read it at once.
-        Raises `OverBudget` for a request larger than a whole token budget."""
+    def decide(self, now: float, ask: Ask = NO_ASK) -> Grant | Refusal | Displace:
+        """A refusal is the refusing limit's own object (limits.Refusal): read it at once. A
+        `Displace` (only when served, displacement.py) is for the lifecycle to carry out. Raises
+        `OverBudget` for a request larger than a whole token budget."""
         if ask is NO_ASK:
             ask = Ask()  # this decision sets its ceiling: never on the shared default
         ask.ceiling = self.ceilings.ceiling(ask.priority, now)
@@ -436,15 +285,13 @@ class Admission:
                 refusal.final = self.is_final(refusal.reason, refusal.hint_ms)
                 if self._classes and not shed:
                     if refusal.reason == _INFLIGHT and self.displacement.armed:
-                        displaced = self._displace(now, ask, refusal)
-                        if displaced is not None:
-                            if type(displaced) is Refusal and displaced.appointment is not None:
-                                self._name(displaced.appointment, ask)
-                            return displaced
+                        displace = self._displace(now, ask, refusal)
+                        if displace is not None:
+                            return displace
                     self._gate(now, ask, refusal)
                 if self._sharing and not shed:
                     self.fair.refused(ask.tenant, now, refusal)
-                if self.shed_blind_retries and not ask.retry and ask.appointment is None and refusal.reason in _GATING:
+                if self.shed_blind_retries and not ask.retry and ask.appointment is None and refusal.reason in GATING:
                     hold = max(self.hints.gap_s, self.ceilings.policy.hold_s)
                     self._first_refused_until = max(self._first_refused_until, now + hold)
                 held = ask.appointment
@@ -543,36 +390,41 @@ class Admission:
     def _gate(self, now: float, ask: Ask, refusal: Refusal) -> None:
         """A frame was refused capacity: the ceilings of the classes below its own apply for
         `--priority-hold-s`, or until its appointment's window closes (priority.py)."""
-        if refusal.reason in _GATING:
+        if refusal.reason in GATING:
             appointment = refusal.appointment
             # (a rate cap's appointment paid for its tokens already: no gate need keep them)
             kept = appointment is not None and not isinstance(appointment.book, PrepaidBook)
             due = appointment.closes if kept and appointment is not None else -math.inf
             self.ceilings.refused(ask.priority, now, self.hints.gap_s, due)
 
-    def _displace(self, now: float, ask: Ask, refusal: Refusal) -> Grant | Refusal | None:
+    def _displace(self, now: float, ask: Ask, refusal: Refusal) -> Displace | None:
         """The frame `ask` was refused by the full in-flight cap: displace a request of a lower
-        class that has not started (displacement.py) when that is all it takes to admit it. The
-        victim is settled first (so in-flight never exceeds the cap), the frame decided again on
-        what it freed, and the victim's client then told when to come back, against the full cap.
-        None when there is no victim or another limit would still refuse the frame."""
+        class that has not started (displacement.py) when that is all it takes to admit it, its
+        refusal undone. None when there is no victim or another limit would still refuse it."""
         displacement = self.displacement
         victim = displacement.victim(now, ask)
         if victim is None or not self._room_without(now, ask, victim):
             return None
-        evictor = displacement.evictor
-        assert evictor is not None  # armed
         booked = refusal.appointment
         if booked is not None and booked is not ask.appointment:  # booked by the refusal being undone
             booked.book.remove(booked)
         refusal.appointment = None
         displacement.displaced(victim, now, self.hints.gap_s, ask.priority)
-        answer = evictor.evict(victim)  # its capacity is back
+        return Displace(victim)
+
+    def after_displacing(
+        self, now: float, ask: Ask, displace: Displace
+    ) -> tuple[Grant | Refusal, int, Appointment | None]:
+        """The victim was settled (so in-flight never exceeds the cap): the frame decided again on
+        what it freed, then the victim's hint and appointment, booked against the full cap for
+        its client to be told."""
         decision: Grant | Refusal | None = None
         for check in self._checks:
             decision = check(now, ask)
             if decision is not None:
                 decision.final = self.is_final(decision.reason, decision.hint_ms)
+                if decision.appointment is not None:
+                    self._name(decision.appointment, ask)
                 break
         if decision is None:
             decision = Grant(ask)
@@ -580,8 +432,7 @@ class Admission:
                 self._tick(now)
             for limit in self._limits:
                 limit.charge(decision, now)
-        answer(*self._rebook(now, victim))
-        return decision
+        return (decision, *self._rebook(now, displace.victim))
 
     def is_final(self, reason: str, hint_ms: int) -> bool:
         """Whether a yield tells its client not to come back: its capacity is at least the promise

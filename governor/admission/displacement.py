@@ -9,7 +9,7 @@ there costs the engine nothing and the client a retry, since nothing was streame
 cap, the newest admitted request of the lowest class below it that has no first token yet is
 cancelled in its worker and settled at once with a `yield`, reason `preempted` — with a retry
 hint and an appointment, as any refusal by the cap — and its slot goes to the newcomer in the same
-turn (Admission.decide). The governor's in-flight count never exceeds the cap: the victim is
+turn. The governor's in-flight count never exceeds the cap: the victim is
 settled before the newcomer is charged (its worker holds one more request until the cancel lands
 at its next step boundary, as with an expired deadline).
 
@@ -20,15 +20,16 @@ one displacement per release gap by each class, so that a burst of critical fram
 the lower classes faster than the engine frees slots (and standard frames displacing sheddable
 work do not use up the turn of a critical frame). `--preempt off` turns it off.
 
-This module keeps the candidates, in admission order per class; Admission.decide asks for a
-victim and the lifecycle (its `Evictor`) ends it.
+This module keeps the candidates, in admission order per class; Admission.decide picks a victim
+and answers `Displace(victim)`, which the lifecycle carries out (`Lifecycle.decide`): it ends the
+victim, then admission decides the frame again (`Admission.after_displacing`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant
@@ -42,12 +43,17 @@ Answer = Callable[[int, "Appointment | None"], None]
 """Renders the victim's `yield` (its hint in ms, and its appointment if one was booked)."""
 
 
-class Evictor(Protocol):
-    """What ends a displaced request (the lifecycle): `evict` cancels it in its worker and settles
-    it now (its capacity is released), and returns how to answer its client once the newcomer
-    has been admitted (its hint and appointment are booked after that, against the full cap)."""
+class Displace:
+    """Admission's answer when a higher-class frame can be let in by displacing `victim`, a
+    request of a lower class that has not started: data, carried out by whoever runs requests (the
+    lifecycle's `decide`): settle the victim (its capacity comes back), then
+    `Admission.after_displacing` decides the frame again on what it freed and books the victim's
+    hint, which `Answer` tells its client."""
 
-    def evict(self, grant: Grant) -> Answer: ...
+    __slots__ = ("victim",)
+
+    def __init__(self, victim: Grant) -> None:
+        self.victim = victim
 
 
 class Displacement:
@@ -55,11 +61,11 @@ class Displacement:
     critical) and picks a victim. It never refuses. Charged only once frames of more than one
     class came (Admission._activate), so a governor whose clients send no `priority` pays nothing."""
 
-    __slots__ = ("enabled", "evictor", "total", "_waiting", "_next_at")
+    __slots__ = ("enabled", "served", "total", "_waiting", "_next_at")
 
-    def __init__(self) -> None:
+    def __init__(self, served: bool = False) -> None:
         self.enabled = True  # --preempt
-        self.evictor: Evictor | None = None  # set by the lifecycle; None: nobody can end a victim
+        self.served = served  # a lifecycle carries out its displacements; else nobody can end a victim
         self.total: dict[tuple[str, str], int] = {}  # displaced requests by (class, tenant)
         # By class rank (sheddable, standard): the displaceable requests, oldest first.
         self._waiting: tuple[dict[int, Grant], ...] = ({}, {})
@@ -67,7 +73,7 @@ class Displacement:
 
     @property
     def armed(self) -> bool:
-        return self.enabled and self.evictor is not None
+        return self.enabled and self.served
 
     def victim(self, now: float, ask: Ask) -> Grant | None:
         """The request `ask` may displace now: the newest of the lowest class below its own that

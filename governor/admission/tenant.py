@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from governor.admission.buckets import make_bucket, updated_bucket
+from governor.admission.caps import CAP_KEYS, Caps
 from governor.admission.hints import DrainHint, RetryHintEstimator
 from governor.admission.tally import Tally
 from govwire.request import is_tenant_name
@@ -30,34 +31,28 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
-class TenantLimits:
-    """One tenant's weight and caps; a cap of 0 means none (the global caps still apply)."""
+class TenantLimits(Caps):
+    """One tenant's weight and caps (caps.Caps); a cap of 0 means none (the global caps still apply)."""
 
     weight: float = 1.0  # its share of contended capacity, relative to the other tenants' weights
-    max_inflight: int = 0
-    max_qps: float = 0.0
-    qps_burst: float = 0.0  # 0 = one second's worth
-    max_inflight_tokens: int = 0
-    max_tokens_per_s: float = 0.0
-    tokens_burst: float = 0.0  # 0 = one second's worth
     # While it holds fewer, it may be admitted past --max-inflight (limits.InflightLimiter).
     guaranteed_inflight: int = 0
 
     def __post_init__(self) -> None:
-        rates = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
         if not (0 < self.weight < math.inf):
             raise ValueError("weight must be finite and > 0")
         if self.max_inflight < 0 or self.max_inflight_tokens < 0 or self.guaranteed_inflight < 0:
             raise ValueError("max_inflight, max_inflight_tokens and guaranteed_inflight must be >= 0")
         if self.max_inflight and self.guaranteed_inflight > self.max_inflight:
             raise ValueError("guaranteed_inflight cannot exceed the tenant's own max_inflight")
-        if not all(math.isfinite(x) and x >= 0 for x in rates):
+        if not self.rates_are_finite():
             raise ValueError("max_qps, qps_burst, max_tokens_per_s and tokens_burst must be finite and >= 0")
         if 0 < self.qps_burst < 1 or 0 < self.tokens_burst < 1:
             raise ValueError("qps_burst and tokens_burst must be >= 1 (or 0 for the default)")
 
 
-TENANT_KEYS: tuple[str, ...] = tuple(f.name for f in fields(TenantLimits))
+TENANT_KEYS: tuple[str, ...] = ("weight", *CAP_KEYS, "guaranteed_inflight")
+"""A tenant's keys, in the order a table lists them (its weight first)."""
 
 
 def parse_tenant(text: str) -> tuple[str, TenantLimits]:

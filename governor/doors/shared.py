@@ -56,7 +56,7 @@ def decide_frame(state: ServerState, door: Renderer[F], frame: F, ask: Ask, now:
     """The one decision step of both doors: decide `ask` now and render the answer (b"" when it
     comes later: held in the lobby, or an admitted request's response)."""
     try:
-        decision = state.admission.decide(now, ask)
+        decision = state.lifecycle.decide(now, ask)
     except RequestRejected as exc:  # OverBudget: no wait would let it in
         return door.render_rejected(frame, exc)
     if type(decision) is Refusal:

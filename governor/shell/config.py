@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
+from governor.admission.caps import Caps
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.admission.priority import CeilingPolicy, parse_allowance
 from governor.admission.tenant import TenantLimits, parse_tenant
@@ -442,6 +443,18 @@ class GovernorConfig:
             )
         except ValueError as exc:
             raise ConfigError(f"--trusted-gateway, --objective, --priority-*: {exc}") from None
+
+    @property
+    def caps(self) -> Caps:
+        """The governor's own caps (--max-inflight, --max-qps, ...)."""
+        return Caps(
+            max_inflight=self.max_inflight,
+            max_qps=self.max_qps,
+            qps_burst=self.qps_burst,
+            max_inflight_tokens=self.max_inflight_tokens,
+            max_tokens_per_s=self.max_tokens_per_s,
+            tokens_burst=self.tokens_burst,
+        )
 
     def fleet_policy(self) -> FleetPolicy:
         try:

@@ -95,17 +95,12 @@ def build_admission(config: GovernorConfig, upstream: Upstream, now: float) -> A
     )
     admission = Admission(
         endpoints,
-        config.max_inflight,
-        config.max_qps,
-        config.qps_burst,
+        config.caps,
         hints,
         now,
-        max_inflight_tokens=config.max_inflight_tokens,
-        tokens_per_s=config.max_tokens_per_s,
-        tokens_burst=config.tokens_burst,
         adaptive=adaptive,
         appointment_grace_s=config.appointment_grace_ms / 1000,
-        lobby=True,  # returning clients are held for their capacity (ServerState builds the lobby)
+        served=True,  # a lifecycle and a lobby carry out its decisions (ServerState)
     )
     return admission
 
@@ -192,15 +187,7 @@ def apply_caps(state: ServerState, config: GovernorConfig, now: float) -> None:
     until in-flight falls under it. Endpoints are matched by address; adding or removing one
     needs a restart."""
     apply_tenancy(state.admission, config, state.auth, now)
-    state.admission.set_caps(
-        config.max_inflight,
-        config.max_qps,
-        config.qps_burst,
-        now,
-        max_inflight_tokens=config.max_inflight_tokens,
-        tokens_per_s=config.max_tokens_per_s,
-        tokens_burst=config.tokens_burst,
-    )
+    state.admission.set_caps(config.caps, now)
     state.admission.appointments.set_grace(config.appointment_grace_ms / 1000)
     if state.fleet is not None:
         state.fleet.lease.set_caps(config.fleet_policy(), now)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from governor.admission.caps import Caps
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
@@ -67,7 +68,7 @@ def test_live_limits_keep_what_the_bucket_holds_and_never_cancel() -> None:
     endpoint = Endpoint("e", EndpointLimits(concurrency=4, qps=10.0), 0.0)
     endpoint.up = True
     hints = RetryHintEstimator(RetryHintPolicy(), 8)
-    admission = Admission([endpoint], 8, 10.0, 5.0, hints, 0.0)
+    admission = Admission([endpoint], Caps(max_inflight=8, max_qps=10.0, qps_burst=5.0), hints, 0.0)
     grants = [admission.decide(0.0) for _ in range(3)]
     assert all(isinstance(g, Grant) and g.endpoint is endpoint for g in grants)
     endpoint.set_limits(EndpointLimits(concurrency=2, qps=10.0, burst=20.0), 0.0)
@@ -75,7 +76,7 @@ def test_live_limits_keep_what_the_bucket_holds_and_never_cancel() -> None:
     assert isinstance(admission.decide(0.0), Refusal)  # but nothing new until it falls under 2
     admission.release(grants[0], executed=True)  # type: ignore[arg-type]
     admission.release(grants[1], executed=True)  # type: ignore[arg-type]
-    admission.set_caps(8, 10.0, 1.0, 0.0)
+    admission.set_caps(Caps(max_inflight=8, max_qps=10.0, qps_burst=1.0), 0.0)
     bucket = admission.rate.bucket
     assert bucket is not None and bucket.tokens == 1.0  # held 2, the new burst is 1
     last = admission.decide(0.0)

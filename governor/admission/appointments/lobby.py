@@ -52,6 +52,9 @@ milliseconds on loopback; 4 ms past the horizon at p99 in benchmarks.peers.sdk_o
 LOBBY_WAIT_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 """Seconds a held frame waited for its answer."""
 
+Decide = Callable[[float, Ask], Grant | Refusal]
+"""Decides a frame now (raising `OverBudget`), a displacement carried out."""
+
 Answer = Callable[[Grant | Refusal | RequestRejected, float], None]
 """Renders a held frame's decision on its connection (read at once: a refusal is reused), with
 when it was first held."""
@@ -72,17 +75,20 @@ class Held:
 
 
 class Lobby:
-    __slots__ = ("_admission", "_timers", "_clock", "_held", "_waking", "wait")
+    __slots__ = ("_admission", "_decide_again", "_timers", "_clock", "_held", "_waking", "wait")
 
-    def __init__(self, admission: Admission, timers: Timers, clock: Callable[[], float]) -> None:
+    def __init__(self, admission: Admission, decide: Decide, timers: Timers, clock: Callable[[], float]) -> None:
         self._admission = admission
+        # How a held frame is decided again: as a new one is (the lifecycle's `decide`, which
+        # carries out a displacement), never a step of its own.
+        self._decide_again = decide
         self._timers = timers
         self._clock = clock
         self._held: dict[Appointment, Held] = {}
         self._waking = False  # a wake-up is scheduled
         self.wait = Histogram(LOBBY_WAIT_BUCKETS)  # governor_lobby_wait_seconds
         if not admission.appointments.lobby:  # (its books would never answer HOLD)
-            raise ValueError("admission was built without a lobby (Admission(..., lobby=True))")
+            raise ValueError("admission was built to decide alone (Admission(..., served=True) holds)")
 
     def __len__(self) -> int:
         return len(self._held)
@@ -128,7 +134,7 @@ class Lobby:
             ask.deadline_s = held.deadline_s - (now - held.since)
         decision: Grant | Refusal | RequestRejected
         try:
-            decision = self._admission.decide(now, ask)
+            decision = self._decide_again(now, ask)
         except RequestRejected as exc:  # OverBudget: caps were lowered (reload) while it waited
             decision = exc
         if type(decision) is Refusal and decision.hint_ms == HOLD:

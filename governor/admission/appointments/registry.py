@@ -85,9 +85,7 @@ class Lapsed:
 
     __slots__ = ("at", "book", "rank", "tenant", "keys")
 
-    def __init__(
-        self, at: float, book: Book, rank: int, tenant: Owner | None, keys: tuple[object, ...]
-    ) -> None:
+    def __init__(self, at: float, book: Book, rank: int, tenant: Owner | None, keys: tuple[object, ...]) -> None:
         self.at = at  # when its window closed
         self.book = book
         self.rank = rank

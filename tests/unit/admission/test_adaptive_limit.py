@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from governor.admission.adaptive_limit import AdaptiveLimit, AdaptiveMode, AdaptivePolicy
+from governor.admission.caps import Caps
 from governor.admission.cost import NO_ASK
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -111,7 +112,7 @@ def admission(mode: AdaptiveMode) -> Admission:
     endpoint = Endpoint("e", EndpointLimits(), 0.0)
     endpoint.up = True
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), 32)
-    return Admission([endpoint], 64, 0.0, 0.0, hints, 0.0, adaptive=AdaptivePolicy(mode, floor=1, ceiling=64))
+    return Admission([endpoint], Caps(max_inflight=64), hints, 0.0, adaptive=AdaptivePolicy(mode, floor=1, ceiling=64))
 
 
 @pytest.mark.parametrize("mode", [AdaptiveMode.SHADOW, AdaptiveMode.ENFORCE])

@@ -15,6 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from governor.admission.appointments.appointment import Appointment
 from governor.admission.appointments.books import MIN_TRUST, PROBE_EVERY, AppointmentBook
 from governor.admission.appointments.registry import LAPSED_MEMORY_S, TRUST_WEIGHT, Appointments
+from governor.admission.caps import Caps
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -72,7 +73,7 @@ def governor(cap: int, first_s: float, step_s: float, tokens: int) -> tuple[Admi
     endpoint = Endpoint("e", EndpointLimits(), now=0.0)
     endpoint.up = True
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0), cap)
-    admission = Admission([endpoint], cap, 0.0, 0.0, hints, now=0.0, appointment_grace_s=GRACE_S)
+    admission = Admission([endpoint], Caps(max_inflight=cap), hints, now=0.0, appointment_grace_s=GRACE_S)
     # What earlier requests taught: the engine's exact speed.
     model = admission.forecast.model(endpoint)
     model.first_token_s, model.step_s = first_s, step_s
@@ -248,7 +249,7 @@ def test_the_token_budget_books_the_time_its_tokens_are_given_back() -> None:
     endpoint.up = True
     # a horizon past 1.4 s: the large one below is booked too, not refused for good
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=2000), 8)
-    admission = Admission([endpoint], 8, 0.0, 0.0, hints, now=0.0, max_inflight_tokens=100)
+    admission = Admission([endpoint], Caps(max_inflight=8, max_inflight_tokens=100), hints, now=0.0)
     # What earlier requests taught: a first token 0.8 s after admission, then one every 0.1 s; so
     # a request asking for 3 tokens ends 0.8 + 2 x 0.1 = 1.0 s after its admission.
     model = admission.forecast.model(endpoint)
@@ -540,7 +541,7 @@ def test_a_wait_that_rounds_up_to_the_horizon_is_no_promise(wait_ms: float, prom
     endpoint = Endpoint("e", EndpointLimits(), now=0.0)
     endpoint.up = True
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=200.0), 1)
-    admission = Admission([endpoint], 1, 0.0, 0.0, hints, now=0.0, appointment_grace_s=GRACE_S)
+    admission = Admission([endpoint], Caps(max_inflight=1), hints, now=0.0, appointment_grace_s=GRACE_S)
     model = admission.forecast.model(endpoint)
     model.first_token_s, model.step_s = 0.1, 0.02
     hints.observe_service_time(0.3)

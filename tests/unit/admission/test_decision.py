@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from governor.admission.appointments.books import MIN_TRUST, PROBE_EVERY, PrepaidBook
 from governor.admission.buckets import TokenBucket
+from governor.admission.caps import Caps
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
@@ -30,7 +31,7 @@ def admission(
     for e in endpoints:
         e.up = True
     hints = RetryHintEstimator(RetryHintPolicy(jitter=0.0, base_ms=40), max_inflight)
-    a = Admission(endpoints, max_inflight, qps, burst, hints, now=0.0)
+    a = Admission(endpoints, Caps(max_inflight=max_inflight, max_qps=qps, qps_burst=burst), hints, now=0.0)
     a.pool.default_capacity = capacity
     return a
 
@@ -286,8 +287,10 @@ def test_a_rate_holder_another_limit_refuses_spends_its_token() -> None:
 
 
 def test_a_token_rate_refusal_past_the_horizon_is_final_and_pays_nothing() -> None:
-    a = Admission([], 100, 0.0, 0.0, RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=1000), 100), 0.0)
-    a.set_caps(100, 0.0, 0.0, 0.0, tokens_per_s=100.0, tokens_burst=100.0)
+    a = Admission(
+        [], Caps(max_inflight=100), RetryHintEstimator(RetryHintPolicy(jitter=0.0, horizon_ms=1000), 100), 0.0
+    )
+    a.set_caps(Caps(max_inflight=100, max_tokens_per_s=100.0, tokens_burst=100.0), 0.0)
     assert isinstance(a.decide(0.0, Ask(cost=100)), Grant)
     promised = a.decide(0.0, Ask(cost=50))  # 0.5 s away: paid for and kept
     assert isinstance(promised, Refusal) and promised.hint_ms == 500 and promised.appointment is not None
@@ -300,8 +303,8 @@ def test_a_token_rate_refusal_past_the_horizon_is_final_and_pays_nothing() -> No
 
 def test_a_token_rate_holder_asking_for_more_than_it_paid_for_is_a_new_request() -> None:
     policy = RetryHintPolicy(jitter=0.0, horizon_ms=5000)
-    a = Admission([], 100, 0.0, 0.0, RetryHintEstimator(policy, 100), 0.0)
-    a.set_caps(100, 0.0, 0.0, 0.0, tokens_per_s=100.0, tokens_burst=100.0)
+    a = Admission([], Caps(max_inflight=100), RetryHintEstimator(policy, 100), 0.0)
+    a.set_caps(Caps(max_inflight=100, max_tokens_per_s=100.0, tokens_burst=100.0), 0.0)
     assert isinstance(a.decide(0.0, Ask(cost=100)), Grant)
     answer = a.decide(0.0, Ask(cost=1))  # paid for 1 token, at 10 ms
     assert isinstance(answer, Refusal) and answer.hint_ms == 10 and answer.appointment is not None
@@ -339,8 +342,8 @@ def test_a_rate_switched_off_takes_its_appointments_with_it() -> None:
     answer = a.decide(0.0)
     assert isinstance(answer, Refusal) and answer.appointment is not None
     ticket = answer.appointment.ticket
-    a.set_caps(1000, 0.0, 0.0, 0.0)  # no --max-qps: the token it paid went with the bucket
-    a.set_caps(1000, 10.0, 1.0, 0.05)  # back on: a fresh bucket, full
+    a.set_caps(Caps(max_inflight=1000), 0.0)  # no --max-qps: the token it paid went with the bucket
+    a.set_caps(Caps(max_inflight=1000, max_qps=10.0, qps_burst=1.0), 0.05)  # back on: a fresh bucket, full
     routed(a.decide(0.1))  # a newcomer takes the one token
     assert refused(a.decide(0.1, back(ticket)))[0] == "qps"  # the old ticket is nobody's: no free pass
 

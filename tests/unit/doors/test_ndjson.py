@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from governor.accounting import Outcome
+from governor.admission.caps import Caps
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.doors.ndjson import DEFER_AFTER_REFUSED, Ingress
@@ -382,7 +383,7 @@ def test_pool_limits_yield_with_their_reason_and_an_exact_qps_hint() -> None:
     endpoint = Endpoint("w", EndpointLimits(concurrency=1), 0.0)
     endpoint.up = True
     state = make_state(max_inflight=8, clock=clock, endpoints=[endpoint])
-    state.admission.set_caps(8, qps=2.0, burst=2.0, now=0.0)
+    state.admission.set_caps(Caps(max_inflight=8, max_qps=2.0, qps_burst=2.0), now=0.0)
     ingress, writes = make_ingress(state)
     ingress.receive_data(frame("a") + frame("b"))
     assert [r.get("reason") for r in replies(writes)] == ["endpoint_inflight"]  # "a" holds the only slot
