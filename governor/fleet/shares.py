@@ -4,8 +4,9 @@ A `Share` is what the lease lets this replica use of one fleet limit: it refuses
 it (`over`), and each refusal counts the client it told to wait for as long as the hint says
 (`WaitLedger`), so that a renewal reports what waited here on average over the period (`report`),
 whatever the hints were computed from. `HeldShare`: what running requests hold (slots, token
-cost); `RateShare`: a limit per second, run as a local token bucket. The lease (lease.py) owns
-one of each per fleet limit and sets them from each reply; the design is the package's docstring.
+cost); `RateShare`: a limit per second, run as a local token bucket. The lease (lease.py) holds
+one per fleet limit (two of each) and sets them from each reply; the design is the package's
+docstring.
 """
 
 from __future__ import annotations
