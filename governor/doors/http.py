@@ -24,13 +24,11 @@ import logging
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import http_sfv
-import httptools
 import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -41,13 +39,21 @@ from governor.admission.limits import Grant, Refusal
 from governor.doors import gateway
 from governor.doors.gateway import (
     DROPPED,
-    DROPPED_REASON,
     HEADROOM,
     NO_ENDPOINTS,
     QUEUE_DURATION,
     SATURATED,
 )
-from governor.doors.gateway_policy import GatewayPolicy
+from governor.doors.http_wire import (
+    LAST_CHUNK,
+    HttpLimits,
+    Message,
+    RequestReader,
+    chunk,
+    response,
+    status_line,
+    yield_response,
+)
 from governor.doors.openai_api import (
     DONE_EVENT,
     STATUS_OF_CODE,
@@ -71,7 +77,6 @@ from governor.state import ServerState
 from govwire.errors import (
     BadFrame,
     BadJson,
-    FrameTooLarge,
     GovernorError,
     IdleTimeout,
     IntegrityMismatch,
@@ -81,111 +86,16 @@ from govwire.errors import (
 )
 from govwire.messages import Completion
 from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request, is_tenant_name
-from govwire.vocab import DEFAULT_TENANT, ErrorCode, YieldReason
+from govwire.vocab import DEFAULT_TENANT, ErrorCode
 
 log = logging.getLogger("governor.http")
 
-_DRAINING = YieldReason.DRAINING.value
-_REASONS = {
-    200: b"OK",
-    400: b"Bad Request",
-    401: b"Unauthorized",
-    404: b"Not Found",
-    405: b"Method Not Allowed",
-    408: b"Request Timeout",
-    413: b"Content Too Large",
-    415: b"Unsupported Media Type",
-    431: b"Request Header Fields Too Large",
-    429: b"Too Many Requests",
-    500: b"Internal Server Error",
-    502: b"Bad Gateway",
-    503: b"Service Unavailable",
-    504: b"Gateway Timeout",
-}
-_JSON = b"application/json"
-# The headers read, each with whether it is a gateway's (gateway.HEADERS_IN); the rest are skipped.
-_HEADERS_READ = {
-    **dict.fromkeys(
-        (b"content-length", b"authorization", b"content-digest", b"retry-ticket", b"content-type", b"expect"), False
-    ),
-    **dict.fromkeys(gateway.HEADERS_IN, True),
-}
-_HEADER_LENGTHS = frozenset(len(name) for name in _HEADERS_READ)
 _SSE = b"text/event-stream"
 _GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
 _EXPOSITION = CONTENT_TYPE_LATEST.encode()
-
-
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # A body's media types read as JSON: application/json and any +json type; no Content-Type at all
 # is read as JSON too (what most clients that send JSON without saying so mean).
 _JSON_TYPES = re.compile(rb"\s*application/([a-z0-9.+-]+\+)?json\s*(;.*)?", re.IGNORECASE)
-
-_429 = (429, b"Too Many Requests", b"rate_limit_error")
-_YIELD_HEAD = (
-    b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"x-should-retry: true\r\n" + DROPPED + b": %s\r\n"
-)
-_YIELD_WAIT = b"retry-after-ms: %d\r\nretry-after: %d\r\n%s%s\r\n"
-# A final refusal (past the promise horizon): no wait to honour. `x-should-retry: false` is what
-# the Stainless-generated SDKs (openai, anthropic) obey before any retry count or Retry-After.
-_FINAL_HEAD = (
-    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
-    b"x-should-retry: false\r\n" + DROPPED + b": %s\r\n%s\r\n"
-)
-# The same bytes for every yield of a reason: load generators count errors by their body (aiperf
-# keys them by status, reason and body), so a number in it made a row per hint. The wait is in
-# the headers, which the OpenAI SDKs read.
-_YIELD_BODY = b'{"error":{"message":"yielded: %s","type":"%s","param":null,"code":"%s","reason":"%s"}}'
-_FINAL_BODY = (
-    b'{"error":{"message":"overloaded: no capacity within the promise horizon (%s); do not retry now",'
-    b'"type":"rate_limit_error","param":null,"code":"overloaded","reason":"%s","final":true}}'
-)
-
-
-def _yield_parts(reason: str) -> tuple[bytes, bytes]:
-    """A yield of `reason`, but its wait: the head up to `retry-after-ms`, and the body."""
-    word = reason.encode()
-    status, phrase, kind = (503, b"Service Unavailable", b"service_unavailable") if reason == _DRAINING else _429
-    body = _YIELD_BODY % (word, kind, word, word)
-    return _YIELD_HEAD % (status, phrase, len(body), DROPPED_REASON.get(reason, SATURATED)), body
-
-
-def _final(reason: str, keep: bool) -> bytes:
-    """A final refusal of `reason`: the same bytes every time."""
-    word = reason.encode()
-    body = _FINAL_BODY % (word, word)
-    close = b"" if keep else b"connection: close\r\n"
-    return _FINAL_HEAD % (len(body), DROPPED_REASON.get(reason, SATURATED), close) + body
-
-
-# Built once: the refusal path under overload only adds the wait.
-_YIELDS = {reason.value: _yield_parts(reason.value) for reason in YieldReason}
-_FINALS = {(reason.value, keep): _final(reason.value, keep) for reason in YieldReason for keep in (True, False)}
-
-
-@dataclass(frozen=True, slots=True)
-class HttpLimits:
-    max_body_bytes: int = 1024 * 1024  # Content-Length (or chunked total) of one request
-    max_header_bytes: int = 64 * 1024  # request line and headers of one request
-    max_pipelined: int = 16  # requests parsed and waiting behind the one being answered
-    request_timeout_s: float = 10.0  # a request's headers and body must arrive within this
-    integrity: IntegrityMode = IntegrityMode.OPTIONAL  # Content-Digest (--http-integrity)
-    gateway: GatewayPolicy = field(default_factory=GatewayPolicy)  # which gateway headers count, and how
-
-
-def status_line(status: int, headers: list[tuple[bytes, bytes]], keep_alive: bool) -> bytes:
-    """A response head. (Writing one is formatting, not parsing: uvicorn builds its own the same way.)"""
-    lines = [b"HTTP/1.1 %d %s" % (status, _REASONS.get(status, b"Unknown"))]
-    lines.extend(name + b": " + value for name, value in headers)
-    if not keep_alive:
-        lines.append(b"connection: close")
-    return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def response(status: int, body: bytes, keep_alive: bool, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
-    headers = [(b"content-type", _JSON), (b"content-length", str(len(body)).encode()), *(extra or ())]
-    return status_line(status, headers, keep_alive) + body
 
 
 def _error_response(error: GovernorError, keep: bool) -> bytes:
@@ -203,36 +113,13 @@ def response_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
 
 
-def chunk(data: bytes) -> bytes:
-    """One piece of a `Transfer-Encoding: chunked` body."""
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-LAST_CHUNK = b"0\r\n\r\n"
-
-
-@dataclass(slots=True)
-class _Message:
-    """One request as parsed: method, path, the headers it needs (lower-case names), its body."""
-
-    method: bytes = b""
-    url: bytes = b""
-    headers: dict[bytes, bytes] = field(default_factory=dict)
-    body: list[bytes] = field(default_factory=list)
-    body_bytes: int = 0
-    keep_alive: bool = True
-    http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
-    upgrade: bool = False
-    gateway: int = 0  # how many gateway headers it carries (gateway.HEADERS_IN)
-
-
 @dataclass(slots=True)
 class _Parsed:
     """A completions request as read before admission: its message, its JSON body, the frame a
     chat request became (None for a completion: built once admitted), the chat messages, the
     model, and the body's bytes (what Content-Digest covers and what an SDK re-sends)."""
 
-    message: _Message
+    message: Message
     body: dict[str, Any]
     frame: dict[str, Any] | None
     messages: Any
@@ -289,39 +176,36 @@ class HttpIngress:
         self._metrics = metrics
         self._limits = limits
         self._models = models
-        self._on_backlog = on_backlog
         # The adapter's close, once the last response is written: graceful when the client asked
         # for it (None), a shed when the connection is refused (`closing`).
         self._on_close = on_close
         self.write = write
-        self._parser = httptools.HttpRequestParser(self)
-        self._message: _Message | None = None  # being parsed
-        self._header_bytes = 0
-        self._queue: deque[_Message] = deque()  # parsed, waiting for the response before them
+        self._pending: list[bytes] = []
+        self._reader = RequestReader(limits, state.clock, self._pending, self._idle, self._count_broken, on_backlog)
         self._exchange: _Exchange | None = None  # admitted, its response not complete
         self._lobby: Held | None = None  # back for its appointment and held for its capacity (lobby.py)
-        self._pending: list[bytes] = []
-        self._broken: tuple[int, GovernorError] | None = None  # a request the parser gave up on
-        self._last_read = False  # a request said `connection: close`: it is the last one read
-        self._headers_done = False  # of the request being read
-        self._header_read = 0  # bytes of later reads spent on that request's unfinished headers
-        self._began = False  # a request began during the current read
         self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
         self.active: dict[str, InflightRequest] = {}
         self.tenant = DEFAULT_TENANT  # of the request being answered, for logs when shed
         self.closing: ShedReason | None = None  # the adapter sheds the connection with this reason
         self.finished = False  # the client asked to close: close once the replies are out
-        self.backlogged = False
         self.last_line_at = state.clock()  # the idle timeout counts from here
-        self.started_at: float | None = None  # when the request being read began arriving
         self._advancing = False  # the next request's answer is scheduled (`_next`)
         self._gone = False  # the connection is lost: nothing more is answered
 
     @property
     def buffered_bytes(self) -> int:
         """Request bytes held: the one being read and those waiting."""
-        held = sum(m.body_bytes for m in self._queue)
-        return held + (self._message.body_bytes + self._header_bytes if self._message is not None else 0)
+        return self._reader.buffered_bytes
+
+    @property
+    def backlogged(self) -> bool:
+        return self._reader.backlogged
+
+    @property
+    def started_at(self) -> float | None:
+        """When the request being read began arriving."""
+        return self._reader.started_at
 
     # -- bytes in ---------------------------------------------------------------------------------
 
@@ -331,125 +215,32 @@ class HttpIngress:
 
     def receive_data(self, data: bytes) -> None:
         """Answer what the read completes."""
-        if self.closing is not None or self.finished or self._broken is not None or self._last_read:
+        reader = self._reader
+        if self.closing is not None or self.finished or reader.broken is not None or reader.last_read:
             return  # nothing after a request the parser gave up on, or after `connection: close`
         now = self._state.clock()
         self.last_line_at = now
-        self._began = False
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:  # (the upgrade request itself was dropped, see below)
-            self._fail(400, BadFrame("protocol upgrades (Upgrade: h2c, websocket) are not supported"))
-        except httptools.HttpParserError as exc:
-            if not self._last_read:  # bytes after a `connection: close` request: ignored, not an error
-                self._fail(400, BadFrame(f"malformed HTTP request: {exc}"))  # unless a limit failed it first
-        if self._message is not None and not self._headers_done and not self._began:
-            # httptools hands a header to on_header only once it is whole: a header that never ends
-            # is bounded here, by the reads wholly spent on it (its first read, where the request
-            # began after others, counts nothing: one read is bounded anyway).
-            self._header_read += len(data)
-            if self._header_read > 2 * self._limits.max_header_bytes:
-                self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
+        reader.feed(data)
         self._advance(now)
         self.flush()
 
     def resume(self, budget: int) -> None:
         """Nothing is held (`held_frames`)."""
 
-    # httptools callbacks (its parser calls these while feed_data runs)
+    def _idle(self) -> bool:
+        return self._exchange is None and self._lobby is None
 
-    def on_message_begin(self) -> None:
-        self._message = _Message()
-        self._began = True
-        self._header_bytes = self._header_read = 0
-        self._headers_done = False
-        self.started_at = self._state.clock()
-
-    def on_url(self, url: bytes) -> None:
-        self._header_bytes += len(url)
-        if self._header_bytes > self._limits.max_header_bytes:
-            self._headers_too_large()
-        if self._message is not None:
-            self._message.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value)
-        if self._header_bytes > self._limits.max_header_bytes:
-            self._headers_too_large()
-        message = self._message
-        if message is None or len(name) not in _HEADER_LENGTHS:  # most headers, without a lower()
-            return
-        key = name.lower()
-        kind = _HEADERS_READ.get(key)
-        if kind is None:
-            return
-        if kind:
-            message.gateway += 1
-        # A repeated one is joined, as RFC 9110 allows for lists.
-        if key in message.headers:
-            message.headers[key] += b", " + value
-        else:
-            message.headers[key] = value
-
-    def _headers_too_large(self) -> None:
-        self._fail(431, BadFrame(f"request headers exceed {self._limits.max_header_bytes} bytes"))
-        raise httptools.HttpParserError("headers too large")
-
-    def on_headers_complete(self) -> None:
-        message = self._message
-        if message is None:
-            return
-        self._headers_done = True
-        message.method = self._parser.get_method()
-        message.keep_alive = self._parser.should_keep_alive()
-        message.http11 = self._parser.get_http_version() == "1.1"
-        message.upgrade = self._parser.should_upgrade()
-        length = message.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self._limits.max_body_bytes:
-            self._too_large()
-        if (
-            message.http11
-            and message.headers.get(b"expect", b"").lower() == b"100-continue"
-            and self._exchange is None
-            and self._lobby is None
-            and not self._queue
-        ):
-            # The client waits for this before sending its body (curl: a second, then sends it
-            # anyway). Only when nothing is being answered: an interim response must not land
-            # inside an earlier request's.
-            self._pending.append(_CONTINUE)
-
-    def on_body(self, body: bytes) -> None:
-        message = self._message
-        if message is None:
-            return
-        message.body_bytes += len(body)
-        if message.body_bytes > self._limits.max_body_bytes:
-            self._too_large()
-        message.body.append(body)
-
-    def _too_large(self) -> None:
-        n = self._limits.max_body_bytes
-        self._fail(413, FrameTooLarge(f"request body exceeds {n} bytes"))
-        raise httptools.HttpParserError("body too large")
-
-    def on_message_complete(self) -> None:
-        message, self._message = self._message, None
-        self.started_at = None
-        if message is None or message.upgrade:
-            return  # an upgrade is answered 400 once the parser stops on it (receive_data)
-        self._last_read = not message.keep_alive  # nothing after it is read
-        self._queue.append(message)
-        if len(self._queue) > self._limits.max_pipelined and not self.backlogged:
-            self.backlogged = True
-            self._on_backlog(True)
+    def _count_broken(self, error: GovernorError) -> None:
+        """A request the parser gave up on: counted now (answered after those before it)."""
+        self._state.accounting.http_received += 1
+        self._state.accounting.frame_rejected(error.code)
 
     # -- answering, in order ----------------------------------------------------------------------
 
     def _advance(self, now: float) -> None:
         """Answer queued requests until one is admitted (its response comes later) or none is left."""
-        while not (self._exchange or self._lobby) and self._queue and self.closing is None and not self.finished:
-            message = self._queue.popleft()
+        while not (self._exchange or self._lobby) and self._reader.queue and self.closing is None and not self.finished:
+            message = self._reader.queue.popleft()
             accounting = self._state.accounting
             received = accounting.received
             try:
@@ -467,21 +258,14 @@ class HttpIngress:
             accounting.http_received += accounting.received - received
             if not message.keep_alive and self._exchange is None and self._lobby is None:
                 self.finished = True
-        if (
-            self._broken is not None
-            and self._exchange is None
-            and self._lobby is None
-            and not self._queue
-            and self.closing is None
-        ):
-            status, error = self._broken
+        broken = self._reader.broken
+        if broken is not None and self._idle() and not self._reader.queue and self.closing is None:
+            status, error = broken
             self._pending.append(response(status, error_body(status, error), False))
             self.closing = ShedReason.BAD_REQUEST
-        if self.backlogged and len(self._queue) <= self._limits.max_pipelined // 2:
-            self.backlogged = False
-            self._on_backlog(False)
+        self._reader.drained()
 
-    def _route(self, message: _Message, now: float) -> bytes:
+    def _route(self, message: Message, now: float) -> bytes:
         path = message.url.split(b"?", 1)[0]
         keep = message.keep_alive
         if path == b"/v1/completions":
@@ -516,7 +300,7 @@ class HttpIngress:
         code = "not_found" if status == 404 else "method_not_allowed"
         return response(status, orjson.dumps(error_object(status, code, message)), keep, extra)
 
-    def _authorize(self, message: _Message) -> Unauthorized | None:
+    def _authorize(self, message: Message) -> Unauthorized | None:
         """With client secrets configured, `Authorization: Bearer <secret>` names the tenant."""
         auth = self._state.auth
         if auth is None:
@@ -529,7 +313,7 @@ class HttpIngress:
         self.tenant = tenant
         return None
 
-    def _completions(self, message: _Message, now: float, chat: bool = False) -> bytes:
+    def _completions(self, message: Message, now: float, chat: bool = False) -> bytes:
         """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (an OpenAI-compatible
         endpoint gets the messages as they are, a worker renders them with its chat template)."""
         state = self._state
@@ -603,8 +387,8 @@ class HttpIngress:
         appointment = refusal.appointment
         keep = frame.message.keep_alive
         if appointment is None:
-            return self._yield(refusal.hint_ms, refusal.reason, keep, None, refusal.final)
-        return self._yield(refusal.hint_ms, refusal.reason, keep, appointment.ticket)
+            return yield_response(refusal.hint_ms, refusal.reason, keep, None, refusal.final)
+        return yield_response(refusal.hint_ms, refusal.reason, keep, appointment.ticket)
 
     def render_rejected(self, frame: _Parsed, error: RequestRejected) -> bytes:
         return self._rejected(error, frame.message.keep_alive)
@@ -667,7 +451,7 @@ class HttpIngress:
         )
         return b""
 
-    def _verify_digest(self, message: _Message, body: bytes, rid: str) -> None:
+    def _verify_digest(self, message: Message, body: bytes, rid: str) -> None:
         """RFC 9530 `Content-Digest` over the body: verified when present (sha-256; other
         algorithms are ignored), required under `--http-integrity required`."""
         mode = self._limits.integrity
@@ -696,30 +480,6 @@ class HttpIngress:
         self._state.accounting.frame_rejected(error.code)
         status = status or STATUS_OF_CODE.get(error.code, 400)
         return response(status, error_body(status, error), keep)
-
-    @staticmethod
-    def _yield(hint_ms: int, reason: str, keep: bool, ticket: str | None = None, final: bool = False) -> bytes:
-        """The 429 (503 for `draining`): the hot path under overload, formatted in one step. The
-        body is `error_object(status, reason, ..., reason=reason)`, the hint in `retry-after-ms`
-        and `Retry-After` beside `x-should-retry: true`; a booked appointment's ticket goes in a
-        `retry-ticket` header (the retry sends it back). A `final` one is a 429 with
-        `x-should-retry: false`, no wait, and the code `overloaded` (its `reason`: the limit)."""
-        if final:
-            return _FINALS.get((reason, keep)) or _final(reason, keep)
-        head, body = _YIELDS.get(reason) or _yield_parts(reason)
-        close = b"" if keep else b"connection: close\r\n"
-        extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
-        return head + _YIELD_WAIT % (hint_ms, -(-hint_ms // 1000), extra, close) + body
-
-    def _fail(self, status: int, error: GovernorError) -> None:
-        """A request the parser cannot go on with: counted now, answered after the requests before
-        it (`_advance`), and then the connection is closed."""
-        if self._broken is None:
-            self._state.accounting.http_received += 1
-            self._state.accounting.frame_rejected(error.code)
-            self._broken = (status, error)
-            self._message = None
-            self.started_at = None
 
     # -- the admitted request's response, rendering what the lifecycle decided (RequestOwner) --------
 
@@ -802,7 +562,7 @@ class HttpIngress:
         # (an appointment admission named by what the client re-sends: the request's body)
         ticket = None if appointment is None else appointment.ticket
         final = ticket is None and self._state.admission.is_final(reason, retry_hint_ms)
-        self._pending.append(self._yield(retry_hint_ms, reason, exchange.keep_alive, ticket, final))
+        self._pending.append(yield_response(retry_hint_ms, reason, exchange.keep_alive, ticket, final))
         self._next(exchange)
 
     def _end(self, request: InflightRequest) -> _Exchange | None:
@@ -819,7 +579,8 @@ class HttpIngress:
         if not exchange.keep_alive:
             self.finished = True
             return
-        if not self._advancing and (self._queue or self._broken is not None or self.backlogged):
+        reader = self._reader
+        if not self._advancing and (reader.queue or reader.broken is not None or reader.backlogged):
             self._advancing = True
             self._state.timers.call_later(0.0, self._advance_later)
 
@@ -846,7 +607,7 @@ class HttpIngress:
             state.accounting.http_received += 1
             state.accounting.frame_failed(reason)
         self._exchange = None
-        self._queue.clear()
+        self._reader.queue.clear()
         self._pending.clear()
 
     def fail_internal(self) -> None:
@@ -860,12 +621,12 @@ class HttpIngress:
         """A request that is taking too long to arrive (slow headers or body): 408. A connection
         idle between requests: closed without a word."""
         started = self.started_at
-        waiting_on_us = self._exchange is not None or self._lobby is not None or bool(self._queue)
+        waiting_on_us = self._exchange is not None or self._lobby is not None or bool(self._reader.queue)
         if started is not None and not waiting_on_us and now - started > self._limits.request_timeout_s:
             return ShedReason.SLOW_REQUEST, IdleTimeout(
                 f"the request did not arrive within {self._limits.request_timeout_s:g} s"
             )
-        if idle_timeout_s and not self.active and not self._queue and now - self.last_line_at > idle_timeout_s:
+        if idle_timeout_s and not self.active and not self._reader.queue and now - self.last_line_at > idle_timeout_s:
             return ShedReason.IDLE, None
         return None
 

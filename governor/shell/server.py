@@ -24,7 +24,8 @@ from governor.admission.endpoint import Endpoint, EndpointLimits, OpenAITarget
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.ttft import TtftModel
 from governor.doors.connection import ConnectionLimits, GovernorProtocol
-from governor.doors.http import HttpIngress, HttpLimits
+from governor.doors.http import HttpIngress
+from governor.doors.http_wire import HttpLimits
 from governor.doors.turns import TurnQueue
 from governor.fleet.lease import FleetLease
 from governor.fleet.member import FleetMember

@@ -21,7 +21,8 @@ from governor.admission.limits import Grant, Refusal
 from governor.admission.tenant import TenantLimits
 from governor.doors import gateway
 from governor.doors.gateway_policy import GatewayPolicy
-from governor.doors.http import HttpIngress, HttpLimits
+from governor.doors.http import HttpIngress
+from governor.doors.http_wire import HttpLimits
 from governor.state import ServerState
 from govwire.auth import TenantSecrets
 from govwire.codec import encode_token
