@@ -304,7 +304,7 @@ def test_a_real_snapshot_renders_its_tenants_and_classes() -> None:
 
 
 def test_a_real_snapshot_renders_the_fleet_lease() -> None:
-    # The keys the fleet lines read are the ones FleetMember.describe() writes into stats.
+    # The keys the fleet lines read are the ones the snapshot's FleetReading.to_dict writes into stats.
     state = make_state(max_inflight=8)
     assert "fleet" not in render_status(state.snapshot(), state.snapshot(), 1.0)
     lease = FleetLease(FleetPolicy(max_inflight=64, max_qps=300.0, hold_s=2.0), state.admission.hints, 0.0)
