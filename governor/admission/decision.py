@@ -43,7 +43,7 @@ from governor.admission.cost import NO_ASK, Ask
 from governor.admission.displacement import Displace
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import RetryHintEstimator
-from governor.admission.limits import Grant, Limit, Refusal, SharedLimit
+from governor.admission.limits import Grant, Limit, Refusal, Roomy, SharedLimit
 from governor.admission.priority import RANK, CeilingPolicy
 from governor.admission.reasons import GATING
 from governor.admission.tenant import Tenant, TenantLimits
@@ -87,6 +87,7 @@ class Admission:
         "_over",
         "_classes",
         "_every",
+        "_rooms",
         "_limits",
         "_checks",
         "_fits",
@@ -155,6 +156,15 @@ class Admission:
             self.deadline,
             self.forecast,
             self.displacement,
+        )
+        # The limits that report their room (the global in-flight cap bounds it: it is always set).
+        self._rooms: tuple[Roomy, ...] = (
+            self.inflight,
+            self.tokens,
+            self.rate,
+            self.token_rate,
+            self.pool,
+            self.tenant_caps,
         )
         self._limits: tuple[Limit, ...] = ()
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
@@ -316,44 +326,13 @@ class Admission:
     def headroom(self, grant: Grant, now: float) -> int:
         """How many more requests like the one `grant` admitted the limit that binds first would
         admit now, after it (llm-d's `x-llm-d-flow-band-headroom-requests`: a count, shared, nothing
-        kept for the reader): the free slots of each in-flight cap (global, its endpoint's, its
-        tenant's, the fleet share), and the free tokens of each token budget and rate bucket over
-        this request's cost, as admission would count them for its class: under its ceiling (the
-        global and tenant caps and buckets), less what the appointments kept in the global books
-        hold. Read after the grant was charged; only for the front door's answers."""
-        ask = grant.ask
-        cost = max(1, ask.cost)
-        ceiling = ask.ceiling
-        inflight, tokens = self.inflight, self.tokens
-        kept = [
-            book.held(now, None, ask.rank) if book is not None and book.entries else 0.0
-            for book in (inflight.book, tokens.book)
-        ]
-        # (cap, held, what one more request takes), each cap that is set
-        caps = [
-            (inflight.max_inflight * ceiling, inflight.inflight + kept[0], 1),
-            (tokens.max_tokens * ceiling, tokens.held + kept[1], cost),
-        ]
-        buckets = [(self.rate.bucket, 1, ceiling), (self.token_rate.bucket, cost, ceiling)]
-        endpoint, tenant = grant.endpoint, ask.tenant
-        if endpoint is not None:
-            limits = endpoint.limits
-            caps += [(limits.concurrency, endpoint.inflight, 1), (limits.tokens, endpoint.tokens, cost)]
-            buckets.append((endpoint.bucket, 1, 1.0))
-        if tenant is not None:
-            own = tenant.limits
-            caps += [
-                (own.max_inflight * ceiling, tenant.inflight, 1),
-                (own.max_inflight_tokens * ceiling, tenant.tokens, cost),
-            ]
-            buckets += [(tenant.qps_bucket, 1, ceiling), (tenant.token_bucket, cost, ceiling)]
-        room = int(min((cap - held) // per for cap, held, per in caps if cap))
-        for bucket, amount, share in buckets:
-            if bucket is not None:  # what a class ceiling keeps in a bucket is not its to take
-                room = min(room, int((bucket.level(now) - (1.0 - share) * bucket.burst) // amount))
+        kept for the reader): the least room any limit reports (`room`), each counting as its check
+        would for the request's class. Read after the grant was charged; only for the front door's
+        answers."""
+        rooms = [limit.room(grant, now) for limit in self._rooms]
         if self.fleet is not None:
-            room = min(room, self.fleet.room(cost))
-        return max(0, room)
+            rooms.append(self.fleet.room(grant, now))
+        return max(0, int(min(rooms)))
 
     def _refused_elsewhere(self, held: Appointment, now: float) -> None:
         """A frame back for `held` in its window was refused by another limit (one checked before

@@ -138,7 +138,28 @@ class Limit(Protocol):
         """The request ended (`executed`: with `done`): give back what it held while it ran."""
 
 
-class SharedLimit(Limit, Protocol):
+class Roomy(Protocol):
+    """A limit that can say how much room it has (`Admission.headroom`: llm-d's headroom)."""
+
+    def room(self, grant: Grant, now: float) -> float:
+        """How many more requests like `grant`'s it would admit now, after it (math.inf: no cap);
+        counted as its check would count them for the request's class."""
+
+
+def cap_room(cap: float, held: float, per: float) -> float:
+    """Room under a cap of `cap` (0: none) holding `held`, for requests taking `per` each."""
+    return (cap - held) // per if cap else math.inf
+
+
+def bucket_room(bucket: TokenBucket | None, amount: float, share: float, now: float) -> float:
+    """Room in a rate bucket for requests taking `amount` each, but what a class of this `share`
+    (its ceiling) leaves in it: that is not its to take."""
+    if bucket is None:
+        return math.inf
+    return (bucket.level(now) - (1.0 - share) * bucket.burst) // amount
+
+
+class SharedLimit(Limit, Roomy, Protocol):
     """A limit on capacity this governor shares with others: its lease on the fleet's caps
     (fleet/lease.py, renewed through Redis). With a fleet token budget it also refuses at once a
     request larger than that budget, as the local token budgets do."""
@@ -149,9 +170,6 @@ class SharedLimit(Limit, Protocol):
 
     def fits(self, ask: Ask) -> None:
         """OverBudget for a request larger than a whole budget: no wait would let it in."""
-
-    def room(self, cost: int) -> int:
-        """How many more requests of this `cost` its held shares would admit now."""
 
 
 class Draining:
@@ -247,6 +265,13 @@ class InflightLimiter:
             raise RuntimeError("release() without a matching charge")
         self.inflight -= 1
 
+    def room(self, grant: Grant, now: float) -> float:
+        """Free slots under its class's ceiling, less what the open appointments keep from it."""
+        ask = grant.ask
+        book = self.book
+        kept = book.held(now, None, ask.rank) if book is not None and book.entries else 0.0
+        return cap_room(self.max_inflight * ask.ceiling, self.inflight + kept, 1)
+
 
 def bucket_refusal(
     refusal: Refusal,
@@ -327,6 +352,9 @@ class RateLimit:
     def release(self, grant: Grant, executed: bool) -> None:
         return None  # an admission per second is spent once admitted
 
+    def room(self, grant: Grant, now: float) -> float:
+        return bucket_room(self.bucket, 1.0, grant.ask.ceiling, now)
+
 
 class TokenBudget:
     """The cap on the token cost held by admitted, unfinished requests (`--max-inflight-tokens`):
@@ -376,6 +404,14 @@ class TokenBudget:
             raise RuntimeError("release() without a matching charge")
         self.held -= grant.ask.cost
 
+    def room(self, grant: Grant, now: float) -> float:
+        """Free tokens over the request's cost under its class's ceiling, less what the open
+        appointments keep."""
+        ask = grant.ask
+        book = self.book
+        kept = book.held(now, None, ask.rank) if book is not None and book.entries else 0.0
+        return cap_room(self.max_tokens * ask.ceiling, self.held + kept, max(1, ask.cost))
+
 
 class TokenRate:
     """The cap on token cost admitted per second (`--max-tokens-per-s`, `--tokens-burst`): the
@@ -420,3 +456,6 @@ class TokenRate:
     def release(self, grant: Grant, executed: bool) -> None:
         if self.bucket is not None:
             self.bucket.refund(grant.ask.cost - grant.used)
+
+    def room(self, grant: Grant, now: float) -> float:
+        return bucket_room(self.bucket, max(1, grant.ask.cost), grant.ask.ceiling, now)

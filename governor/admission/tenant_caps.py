@@ -9,7 +9,7 @@ from governor.admission.appointments.books import NewBook, PrepaidBook
 from governor.admission.appointments.registry import Appointments
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
-from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, over_budget
+from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, bucket_room, cap_room, over_budget
 from govwire.vocab import YieldReason
 
 _TENANT_INFLIGHT, _TENANT_TOKENS = YieldReason.TENANT_INFLIGHT.value, YieldReason.TENANT_TOKENS.value
@@ -144,3 +144,18 @@ class TenantCaps:
         bucket: TokenBucket | None = tenant.token_bucket
         if bucket is not None:
             bucket.refund(grant.ask.cost - grant.used)
+
+    @staticmethod
+    def room(grant: Grant, now: float) -> float:
+        """The request's tenant's own room: its slots and tokens under its class's ceiling, its buckets."""
+        ask = grant.ask
+        tenant = ask.tenant
+        if tenant is None:
+            return math.inf
+        own, ceiling, cost = tenant.limits, ask.ceiling, max(1, ask.cost)
+        return min(
+            cap_room(own.max_inflight * ceiling, tenant.inflight, 1),
+            cap_room(own.max_inflight_tokens * ceiling, tenant.tokens, cost),
+            bucket_room(tenant.qps_bucket, 1.0, ceiling, now),
+            bucket_room(tenant.token_bucket, cost, ceiling, now),
+        )

@@ -15,6 +15,7 @@ from enum import StrEnum
 from importlib import resources
 from typing import Any, Literal
 
+from governor.admission.caps import Caps
 from governor.admission.cost import Ask
 from governor.admission.hints import RetryHintEstimator
 from governor.admission.limits import Grant, Refusal, hint_of, over_budget
@@ -29,15 +30,9 @@ RESOURCES = ("inflight", "qps", "tokens", "token_rate")
 
 
 @dataclass(frozen=True)
-class FleetPolicy:
-    """The fleet limits (0 = that one is not shared) and the lease timing."""
+class FleetPolicy(Caps):
+    """The fleet's caps (caps.Caps: 0 = that one is not shared) and the lease timing."""
 
-    max_inflight: int = 0
-    max_qps: float = 0.0
-    qps_burst: float = 0.0  # 0 = one second's worth
-    max_inflight_tokens: int = 0
-    max_tokens_per_s: float = 0.0
-    tokens_burst: float = 0.0  # 0 = one second's worth
     renew_s: float = 0.25
     lease_s: float = 1.0
     unavailable: Literal["hold", "closed", "local"] = "hold"
@@ -49,8 +44,7 @@ class FleetPolicy:
             raise ValueError("the lease must last at least two renewal periods (and renewals be > 0)")
         if not (0 <= self.hold_s < math.inf and 0 < self.max_request_s < math.inf):
             raise ValueError("the hold must be finite and >= 0, the longest request finite and > 0")
-        numbers = (self.max_qps, self.qps_burst, self.max_tokens_per_s, self.tokens_burst)
-        if min(self.max_inflight, self.max_inflight_tokens, *numbers) < 0 or not all(map(math.isfinite, numbers)):
+        if min(self.max_inflight, self.max_inflight_tokens) < 0 or not self.rates_are_finite():
             raise ValueError("fleet limits must be finite and >= 0")
 
     @property
@@ -214,8 +208,8 @@ class FleetLease:
         if self.token_rate.limit and ask.cost > burst:
             raise over_budget(ask, int(burst), "the --fleet-tokens-burst")
 
-    def room(self, cost: int) -> int:
-        """How many more requests of this `cost` the in-flight and token shares would admit now
+    def room(self, grant: Grant, now: float) -> float:
+        """How many more requests like `grant`'s the in-flight and token shares would admit now
         (none while closed; the rate shares are left out)."""
         if self.closed:
             return 0
@@ -223,8 +217,8 @@ class FleetLease:
         if self.inflight.limit:
             room = self.inflight.share - self.inflight.holding
         if self.tokens.limit:
-            room = min(room, (self.tokens.share - self.tokens.holding) // max(1, cost))
-        return int(room) if room < math.inf else 2**31
+            room = min(room, (self.tokens.share - self.tokens.holding) // max(1, grant.ask.cost))
+        return room
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
         state = self.state
