@@ -392,19 +392,3 @@ class FleetLease:
             self.state = FleetState.CLOSED
         for closing in self.shares:
             closing.set_share(0.0, now)
-
-    def describe(self) -> dict[str, Any]:
-        """The `stats` view: per resource the fleet limit, this replica's share and usage, and the
-        fleet's usage as of the last reply."""
-        resources_: dict[str, dict[str, float]] = {}
-        for name, share in zip(RESOURCES, self.shares, strict=True):
-            if share.limit:
-                resources_[name] = {
-                    "limit": share.limit,
-                    "share": round(share.share, 3),
-                    "used": round(share.used, 3),
-                    "fleet_used": round(share.fleet_usage, 3),
-                    "fleet_wants": round(share.fleet_want, 3),
-                    "fleet_granted": round(share.fleet_granted, 3),
-                }
-        return {"state": self.state.value, "replicas": self.replicas, "lapsed": self.lapsed, "resources": resources_}

@@ -216,27 +216,6 @@ class FleetMember:
         renewed = self.lease.renewed_at
         return None if renewed == -float("inf") else round((self._clock() - renewed) * 1000, 1)
 
-    def describe(self) -> dict[str, Any]:
-        """The `stats` view: where the lease stands, its shares and the renewals."""
-        return {
-            "url": self.url,
-            "key": self.key,
-            "member": self.member_id,
-            "up": self.up,
-            **self.lease.describe(),
-            "renew_ms": self.lease.policy.renew_s * 1000,
-            "lease_ms": self.lease.policy.lease_s * 1000,
-            "unavailable": self.lease.policy.unavailable,
-            "renewal_ms": round(self.lease.rtt_s * 1000, 3),
-            "renewal_age_ms": self.renewal_age_ms(),
-            "hold_ms": self.lease.policy.hold_s * 1000,
-            "max_request_ms": self.lease.policy.max_request_s * 1000,
-            "renewals": dict(self.renewals),
-            "acks": self.acks,
-            "unacked": self.unacked,
-            "cuts": self.cuts,
-        }
-
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="fleet-lease")
 

@@ -335,7 +335,7 @@ def test_a_dead_replicas_share_returns_once_nothing_it_held_can_be_in_use(unavai
     while survivor.inflight.share < 30:
         offer(redis, survivor, 30 - len(held), policy.renew_s, held)
         renew_all(redis, leases)
-        assert redis.now - died <= policy.lease_s + tail_s + policy.renew_s, survivor.describe()
+        assert redis.now - died <= policy.lease_s + tail_s + policy.renew_s, survivor.inflight.share
         if redis.now - died < policy.lease_s + tail_s - policy.renew_s:  # its slots still reserved
             assert survivor.inflight.share <= 20 and survivor.inflight.fleet_granted <= 30
     assert "m0" not in redis.hash  # dropped by the first renewal past its reservation
