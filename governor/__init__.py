@@ -8,12 +8,12 @@ The path of a frame through the folders:
     links/         the endpoints that run it: worker processes, OpenAI-compatible servers
     fleet/         caps shared with other replicas: a lease (one more limit) renewed in Redis
 
-Beside them: `accounting.py` (every count), `latency.py` (the histograms), `state.py` (what every
-connection shares), `report/` (the read side: Prometheus, the status page) and `shell/`, which
-reads the configuration, builds and runs it all, and spawns and restarts the workers. Nothing
-imports the shell. `client/` and `bench/` talk to a governor through its socket. The wire contract
-it shares with the worker lives in the `govwire` package; tests/unit/test_layers.py checks who
-imports whom.
+Beside them: `accounting.py` (every count), `latency.py` (the histograms), `timers.py` (where
+deadlines are set), `state.py` (what every connection shares), `report/` (the read side: one
+snapshot that `stats`, Prometheus and the status page read) and `shell/`, which reads the
+configuration, builds and runs it all, and spawns and restarts the workers. Nothing imports the
+shell. `client/` and `bench/` talk to a governor through its socket. The wire contract it shares
+with the worker lives in the `govwire` package; tests/unit/test_layers.py checks who imports whom.
 """
 
 from govwire import __version__

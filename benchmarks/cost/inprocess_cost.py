@@ -73,7 +73,7 @@ def wired(max_inflight: int) -> tuple[ServerState, Ingress, WorkerLink]:
 def yielded(reads: int, service_s: float | None = None, distinct: int = FRAMES_PER_READ) -> float:
     """Seconds per yielded frame. By default nothing is known of how long a request takes (the
     base hint, no appointment). With `service_s` observed the refusals book appointments
-    (admission/appointments.py): `distinct` ids sent in turn, so with fewer ids than frames the
+    (admission/appointments/): `distinct` ids sent in turn, so with fewer ids than frames the
     same clients keep coming back (as `yield_throughput`'s flood does), and with as many, each
     frame is a new client that books its own."""
     state, ingress, _ = wired(1)

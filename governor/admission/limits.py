@@ -40,7 +40,7 @@ class Refusal:
     this client (its `ticket` goes out with the yield). `final` (set by `Admission.decide`): the
     capacity is further away than the promise horizon, so the client is told not to come back.
     A hint of `appointments.HOLD` (0) is no answer yet: the client came back for its appointment and is held
-    in the lobby until its capacity frees or its promise horizon is reached (governor/lobby.py).
+    in the lobby until its capacity frees or its promise horizon is reached (admission/appointments/lobby.py).
 
     Each limit owns one and refills it on every refusal (the yield path runs for every refused
     frame, and allocating an object there costs more than the rest of the decision): read it

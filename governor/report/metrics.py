@@ -349,7 +349,7 @@ def _fleet_renewal_families(fleet: FleetReading) -> Iterator[Family]:
 
 
 def _hint_families(snap: Snapshot) -> Iterator[Family]:
-    """Whether the retry hints hold (admission/appointments.py): the returns' outcomes, the
+    """Whether the retry hints hold (admission/appointments/): the returns' outcomes, the
     appointments open, and their clients' trust."""
     hints = snap.hints
     outcomes = CounterMetricFamily(

@@ -1,4 +1,4 @@
-"""Retry hints that bind (governor/admission/appointments.py), against a real governor and its real
+"""Retry hints that bind (governor/admission/appointments/), against a real governor and its real
 echo worker: a refused client is told when the slot frees (the release forecast) and that slot is
 kept for it when it comes back, recognised by its `retry_ticket` or by re-sending the same request."""
 

@@ -15,6 +15,7 @@ and under TYPE_CHECKING): who may import whom.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import time
@@ -417,3 +418,50 @@ def test_the_registry_check_sees_a_door_that_reaches_in(tmp_path: Path) -> None:
         assert len(registry_reaches(sample)) == 4
     finally:
         sample.unlink()
+
+
+MAY_IMPORT = re.compile(r"May import:(.*?)\.(?:\s|$)", re.DOTALL)
+NAMED = re.compile(r"\bgovwire\b|(?:\b[a-z_]+/)+(?:[a-z_]+\.py)?|\b[a-z_]+\.py\b")
+
+
+def doc_name(layer: str) -> str:
+    """How a package's docstring names a layer: `admission/`, `latency.py`, `doors/gateway_policy.py`."""
+    path = ROOT.joinpath(*layer.split("."))
+    return "/".join(layer.split(".")[1:]) + ("/" if path.is_dir() else ".py")
+
+
+def said_to_import(package: str) -> set[str]:
+    """The names in the "May import:" sentence of a package's docstring."""
+    doc = ast.get_docstring(ast.parse((ROOT.joinpath(*package.split(".")) / "__init__.py").read_text())) or ""
+    found = MAY_IMPORT.search(doc)
+    assert found, f"{package}'s docstring says nothing of what it may import"
+    return set(NAMED.findall(found.group(1)))
+
+
+PACKAGE_LAYERS = [name for name in LAYERS if (ROOT.joinpath(*name.split(".")) / "__init__.py").is_file()]
+
+
+@pytest.mark.parametrize("package", PACKAGE_LAYERS)
+def test_each_packages_docstring_says_what_the_table_allows_it_to_import(package: str) -> None:
+    allowed = {doc_name(layer) for layer in LAYERS[package] if not layer.startswith(package + ".")}
+    assert said_to_import(package) == allowed | {"govwire"}
+
+
+@pytest.mark.parametrize("package", [*PACKAGE_LAYERS, "governor.shell", "governor.admission.appointments"])
+def test_each_packages_docstring_names_its_modules(package: str) -> None:
+    folder = ROOT.joinpath(*package.split("."))
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text())) or ""
+    parts = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+    parts += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
+    assert [name for name in sorted(parts) if name not in doc] == []
+
+
+def test_the_docstring_reader_finds_the_names() -> None:
+    text = "x. May import: govwire, admission/, doors/gateway_policy.py and latency.py (the histograms). Never links/."
+    assert set(NAMED.findall(MAY_IMPORT.search(text).group(1))) == {  # type: ignore[union-attr]
+        "govwire",
+        "admission/",
+        "doors/gateway_policy.py",
+        "latency.py",
+    }
+    assert doc_name("governor.report.snapshot") == "report/snapshot/" and doc_name("governor.latency") == "latency.py"

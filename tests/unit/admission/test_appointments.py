@@ -1,4 +1,4 @@
-"""Appointments: the retry hint as a binding promise (admission/appointments.py), through the real
+"""Appointments: the retry hint as a binding promise (admission/appointments/), through the real
 `Admission` in front of a simulated engine with known step times, on a simulated clock."""
 
 from __future__ import annotations
