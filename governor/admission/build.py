@@ -23,7 +23,7 @@ from governor.admission.displacement import Displacement
 from governor.admission.endpoint import Endpoint
 from governor.admission.fair_share import DEFAULT_SHARE_THRESHOLD, FairShare
 from governor.admission.hints import RetryHintEstimator
-from governor.admission.limits import Draining, InflightLimiter, RateLimit, TokenBudget, TokenRate
+from governor.admission.limits import Draining, InflightLimiter, Limit, RateLimit, Roomy, TokenBudget, TokenRate
 from governor.admission.pool import Pool
 from governor.admission.priority import CeilingPolicy, PriorityCeilings
 from governor.admission.reasons import BOOKING
@@ -56,6 +56,26 @@ class Parts:
     fair: FairShare
     ceilings: PriorityCeilings
     displacement: Displacement
+
+    def every(self) -> tuple[Limit, ...]:
+        """Every limit, in the order a refund or a release reaches them."""
+        return (
+            self.drain,
+            self.tenant_caps,
+            self.inflight,
+            self.rate,
+            self.tokens,
+            self.token_rate,
+            self.fair,
+            self.pool,
+            self.deadline,
+            self.forecast,
+            self.displacement,
+        )
+
+    def rooms(self) -> tuple[Roomy, ...]:
+        """The limits that report their room (the global in-flight cap bounds it: always set)."""
+        return (self.inflight, self.tokens, self.rate, self.token_rate, self.pool, self.tenant_caps)
 
 
 def build_parts(

@@ -43,7 +43,7 @@ from governor.admission.cost import NO_ASK, Ask
 from governor.admission.displacement import Displace
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import RetryHintEstimator
-from governor.admission.limits import Grant, Limit, Refusal, Roomy, SharedLimit
+from governor.admission.limits import Grant, Limit, Refusal, SharedLimit
 from governor.admission.priority import RANK, CeilingPolicy
 from governor.admission.reasons import GATING
 from governor.admission.tenant import Tenant, TenantLimits
@@ -144,28 +144,8 @@ class Admission:
         self._lowest = math.inf  # the lowest contending counter, as of the last frame (`_rank_of`)
         self._over: tuple[bool, ...] = ()  # which tenants were over their share then
         self._classes = False  # whether frames of several classes came: the gates and displacement apply
-        self._every: tuple[Limit, ...] = (
-            self.drain,
-            self.tenant_caps,
-            self.inflight,
-            self.rate,
-            self.tokens,
-            self.token_rate,
-            self.fair,
-            self.pool,
-            self.deadline,
-            self.forecast,
-            self.displacement,
-        )
-        # The limits that report their room (the global in-flight cap bounds it: it is always set).
-        self._rooms: tuple[Roomy, ...] = (
-            self.inflight,
-            self.tokens,
-            self.rate,
-            self.token_rate,
-            self.pool,
-            self.tenant_caps,
-        )
+        self._every = parts.every()  # every limit, active or not: refunds and releases reach all
+        self._rooms = parts.rooms()  # the limits that report their room (headroom)
         self._limits: tuple[Limit, ...] = ()
         self._checks: tuple[Callable[[float, Ask], Refusal | None], ...] = ()
         self._fits: tuple[Callable[[Ask], None], ...] = ()

@@ -1,76 +1,66 @@
 """The OpenAI-compatible front door, per connection: HTTP/1.1 bytes in, response bytes out. No sockets.
 
-httptools (llhttp, uvicorn's parser) splits the byte stream into requests; everything after that is
-the NDJSON port's path in HTTP clothes. A `POST /v1/completions` body becomes a generate frame
-(openai_api.py) and goes through the same `Admission.decide`:
+Its requests are read by http_wire.py (httptools, under our limits); everything after that is the
+NDJSON port's path in HTTP clothes. A `POST /v1/completions` body becomes a generate frame
+(openai_api.py) and takes the decision step both doors share (shared.py):
 
 - refused: **429** at once, with `retry-after-ms` (the hint), `Retry-After` (whole seconds, rounded
   up) and an OpenAI-style error whose `code` is the yield reason; `draining` is a **503** with the
   same headers;
 - admitted: its fields and `Content-Digest` are checked (a failure refunds the slot, **400**), then
-  it is dispatched; no endpoint up is **503**.
+  it is dispatched; no endpoint up is **503**; its response is an `Exchange` (openai_response.py).
 
 Responses leave in request order (HTTP/1.1 has no ids), so a pipelined request waits until the one
-before it has its whole response; at most `max_pipelined` may wait, then the connection stops being
-read (`backlogged`). A streamed response's `200` is sent with its first token, so anything that
-ends it before that (an upstream's 429, a deadline, a lost worker) still gets its own status.
+before it has its whole response, and is decided on the next turn of the loop after that response
+ended (never inside the endpoint's read that ended it); at most `max_pipelined` may wait, then the
+connection stops being read (`backlogged`).
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import http_sfv
 import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments.appointment import Appointment
 from governor.admission.appointments.lobby import Held
+from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.doors import gateway
 from governor.doors.gateway import (
     DROPPED,
     HEADROOM,
-    NO_ENDPOINTS,
     QUEUE_DURATION,
     SATURATED,
 )
 from governor.doors.http_wire import (
-    LAST_CHUNK,
     HttpLimits,
     Message,
     RequestReader,
-    chunk,
     response,
     status_line,
+    verify_content_digest,
     yield_response,
 )
 from governor.doors.openai_api import (
-    DONE_EVENT,
     STATUS_OF_CODE,
-    chat_chunk_event,
     chat_frame_of,
-    chat_response,
-    chunk_event,
-    completion_response,
     cost_view,
     error_body,
-    error_event,
     error_object,
     generate_frame_of,
     models_body,
-    usage_event,
     wants_usage,
 )
+from governor.doors.openai_response import Exchange, error_response
 from governor.doors.shared import admit_and_dispatch, decide_frame, flush_pending
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
@@ -79,31 +69,21 @@ from govwire.errors import (
     BadJson,
     GovernorError,
     IdleTimeout,
-    IntegrityMismatch,
     InternalError,
     RequestRejected,
     Unauthorized,
 )
 from govwire.messages import Completion
 from govwire.request import GenerateRequest, IntegrityMode, Limits, checked_request, is_tenant_name
-from govwire.vocab import DEFAULT_TENANT, ErrorCode
+from govwire.vocab import DEFAULT_TENANT
 
 log = logging.getLogger("governor.http")
 
-_SSE = b"text/event-stream"
 _GET = (b"GET", b"HEAD")  # a HEAD is answered as its GET, without the body (see _advance)
 _EXPOSITION = CONTENT_TYPE_LATEST.encode()
 # A body's media types read as JSON: application/json and any +json type; no Content-Type at all
 # is read as JSON too (what most clients that send JSON without saying so mean).
 _JSON_TYPES = re.compile(rb"\s*application/([a-z0-9.+-]+\+)?json\s*(;.*)?", re.IGNORECASE)
-
-
-def _error_response(error: GovernorError, keep: bool) -> bytes:
-    """An admitted request's error, before any of its response: a 503 because no endpoint is up
-    says so in llm-d's words too (`rejected-no-endpoints`)."""
-    status = STATUS_OF_CODE.get(error.code, 500)
-    extra = [(DROPPED, NO_ENDPOINTS)] if error.code == ErrorCode.WORKER_UNAVAILABLE else None
-    return response(status, error_body(status, error), keep, extra)
 
 
 def response_id(chat: bool) -> str:
@@ -125,30 +105,6 @@ class _Parsed:
     messages: Any
     model: str
     raw: bytes
-
-
-@dataclass(slots=True)
-class _Exchange:
-    """The admitted request being answered: how its response is written."""
-
-    request: InflightRequest
-    model: str
-    stream: bool
-    usage: bool
-    keep_alive: bool
-    created: int
-    chat: bool = False  # rendered as chat.completion(.chunk)s
-    chunked: bool = True  # HTTP/1.1; an HTTP/1.0 stream is sent as it comes and ends with the connection
-    headers_sent: bool = False
-    relayed: bool = False  # an OpenAI-compatible endpoint's events went out as they came
-    usage_sent: bool = False  # one of them carried the usage
-    feedback: list[tuple[bytes, bytes]] = field(default_factory=list)  # llm-d's headers on its 200
-
-    def piece(self, data: bytes, last: bool = False) -> bytes:
-        """Stream bytes in the response's framing."""
-        if not self.chunked:
-            return data
-        return chunk(data) + LAST_CHUNK if last else chunk(data)
 
 
 class HttpIngress:
@@ -182,7 +138,7 @@ class HttpIngress:
         self.write = write
         self._pending: list[bytes] = []
         self._reader = RequestReader(limits, state.clock, self._pending, self._idle, self._count_broken, on_backlog)
-        self._exchange: _Exchange | None = None  # admitted, its response not complete
+        self._exchange: Exchange | None = None  # admitted, its response not complete
         self._lobby: Held | None = None  # back for its appointment and held for its capacity (lobby.py)
         self._frame_limits = Limits(state.limits.max_new_tokens, IntegrityMode.OFF)  # Content-Digest instead
         self.active: dict[str, InflightRequest] = {}
@@ -317,13 +273,11 @@ class HttpIngress:
         """`POST /v1/completions`, or with `chat` `POST /v1/chat/completions` (an OpenAI-compatible
         endpoint gets the messages as they are, a worker renders them with its chat template)."""
         state = self._state
-        accounting = state.accounting
         keep = message.keep_alive
-        rid = ""  # named once admitted: a refusal needs no id
         if state.auth is not None:
             unauthorized = self._authorize(message)
             if unauthorized is not None:
-                accounting.frame_rejected(unauthorized.code)
+                state.accounting.frame_rejected(unauthorized.code)
                 return response(401, error_body(401, unauthorized), keep)
         media_type = message.headers.get(b"content-type")
         if media_type is not None and not _JSON_TYPES.fullmatch(media_type):
@@ -331,40 +285,53 @@ class HttpIngress:
             return self._rejected(
                 BadFrame(f"the body must be JSON (Content-Type: application/json), not {shown!r}"), keep, 415
             )
-        parts = message.body
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
-        # Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
-        # the cost. Every other field is checked once a slot was granted (a failure refunds it),
-        # so refusing stays cheap whatever the body holds.
-        frame: dict[str, Any] | None = None
-        messages = None
-        said: gateway.GatewayAsk | None = None
         try:
-            body = orjson.loads(raw)
-            if type(body) is not dict:
-                raise BadFrame("the request body must be a JSON object", rid)
-            model = body.get("model")
-            if model is None:
-                raise BadFrame("model is required; GET /v1/models lists the models served here", rid, field="model")
-            if type(model) is not str or model not in self._models:
-                shown = (model if type(model) is str else orjson.dumps(model).decode())[:100]
-                raise BadFrame(f"model {shown!r} is not served here; GET /v1/models lists them", rid, field="model")
-            # Its class and deadline go into the body, where every check reads them; an SDK's first
-            # attempt, the common case (its retry count 0 and nothing else), says nothing to read.
-            if message.gateway and (message.gateway > 1 or message.headers.get(gateway.RETRY_COUNT) != b"0"):
-                said = gateway.read(message.headers, self._limits.gateway, self._trusted)
-                gateway.apply(said, body)
-                tenant = said.tenant
-                user = body.get("user")
-                if tenant is not None and state.tenant_from_frame and type(user) is str and user != tenant:
-                    raise BadFrame(f"{gateway.FAIRNESS_ID[0].decode()} {tenant!r} contradicts the body's user")
-            if chat:  # the messages' text is what the cost is estimated from: checked first
-                frame, messages = chat_frame_of(body, rid)
+            parsed, said = self._parse(message, chat)
         except orjson.JSONDecodeError as exc:
             return self._rejected(BadJson(f"invalid JSON: {exc}"), keep)
         except RequestRejected as exc:
             return self._rejected(exc, keep)
-        ask = state.costs.ask(frame if frame is not None else cost_view(body))
+        return decide_frame(state, self, parsed, self._ask(parsed, said), now)
+
+    def _parse(self, message: Message, chat: bool) -> tuple[_Parsed, gateway.GatewayAsk | None]:
+        """Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
+        the cost, what a trusted gateway says. Every other field is checked once a slot was
+        granted (a failure refunds it), so refusing stays cheap whatever the body holds."""
+        parts = message.body
+        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        rid = ""  # named once admitted: a refusal needs no id
+        frame: dict[str, Any] | None = None
+        messages = None
+        said: gateway.GatewayAsk | None = None
+        body = orjson.loads(raw)
+        if type(body) is not dict:
+            raise BadFrame("the request body must be a JSON object", rid)
+        model = body.get("model")
+        if model is None:
+            raise BadFrame("model is required; GET /v1/models lists the models served here", rid, field="model")
+        if type(model) is not str or model not in self._models:
+            shown = (model if type(model) is str else orjson.dumps(model).decode())[:100]
+            raise BadFrame(f"model {shown!r} is not served here; GET /v1/models lists them", rid, field="model")
+        # Its class and deadline go into the body, where every check reads them; an SDK's first
+        # attempt, the common case (its retry count 0 and nothing else), says nothing to read.
+        if message.gateway and (message.gateway > 1 or message.headers.get(gateway.RETRY_COUNT) != b"0"):
+            said = gateway.read(message.headers, self._limits.gateway, self._trusted)
+            gateway.apply(said, body)
+            tenant = said.tenant
+            user = body.get("user")
+            if tenant is not None and self._state.tenant_from_frame and type(user) is str and user != tenant:
+                raise BadFrame(f"{gateway.FAIRNESS_ID[0].decode()} {tenant!r} contradicts the body's user")
+        if chat:  # the messages' text is what the cost is estimated from: checked first
+            frame, messages = chat_frame_of(body, rid)
+        return _Parsed(message, body, frame, messages, model, raw), said
+
+    def _ask(self, parsed: _Parsed, said: gateway.GatewayAsk | None) -> Ask:
+        """What the request asks of admission: its cost, its tenant (a trusted gateway's fairness
+        id, else the body's user under --tenant-from frame, else the connection's), whether it
+        retries, and what its client would re-send."""
+        state = self._state
+        body = parsed.body
+        ask = state.costs.ask(parsed.frame if parsed.frame is not None else cost_view(body))
         user = body.get("user")
         if said is not None and said.tenant is not None:  # a trusted gateway's fairness id
             ask.tenant = state.admission.tenants.resolve(said.tenant)
@@ -372,14 +339,14 @@ class HttpIngress:
             ask.tenant = state.admission.tenants.resolve(user)
         else:
             ask.tenant = state.admission.tenants.resolve(self.tenant)
-        ticket = message.headers.get(b"retry-ticket")
+        ticket = parsed.message.headers.get(b"retry-ticket")
         if ticket is not None:
             ask.retry = True
             ask.ticket = ticket.decode("latin-1").strip()
         elif said is not None and said.retry_count > 0:
             ask.retry = True
-        ask.resent = raw  # the OpenAI SDKs re-send the same body after `retry-after-ms`
-        return decide_frame(state, self, _Parsed(message, body, frame, messages, model, raw), ask, now)
+        ask.resent = parsed.raw  # the OpenAI SDKs re-send the same body after `retry-after-ms`
+        return ask
 
     # -- rendering the decision step's answers (shared.Renderer; the frame: a _Parsed request) ----
 
@@ -420,14 +387,14 @@ class HttpIngress:
 
         def check() -> GenerateRequest:
             checked = generate_frame_of(frame.body, rid) if frame.frame is None else frame.frame
-            self._verify_digest(message, frame.raw, rid)
+            verify_content_digest(message, frame.raw, self._limits.integrity, rid)
             generate = checked_request(checked, self._frame_limits)
             generate.messages = frame.messages
             return generate
 
         admitted = admit_and_dispatch(state.lifecycle, self, rid, grant, now, check)
         if isinstance(admitted, GovernorError):
-            return _error_response(admitted, keep)
+            return error_response(admitted, keep)
         request, generate = admitted
         stream = generate.stream
         chunked = message.http11
@@ -438,7 +405,7 @@ class HttpIngress:
             (QUEUE_DURATION, b"%d" % round(queued_s * 1000)),
             (HEADROOM, b"%d" % state.admission.headroom(grant, now)),
         ]
-        self._exchange = _Exchange(
+        self._exchange = Exchange(
             request,
             frame.model,
             stream,
@@ -451,31 +418,6 @@ class HttpIngress:
         )
         return b""
 
-    def _verify_digest(self, message: Message, body: bytes, rid: str) -> None:
-        """RFC 9530 `Content-Digest` over the body: verified when present (sha-256; other
-        algorithms are ignored), required under `--http-integrity required`."""
-        mode = self._limits.integrity
-        if mode is IntegrityMode.OFF:
-            return
-        header = message.headers.get(b"content-digest")
-        if header is None:
-            if mode is IntegrityMode.REQUIRED:
-                raise BadFrame("Content-Digest: sha-256=:<base64>: is required (--http-integrity required)", rid)
-            return
-        digests = http_sfv.Dictionary()  # type: ignore[attr-defined]
-        try:
-            digests.parse(header)
-        except ValueError as exc:
-            raise BadFrame(f"Content-Digest is not a structured-field dictionary: {exc}", rid) from None
-        item = digests.get("sha-256")
-        if item is None:
-            raise BadFrame("Content-Digest has no sha-256 digest", rid)
-        if not isinstance(item.value, bytes):
-            raise BadFrame("Content-Digest sha-256 must be a byte sequence (:base64:)", rid)
-        if item.value != hashlib.sha256(body).digest():
-            got = base64.b64encode(item.value).decode()[:64]
-            raise IntegrityMismatch(f"Content-Digest mismatch: sha-256 of the body differs from {got}", rid)
-
     def _rejected(self, error: RequestRejected, keep: bool, status: int = 0) -> bytes:
         self._state.accounting.frame_rejected(error.code)
         status = status or STATUS_OF_CODE.get(error.code, 400)
@@ -483,75 +425,27 @@ class HttpIngress:
 
     # -- the admitted request's response, rendering what the lifecycle decided (RequestOwner) --------
 
-    def _head(self, exchange: _Exchange) -> None:
-        if not exchange.headers_sent:
-            exchange.headers_sent = True
-            headers = [(b"content-type", _SSE), (b"cache-control", b"no-cache"), *exchange.feedback]
-            if exchange.chunked:
-                headers.append((b"transfer-encoding", b"chunked"))
-            self._pending.append(status_line(200, headers, exchange.keep_alive))
-            if exchange.chat and not exchange.relayed:  # a relayed chat stream has the endpoint's
-                rid = exchange.request.client_id
-                role = chat_chunk_event(rid, exchange.model, exchange.created, "", role=True)
-                self._pending.append(exchange.piece(role))
-
     def worker_token(self, request: InflightRequest, rest: bytes) -> None:
-        """A worker's token: rendered as a completion (or chat) chunk of our own."""
         exchange = self._exchange
         if exchange is not None and exchange.request is request and exchange.stream:
-            text = orjson.loads(b'{"id":0' + rest).get("text", "")
-            self._head(exchange)
-            event = chat_chunk_event if exchange.chat else chunk_event
-            chunk = event(request.client_id, exchange.model, exchange.created, text if type(text) is str else str(text))
-            self._pending.append(exchange.piece(chunk))
+            self._pending.append(exchange.token(rest))
 
     def relay_event(self, request: InflightRequest, text: str, event: bytes, usage: bool, only_usage: bool) -> None:
-        """An OpenAI-compatible endpoint's event, relayed as its bytes: the request and the
-        endpoint speak the same format (completions or chat, as the request came), so nothing is
-        re-encoded (the chunks carry the endpoint's id). A usage chunk goes only to a client that
-        asked for usage."""
         exchange = self._exchange
-        if exchange is None or exchange.request is not request or not exchange.stream:
-            return
-        if usage:
-            if only_usage and not exchange.usage:
-                return
-            exchange.usage_sent = True
-        exchange.relayed = True
-        self._head(exchange)
-        self._pending.append(exchange.piece(b"data: " + event + b"\n\n"))
+        if exchange is not None and exchange.request is request and exchange.stream:
+            self._pending.append(exchange.relay(event, usage, only_usage))
 
     def send_done(self, request: InflightRequest, completion: Completion) -> None:
         exchange = self._end(request)
-        if exchange is None:
-            return
-        rid, model, created = request.client_id, exchange.model, exchange.created
-        if exchange.stream:
-            self._head(exchange)
-            usage = b""
-            if exchange.usage and not exchange.usage_sent:  # estimated where the endpoint gave none
-                usage = usage_event(rid, model, created, completion, exchange.chat)
-            if exchange.relayed:  # the endpoint's finish chunk went through
-                final = b""
-            else:
-                event = chat_chunk_event if exchange.chat else chunk_event
-                final = event(rid, model, created, "", completion.finish_reason)
-            self._pending.append(exchange.piece(final + usage + DONE_EVENT, last=True))
-        else:
-            render = chat_response if exchange.chat else completion_response
-            body = render(rid, model, created, completion)
-            self._pending.append(response(200, body, exchange.keep_alive, exchange.feedback))
-        self._next(exchange)
+        if exchange is not None:
+            self._pending.append(exchange.done(completion))
+            self._next(exchange)
 
     def send_error(self, request: InflightRequest, error: GovernorError) -> None:
         exchange = self._end(request)
-        if exchange is None:
-            return
-        if exchange.headers_sent:
-            self._pending.append(exchange.piece(error_event(error) + DONE_EVENT, last=True))
-        else:
-            self._pending.append(_error_response(error, exchange.keep_alive))
-        self._next(exchange)
+        if exchange is not None:
+            self._pending.append(exchange.error(error))
+            self._next(exchange)
 
     def send_yield(
         self, request: InflightRequest, retry_hint_ms: int, reason: str, appointment: Appointment | None = None
@@ -565,14 +459,14 @@ class HttpIngress:
         self._pending.append(yield_response(retry_hint_ms, reason, exchange.keep_alive, ticket, final))
         self._next(exchange)
 
-    def _end(self, request: InflightRequest) -> _Exchange | None:
+    def _end(self, request: InflightRequest) -> Exchange | None:
         exchange = self._exchange
         if exchange is None or exchange.request is not request:
             return None
         self._exchange = None
         return exchange
 
-    def _next(self, exchange: _Exchange) -> None:
+    def _next(self, exchange: Exchange) -> None:
         """The response is complete: close if the client asked to, else answer what waits, on
         the next turn of the loop (this runs inside an endpoint's read or a lifecycle's settle,
         which must not decide another request)."""

@@ -6,16 +6,19 @@ the hot path writes.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import http_sfv
 import httptools
 
 from governor.doors import gateway
 from governor.doors.gateway import DROPPED, DROPPED_REASON, SATURATED
 from governor.doors.gateway_policy import GatewayPolicy
-from govwire.errors import BadFrame, FrameTooLarge, GovernorError
+from govwire.errors import BadFrame, FrameTooLarge, GovernorError, IntegrityMismatch
 from govwire.request import IntegrityMode
 from govwire.vocab import YieldReason
 
@@ -151,6 +154,31 @@ def yield_response(hint_ms: int, reason: str, keep: bool, ticket: str | None = N
     close = b"" if keep else b"connection: close\r\n"
     extra = b"" if ticket is None else b"retry-ticket: %s\r\n" % ticket.encode()
     return head + _YIELD_WAIT % (hint_ms, -(-hint_ms // 1000), extra, close) + body
+
+
+def verify_content_digest(message: Message, body: bytes, mode: IntegrityMode, rid: str) -> None:
+    """RFC 9530 `Content-Digest` over the body: verified when present (sha-256; other
+    algorithms are ignored), required under `--http-integrity required`."""
+    if mode is IntegrityMode.OFF:
+        return
+    header = message.headers.get(b"content-digest")
+    if header is None:
+        if mode is IntegrityMode.REQUIRED:
+            raise BadFrame("Content-Digest: sha-256=:<base64>: is required (--http-integrity required)", rid)
+        return
+    digests = http_sfv.Dictionary()  # type: ignore[attr-defined]
+    try:
+        digests.parse(header)
+    except ValueError as exc:
+        raise BadFrame(f"Content-Digest is not a structured-field dictionary: {exc}", rid) from None
+    item = digests.get("sha-256")
+    if item is None:
+        raise BadFrame("Content-Digest has no sha-256 digest", rid)
+    if not isinstance(item.value, bytes):
+        raise BadFrame("Content-Digest sha-256 must be a byte sequence (:base64:)", rid)
+    if item.value != hashlib.sha256(body).digest():
+        got = base64.b64encode(item.value).decode()[:64]
+        raise IntegrityMismatch(f"Content-Digest mismatch: sha-256 of the body differs from {got}", rid)
 
 
 class RequestReader:
