@@ -24,7 +24,8 @@ import orjson
 
 from governor.admission.endpoint import OpenAITarget
 from governor.admission.tenant import TENANT_KEYS, parse_tenant
-from governor.shell.config import TARGET_KEYS, GovernorConfig, parse_endpoint
+from governor.shell.config import GovernorConfig
+from governor.shell.endpoints import TARGET_KEYS, parse_endpoint
 from govwire.options import ConfigError
 
 _ENDPOINT_KEYS = ("concurrency", "tokens", "qps", "burst", "weight")

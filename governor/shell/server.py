@@ -36,8 +36,9 @@ from governor.links.openai_link import OpenAILink
 from governor.links.upstream import Upstream
 from governor.report.metrics import build_registry
 from governor.report.metrics_server import MetricsEndpoint
-from governor.shell.config import GovernorConfig, parse_endpoint
+from governor.shell.config import GovernorConfig
 from governor.shell.config_file import reload_config
+from governor.shell.endpoints import parse_endpoint
 from governor.shell.spawned import SPAWNED, SpawnedWorkers
 from governor.state import ClientCore, ServerState
 from govwire.address import Address

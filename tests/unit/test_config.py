@@ -6,7 +6,8 @@ import pytest
 
 from governor.admission.endpoint import EndpointLimits, OpenAITarget
 from governor.shell import cli
-from governor.shell.config import GovernorConfig, parse_endpoint
+from governor.shell.config import GovernorConfig
+from governor.shell.endpoints import parse_endpoint
 from governor.shell.server import is_loopback
 from govwire.address import Address, parse_address
 from govwire.options import ConfigError

@@ -11,8 +11,8 @@ from governor.admission.decision import Admission
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintEstimator, RetryHintPolicy
 from governor.admission.limits import Grant, Refusal
-from governor.shell.config import parse_endpoint
 from governor.shell.config_file import config_sources, load_config, reload_config, render_config
+from governor.shell.endpoints import parse_endpoint
 from govwire.options import ConfigError
 
 
