@@ -29,21 +29,13 @@ from governor.admission.appointments.registry import Appointments
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
-from governor.admission.limits import (
-    Grant,
-    Refusal,
-    bucket_charge,
-    bucket_refusal,
-    bucket_room,
-    cap_room,
-    hint_of,
-    over_budget,
-)
+from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, hint_of, over_budget
 from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
 _ENDPOINT_TOKENS = YieldReason.ENDPOINT_TOKENS.value
 _ENDPOINT_QPS = YieldReason.ENDPOINT_QPS.value
+_UNRANKED = (True, math.inf)  # (no budget in the way yet: `Pool._route`)
 
 
 class Pool:
@@ -92,114 +84,148 @@ class Pool:
     def check(self, now: float, ask: Ask, booking: bool = True) -> Refusal | None:
         """The least loaded endpoint that can take `ask` now, chosen for `charge`; else the refusal,
         its hint and (`booking`) its appointment. A re-route asks without `booking` (`routes`)."""
+        index, usable, bucket_at, budget_at = self._route(now, ask)
+        book = self.book
+        if index >= 0 and (book is None or not book.entries or not self._kept_from(now, ask, book)):
+            self._choice = (self.endpoints[index], index)
+            return None
         self._choice = None
+        return self._refusal(now, ask, booking, usable, bucket_at, budget_at)
+
+    def _route(self, now: float, ask: Ask) -> tuple[int, bool, Endpoint | None, Endpoint | None]:
+        """Which endpoint would take `ask` now, by its index (-1: none): in turn from `_next`, the
+        least loaded of those up, not paused, under their cap, with room in their token budget and
+        a token in their qps bucket; or the one where its endpoint_qps appointment paid for its
+        token. With it, what `_refusal` answers from: whether one was usable (up, not paused, `ask`
+        within its budget), the endpoint whose bucket refills first, the budget to refuse through."""
         held = ask.appointment
-        own_book = None if held is None else held.book
-        # A holder whose endpoint_qps appointment paid for its token goes to that endpoint.
-        paid = own_book if own_book is not None and own_book.reason == _ENDPOINT_QPS else None
-        endpoints = self.endpoints
-        best: Endpoint | None = None
-        best_index = 0
-        best_load = math.inf
-        qps_endpoint: Endpoint | None = None  # the endpoint whose bucket refills first, and when
-        qps_wait = math.inf
-        # The token budget to refuse through: its rank (the holder's own first, then how far over,
-        # its appointments included), how far over without them, and its endpoint.
-        token_deficit: tuple[tuple[bool, float], int, Endpoint] | None = None
-        paused_until = math.inf  # the earliest end of a 429/503 pause among the endpoints skipped
-        any_up = fits_one = unpaused = False
+        paid = None if held is None or held.book.reason != _ENDPOINT_QPS else held.book
         cost = ask.cost
+        endpoints = self.endpoints
         n = len(endpoints)
+        best, best_load, usable = -1, math.inf, False
+        bucket_at, bucket_wait = None, math.inf  # the endpoint whose bucket refills first, and when
+        budget_at, budget_rank = None, _UNRANKED  # the budget to refuse through (`_budget_rank`)
         for k in range(n):
             index = (self._next + k) % n
             e = endpoints[index]
-            if not e.up:
+            limits = e.limits
+            if not e.up or e.paused_until > now or (limits.tokens and cost > limits.tokens):
                 continue
-            any_up = True
-            budget = e.limits.tokens
-            if budget and cost > budget:
-                continue  # it never fits here
-            fits_one = True
-            if e.paused_until > now:
-                paused_until = min(paused_until, e.paused_until)
-                continue
-            unpaused = True
-            cap = e.limits.concurrency
+            usable = True
+            cap = limits.concurrency
             if cap and e.inflight >= cap:
                 continue
-            if budget:
-                deficit = e.tokens + cost - budget
-                over: float = deficit
-                kept = e.tokens_book
-                if deficit <= 0 and kept is not None and kept.entries:
-                    over += kept.held(now, ask.appointment, ask.rank)
-                if over > 0:
-                    # A holder is refused through its own endpoint's book, where it keeps its
-                    # place; otherwise through the budget closest to fitting.
-                    key = (kept is None or kept is not own_book, over)
-                    if token_deficit is None or key < token_deficit[0]:
-                        token_deficit = (key, deficit, e)
+            budget, booked = limits.tokens, e.tokens_book
+            if budget and (e.tokens + cost > budget or (booked is not None and booked.entries)):
+                rank = self._budget_rank(now, ask, e)  # (never called for room with nothing booked)
+                if rank is not None:
+                    if budget_at is None or rank < budget_rank:
+                        budget_at, budget_rank = e, rank
                     continue
             bucket = e.bucket
             if bucket is not None:
                 kept = e.qps_book
-                if paid is not None and paid is kept and kept.credit(now, held):  # its token is paid for here
-                    best, best_index, best_load = e, index, -math.inf  # so it goes here
+                if paid is not None and paid is kept and kept.credit(now, held):
+                    best, best_load = index, -math.inf  # its token is paid for here, so it goes here
                     continue
                 if bucket.level(now) < 1.0:
                     wait = bucket.wait_s(now)
-                    if wait < qps_wait:
-                        qps_endpoint, qps_wait = e, wait
+                    if wait < bucket_wait:
+                        bucket_at, bucket_wait = e, wait
                     continue
-            load = e.inflight / ((cap or self.default_capacity) * e.limits.weight)
+            load = e.inflight / ((cap or self.default_capacity) * limits.weight)
             if load < best_load:
-                best, best_index, best_load = e, index, load
-        book = self.book
-        if best is not None and (book is None or not book.entries or not self._kept_from(now, ask, book)):
-            self._choice = (best, best_index)
-            return None
-        if not any_up:
-            return None  # admitted without an endpoint: dispatch answers worker_unavailable
-        if not fits_one:
-            budget = max(e.limits.tokens for e in endpoints if e.up)
-            raise over_budget(ask, budget, "every endpoint's tokens=N")
+                best, best_load = index, load
+        return best, usable, bucket_at, budget_at
+
+    def _refusal(
+        self, now: float, ask: Ask, booking: bool, usable: bool, bucket_at: Endpoint | None, budget_at: Endpoint | None
+    ) -> Refusal | None:
+        """What to answer when no endpoint can take `ask` now (or what is free where it could go is
+        kept for appointments), in this order: no endpoint usable (`_unusable`); to a re-route (no
+        `booking`), a bare endpoint_inflight; a qps bucket in the way; a token budget; the caps."""
+        if not usable:
+            return self._unusable(now, ask, booking)
         if not booking:
             return self._inflight_refusal  # (`routes`: no hint, nothing booked)
-        if paused_until < math.inf and not unpaused:
-            return self._busy_refusal.at(hint_of(paused_until - now))
-        if qps_endpoint is not None:
-            kept = qps_endpoint.qps_book
-            if kept is None and self._registry is not None:
-                kept = qps_endpoint.qps_book = PrepaidBook(
-                    _ENDPOINT_QPS, self._registry, True, lambda: qps_endpoint.bucket
-                )
-            qps_bucket = qps_endpoint.bucket
-            assert qps_bucket is not None
-            return bucket_refusal(self._qps_refusal, qps_bucket, kept, now, ask, 1.0, 1.0)
-        if token_deficit is not None:
-            _, deficit, e = token_deficit
-            refusal = self._tokens_refusal
-            if self._new_tokens_book is None:
-                refusal.appointment = None
-                return refusal.at(self._drains[e].hint_ms(now, deficit, cost, e.tokens))
-            kept = e.tokens_book
-            if kept is None:
-                kept = e.tokens_book = self._new_tokens_book(_ENDPOINT_TOKENS, e)
-            refusal.hint_ms, refusal.appointment = kept.refuse(
-                now, ask.appointment, ask.tenant, ask.identity, deficit, cost, ask.rank
-            )
-            return refusal
-        # Every endpoint it fits is at its cap (or what is free is kept for appointments): the next
-        # release at any of them nobody was promised, booked and kept for it (with --retry-hint
-        # fixed, no forecast: the estimator's base hint below).
-        if book is not None:
-            usable = self.capped = self._usable(now, cost)
-            refusal = self._inflight_refusal
-            refusal.hint_ms, refusal.appointment = book.refuse(
-                now, ask.appointment, ask.tenant, ask.identity, 1 - self._free(usable), 1.0, ask.rank
-            )
-            return refusal
-        return self._inflight_refusal.at(self._fallback_ms(now))
+        if bucket_at is not None:
+            return self._bucket_refusal(now, ask, bucket_at)
+        if budget_at is not None:
+            return self._budget_refusal(now, ask, budget_at)
+        return self._caps_refusal(now, ask)
+
+    @staticmethod
+    def _budget_rank(now: float, ask: Ask, e: Endpoint) -> tuple[bool, float] | None:
+        """None when `e`'s token budget has room for `ask` (and for what its appointments keep from
+        it); else how that budget ranks as the one to refuse through: the asker's own first (a
+        holder is refused through its own endpoint's book, where it keeps its place), then the
+        closest to fitting, its appointments included."""
+        over: float = e.tokens + ask.cost - e.limits.tokens
+        kept = e.tokens_book
+        if over <= 0 and kept is not None and kept.entries:
+            over += kept.held(now, ask.appointment, ask.rank)
+        if over <= 0:
+            return None
+        held = ask.appointment
+        return (kept is None or held is None or kept is not held.book, over)
+
+    def _unusable(self, now: float, ask: Ask, booking: bool) -> Refusal | None:
+        """No endpoint is up, not paused and with a token budget `ask` fits in. None up: admitted
+        without an endpoint (dispatch answers worker_unavailable: a yield would promise a retry
+        that cannot succeed before a worker is back); too large for every one up: `OverBudget`;
+        else each is paused by its 429/503: endpoint_busy until the earliest pause ends."""
+        up = [e for e in self.endpoints if e.up]
+        if not up:
+            return None
+        cost = ask.cost
+        paused_until = [e.paused_until for e in up if not (e.limits.tokens and cost > e.limits.tokens)]
+        if not paused_until:
+            raise over_budget(ask, max(e.limits.tokens for e in up), "every endpoint's tokens=N")
+        if not booking:
+            return self._inflight_refusal  # (`routes`: no hint, nothing booked)
+        return self._busy_refusal.at(hint_of(min(paused_until) - now))
+
+    def _bucket_refusal(self, now: float, ask: Ask, e: Endpoint) -> Refusal | None:
+        """endpoint_qps: the exact wait for `e`'s bucket, which refills first, paid for at once in
+        its prepaid book (made on its first refusal there; none with --retry-hint fixed)."""
+        kept = e.qps_book
+        if kept is None and self._registry is not None:
+            kept = e.qps_book = PrepaidBook(_ENDPOINT_QPS, self._registry, True, lambda: e.bucket)
+        bucket = e.bucket
+        assert bucket is not None  # (`_route` found it in the way)
+        return bucket_refusal(self._qps_refusal, bucket, kept, now, ask, 1.0, 1.0)
+
+    def _budget_refusal(self, now: float, ask: Ask, e: Endpoint) -> Refusal:
+        """endpoint_tokens: an appointment in `e`'s token book (made on its first refusal there) at
+        the forecast release of enough of its requests' cost; with --retry-hint fixed, its drain's
+        base hint, nothing kept."""
+        deficit = e.tokens + ask.cost - e.limits.tokens
+        refusal = self._tokens_refusal
+        if self._new_tokens_book is None:
+            refusal.appointment = None
+            return refusal.at(self._drains[e].hint_ms(now, deficit, ask.cost, e.tokens))
+        kept = e.tokens_book
+        if kept is None:
+            kept = e.tokens_book = self._new_tokens_book(_ENDPOINT_TOKENS, e)
+        refusal.hint_ms, refusal.appointment = kept.refuse(
+            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, ask.rank
+        )
+        return refusal
+
+    def _caps_refusal(self, now: float, ask: Ask) -> Refusal:
+        """endpoint_inflight: every endpoint it fits is at its cap (or what is free is kept for
+        appointments). The next release at any of them nobody was promised, booked and kept for
+        it; with --retry-hint fixed, no forecast: the estimator's base hint (`_fallback_ms`)."""
+        book = self.book
+        if book is None:
+            return self._inflight_refusal.at(self._fallback_ms(now))
+        usable = self.capped = self._usable(now, ask.cost)
+        refusal = self._inflight_refusal
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, ask.tenant, ask.identity, 1 - self._free(usable), 1.0, ask.rank
+        )
+        return refusal
 
     def _fallback_ms(self, now: float) -> int:
         """Nothing to forecast from: at their caps, the endpoints release a slot every service time
@@ -270,20 +296,6 @@ class Pool:
         endpoint.waiting_tokens += ask.prompt_tokens
         self._next = (index + 1) % len(self.endpoints)
         grant.endpoint = endpoint
-
-    @staticmethod
-    def room(grant: Grant, now: float) -> float:
-        """The room left on the endpoint the request was routed to: its concurrency, its tokens
-        over the request's cost, its bucket (its caps know no classes)."""
-        endpoint = grant.endpoint
-        if endpoint is None:
-            return math.inf
-        limits = endpoint.limits
-        return min(
-            cap_room(limits.concurrency, endpoint.inflight, 1),
-            cap_room(limits.tokens, endpoint.tokens, max(1, grant.ask.cost)),
-            bucket_room(endpoint.bucket, 1.0, 1.0, now),
-        )
 
     def started(self, grant: Grant) -> None:
         """Its first token came: it waits no more on its endpoint."""
