@@ -29,7 +29,16 @@ from governor.admission.appointments.registry import Appointments
 from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.hints import DrainHint, RetryHintEstimator
-from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, hint_of, over_budget
+from governor.admission.limits import (
+    Grant,
+    Refusal,
+    bucket_charge,
+    bucket_refusal,
+    bucket_room,
+    cap_room,
+    hint_of,
+    over_budget,
+)
 from governor.admission.release_forecast import ReleaseForecast
 from govwire.vocab import YieldReason
 
@@ -296,6 +305,20 @@ class Pool:
         endpoint.waiting_tokens += ask.prompt_tokens
         self._next = (index + 1) % len(self.endpoints)
         grant.endpoint = endpoint
+
+    @staticmethod
+    def room(grant: Grant, now: float) -> float:
+        """The room left on the endpoint the request was routed to: its concurrency, its tokens
+        over the request's cost, its bucket (its caps know no classes)."""
+        endpoint = grant.endpoint
+        if endpoint is None:
+            return math.inf
+        limits = endpoint.limits
+        return min(
+            cap_room(limits.concurrency, endpoint.inflight, 1),
+            cap_room(limits.tokens, endpoint.tokens, max(1, grant.ask.cost)),
+            bucket_room(endpoint.bucket, 1.0, 1.0, now),
+        )
 
     def started(self, grant: Grant) -> None:
         """Its first token came: it waits no more on its endpoint."""
