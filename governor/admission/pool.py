@@ -72,7 +72,7 @@ class Pool:
         self.default_capacity = default_capacity  # what "relative to capacity" uses for uncapped endpoints
         self._hints = hints
         self._next = 0  # round-robin start among equally loaded endpoints
-        self._choice: tuple[Endpoint, int] | None = None  # from `check`, for the `charge` that follows
+        self._chosen = -1  # the index of the endpoint `check` chose (-1: none), for the `charge` that follows
         self._qps_refusal = Refusal(YieldReason.ENDPOINT_QPS)
         self._inflight_refusal = Refusal(YieldReason.ENDPOINT_INFLIGHT)
         self._tokens_refusal = Refusal(YieldReason.ENDPOINT_TOKENS)
@@ -88,7 +88,8 @@ class Pool:
     @property
     def choice(self) -> Endpoint | None:
         """The endpoint the last passing `check` chose (read by the deadline check that follows)."""
-        return None if self._choice is None else self._choice[0]
+        index = self._chosen
+        return None if index < 0 else self.endpoints[index]
 
     def check(self, now: float, ask: Ask, booking: bool = True) -> Refusal | None:
         """The least loaded endpoint that can take `ask` now, chosen for `charge`; else the refusal,
@@ -96,9 +97,9 @@ class Pool:
         index, usable, bucket_at, budget_at = self._route(now, ask)
         book = self.book
         if index >= 0 and (book is None or not book.entries or not self._kept_from(now, ask, book)):
-            self._choice = (self.endpoints[index], index)
+            self._chosen = index
             return None
-        self._choice = None
+        self._chosen = -1
         return self._refusal(now, ask, booking, usable, bucket_at, budget_at)
 
     def _route(self, now: float, ask: Ask) -> tuple[int, bool, Endpoint | None, Endpoint | None]:
@@ -277,7 +278,8 @@ class Pool:
         return self._free(usable) - held < 1
 
     def charge(self, grant: Grant, now: float) -> None:
-        choice, self._choice = self._choice, None
+        index, self._chosen = self._chosen, -1
+        endpoint = None if index < 0 else self.endpoints[index]
         book = self.book
         if book is not None and book.entries:
             book.redeem(grant.ask.appointment, now)
@@ -288,11 +290,10 @@ class Pool:
             held.book.redeem(held, now)
         paid = None if held is None else held.book
         if isinstance(paid, PrepaidBook) and paid.reason == _ENDPOINT_QPS:
-            if choice is None or paid is not choice[0].qps_book:
+            if endpoint is None or paid is not endpoint.qps_book:
                 paid.redeem(held, now)  # (served elsewhere: what it paid there is spent)
-        if choice is None:
+        if endpoint is None:
             return  # no endpoint up: dispatch answers worker_unavailable
-        endpoint, index = choice
         if endpoint.bucket is not None:
             bucket_charge(endpoint.bucket, endpoint.qps_book, grant, now, 1.0)
         ask = grant.ask
