@@ -10,6 +10,7 @@ from governor.admission.appointments.registry import Appointments
 from governor.admission.buckets import TokenBucket
 from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal, bucket_charge, bucket_refusal, bucket_room, cap_room, over_budget
+from governor.admission.tenant import Tenant
 from govwire.vocab import YieldReason
 
 _TENANT_INFLIGHT, _TENANT_TOKENS = YieldReason.TENANT_INFLIGHT.value, YieldReason.TENANT_TOKENS.value
@@ -54,65 +55,84 @@ class TenantCaps:
             raise over_budget(ask, int(bucket.burst), f"tenant {tenant.name}'s tokens_burst")
 
     def check(self, now: float, ask: Ask) -> Refusal | None:
+        """The first of its tenant's caps to refuse `ask`, in this order: `max_inflight`, `max_qps`,
+        `max_inflight_tokens`, `max_tokens_per_s`. Each is asked only when the tenant has it."""
         tenant = ask.tenant
         if tenant is None:
             return None
         limits = tenant.limits
-        ceiling = ask.ceiling
-        cap = limits.max_inflight
-        if cap:
-            limit = cap * ceiling
-            book = tenant.inflight_book
-            if tenant.inflight + 1 > limit or (
-                book is not None
-                and book.entries
-                and tenant.inflight + 1 + book.held(now, ask.appointment, ask.rank) > limit
-            ):
-                refusal = self._inflight
-                deficit = tenant.inflight + 1 - math.floor(limit)
-                if self._new_book is None:  # --retry-hint fixed: the drain's base hint, nothing kept
-                    refusal.appointment = None
-                    return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
-                if book is None:
-                    book = tenant.inflight_book = self._new_book(_TENANT_INFLIGHT, tenant)
-                refusal.hint_ms, refusal.appointment = book.refuse(
-                    now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
-                )
-                return refusal
-        bucket = tenant.qps_bucket
-        if bucket is not None:
-            book = tenant.qps_book
-            if book is None and self._registry is not None:
-                book = tenant.qps_book = PrepaidBook(_TENANT_QPS, self._registry, True, lambda: tenant.qps_bucket)
-            refused = bucket_refusal(self._qps, bucket, book, now, ask, 1.0, ceiling)
+        if limits.max_inflight:
+            refused = self._inflight_cap(now, ask, tenant)
             if refused is not None:
                 return refused
-        budget = limits.max_inflight_tokens
-        if budget:
-            excess = tenant.tokens + ask.cost - budget * ceiling
-            book = tenant.tokens_book
-            if excess > 0 or (
-                book is not None and book.entries and excess + book.held(now, ask.appointment, ask.rank) > 0
-            ):
-                refusal = self._tokens
-                if self._new_book is None:
-                    refusal.appointment = None
-                    return refusal.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
-                if book is None:
-                    book = tenant.tokens_book = self._new_book(_TENANT_TOKENS, tenant)
-                refusal.hint_ms, refusal.appointment = book.refuse(
-                    now, ask.appointment, tenant, ask.identity, excess, ask.cost, ask.rank
-                )
-                return refusal
+        bucket = tenant.qps_bucket
+        if bucket is not None:
+            refused = self._qps_cap(now, ask, tenant, bucket)
+            if refused is not None:
+                return refused
+        if limits.max_inflight_tokens:
+            refused = self._tokens_cap(now, ask, tenant)
+            if refused is not None:
+                return refused
         bucket = tenant.token_bucket
         if bucket is not None:
-            book = tenant.token_rate_book
-            if book is None and self._registry is not None:
-                book = tenant.token_rate_book = PrepaidBook(
-                    _TENANT_TOKEN_RATE, self._registry, False, lambda: tenant.token_bucket
-                )
-            return bucket_refusal(self._token_rate, bucket, book, now, ask, ask.cost, ceiling)
+            return self._token_rate_cap(now, ask, tenant, bucket)
         return None
+
+    def _inflight_cap(self, now: float, ask: Ask, tenant: Tenant) -> Refusal | None:
+        """`max_inflight` (under the class's ceiling), with what the tenant's appointments keep."""
+        limit = tenant.limits.max_inflight * ask.ceiling
+        book = tenant.inflight_book
+        if tenant.inflight + 1 <= limit and (
+            book is None or not book.entries or tenant.inflight + 1 + book.held(now, ask.appointment, ask.rank) <= limit
+        ):
+            return None
+        refusal = self._inflight
+        deficit = tenant.inflight + 1 - math.floor(limit)
+        if self._new_book is None:  # --retry-hint fixed: the drain's base hint, nothing kept
+            refusal.appointment = None
+            return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
+        if book is None:
+            book = tenant.inflight_book = self._new_book(_TENANT_INFLIGHT, tenant)
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
+        )
+        return refusal
+
+    def _qps_cap(self, now: float, ask: Ask, tenant: Tenant, bucket: TokenBucket) -> Refusal | None:
+        """`max_qps`: a token from its bucket (a refusal pays for it at once, in its prepaid book)."""
+        book = tenant.qps_book
+        if book is None and self._registry is not None:
+            book = tenant.qps_book = PrepaidBook(_TENANT_QPS, self._registry, True, lambda: tenant.qps_bucket)
+        return bucket_refusal(self._qps, bucket, book, now, ask, 1.0, ask.ceiling)
+
+    def _tokens_cap(self, now: float, ask: Ask, tenant: Tenant) -> Refusal | None:
+        """`max_inflight_tokens` (under the class's ceiling), with what the tenant's appointments keep."""
+        excess = tenant.tokens + ask.cost - tenant.limits.max_inflight_tokens * ask.ceiling
+        book = tenant.tokens_book
+        if excess <= 0 and (
+            book is None or not book.entries or excess + book.held(now, ask.appointment, ask.rank) <= 0
+        ):
+            return None
+        refusal = self._tokens
+        if self._new_book is None:  # --retry-hint fixed: the drain's base hint, nothing kept
+            refusal.appointment = None
+            return refusal.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
+        if book is None:
+            book = tenant.tokens_book = self._new_book(_TENANT_TOKENS, tenant)
+        refusal.hint_ms, refusal.appointment = book.refuse(
+            now, ask.appointment, tenant, ask.identity, excess, ask.cost, ask.rank
+        )
+        return refusal
+
+    def _token_rate_cap(self, now: float, ask: Ask, tenant: Tenant, bucket: TokenBucket) -> Refusal | None:
+        """`max_tokens_per_s`: the request's cost from its bucket (a refusal pays for it at once)."""
+        book = tenant.token_rate_book
+        if book is None and self._registry is not None:
+            book = tenant.token_rate_book = PrepaidBook(
+                _TENANT_TOKEN_RATE, self._registry, False, lambda: tenant.token_bucket
+            )
+        return bucket_refusal(self._token_rate, bucket, book, now, ask, ask.cost, ask.ceiling)
 
     def charge(self, grant: Grant, now: float) -> None:
         tenant = grant.ask.tenant
