@@ -2,7 +2,8 @@
 
 A `Limit` (limits.py) that also chooses: `check` finds the least loaded endpoint that is up and
 under its concurrency cap, its token budget (`tokens=N`) and its qps bucket (relative to
-capacity, round-robin among equals), `charge` takes that endpoint's slot, tokens and bucket token.
+capacity, round-robin among equals; a client back for an endpoint_qps appointment goes where it
+paid for its token), `charge` takes that endpoint's slot, tokens and bucket token.
 Refusals name the endpoint limit that was hit: `endpoint_qps` with the exact wait of the bucket
 that refills first when a bucket stands in the way, else `endpoint_tokens` with an appointment in
 the token book of the endpoint closest to fitting (the forecast release of enough of its own
@@ -103,15 +104,12 @@ class Pool:
         return self._refusal(now, ask, booking, usable, bucket_at, budget_at)
 
     def _route(self, now: float, ask: Ask) -> tuple[int, bool, Endpoint | None, Endpoint | None]:
-        """Which endpoint would take `ask` now, by its index (-1: none): in turn from `_next`, the
-        least loaded of those up, not paused, under their cap, with room in their token budget and
-        a token in their qps bucket; or the one where its endpoint_qps appointment paid for its
-        token. With it, what `_refusal` answers from: whether one was usable (up, not paused, `ask`
-        within its budget), the endpoint whose bucket refills first, the budget to refuse through."""
+        """The index of the endpoint that would take `ask` now, -1 for none (the rules: the module's
+        docstring), and what `_refusal` answers from: whether any was usable (up, not paused, `ask`
+        within its token budget), the endpoint whose bucket refills first, the budget to refuse through."""
         held = ask.appointment
         paid = None if held is None or held.book.reason != _ENDPOINT_QPS else held.book
-        cost = ask.cost
-        endpoints = self.endpoints
+        cost, endpoints = ask.cost, self.endpoints
         n = len(endpoints)
         best, best_load, usable = -1, math.inf, False
         bucket_at, bucket_wait = None, math.inf  # the endpoint whose bucket refills first, and when
@@ -120,13 +118,14 @@ class Pool:
             index = (self._next + k) % n
             e = endpoints[index]
             limits = e.limits
-            if not e.up or e.paused_until > now or (limits.tokens and cost > limits.tokens):
+            budget = limits.tokens
+            if not e.up or e.paused_until > now or (budget and cost > budget):
                 continue
             usable = True
             cap = limits.concurrency
             if cap and e.inflight >= cap:
                 continue
-            budget, booked = limits.tokens, e.tokens_book
+            booked = e.tokens_book
             if budget and (e.tokens + cost > budget or (booked is not None and booked.entries)):
                 rank = self._budget_rank(now, ask, e)  # (never called for room with nothing booked)
                 if rank is not None:
