@@ -190,15 +190,19 @@ class Lifecycle:
         self._freed = freed  # told after every release of capacity (the lobby: admission/appointments/lobby.py)
 
     def decide(self, now: float, ask: Ask) -> Grant | Refusal:
-        """Admission's decision on `ask`, carried out where it is a displacement: the victim is
-        settled (`evict`: its capacity is back), the frame decided again on what it freed, and the
-        victim's client told its hint once that is booked. Raises `OverBudget` as `decide` does."""
-        admission = self._admission
-        decision = admission.decide(now, ask)
-        if type(decision) is not Displace:
-            return cast("Grant | Refusal", decision)
-        answer = self.evict(decision.victim)
-        decided, hint_ms, appointment = admission.after_displacing(now, ask, decision)
+        """Admission's decision on `ask`, carried out where it is a displacement (`displace`).
+        Raises `OverBudget` as `decide` does."""
+        decision = self._admission.decide(now, ask)
+        if type(decision) is Displace:
+            return self.displace(now, ask, decision)
+        return cast("Grant | Refusal", decision)
+
+    def displace(self, now: float, ask: Ask, displace: Displace) -> Grant | Refusal:
+        """Admission answered that `ask` may take a lower class's slot: the victim is settled
+        (`evict`: its capacity is back), the frame decided again on what it freed, and the
+        victim's client told its hint once that is booked."""
+        answer = self.evict(displace.victim)
+        decided, hint_ms, appointment = self._admission.after_displacing(now, ask, displace)
         answer(hint_ms, appointment)
         return decided
 

@@ -287,8 +287,9 @@ class Admission:
                 held = ask.appointment
                 if held is not None and refusal.appointment is not held:
                     self._refused_elsewhere(held, now)
-                if refusal.appointment is not None:
-                    self._name(refusal.appointment, ask)
+                booked = refusal.appointment
+                if booked is not None and not booked.identity:
+                    self._name(booked, ask)
                 return refusal
         grant = Grant(ask)
         if self._learning:
@@ -437,7 +438,7 @@ class Admission:
             return self.hints.hint_ms(now), None
         ask = victim.ask
         deficit = max(1, inflight.inflight + 1 - int(inflight.max_inflight * ask.ceiling))
-        hint_ms, appointment = book.refuse(now, None, ask.tenant, 0, deficit, 1.0, ask.rank, displaced=True)
+        hint_ms, appointment = book.refuse(now, ask, deficit, 1.0, displaced=True)
         if appointment is not None:
             self._name(appointment, ask)
         return hint_ms, appointment

@@ -120,9 +120,7 @@ class FairShare:
             return refusal.at(self._hint_ms(now, gap, weight))
         if book is None:
             book = tenant.share_book = AppointmentBook(YieldReason.TENANT_SHARE.value, registry, False, self._turn_at)
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, tenant, ask.identity, gap, ask.cost / tenant.limits.weight, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, gap, ask.cost / tenant.limits.weight)
         return refusal
 
     def _turn_at(self, at: float, need: float, deficit: float, ahead: int) -> float | None:

@@ -244,9 +244,7 @@ class InflightLimiter:
         if book is None:
             refusal.hint_ms = self._hints.hint_ms(now, deficit)
             return refusal
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, 1.0, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, deficit, 1.0)
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:
@@ -292,9 +290,7 @@ def bucket_refusal(
     if book is not None and book.entries:
         paid = book.credit(now, ask.appointment)
         if paid is None:  # before its time
-            refusal.hint_ms, refusal.appointment = book.refuse(
-                now, ask.appointment, ask.tenant, ask.identity, 0.0, amount, ask.rank
-            )
+            refusal.hint_ms, refusal.appointment = book.refuse(now, ask, 0.0, amount)
             return refusal
         if amount <= paid:
             return None  # paid for at its refusal
@@ -306,9 +302,7 @@ def bucket_refusal(
     if book is None:
         refusal.appointment = None
         return refusal.at(hint_of(bucket.appointment_s(now, need)))
-    refusal.hint_ms, refusal.appointment = book.refuse(
-        now, ask.appointment, ask.tenant, ask.identity, deficit, amount, ask.rank
-    )
+    refusal.hint_ms, refusal.appointment = book.refuse(now, ask, deficit, amount)
     return refusal
 
 
@@ -385,9 +379,7 @@ class TokenBudget:
         refusal = self._refusal
         if book is None:
             return refusal.at(self._drain.hint_ms(now, deficit, ask.cost, self.held))
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, deficit, ask.cost)
         return refusal
 
     def charge(self, grant: Grant, now: float) -> None:

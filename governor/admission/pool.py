@@ -217,9 +217,7 @@ class Pool:
         kept = e.tokens_book
         if kept is None:
             kept = e.tokens_book = self._new_tokens_book(_ENDPOINT_TOKENS, e)
-        refusal.hint_ms, refusal.appointment = kept.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, deficit, ask.cost, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = kept.refuse(now, ask, deficit, ask.cost)
         return refusal
 
     def _caps_refusal(self, now: float, ask: Ask) -> Refusal:
@@ -231,9 +229,7 @@ class Pool:
             return self._inflight_refusal.at(self._fallback_ms(now))
         usable = self.capped = self._usable(now, ask.cost)
         refusal = self._inflight_refusal
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, ask.tenant, ask.identity, 1 - self._free(usable), 1.0, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, 1 - self._free(usable), 1.0)
         return refusal
 
     def _fallback_ms(self, now: float) -> int:

@@ -94,9 +94,7 @@ class TenantCaps:
             return refusal.at(tenant.request_drain.hint_ms(now, deficit, 1, tenant.inflight))
         if book is None:
             book = tenant.inflight_book = self._new_book(_TENANT_INFLIGHT, tenant)
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, tenant, ask.identity, deficit, 1.0, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, deficit, 1.0)
         return refusal
 
     def _qps_cap(self, now: float, ask: Ask, tenant: Tenant, bucket: TokenBucket) -> Refusal | None:
@@ -120,9 +118,7 @@ class TenantCaps:
             return refusal.at(tenant.token_drain.hint_ms(now, excess, ask.cost, tenant.tokens))
         if book is None:
             book = tenant.tokens_book = self._new_book(_TENANT_TOKENS, tenant)
-        refusal.hint_ms, refusal.appointment = book.refuse(
-            now, ask.appointment, tenant, ask.identity, excess, ask.cost, ask.rank
-        )
+        refusal.hint_ms, refusal.appointment = book.refuse(now, ask, excess, ask.cost)
         return refusal
 
     def _token_rate_cap(self, now: float, ask: Ask, tenant: Tenant, bucket: TokenBucket) -> Refusal | None:

@@ -71,12 +71,6 @@ honours its hints is refused a few times at most before it gets in (which resets
 _GENERATE = Op.GENERATE
 
 
-def resent(rid: str, obj: dict[str, Any]) -> tuple[str, str | None]:
-    """What an NDJSON client re-sends when it retries a refused frame: its id and prompt."""
-    prompt = obj.get("prompt")
-    return rid, prompt if type(prompt) is str else None
-
-
 class Ingress:
     """One client connection's state machine.
 
@@ -230,7 +224,8 @@ class Ingress:
         elif ticket:  # the client says it retries (counted apart; a blind one without its appointment)
             ask.retry = True
         ask.ticket = ticket
-        ask.resent = resent(rid, obj)
+        prompt = obj.get("prompt")  # re-sent, its id and prompt name the client (None: not a prompt yet)
+        ask.resent = (rid, prompt if type(prompt) is str else None)
         ask.identity_unique = True  # an id names one client's request
         return decide_frame(self._state, self, obj, ask, now)
 

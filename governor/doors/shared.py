@@ -20,6 +20,7 @@ from governor.accounting import outcome_of
 from governor.admission.appointments.books import HOLD
 from governor.admission.appointments.lobby import Held
 from governor.admission.cost import Ask
+from governor.admission.displacement import Displace
 from governor.admission.limits import Grant, Refusal
 from governor.lifecycle import InflightRequest, Lifecycle, RequestOwner
 from governor.state import ServerState
@@ -56,7 +57,9 @@ def decide_frame(state: ServerState, door: Renderer[F], frame: F, ask: Ask, now:
     """The one decision step of both doors: decide `ask` now and render the answer (b"" when it
     comes later: held in the lobby, or an admitted request's response)."""
     try:
-        decision = state.lifecycle.decide(now, ask)
+        decision = state.admission.decide(now, ask)
+        if type(decision) is Displace:  # a lower class gives way: the lifecycle carries it out
+            decision = state.lifecycle.displace(now, ask, decision)
     except RequestRejected as exc:  # OverBudget: no wait would let it in
         return door.render_rejected(frame, exc)
     if type(decision) is Refusal:
@@ -64,16 +67,11 @@ def decide_frame(state: ServerState, door: Renderer[F], frame: F, ask: Ask, now:
         if decision.hint_ms == HOLD and appointment is not None:  # back for its appointment, not free yet
             door.park(frame, state.lobby.hold(ask, appointment, partial(_answer_held, state, door, frame, ask)))
             return b""
-        return refused(state, door, frame, ask, decision)
+        # The hot path under overload: counted, its hint recorded, rendered in the read that brought it.
+        state.accounting.frame_yielded(decision.reason, ask, decision.final)
+        state.latency.retry_hint(decision.reason, decision.hint_ms)
+        return door.render_refusal(frame, decision)
     return door.render_admitted(frame, cast(Grant, decision), now, 0.0)
-
-
-def refused(state: ServerState, door: Renderer[F], frame: F, ask: Ask, refusal: Refusal) -> bytes:
-    """The hot path under overload: counted, its hint recorded, rendered."""
-    reason, hint_ms = refusal.reason, refusal.hint_ms
-    state.accounting.frame_yielded(reason, ask, refusal.final)
-    state.latency.retry_hint(reason, hint_ms)
-    return door.render_refusal(frame, refusal)
 
 
 def _answer_held(
@@ -82,8 +80,10 @@ def _answer_held(
     """The lobby decided a held frame (lobby.Answer): rendered as it would have been at once."""
     if isinstance(decision, RequestRejected):
         reply = door.render_rejected(frame, decision)
-    elif type(decision) is Refusal:
-        reply = refused(state, door, frame, ask, decision)
+    elif type(decision) is Refusal:  # (counted as decide_frame counts a refusal)
+        state.accounting.frame_yielded(decision.reason, ask, decision.final)
+        state.latency.retry_hint(decision.reason, decision.hint_ms)
+        reply = door.render_refusal(frame, decision)
     else:
         now = state.clock()
         reply = door.render_admitted(frame, cast(Grant, decision), now, now - since)

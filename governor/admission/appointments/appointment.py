@@ -51,6 +51,23 @@ class Book(Protocol):
     def redeem(self, appointment: Appointment | None, now: float) -> None: ...
 
 
+class Asker(Protocol):
+    """What a book reads of a refused frame's ask (cost.Ask): the appointment it came back with,
+    whose it is, what it re-sent and where it stands."""
+
+    @property
+    def appointment(self) -> Appointment | None: ...
+
+    @property
+    def tenant(self) -> Owner | None: ...
+
+    @property
+    def identity(self) -> int: ...
+
+    @property
+    def rank(self) -> int: ...
+
+
 class Phase(Enum):
     BOOKED = "booked"  # in its book; its holder not back (its window: `opened`)
     HELD = "held"  # its holder came back in its window and waits in the lobby for the capacity kept

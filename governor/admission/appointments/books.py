@@ -18,7 +18,7 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from governor.admission.appointments.appointment import Appointment, Owner, Phase
+from governor.admission.appointments.appointment import Appointment, Asker, Phase
 from governor.admission.appointments.registry import (
     EARLY,
     LATENESS_SMOOTHING,
@@ -58,23 +58,6 @@ Answer = tuple[int, Appointment | None]
 """A refusal's hint (ms) and the appointment kept for it, if one was."""
 
 
-class Claim:
-    """What a refused frame asks of a book: who (its tenant, its identity, its standing), how
-    much it lacks now (`deficit`, not counting the appointments) and what it would take (`amount`)."""
-
-    __slots__ = ("tenant", "identity", "deficit", "amount", "rank", "displaced")
-
-    def __init__(
-        self, tenant: Owner | None, identity: int, deficit: float, amount: float, rank: int, displaced: bool
-    ) -> None:
-        self.tenant = tenant
-        self.identity = identity
-        self.deficit = deficit
-        self.amount = amount
-        self.rank = rank
-        self.displaced = displaced
-
-
 class AppointmentBook:
     """One capacity limit's appointments, sorted by time."""
 
@@ -95,6 +78,10 @@ class AppointmentBook:
         "_cumulative",
         "_ranked",
     )
+
+    reranks = True
+    """Whether its refusals read the ranks as they stand now (a capacity book's do: ranks decide
+    who goes ahead; a rate book's promises are paid for already)."""
 
     def __init__(
         self, reason: str, registry: Appointments, unit: bool, free_at: FreeAt, max_entries: int = 4096
@@ -180,13 +167,14 @@ class AppointmentBook:
             return float(opened)
         return self.cumulative()[opened - 1]
 
-    def book(self, at: float, claim: Claim, first: float) -> Appointment | None:
-        """Promise `claim.amount` at `at` to a client first refused at `first`; None when the book is full."""
+    def book(self, at: float, ask: Asker, amount: float, first: float, displaced: bool) -> Appointment | None:
+        """Promise `amount` at `at` to the client of `ask`, first refused at `first`; None when the
+        book is full."""
         if len(self.entries) >= self.max_entries:
             return None
-        appointment = Appointment(at, claim.amount, self, claim.tenant, claim.identity, claim.rank, claim.displaced)
+        appointment = Appointment(at, amount, self, ask.tenant, ask.identity, ask.rank, displaced)
         appointment.booked_at = first
-        self.used[claim.rank] += 1
+        self.used[ask.rank] += 1
         self._insert(appointment)
         self.registry.issue(appointment)
         return appointment
@@ -308,44 +296,44 @@ class AppointmentBook:
 
     # -- refusing ---------------------------------------------------------------------------------
 
-    def refuse(
-        self,
-        now: float,
-        held: Appointment | None,
-        tenant: Owner | None,
-        identity: int,
-        deficit: float,
-        amount: float,
-        rank: int = STANDARD_RANK,
-        displaced: bool = False,
-    ) -> Answer:
-        """The hint (ms) and the appointment for a frame this limit cannot take now. `held`: the
-        appointment the frame came back with (`Ask.appointment`), if any; `deficit`: how much must
-        be released before it fits, not counting the appointments; `rank`: its standing (`Ask.rank`:
-        a new appointment comes after those of its rank and above, before those of lower ranks);
-        `displaced`: it is a displaced request's (never displaced again). A holder back before its
-        window is told the time left and keeps its place; anything else is the book's promise."""
-        entries = self.entries  # (runs for every frame the limit refuses: the sweep's test inlined)
+    def refuse(self, now: float, ask: Asker, deficit: float, amount: float, displaced: bool = False) -> Answer:
+        """The hint (ms) and the appointment for the frame of `ask` that this limit cannot take
+        now: `deficit` is how much must be released before it fits, not counting the
+        appointments, `amount` what it would take; its standing (`Ask.rank`) puts a new
+        appointment after those of its rank and above, before those of lower ranks; `displaced`:
+        a displaced request's, never displaced again (it comes with no appointment of its own). A
+        holder back before its window is told the time left and keeps its place; anything else
+        is the book's promise (`_promise`, each kind's own). Runs for every frame the limit
+        refuses: the sweep's test and `own` inlined."""
+        entries = self.entries
         if entries and entries[0].closes <= now:
             self.sweep(now)
-        own = self._consult(held)
+        if self.reranks:
+            self.rerank()
+        held = None if displaced else ask.appointment
+        own = held if held is not None and held.book is self and held.live else None
         if own is not None and self._before_window(own, now):
             self.registry.count(self, own.rank, EARLY)
             return max(1, math.ceil((own.at - now) * 1000 - 1e-6)), own
-        return self._promise(now, own, held, Claim(tenant, identity, deficit, amount, rank, displaced))
-
-    def _consult(self, held: Appointment | None) -> Appointment | None:
-        """The asker's live appointment here, with the ranks as they stand now."""
-        self.rerank()
-        return self.own(held)
+        return self._promise(now, own, held, ask, deficit, amount, displaced)
 
     def _before_window(self, own: Appointment, now: float) -> bool:
         return not own.opened(now)
 
-    def _promise(self, now: float, own: Appointment | None, held: Appointment | None, claim: Claim) -> Answer:
+    def _promise(
+        self,
+        now: float,
+        own: Appointment | None,
+        held: Appointment | None,
+        ask: Asker,
+        deficit: float,
+        amount: float,
+        displaced: bool,
+    ) -> Answer:
         """A capacity book's promise: the next release nobody was promised, kept through its window."""
         registry = self.registry
         first = now  # when this client was first refused (its promise horizon counts from then)
+        rank = ask.rank
         if own is not None:  # in its window and its capacity not free yet
             if registry.lobby:
                 return self._hold_or_end(now, own)
@@ -353,17 +341,23 @@ class AppointmentBook:
             # it, and its ticket (the forecast was early).
             registry.count(self, own.rank, YIELDED_AGAIN)
             ahead = self.entries.index(own)
-            need = claim.deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
+            need = deficit + (self.cumulative()[ahead] - own.amount if ahead else 0.0)
             self.remove(own)
-        elif self.trust[claim.rank] < MIN_TRUST and self._not_a_probe(claim.rank):  # that rank's keep nothing
-            return self._unbound(now, claim.deficit)
+        elif self.trust[rank] < MIN_TRUST and self._not_a_probe(rank):  # that rank's keep nothing now
+            return self._unbound(now, deficit)
         else:
             first = self._take_over(held, now)
-            queue = self._queue(now, claim)
-            if queue is None:  # its turn comes past the horizon: a flood is refused for good
+            times = self.times
+            ahead = len(times)
+            need = deficit + self.promised
+            if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # lower ranks do not go first
+                ahead = sum(self.ranks[rank:])
+                need = deficit + sum(e.amount for e in self.entries if e.rank >= rank)
+            elif times and (times[-1] - now + registry.hints.gap_s) * 1000.0 >= registry.hints.policy.horizon_ms:
+                # Its turn comes after every appointment made, about a release later, past the
+                # horizon: a flood is refused for good at the cost of one comparison.
                 return math.ceil(registry.hints.policy.horizon_ms), None
-            ahead, need = queue
-        release = self.free_at(now, need if need > 1.0 else 1.0, claim.deficit, ahead)
+        release = self.free_at(now, need if need > 1.0 else 1.0, deficit, ahead)
         if release is None:  # nothing in flight to forecast from
             return registry.hints.hint_ms(now), None
         # "Be here by": the forecast release, earlier by what holders are late on average, so that
@@ -373,7 +367,7 @@ class AppointmentBook:
             # Its slot is late: its new window opens now, so the slot is kept for it the moment it
             # frees, and it comes back half a window later.
             at = now + registry.half_grace_s
-        return self._told(now, at, first, own, claim)
+        return self._told(now, at, first, own, ask, amount, displaced)
 
     def _hold_or_end(self, now: float, own: Appointment) -> Answer:
         """A holder in its window, its capacity not free yet, with a lobby: held until it frees
@@ -397,19 +391,9 @@ class AppointmentBook:
             return hints.hint_ms(now), None
         return hints.jittered_ms((release - now) * 1000.0), None
 
-    def _queue(self, now: float, claim: Claim) -> tuple[int, float] | None:
-        """Where a new appointment goes (how many are ahead of it) and what must be released
-        before its turn; None when its turn comes after every appointment made, about a release
-        later, past the horizon (one comparison refuses a flood for good)."""
-        times, hints = self.times, self.registry.hints
-        rank = claim.rank
-        if (rank != STANDARD_RANK or self.mixed) and sum(self.ranks[:rank]):  # lower ranks do not go first
-            return sum(self.ranks[rank:]), claim.deficit + sum(e.amount for e in self.entries if e.rank >= rank)
-        if times and (times[-1] - now + hints.gap_s) * 1000.0 >= hints.policy.horizon_ms:
-            return None
-        return len(times), claim.deficit + self.promised
-
-    def _told(self, now: float, at: float, first: float, own: Appointment | None, claim: Claim) -> Answer:
+    def _told(
+        self, now: float, at: float, first: float, own: Appointment | None, ask: Asker, amount: float, displaced: bool
+    ) -> Answer:
         """The hint for a release at `at`, and the appointment kept for it; final (no appointment)
         when the promise would reach past the horizon from the client's first refusal."""
         registry = self.registry
@@ -430,7 +414,7 @@ class AppointmentBook:
         if own is not None:
             self.move(own, at)
             return hint_ms, own
-        return hint_ms, self.book(at, claim, first)
+        return hint_ms, self.book(at, ask, amount, first, displaced)
 
 
 class PrepaidBook(AppointmentBook):
@@ -449,6 +433,8 @@ class PrepaidBook(AppointmentBook):
     promised is out of the bucket already), so no holder waits in the lobby for it."""
 
     __slots__ = ("bucket",)
+
+    reranks = False
 
     def __init__(
         self, reason: str, registry: Appointments, unit: bool, bucket: Callable[[], TokenBucket | None]
@@ -487,14 +473,20 @@ class PrepaidBook(AppointmentBook):
             for entry in list(self.entries):
                 self.remove(entry)
 
-    def _consult(self, held: Appointment | None) -> Appointment | None:
-        return self.own(held)  # (ranks decide nothing here: what is paid is out of the bucket)
-
     def _before_window(self, own: Appointment, now: float) -> bool:
         return own.at > now  # from its time on it is let in
 
-    def _promise(self, now: float, own: Appointment | None, held: Appointment | None, claim: Claim) -> Answer:
-        """A rate book's promise: `claim.deficit` is what the bucket lacks (its amount and what its
+    def _promise(
+        self,
+        now: float,
+        own: Appointment | None,
+        held: Appointment | None,
+        ask: Asker,
+        deficit: float,
+        amount: float,
+        displaced: bool,
+    ) -> Answer:
+        """A rate book's promise: `deficit` is what the bucket lacks (its amount and what its
         class's ceiling keeps in the bucket, less the level and what its appointment here paid).
         Past the promise horizon, final and unpaid; while its rank's appointments here are not
         kept (`trust`), the exact wait, unpaid."""
@@ -509,14 +501,14 @@ class PrepaidBook(AppointmentBook):
             paid, first = own.amount, own.booked_at
         bucket = self.bucket()
         assert bucket is not None  # (the limit refuses only through a bucket)
-        wait_ms = claim.deficit / bucket.rate * 1000.0
-        if self.trust[claim.rank] < MIN_TRUST:
-            if self._not_a_probe(claim.rank):
+        wait_ms = deficit / bucket.rate * 1000.0
+        if self.trust[ask.rank] < MIN_TRUST:
+            if self._not_a_probe(ask.rank):
                 return max(1, math.ceil(wait_ms - 1e-6)), None
             # A probe pays nothing: its client's return is counted (and brings trust back), but
             # it takes its tokens like anyone, so the probes of a flood that never comes back
             # cost no tokens.
-            claim.amount = paid
+            amount = paid
         if own is None:
             first = self._take_over(held, now)
         policy = registry.hints.policy
@@ -527,9 +519,9 @@ class PrepaidBook(AppointmentBook):
         if reaches(wait_s * 1000.0 + (now - first) * 1000.0, policy.horizon_ms):  # what would be promised
             # Final; the exact wait, for information (a bucket's refill is no forecast to clamp).
             return math.ceil(max(policy.horizon_ms, wait_ms - 1e-6)), None
-        appointment = self.book(now + wait_s, claim, first)
+        appointment = self.book(now + wait_s, ask, amount, first, displaced)
         if appointment is not None:
-            bucket.take(claim.amount - paid)
+            bucket.take(amount - paid)
         return hint_ms, appointment
 
 
@@ -544,4 +536,4 @@ def _no_forecast(at: float, need: float, deficit: float, ahead: int) -> float | 
     return None
 
 
-__all__ = ["HOLD", "AppointmentBook", "Claim", "FreeAt", "NewBook", "Phase", "PrepaidBook"]
+__all__ = ["HOLD", "AppointmentBook", "FreeAt", "NewBook", "Phase", "PrepaidBook"]

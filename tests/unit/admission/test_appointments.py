@@ -481,13 +481,19 @@ def test_a_holder_booked_again_by_another_limit_keeps_its_first_refusal_time() -
     registry = Appointments(GRACE_S, hints)
     first_book = AppointmentBook("endpoint_inflight", registry, True, lambda at, need, deficit, ahead: at + 0.3)
     second_book = AppointmentBook("inflight", registry, True, lambda at, need, deficit, ahead: at + 0.3)
-    _, first = first_book.refuse(0.0, None, None, 7, 1.0, 1.0)
+
+    def client(holding: Appointment | None) -> Ask:
+        held = Ask()
+        held.identity, held.appointment = 7, holding
+        return held
+
+    _, first = first_book.refuse(0.0, client(None), 1.0, 1.0)
     assert first is not None and first.booked_at == 0.0
-    _, again = second_book.refuse(0.3, first, None, 7, 1.0, 1.0)  # back in its window, refused elsewhere
+    _, again = second_book.refuse(0.3, client(first), 1.0, 1.0)  # back in its window, refused elsewhere
     assert again is not None and again.booked_at == 0.0 and not first_book.entries
-    hint_ms, final = first_book.refuse(0.6, again, None, 7, 1.0, 1.0)  # 0.6 + 0.3 is 0.9 s from its first: kept
+    hint_ms, final = first_book.refuse(0.6, client(again), 1.0, 1.0)  # 0.6 + 0.3 is 0.9 s from its first: kept
     assert final is not None and final.booked_at == 0.0
-    hint_ms, none = second_book.refuse(0.9, final, None, 7, 1.0, 1.0)  # 0.9 + 0.3 s: past the horizon
+    hint_ms, none = second_book.refuse(0.9, client(final), 1.0, 1.0)  # 0.9 + 0.3 s: past the horizon
     assert none is None and hint_ms >= 1000
 
 
