@@ -23,8 +23,6 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -32,7 +30,6 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from governor.accounting import CLIENT_DISCONNECTED, ShedReason
 from governor.admission.appointments.appointment import Appointment
 from governor.admission.appointments.lobby import Held
-from governor.admission.cost import Ask
 from governor.admission.limits import Grant, Refusal
 from governor.doors import gateway
 from governor.doors.gateway import (
@@ -91,20 +88,6 @@ def response_id(chat: bool) -> str:
     connections, processes and restarts, so logs, traces and clients that key on it never mix two
     requests (96 bits: a repeat is as likely as a uuid4's)."""
     return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-
-
-@dataclass(slots=True)
-class _Parsed:
-    """A completions request as read before admission: its message, its JSON body, the frame a
-    chat request became (None for a completion: built once admitted), the chat messages, the
-    model, and the body's bytes (what Content-Digest covers and what an SDK re-sends)."""
-
-    message: Message
-    body: dict[str, Any]
-    frame: dict[str, Any] | None
-    messages: Any
-    model: str
-    raw: bytes
 
 
 class HttpIngress:
@@ -219,7 +202,8 @@ class HttpIngress:
             status, error = broken
             self._pending.append(response(status, error_body(status, error), False))
             self.closing = ShedReason.BAD_REQUEST
-        self._reader.drained()
+        if self._reader.backlogged:
+            self._reader.drained()
 
     def _route(self, message: Message, now: float) -> bytes:
         path = message.url.split(b"?", 1)[0]
@@ -286,22 +270,40 @@ class HttpIngress:
                 BadFrame(f"the body must be JSON (Content-Type: application/json), not {shown!r}"), keep, 415
             )
         try:
-            parsed, said = self._parse(message, chat)
+            said = self._parse(message, chat)
         except orjson.JSONDecodeError as exc:
             return self._rejected(BadJson(f"invalid JSON: {exc}"), keep)
         except RequestRejected as exc:
             return self._rejected(exc, keep)
-        return decide_frame(state, self, parsed, self._ask(parsed, said), now)
+        # What it asks of admission: its cost, its tenant (a trusted gateway's fairness id, else
+        # the body's user under --tenant-from frame, else the connection's), whether it retries,
+        # and what its client would re-send (the OpenAI SDKs re-send the same body).
+        json = message.json
+        ask = state.costs.ask(message.chat_frame if message.chat_frame is not None else cost_view(json))
+        user = json.get("user")
+        if said is not None and said.tenant is not None:
+            ask.tenant = state.admission.tenants.resolve(said.tenant)
+        elif state.tenant_from_frame and type(user) is str and is_tenant_name(user):
+            ask.tenant = state.admission.tenants.resolve(user)
+        else:
+            ask.tenant = state.admission.tenants.resolve(self.tenant)
+        ticket = message.headers.get(b"retry-ticket")
+        if ticket is not None:
+            ask.retry = True
+            ask.ticket = ticket.decode("latin-1").strip()
+        elif said is not None and said.retry_count > 0:
+            ask.retry = True
+        ask.resent = message.raw
+        return decide_frame(state, self, message, ask, now)
 
-    def _parse(self, message: Message, chat: bool) -> tuple[_Parsed, gateway.GatewayAsk | None]:
-        """Before admission only what it needs (as `frame_op` for a frame): the JSON, the model,
-        the cost, what a trusted gateway says. Every other field is checked once a slot was
-        granted (a failure refunds it), so refusing stays cheap whatever the body holds."""
+    def _parse(self, message: Message, chat: bool) -> gateway.GatewayAsk | None:
+        """Before admission only what it needs (as `frame_op` for a frame), kept on the message:
+        the JSON, the model, the cost, what a trusted gateway says. Every other field is checked
+        once a slot was granted (a failure refunds it), so refusing stays cheap whatever the body
+        holds."""
         parts = message.body
-        raw = parts[0] if len(parts) == 1 else b"".join(parts)
+        raw = message.raw = parts[0] if len(parts) == 1 else b"".join(parts)
         rid = ""  # named once admitted: a refusal needs no id
-        frame: dict[str, Any] | None = None
-        messages = None
         said: gateway.GatewayAsk | None = None
         body = orjson.loads(raw)
         if type(body) is not dict:
@@ -322,71 +324,49 @@ class HttpIngress:
             if tenant is not None and self._state.tenant_from_frame and type(user) is str and user != tenant:
                 raise BadFrame(f"{gateway.FAIRNESS_ID[0].decode()} {tenant!r} contradicts the body's user")
         if chat:  # the messages' text is what the cost is estimated from: checked first
-            frame, messages = chat_frame_of(body, rid)
-        return _Parsed(message, body, frame, messages, model, raw), said
+            message.chat_frame, message.messages = chat_frame_of(body, rid)
+        message.json, message.model = body, model
+        return said
 
-    def _ask(self, parsed: _Parsed, said: gateway.GatewayAsk | None) -> Ask:
-        """What the request asks of admission: its cost, its tenant (a trusted gateway's fairness
-        id, else the body's user under --tenant-from frame, else the connection's), whether it
-        retries, and what its client would re-send."""
-        state = self._state
-        body = parsed.body
-        ask = state.costs.ask(parsed.frame if parsed.frame is not None else cost_view(body))
-        user = body.get("user")
-        if said is not None and said.tenant is not None:  # a trusted gateway's fairness id
-            ask.tenant = state.admission.tenants.resolve(said.tenant)
-        elif state.tenant_from_frame and type(user) is str and is_tenant_name(user):
-            ask.tenant = state.admission.tenants.resolve(user)
-        else:
-            ask.tenant = state.admission.tenants.resolve(self.tenant)
-        ticket = parsed.message.headers.get(b"retry-ticket")
-        if ticket is not None:
-            ask.retry = True
-            ask.ticket = ticket.decode("latin-1").strip()
-        elif said is not None and said.retry_count > 0:
-            ask.retry = True
-        ask.resent = parsed.raw  # the OpenAI SDKs re-send the same body after `retry-after-ms`
-        return ask
+    # -- rendering the decision step's answers (shared.Renderer; the frame: the request's Message) ----
 
-    # -- rendering the decision step's answers (shared.Renderer; the frame: a _Parsed request) ----
-
-    def render_refusal(self, frame: _Parsed, refusal: Refusal) -> bytes:
+    def render_refusal(self, frame: Message, refusal: Refusal) -> bytes:
         appointment = refusal.appointment
-        keep = frame.message.keep_alive
+        keep = frame.keep_alive
         if appointment is None:
             return yield_response(refusal.hint_ms, refusal.reason, keep, None, refusal.final)
         return yield_response(refusal.hint_ms, refusal.reason, keep, appointment.ticket)
 
-    def render_rejected(self, frame: _Parsed, error: RequestRejected) -> bytes:
-        return self._rejected(error, frame.message.keep_alive)
+    def render_rejected(self, frame: Message, error: RequestRejected) -> bytes:
+        return self._rejected(error, frame.keep_alive)
 
-    def park(self, frame: _Parsed, held: Held) -> None:
+    def park(self, frame: Message, held: Held) -> None:
         """Held in the lobby: nothing after it on this connection is answered before it is
         (HTTP/1.1 answers in order), and the connection is not timed out meanwhile."""
         self._lobby = held
 
-    def answer_held(self, frame: _Parsed, reply: bytes) -> None:
+    def answer_held(self, frame: Message, reply: bytes) -> None:
         self._lobby = None
         self._state.accounting.http_received += 1  # (counted once, as whatever it was answered)
         self._pending.append(reply)
-        if not frame.message.keep_alive and self._exchange is None:
+        if not frame.keep_alive and self._exchange is None:
             self.finished = True
         self._advance(self._state.clock())
         self.flush()
 
-    def render_admitted(self, frame: _Parsed, grant: Grant, now: float, queued_s: float) -> bytes:
+    def render_admitted(self, frame: Message, grant: Grant, now: float, queued_s: float) -> bytes:
         """Checked, dispatched, and its response begun (`_exchange`); or the error that refunded it.
         `queued_s`: how long it was held in the lobby."""
         state = self._state
-        message = frame.message
+        message = frame
         keep = message.keep_alive
-        chat = frame.frame is not None
+        chat = frame.chat_frame is not None
         rid = response_id(chat)
-        if frame.frame is not None:
-            frame.frame["id"] = rid
+        if frame.chat_frame is not None:
+            frame.chat_frame["id"] = rid
 
         def check() -> GenerateRequest:
-            checked = generate_frame_of(frame.body, rid) if frame.frame is None else frame.frame
+            checked = generate_frame_of(frame.json, rid) if frame.chat_frame is None else frame.chat_frame
             verify_content_digest(message, frame.raw, self._limits.integrity, rid)
             generate = checked_request(checked, self._frame_limits)
             generate.messages = frame.messages
@@ -409,7 +389,7 @@ class HttpIngress:
             request,
             frame.model,
             stream,
-            wants_usage(frame.body),
+            wants_usage(frame.json),
             keep,
             int(time.time()),
             chat,

@@ -11,6 +11,7 @@ import hashlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import http_sfv
 import httptools
@@ -140,6 +141,15 @@ class Message:
     http11: bool = True  # else HTTP/1.0: no chunked encoding, a stream ends with the connection
     upgrade: bool = False
     gateway: int = 0  # how many gateway headers it carries (gateway.HEADERS_IN)
+    # What the exchange (http.py) read of a completions request before admission, kept on the
+    # request itself (no record built per request): its JSON body, the frame a chat request
+    # became (a completion's is built once admitted), the chat messages, the model, and the body's
+    # bytes (what Content-Digest covers and what an SDK re-sends).
+    json: dict[str, Any] = field(default_factory=dict)
+    chat_frame: dict[str, Any] | None = None
+    messages: Any = None
+    model: str = ""
+    raw: bytes = b""
 
 
 def yield_response(hint_ms: int, reason: str, keep: bool, ticket: str | None = None, final: bool = False) -> bytes:
