@@ -178,8 +178,10 @@ class HttpIngress:
 
     def _advance(self, now: float) -> None:
         """Answer queued requests until one is admitted (its response comes later) or none is left."""
-        while not (self._exchange or self._lobby) and self._reader.queue and self.closing is None and not self.finished:
-            message = self._reader.queue.popleft()
+        reader = self._reader
+        queue = reader.queue
+        while not (self._exchange or self._lobby) and queue and self.closing is None and not self.finished:
+            message = queue.popleft()
             accounting = self._state.accounting
             received = accounting.received
             try:
@@ -197,13 +199,13 @@ class HttpIngress:
             accounting.http_received += accounting.received - received
             if not message.keep_alive and self._exchange is None and self._lobby is None:
                 self.finished = True
-        broken = self._reader.broken
-        if broken is not None and self._idle() and not self._reader.queue and self.closing is None:
+        broken = reader.broken
+        if broken is not None and self._idle() and not queue and self.closing is None:
             status, error = broken
             self._pending.append(response(status, error_body(status, error), False))
             self.closing = ShedReason.BAD_REQUEST
-        if self._reader.backlogged:
-            self._reader.drained()
+        if reader.backlogged:
+            reader.drained()
 
     def _route(self, message: Message, now: float) -> bytes:
         path = message.url.split(b"?", 1)[0]

@@ -145,7 +145,7 @@ class Message:
     # request itself (no record built per request): its JSON body, the frame a chat request
     # became (a completion's is built once admitted), the chat messages, the model, and the body's
     # bytes (what Content-Digest covers and what an SDK re-sends).
-    json: dict[str, Any] = field(default_factory=dict)
+    json: Any = None  # (a dict once read: none is built for requests that never get that far)
     chat_frame: dict[str, Any] | None = None
     messages: Any = None
     model: str = ""
