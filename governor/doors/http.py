@@ -93,7 +93,8 @@ def response_id(chat: bool) -> str:
 class HttpIngress:
     """One HTTP client connection's state machine. `write` receives response bytes (the transport
     adapter may swap it, as for NDJSON); `closing` set means the adapter closes the connection
-    after what was written; `backlogged` tells it to stop reading until the queue drains."""
+    after what was written; `on_backlog` tells it to stop reading until the queue drains, and to
+    read again."""
 
     def __init__(
         self,
@@ -136,15 +137,6 @@ class HttpIngress:
     def buffered_bytes(self) -> int:
         """Request bytes held: the one being read and those waiting."""
         return self._reader.buffered_bytes
-
-    @property
-    def backlogged(self) -> bool:
-        return self._reader.backlogged
-
-    @property
-    def started_at(self) -> float | None:
-        """When the request being read began arriving."""
-        return self._reader.started_at
 
     # -- bytes in ---------------------------------------------------------------------------------
 
@@ -204,8 +196,7 @@ class HttpIngress:
             status, error = broken
             self._pending.append(response(status, error_body(status, error), False))
             self.closing = ShedReason.BAD_REQUEST
-        if reader.backlogged:
-            reader.drained()
+        reader.drained()
 
     def _route(self, message: Message, now: float) -> bytes:
         path = message.url.split(b"?", 1)[0]
@@ -496,7 +487,7 @@ class HttpIngress:
     def timeout(self, now: float, idle_timeout_s: float) -> tuple[ShedReason, GovernorError | None] | None:
         """A request that is taking too long to arrive (slow headers or body): 408. A connection
         idle between requests: closed without a word."""
-        started = self.started_at
+        started = self._reader.started_at  # when the request being read began arriving
         waiting_on_us = self._exchange is not None or self._lobby is not None or bool(self._reader.queue)
         if started is not None and not waiting_on_us and now - started > self._limits.request_timeout_s:
             return ShedReason.SLOW_REQUEST, IdleTimeout(
