@@ -43,9 +43,14 @@ end
 -- The fleet's clock, in which every expiry is written: Redis's TIME, but advancing by at most
 -- `step` (half a lease) between two renewals and never backwards, so that a step of Redis's wall
 -- clock (or a failover to a host whose clock differs) can neither expire the live entries (each
--- renewed at least every half lease) nor freeze them. A real silence longer than that (no replica
--- renewed at all) only delays expiries: safe. Since one renewal may move it `step` too far, the
--- reservations of a lapsed replica last `step` longer than the replica itself counts on.
+-- renewed at least every half lease) nor freeze them. A gap of more than a lease since the last
+-- renewal is no time the fleet can have seen pass (its live replicas renew every half lease): a
+-- step of the clock, or a silence of the whole fleet, and it advances the clock by nothing. Were
+-- it to count for `step`, every step of the wall clock would, and the reservation of a replica
+-- cut off through several of them would end before its cut (a lapsed replica's reservation lasts
+-- one `step` longer than the replica counts on: a step of the clock by less than a lease, or
+-- a renewal late past the half lease, moves the clock at most that far ahead). A real silence only delays
+-- expiries: safe.
 local clock = redis.call('TIME')
 local time = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local step = math.floor(ttl / 2)
@@ -54,7 +59,9 @@ for i = 1, #entries, 2 do
   if entries[i] == '~clock' then
     local last_time, last, until_ = string.match(entries[i + 1], '^(%S+) (%S+) ?(%S*)')
     if last then
-      now = tonumber(last) + math.min(math.max(time - tonumber(last_time), 0), step)
+      local gap = time - tonumber(last_time)
+      if gap < 0 or gap > ttl then gap = 0 end
+      now = tonumber(last) + math.min(gap, step)
       frozen_until = tonumber(until_) or now
     end
   end
