@@ -64,6 +64,9 @@ class OpenAITarget:
     # on as vLLM, SGLang and llama.cpp take it, or, for a server that rejects unknown fields,
     # refused at the door (`ignore_eos=refuse`).
     ignore_eos: Literal["pass", "refuse"] = "pass"
+    # Measured by a few short streamed completions each time it comes up (links/endpoint_probe.py):
+    # `probe=off` for a server whose every request is billed, or that must see only clients' requests.
+    probe: bool = True
 
     @property
     def served_name(self) -> str:
@@ -76,6 +79,17 @@ class OpenAITarget:
     def root(self) -> str:
         """The server's root, where `/health` lives."""
         return self.base_url.removesuffix("/").removesuffix("/v1")
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """What a probe of an OpenAI-compatible endpoint measured before its traffic (links/endpoint_probe.py):
+    the release forecast's prior for it until its own streams say more (release_forecast.EngineModel)."""
+
+    step_s: float | None  # the time between two tokens of a probe's stream; None: no stream gave two
+    first_token_s: float | None  # from sending a lone probe to its first token (a prompt's prefill, unloaded)
+    # How many it ran at once while more probes waited in its queue; 0: none waited (or one probe).
+    batch: int = 0
 
 
 class Endpoint:
@@ -91,6 +105,7 @@ class Endpoint:
         "up",
         "batch",
         "reported_step_s",
+        "probed",
         "paused_until",
         "executed",
         "failed",
@@ -115,6 +130,8 @@ class Endpoint:
         self.batch = 0
         # The time per step its worker reports (EngineStats.step_seconds); None: not reported.
         self.reported_step_s: float | None = None
+        # What its last probe measured (an OpenAI-compatible endpoint's, each time it came up); None: not probed.
+        self.probed: Probed | None = None
         # An OpenAI-compatible endpoint that answered 429/503 takes nothing new until then (its
         # Retry-After, on the monotonic clock): it said it is full, as a capped endpoint would be.
         self.paused_until = 0.0

@@ -14,17 +14,22 @@ admitted together end together, and wrong for a long stream that holds its slot 
   what it has streamed; at least one.
 - **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
   to its latest token (which already carries the batch it runs in and its endpoint's speed);
-  before that, by its endpoint's `EngineModel`, fitted from the gaps of the requests that ended
-  there, and before any ended, by a prior (the endpoint's `step_ms=`, else the step time its
-  worker reports, else `PRIOR_STEP_S`): so a
-  cold burst is told real times, bounded by each request's own length, from the first moment.
-  Its remaining tokens are counted from its latest one.
+  before that, by its endpoint's `EngineModel`: the gaps of the requests that ended there, and
+  the pace of those streaming there now (read at every recompute, so the estimate moves with the
+  first tokens of a cold burst, not only with its ends); before either, a prior (the endpoint's
+  `step_ms=`, else the step time its worker reports, else what its probe measured,
+  links/endpoint_probe.py, else `PRIOR_STEP_S`). While it rests on fewer than `CONFIDENT_AFTER`
+  ended streams, the estimate is the fastest of what it has seen (the optimistic side): a hint
+  too early costs its client a short hold in the lobby (appointments/lobby.py), a hint too late
+  leaves the server idle while the client sleeps. So a cold burst is told real times, bounded by
+  each request's own length, from the first moment. Its remaining tokens are counted from its
+  latest one.
 - **Time to its first token**: its endpoint's recent admission-to-first-token time (before any,
-  a step), less what it has waited, at least one step.
+  its probe's, else a step), less what it has waited, at least one step.
 - **A server that runs N at a time** and queues the rest (an OpenAI-compatible server with N
   slots, a serial one with one, a worker at its `--max-running`): when its endpoint has more
-  admitted than N (its `batch=N`, else what its worker reports, else learnt: the most requests
-  seen streaming together while another admitted well before waited for its first token), it is N
+  admitted than N (its `batch=N`, else what its worker reports, else the most its probe or its
+  streams showed running together while another admitted well before waited for its first token), it is N
   running plus a FIFO: the requests without a first token beyond the
   N wait in the order admitted, each starting when the earliest running one ends, its first token
   a step later. Without it, a queued request's end would be read from the endpoint's average time
@@ -47,6 +52,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -68,6 +74,10 @@ still taken. Replaced by the first request's own pace after two tokens."""
 
 SMOOTHING = 0.2
 """EWMA weight of the newest sample of a step time, a time to first token, or a length ratio."""
+
+CONFIDENT_AFTER = 8
+"""Ended streams of an endpoint after which its step estimate is its learnt average; before, the
+fastest of what it has (learnt, streaming now, probed or told): the optimistic side."""
 
 OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
@@ -106,10 +116,13 @@ class EngineModel:
     """One endpoint's speed as its streams show it: the time between two tokens of a request (a
     decode step at the batch it ran in) and the time from admission to a first token."""
 
-    __slots__ = ("step_s", "first_token_s", "endpoint", "end_gap_s", "batch_seen")
+    __slots__ = ("step_s", "first_token_s", "endpoint", "end_gap_s", "batch_seen", "streams", "estimate_s")
 
     def __init__(self, endpoint: Endpoint | None = None) -> None:
         self.step_s: float | None = None  # learnt: None before a stream ended here
+        self.streams = 0  # the ended streams `step_s` was learnt from
+        # The step a request not yet streaming is forecast with (`estimate`, at each recompute).
+        self.estimate_s = PRIOR_STEP_S
         self.first_token_s: float | None = None
         self.endpoint = endpoint
         # The most requests seen streaming at once here while another waited for its first token
@@ -120,16 +133,43 @@ class EngineModel:
         self.end_gap_s = 0.0
 
     @property
-    def prior_step_s(self) -> float:
-        """What a step is taken to be until a stream ended here: the endpoint's `step_ms=`, else
-        what its worker reports (EngineStats.step_seconds), else `PRIOR_STEP_S`."""
+    def prior_step_s(self) -> float | None:
+        """What a step is taken to be before any stream here: the endpoint's `step_ms=`, else what
+        its worker reports (EngineStats.step_seconds), else what its probe measured; None: nothing
+        known (the forecast then assumes `PRIOR_STEP_S`)."""
         endpoint = self.endpoint
         if endpoint is None:
-            return PRIOR_STEP_S
+            return None
         if endpoint.limits.step_ms:
             return endpoint.limits.step_ms / 1000.0
-        reported = endpoint.reported_step_s
-        return PRIOR_STEP_S if reported is None else reported
+        if endpoint.reported_step_s is not None:
+            return endpoint.reported_step_s
+        probed = endpoint.probed
+        return None if probed is None else probed.step_s
+
+    def estimate(self, streaming_s: float | None) -> float:
+        """The step a request not yet streaming is forecast with, given the median pace of the
+        requests streaming here now (`streaming_s`, None if none shows one): once `CONFIDENT_AFTER`
+        streams ended here, their average; before, the fastest of that average, the pace now and
+        the prior; with none of them, `PRIOR_STEP_S`."""
+        learnt = self.step_s
+        if learnt is not None and self.streams >= CONFIDENT_AFTER:
+            self.estimate_s = learnt
+            return learnt
+        known = [x for x in (learnt, streaming_s, self.prior_step_s) if x is not None and x > 0]
+        self.estimate_s = min(known) if known else PRIOR_STEP_S
+        return self.estimate_s
+
+    @property
+    def to_first_token_s(self) -> float:
+        """From admission to a first token, as seen here (else as probed, else a step)."""
+        if self.first_token_s is not None:
+            return self.first_token_s
+        endpoint = self.endpoint
+        probed = None if endpoint is None else endpoint.probed
+        if probed is not None and probed.first_token_s is not None:
+            return probed.first_token_s
+        return self.estimate_s
 
     @property
     def batch(self) -> int:
@@ -139,7 +179,8 @@ class EngineModel:
         endpoint = self.endpoint
         if endpoint is None:
             return 0
-        return endpoint.limits.batch or endpoint.batch or self.batch_seen
+        probed = 0 if endpoint.probed is None else endpoint.probed.batch
+        return endpoint.limits.batch or endpoint.batch or max(probed, self.batch_seen)
 
     def observe_first_token(self, seconds: float) -> None:
         self.first_token_s = _ewma(self.first_token_s, seconds)
@@ -150,6 +191,7 @@ class EngineModel:
         from there to its final reply apart (it is no step: it comes once per request)."""
         if tokens >= 2 and last_token_at > first_token_at:
             self.step_s = _ewma(self.step_s, (last_token_at - first_token_at) / (tokens - 1))
+            self.streams += 1
         gap = ended_at - last_token_at
         self.end_gap_s += SMOOTHING * ((gap if gap > 0 else 0.0) - self.end_gap_s)
 
@@ -327,7 +369,7 @@ class ReleaseForecast:
         comes a step after."""
         model = self.model(grant.endpoint)
         learnt = model.step_s
-        step = model.prior_step_s if learnt is None else learnt
+        step = model.estimate_s
         progress = grant.progress
         seen = 0 if progress is None else progress.tokens_seen
         first = None if progress is None else progress.t_first_token
@@ -346,8 +388,7 @@ class ReleaseForecast:
         elif starts_at is not None:
             at = starts_at + left * step
         else:
-            to_first = step if model.first_token_s is None else model.first_token_s
-            at = grant.t_admitted + to_first
+            at = grant.t_admitted + model.to_first_token_s
             if at < now:  # later than usual: its first token is at least a step away
                 at = now + step
             at += (left - 1.0) * step
@@ -378,7 +419,25 @@ class ReleaseForecast:
             out.append((at, grant))
         return out
 
+    def _estimate_steps(self) -> None:
+        """Each endpoint's step for its requests not yet streaming (`EngineModel.estimate`), from
+        what ended there and the median pace of its requests streaming now: a cold endpoint's
+        estimate follows its first tokens, not only its first ends."""
+        paces: dict[Endpoint | None, list[float]] = {}
+        for grant in self._live.values():
+            progress = grant.progress
+            if progress is None or progress.tokens_seen < 2:
+                continue
+            first = progress.t_first_token
+            if first is not None and progress.t_last_token > first:  # tokens read at once tell no pace
+                pace = (progress.t_last_token - first) / (progress.tokens_seen - 1)
+                paces.setdefault(grant.endpoint, []).append(pace)
+        for endpoint, model in self.models.items():
+            seen = paces.get(endpoint)
+            model.estimate(statistics.median(seen) if seen else None)
+
     def _compute(self, now: float, service_s: float | None) -> None:
+        self._estimate_steps()
         pairs = []
         groups: dict[object, list[float]] = {}
         costs: dict[object, list[tuple[float, int]]] = {}

@@ -23,7 +23,7 @@ replies do:
 
 Health: `GET /health` at the server's root (vLLM, SGLang, TGI, llama.cpp and transformers serve
 all have it), or `GET {base}/models` where that is 404, every ping interval; up at the first
-success, down after a failure.
+success (once probed: endpoint_probe.py, unless `probe=off`), down after a failure.
 """
 
 from __future__ import annotations
@@ -41,8 +41,22 @@ import orjson
 from governor.admission.endpoint import Endpoint, OpenAITarget
 from governor.admission.limits import hint_of
 from governor.lifecycle import InflightRequest, Lifecycle
+from governor.links.endpoint_probe import (
+    MAX_PROBES,
+    OUTCOMES,
+    ProbeOutcome,
+    probe,
+    probe_body,
+)
 from governor.links.health import HealthPolicy
-from governor.links.http_client import ConnectTimeout, HttpClientError, HttpPool, StallTimeout, request_head
+from governor.links.http_client import (
+    ConnectTimeout,
+    HttpClientError,
+    HttpPool,
+    ResponseHandler,
+    StallTimeout,
+    request_head,
+)
 from governor.links.openai_relay import Relay
 from governor.links.openai_stream import Usage, completion_body, retry_after_s
 from govwire.auth import SharedSecret
@@ -79,6 +93,8 @@ class OpenAILink:
         self._headers = b""  # the request headers every request carries (the API key's, if any)
         self._health_path = b"/health"  # or {base}/models, where /health is 404
         self.busy_total = 0  # 429/503 answers
+        self.probes = dict.fromkeys(OUTCOMES, 0)  # its probes, by outcome
+        self.last_probe: ProbeOutcome | None = None
         self.last_error = ""  # why the last health check or request failed, for `stats`
 
     @property
@@ -94,8 +110,27 @@ class OpenAILink:
             **self.endpoint.describe(),
             "busy": self.busy_total,
             "last_error": self.down_reason,
+            "probe": self._describe_probe(),
             "pid": None,
             "engine": {},
+        }
+
+    def _describe_probe(self) -> dict[str, Any] | None:
+        """Its last probe in `stats`: the outcome and what it measured (ms); None before one."""
+        last = self.last_probe
+        if last is None:
+            return None
+        measured = last.measured
+
+        def ms(seconds: float | None) -> float | None:
+            return None if seconds is None else round(seconds * 1000, 3)
+
+        return {
+            "outcome": last.outcome,
+            "step_ms": ms(measured.step_s) if measured else None,
+            "first_token_ms": ms(measured.first_token_s) if measured else None,
+            "batch": measured.batch if measured else 0,
+            "why": last.why,
         }
 
     def _open(self, health: HealthPolicy) -> HttpPool:
@@ -223,6 +258,42 @@ class OpenAILink:
             pool, self._pool = self._pool, None
             pool.close()
 
+    async def _probe_before_traffic(self) -> None:
+        """It came up: probe it before it takes traffic (endpoint_probe.py: bounded, and whatever
+        the outcome, the endpoint is up after it), unless `probe=off`."""
+        if not self.target.probe:
+            return
+        result = await probe(self._send_probe, self.endpoint.limits.concurrency or MAX_PROBES, self._clock)
+        self.probes[result.outcome] += 1
+        self.last_probe = result
+        measured = result.measured
+        if measured is None:
+            why = result.why
+            log.warning("event=endpoint_probe_failed worker=%s outcome=%s why=%r", self.address, result.outcome, why)
+            return
+        self.endpoint.probed = measured
+        log.info(
+            "event=endpoint_probed worker=%s outcome=%s step_ms=%s first_token_ms=%.1f batch=%d",
+            self.address,
+            result.outcome,
+            "none" if measured.step_s is None else f"{measured.step_s * 1000:.2f}",
+            (measured.first_token_s or 0.0) * 1000,
+            measured.batch,
+        )
+
+    def _send_probe(self, handler: ResponseHandler) -> Callable[[], None]:
+        """One probe request (endpoint_probe.Send): a short streamed completion on the pool."""
+        assert self._pool is not None
+        body = probe_body(self.target)
+        head = request_head(
+            b"POST",
+            self._base_path + b"/completions",
+            self._host_header,
+            b"content-type: application/json\r\naccept: text/event-stream\r\n" + self._headers,
+            len(body),
+        )
+        return self._pool.start(head + body, handler).abort
+
     async def _watch(self, health: HealthPolicy) -> None:
         failures_logged = 0
         while True:
@@ -230,6 +301,7 @@ class OpenAILink:
             if error is None:
                 failures_logged = 0
                 if not self.endpoint.up:
+                    await self._probe_before_traffic()
                     self.endpoint.up = True
                     self.last_error = ""
                     log.info("event=worker_up worker=%s", self.address)

@@ -84,9 +84,26 @@ def endpoint_families(upstream: Upstream, now: float) -> Iterator[Family]:
         )
         for key, (counter, name, help_text) in _ENDPOINT_FAMILIES.items()
     }
+    probes = CounterMetricFamily(
+        "governor_endpoint_probes",
+        "Probes of an OpenAI-compatible endpoint as it came up (a few short streamed completions), by outcome:"
+        " ok, failed (an error, no stream), timeout (abandoned, what streamed by then kept).",
+        labels=["worker", "outcome"],
+    )
+    probed = GaugeMetricFamily(
+        "governor_endpoint_probed_step_seconds",
+        "The time between two tokens an endpoint's last probe measured: the forecast's prior for it until its"
+        " streams say more.",
+        labels=["worker"],
+    )
     for link in upstream.links:
         e = link.endpoint
         label = [link.endpoint.name]  # its address, or `spawned-N`: stable across restarts
+        if isinstance(link, OpenAILink) and link.target.probe:
+            for outcome, count in link.probes.items():
+                probes.add_metric([e.name, outcome], count)
+            if e.probed is not None and e.probed.step_s is not None:
+                probed.add_metric(label, e.probed.step_s)
         families["up"].add_metric(label, int(e.up))
         model = link.target.model if isinstance(link, OpenAILink) else ""
         families["info"].add_metric([link.endpoint.name, link.kind, model], 1)
@@ -103,6 +120,8 @@ def endpoint_families(upstream: Upstream, now: float) -> Iterator[Family]:
         families["tokens_limit"].add_metric(label, e.limits.tokens)
         families["waiting"].add_metric(label, e.waiting)
     yield from families.values()
+    yield probes
+    yield probed
 
 
 def model_server_families(held: int, upstream: Upstream, served_model: str) -> Iterator[GaugeMetricFamily]:

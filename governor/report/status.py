@@ -278,6 +278,11 @@ def _worker_line(w: dict[str, Any], was: dict[str, Any], seconds: float) -> str:
         line += f", busy (429/503) {w['busy']}"
     if not w["up"] and w.get("last_error"):
         line += f", last error: {w['last_error']}"
+    probe = w.get("probe")
+    if probe and probe.get("step_ms") is not None:
+        line += f", probed {probe['step_ms']:g} ms/token" + (f" batch {probe['batch']}" if probe.get("batch") else "")
+    elif probe:
+        line += f", probe {probe['outcome']}: {probe.get('why') or 'no pace'}"
     engine = w.get("engine", {})
     tokens = _engine_rate(was.get("engine", {}), engine, "generated_tokens_total", seconds)
     if tokens is not None:

@@ -110,6 +110,7 @@ def render_config(config: GovernorConfig, sources: dict[str, str]) -> str:
                     caps += f"\napi_key_file = {address.api_key_file!r}" if address.api_key_file else ""
                     caps += f"\nserved_as = {address.served_as!r}" if address.served_as else ""
                     caps += f"\nignore_eos = {address.ignore_eos!r}" if address.ignore_eos != "pass" else ""
+                    caps += "" if address.probe else "\nprobe = 'off'"
                 endpoints.append(f"[[endpoint]]  # {source}\naddress = {str(address)!r}{caps}")
             continue
         if f.name == "tenant":

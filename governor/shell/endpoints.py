@@ -1,7 +1,7 @@
 """An endpoint as a flag or a file's [[endpoint]] table names it: `ADDRESS[,key=value...]`, a
 worker's address (host:port, unix:PATH) or an OpenAI-compatible server's URL, with its soft caps
 (concurrency, tokens, qps, burst, weight), its forecast (step_ms, batch) and, for a server, what
-to ask it for (model, api_key_file, served_as, ignore_eos)."""
+to ask it for (model, api_key_file, served_as, ignore_eos) and whether to probe it (probe)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,13 @@ _LIMIT_KEYS = {
     "step_ms": float,
     "batch": int,
 }
-TARGET_KEYS = ("model", "api_key_file", "served_as", "ignore_eos")  # of an OpenAI-compatible endpoint (http(s)://)
+TARGET_KEYS = (
+    "model",
+    "api_key_file",
+    "served_as",
+    "ignore_eos",
+    "probe",
+)  # of an OpenAI-compatible endpoint (http(s)://)
 
 
 def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
@@ -27,7 +33,7 @@ def parse_endpoint(text: str) -> tuple[Address | OpenAITarget, EndpointLimits]:
     soft caps (and, for the release forecast, `step_ms`, its prior of the time per token, and `batch`, how many requests
     the server runs at once, the rest queued in it). An ADDRESS that is an `http://` or `https://`
     URL (up to `/v1`) is an OpenAI-compatible server, and takes `model=NAME` (required), `api_key_file=PATH`,
-    `served_as=NAME` (its name at the front door) and `ignore_eos=pass|refuse` too."""
+    `served_as=NAME` (its name at the front door), `ignore_eos=pass|refuse` and `probe=on|off` too."""
     address, *options = text.split(",")
     is_http = address.startswith(("http://", "https://"))
     values, target = _endpoint_options(options, is_http)
@@ -75,6 +81,9 @@ def _openai_target(address: str, target: dict[str, str]) -> OpenAITarget:
     ignore_eos = target.get("ignore_eos", "pass")
     if ignore_eos not in ("pass", "refuse"):
         raise ValueError(f"ignore_eos={ignore_eos!r}: expected pass (send it on) or refuse (answer 400)")
+    probe = target.get("probe", "on")
+    if probe not in ("on", "off"):
+        raise ValueError(f"probe={probe!r}: expected on (measure it as it comes up) or off")
     served_as = target.get("served_as", "")
     if "served_as" in target and not served_as:
         raise ValueError("served_as must name the model (it is what front-door clients send)")
@@ -84,4 +93,5 @@ def _openai_target(address: str, target: dict[str, str]) -> OpenAITarget:
         target.get("api_key_file", ""),
         served_as,
         ignore_eos,  # type: ignore[arg-type]
+        probe == "on",
     )

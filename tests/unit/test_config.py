@@ -138,6 +138,9 @@ def test_an_openai_endpoint_takes_a_front_door_name_and_an_ignore_eos_policy() -
     )
     plain, _ = parse_endpoint("http://127.0.0.1:8000/v1,model=m")
     assert isinstance(plain, OpenAITarget) and plain.served_name == "m" and plain.ignore_eos == "pass"
+    assert plain.probe  # probed as it comes up unless told not to
+    unprobed, _ = parse_endpoint("http://127.0.0.1:8000/v1,model=m,probe=off")
+    assert isinstance(unprobed, OpenAITarget) and not unprobed.probe
 
 
 @pytest.mark.parametrize(
@@ -151,6 +154,7 @@ def test_an_openai_endpoint_takes_a_front_door_name_and_an_ignore_eos_policy() -
         "nowhere",
         "h:1,served_as=x",  # a worker's name is --served-model
         "http://h:1/v1,model=m,ignore_eos=maybe",
+        "http://h:1/v1,model=m,probe=no",
         "http://h:1/v1,model=m,served_as=",
     ],
 )

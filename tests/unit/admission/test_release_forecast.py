@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from governor.admission.cost import Ask
-from governor.admission.endpoint import Endpoint, EndpointLimits
+from governor.admission.endpoint import Endpoint, EndpointLimits, Probed
 from governor.admission.limits import Grant
-from governor.admission.release_forecast import PRIOR_STEP_S, ReleaseForecast
+from governor.admission.release_forecast import CONFIDENT_AFTER, PRIOR_STEP_S, EngineModel, ReleaseForecast
 
 
 @dataclass
@@ -82,6 +82,58 @@ def test_the_step_a_worker_reports_is_the_prior_unless_the_operator_set_one() ->
     later = ReleaseForecast()
     admitted(later, 0.0, 10, endpoint=reported)
     assert later.slot_free_at(0.0, 1, None) == pytest.approx(10 * 0.03)
+
+
+def test_what_a_probe_measured_is_the_prior_after_the_operators_and_the_workers_word() -> None:
+    """An OpenAI-compatible endpoint probed as it came up (links/endpoint_probe.py): its first
+    token after the probe's, then one a probed step; its probed batch makes it a queue; the
+    operator's `step_ms=` and `batch=` win, and so does a worker's report."""
+    probed = Endpoint("probed", EndpointLimits(), now=0.0)
+    probed.probed = Probed(step_s=0.01, first_token_s=0.05, batch=1)
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 10, endpoint=probed)
+    admitted(
+        forecast, 0.0, 10, endpoint=probed
+    )  # waits in its queue: from the first one's end, a step to its first token
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(0.05 + 9 * 0.01)
+    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx(0.05 + 9 * 0.01 + 10 * 0.01)
+    told = Endpoint("told", EndpointLimits(step_ms=20, batch=2), now=0.0)
+    told.probed = Probed(step_s=0.01, first_token_s=0.05, batch=1)
+    forecast = ReleaseForecast()
+    for _ in range(2):
+        admitted(forecast, 0.0, 10, endpoint=told)
+    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx(0.05 + 9 * 0.02)  # both run: batch=2 told
+
+
+def test_a_cold_endpoints_waiting_requests_follow_the_pace_of_its_first_streams_not_the_prior() -> None:
+    """Nothing ended yet and nothing told: a request not yet streaming is forecast at the pace its
+    endpoint's running streams show (their median), from the moment they show one, not at
+    `PRIOR_STEP_S` until the first of them ends."""
+    forecast = ReleaseForecast()
+    _, running = admitted(forecast, 0.0, 10)
+    waiting, _ = admitted(forecast, 0.0, 10)
+    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx(10 * PRIOR_STEP_S)  # before any token: the prior
+    for at in (0.01, 0.015, 0.02):
+        running.token(at)
+    # its first token a step after it waited past its usual first-token time, then 9 more, 5 ms each
+    assert forecast.slot_free_at(0.021, 2, None) == pytest.approx(0.021 + 10 * 0.005)
+    assert waiting.progress is not None and waiting.progress.tokens_seen == 0
+
+
+def test_while_few_streams_ended_the_estimate_is_the_fastest_seen_then_their_average() -> None:
+    """Before `CONFIDENT_AFTER` streams ended, the step for a waiting request is the least of what
+    ended, what streams now and what the probe measured (a hint a little early costs a hold in
+    the lobby; one late idles the server); from then on, what ended."""
+    endpoint = Endpoint("e", EndpointLimits(), now=0.0)
+    endpoint.probed = Probed(step_s=0.01, first_token_s=None)
+    forecast = ReleaseForecast()
+    model = forecast.model(endpoint)
+    model.step_s, model.streams = 0.02, 1
+    assert model.estimate(None) == pytest.approx(0.01)
+    assert model.estimate(0.005) == pytest.approx(0.005)
+    model.streams = CONFIDENT_AFTER
+    assert model.estimate(0.005) == pytest.approx(0.02)
+    assert EngineModel().estimate(None) == PRIOR_STEP_S  # nothing known at all
 
 
 def test_before_any_stream_the_kth_slot_counts_the_forecasts_the_free_and_the_promised() -> None:

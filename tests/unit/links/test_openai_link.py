@@ -1,6 +1,6 @@
 """OpenAILink against a scripted server on loopback (tests/scripted_http.py): what each server
-answer becomes, well-formed or hostile. The real server (`transformers serve`) is in
-tests/integration/test_openai_upstream.py."""
+answer becomes, well-formed or hostile. Its probes are off here (test_endpoint_probe.py has them).
+The real server (`transformers serve`) is in tests/integration/test_openai_upstream.py."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ async def started_link(
     base_url: str, health: HealthPolicy | None = None, clock: Callable[[], float] = time.monotonic
 ) -> tuple[OpenAILink, asyncio.Task[None]]:
     endpoint = Endpoint("e", EndpointLimits(), clock())
-    link = OpenAILink(OpenAITarget(base_url, "m"), endpoint, clock)
+    link = OpenAILink(OpenAITarget(base_url, "m", probe=False), endpoint, clock)
     task = asyncio.create_task(link.maintain(health or HealthPolicy(0.05, 1.0, 5.0)))
     for _ in range(200):
         if endpoint.up:
@@ -166,7 +166,7 @@ def test_an_api_key_file_is_sent_as_a_bearer_token(tmp_path: Any) -> None:
     async def scenario() -> ScriptedServer:
         server = await serve(answer(sse_response(*OK_CHUNKS)))
         endpoint = Endpoint("e", EndpointLimits(), time.monotonic())
-        link = OpenAILink(OpenAITarget(server.base_url, "m", str(key)), endpoint)
+        link = OpenAILink(OpenAITarget(server.base_url, "m", str(key), probe=False), endpoint)
         task = asyncio.create_task(link.maintain(HealthPolicy(0.05, 1.0, 5.0)))
         while not endpoint.up:
             await asyncio.sleep(0.01)
@@ -357,7 +357,7 @@ def test_connections_are_kept_alive_and_a_stale_one_is_replaced_once() -> None:
         server = await ScriptedServer(respond).start()
         endpoint = Endpoint("e", EndpointLimits(), time.monotonic())
         endpoint.up = True
-        link = OpenAILink(OpenAITarget(server.base_url, "m"), endpoint)
+        link = OpenAILink(OpenAITarget(server.base_url, "m", probe=False), endpoint)
         link._pool = link._open(HealthPolicy(60.0, 1.0, 5.0))  # no health checks: only the requests
         kinds = []
         for i in range(3):
@@ -384,7 +384,9 @@ def test_through_a_door_the_lifecycle_ends_the_request_and_the_link_forgets_it()
         server = await serve(answer(body))
         clock = FakeClock()
         endpoint = Endpoint("e", EndpointLimits(), clock())
-        upstream = Upstream([(OpenAITarget(server.base_url, "m"), endpoint)], HealthPolicy(0.05, 1.0, 5.0), clock=clock)
+        upstream = Upstream(
+            [(OpenAITarget(server.base_url, "m", probe=False), endpoint)], HealthPolicy(0.05, 1.0, 5.0), clock=clock
+        )
         link = upstream.links[0]
         assert isinstance(link, OpenAILink)
         state = make_state(upstream=upstream, endpoints=[endpoint], clock=clock, integrity=IntegrityMode.OFF)
