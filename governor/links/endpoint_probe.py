@@ -64,18 +64,12 @@ _DONE = b"[DONE]"
 
 
 def probe_body(target: OpenAITarget) -> bytes:
-    """A probe's request body: a short greedy streamed completion, `ignore_eos` where the endpoint
-    takes it (so that it streams all `PROBE_TOKENS`)."""
-    body: dict[str, object] = {
-        "model": target.model,
-        "prompt": PROBE_PROMPT,
-        "max_tokens": PROBE_TOKENS,
-        "temperature": 0.0,
-        "stream": True,
-    }
-    if target.ignore_eos == "pass":
-        body["ignore_eos"] = True
-    return orjson.dumps(body)
+    """A probe's request body: a short greedy streamed completion with only the fields every
+    OpenAI-compatible server takes (`ignore_eos` is not one: `transformers serve` answers 422;
+    an end of sequence within `PROBE_TOKENS` leaves fewer gaps to time, not none)."""
+    return orjson.dumps(
+        {"model": target.model, "prompt": PROBE_PROMPT, "max_tokens": PROBE_TOKENS, "temperature": 0.0, "stream": True}
+    )
 
 
 class ProbeStream:

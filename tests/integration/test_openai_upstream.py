@@ -119,6 +119,8 @@ def test_ndjson_and_openai_clients_get_tokens_and_the_cap_holds_at_the_server(
     assert gov.stats()["inflight"] == 0
     (worker,) = gov.stats()["workers"]
     assert worker["kind"] == "openai" and worker["model"] == served.model and worker["up"]
+    # Probed as it came up, before any of the above (the relay's peak counts the probes too).
+    assert worker["probe"]["outcome"] == "ok" and worker["probe"]["step_ms"] > 0, worker["probe"]["why"]
 
 
 def test_a_killed_server_is_worker_lost_and_the_endpoint_comes_back(
