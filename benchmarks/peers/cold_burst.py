@@ -53,6 +53,7 @@ from subprocess import Popen
 from typing import Any
 
 import openai
+import orjson
 
 from benchmarks.harness.common import (
     ROOT,
@@ -110,6 +111,11 @@ class Burst:
     retries: int
     refusals_429: int
     failures: dict[str, int] = field(default_factory=dict)
+    requests: tuple[Request, ...] = field(default=(), repr=False)  # for --json only
+
+    def row(self) -> dict[str, Any]:
+        """The burst for the result file: its counts, not its requests."""
+        return {k: v for k, v in asdict(self).items() if k != "requests"}
 
     @classmethod
     def of(cls, requests: list[Request]) -> Burst:
@@ -126,6 +132,7 @@ class Burst:
             retries=sum(max(0, len(r.statuses) - 1) for r in requests),
             refusals_429=sum(r.statuses.count(429) for r in requests),
             failures=failures,
+            requests=tuple(requests),
         )
 
 
@@ -285,7 +292,7 @@ def record(sitting: Sitting, rounds: list[Round], settings: list[Setting], args:
             )
     sitting.details = {
         "settings": [asdict(s) | {"name": s.name} for s in settings],
-        "rounds": [{name: [asdict(b) for b in bs] for name, bs in r.items()} for r in rounds],
+        "rounds": [{name: [b.row() for b in bs] for name, bs in r.items()} for r in rounds],
     }
 
 
@@ -331,6 +338,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2], help="the endpoint's K to try")
     parser.add_argument("--horizons", nargs="+", default=[DEFAULT, "60000"], help="ms, or 'default'")
     parser.add_argument("--baseline-tree", help="a checkout whose governor runs beside this one's")
+    parser.add_argument("--json", type=Path, help="per-request records (default benchmarks/out/cold_burst.json)")
     args = parser.parse_args()
     baseline = baseline_tree(args.baseline_tree)
     trees = {"": ROOT, **({baseline[0]: baseline[1]} if baseline else {})}
@@ -353,6 +361,10 @@ def main() -> None:
     )
     print(table(rounds, settings))
     record(sitting, rounds, settings, args)
+    raw = args.json or out_dir() / "cold_burst.json"
+    requests = [{n: [[asdict(q) for q in b.requests] for b in bs] for n, bs in r.items()} for r in rounds]
+    raw.write_bytes(orjson.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rounds": requests}))
+    print(f"per-request records: {raw}")
     sitting.write()
 
 

@@ -102,4 +102,4 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
     refused = figures["cold burst, requests refused for good, K=1, default horizon"]
     assert (refused.value, refused.baseline_value, refused.difference) == (27, 11, 16)
     assert (refused.bar, refused.met) == ("<= the third burst + 4.8", False)
-    assert len(sitting.details["rounds"]) == 3
+    assert len(sitting.details["rounds"]) == 3 and "requests" not in sitting.details["rounds"][0][ALONE][0]
