@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
 import os
 import random
@@ -62,7 +63,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from subprocess import Popen
@@ -111,7 +112,9 @@ class Request:
     error: str | None = None  # the exception's type
     message: str | None = None
     statuses: list[int] = field(default_factory=list)  # of each HTTP attempt, as the SDK's client saw it
-    hints_ms: list[float] = field(default_factory=list)  # retry-after-ms of each 429
+    hints_ms: list[float] = field(default_factory=list)  # each 429's wait as the SDK reads it (NaN: none)
+    sent: list[float] = field(default_factory=list)  # each attempt sent, seconds from the run's start
+    answered: list[float] = field(default_factory=list)  # each attempt's response head, likewise
 
     @property
     def after(self) -> float:
@@ -119,24 +122,48 @@ class Request:
         return self.end - self.start
 
 
-CURRENT: contextvars.ContextVar[Request | None] = contextvars.ContextVar("request", default=None)
+# The request an SDK call is for, and its run's start (perf_counter): asyncio gives each task its
+# own context, so the HTTP client's hooks find the call they serve.
+CURRENT: contextvars.ContextVar[tuple[Request, float] | None] = contextvars.ContextVar("request", default=None)
+
+
+def sdk_wait_ms(headers: Any) -> float:
+    """The wait a 429 asks for, read as the SDK reads it (`_parse_retry_after_header`):
+    `retry-after-ms`, else `retry-after` in seconds; NaN where neither is a number."""
+    for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return float(value) * scale
+        except ValueError:
+            continue
+    return float("nan")
+
+
+async def on_request(request: Any) -> None:
+    """The SDK's HTTP client calls this as it sends each attempt: when."""
+    current = CURRENT.get()
+    if current is not None:
+        current[0].sent.append(time.perf_counter() - current[1])
 
 
 async def on_response(response: Any) -> None:
-    """The SDK's HTTP client calls this for every attempt, inside the task of the request it is for
-    (asyncio gives each task its own context): its status, and the hint of a 429."""
-    request = CURRENT.get()
-    if request is None:
+    """The SDK's HTTP client calls this for every attempt's response head: when, its status, and
+    the wait of a 429."""
+    current = CURRENT.get()
+    if current is None:
         return
+    request, t0 = current
+    request.answered.append(time.perf_counter() - t0)
     request.statuses.append(response.status_code)
     if response.status_code == 429:
-        hint = response.headers.get("retry-after-ms")
-        request.hints_ms.append(float(hint) if hint is not None else float("nan"))
+        request.hints_ms.append(sdk_wait_ms(response.headers))
 
 
 def sdk_client(base_url: str) -> openai.AsyncOpenAI:
-    """The SDK at its defaults, its HTTP client the one it would build itself plus the hook."""
-    http_client = openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]})
+    """The SDK at its defaults, its HTTP client the one it would build itself plus the hooks."""
+    http_client = openai.DefaultAsyncHttpxClient(event_hooks={"request": [on_request], "response": [on_response]})
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=2, http_client=http_client)
     if client.max_retries != openai.DEFAULT_MAX_RETRIES or client.timeout != openai.DEFAULT_TIMEOUT:
         raise RuntimeError(f"the SDK is not at its defaults: {client.max_retries} retries, timeout {client.timeout}")
@@ -145,7 +172,7 @@ def sdk_client(base_url: str) -> openai.AsyncOpenAI:
 
 async def one(client: openai.AsyncOpenAI, prompt: str, max_tokens: int, t0: float) -> Request:
     request = Request(start=time.perf_counter() - t0)
-    CURRENT.set(request)
+    CURRENT.set((request, t0))
     chunks = 0
     try:
         stream = await client.completions.create(
@@ -366,12 +393,55 @@ def start_llama_server(binary: Path, model: Path, parallel: int) -> tuple[Popen[
     return llamacpp.launch_llama_server(argv, out_dir() / "sdk_overload_llama-server.log", prefix)
 
 
-def start_governor(llama_port: int, args: argparse.Namespace) -> tuple[Popen[bytes], int, int]:
-    """A fresh governor in front of llama-server (on this process's core): (process, NDJSON port,
-    HTTP port)."""
-    worker = f"http://127.0.0.1:{llama_port}/v1,model={MODEL},concurrency={args.parallel}"
-    flags = ("--worker", worker, "--max-inflight", str(args.parallel), *shlex.split(args.governor_args))
+def start_governor(llama_port: int, parallel: int, governor_args: str) -> tuple[Popen[bytes], int, int]:
+    """A fresh governor in front of llama-server (on this process's core), `--max-inflight` its
+    slots and `governor_args` added: (process, NDJSON port, HTTP port)."""
+    worker = f"http://127.0.0.1:{llama_port}/v1,model={MODEL},concurrency={parallel}"
+    flags = ("--worker", worker, "--max-inflight", str(parallel), *shlex.split(governor_args))
     return start_front_door(*flags, log=out_dir() / "sdk_overload_governor.log", timeout=60)
+
+
+@dataclass(frozen=True)
+class LlamaSitting:
+    """llama-server up for a sitting, and what was measured of it before any load."""
+
+    port: int
+    capacity: float  # req/s, the closed loop straight at it
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@contextlib.contextmanager
+def llama_sitting(args: argparse.Namespace) -> Iterator[LlamaSitting | None]:
+    """The sitting's llama-server: built (once), pinned, started with `args.parallel` slots, its
+    capacity measured (a closed loop of `args.parallel` SDK clients for `args.capacity_seconds`,
+    `args.max_tokens` each); stopped on leaving. None, having said why, where it cannot be built."""
+    work = out_dir() / "llamacpp"
+    binary = work / "build" / "bin" / "llama-server"
+    missing = llamacpp.missing_tools()
+    if not binary.exists() and missing:
+        print(f"skipped: {', '.join(missing)} not found (install CMake and a C++ compiler to build llama.cpp)")
+        yield None
+        return
+    work.mkdir(parents=True, exist_ok=True)
+    source = llamacpp.llama_source(work)
+    binary = llamacpp.llama_server(work, source)
+    model = llamacpp.gguf(work, source, ensure_model_dir(), "float32")
+    if pinning():
+        os.sched_setaffinity(0, {LOAD_CORE})  # the governor, started from here, inherits it
+    print(f"machine: {machine()}; openai {openai.__version__}; pinned: {pinning()}", flush=True)
+    llama, port = start_llama_server(binary, model, args.parallel)
+    try:
+        completed, seconds = asyncio.run(
+            closed_loop(f"http://127.0.0.1:{port}/v1", args.parallel, args.capacity_seconds, args.max_tokens)
+        )
+        capacity = completed / seconds
+        print(f"capacity: {completed} requests in {seconds:.1f} s = {capacity:.2f} req/s", flush=True)
+        yield LlamaSitting(port, capacity)
+    finally:
+        stop(llama)
 
 
 # -- the sitting ------------------------------------------------------------------------------------
@@ -403,7 +473,7 @@ def sitting_rounds(llama_port: int, capacity: float, args: argparse.Namespace) -
                         if governor is not None:
                             stop(governor[0])
                         governor = None
-                        governor = start_governor(llama_port, args)
+                        governor = start_governor(llama_port, args.parallel, args.governor_args)
                     rng = random.Random(f"{r + 1} {load} {target}")  # distinct prompts: no cache hits
                     prompts = [random_text(rng, 64) for _ in arrivals]
                     if target == GOVERNOR:
@@ -649,35 +719,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="per-request records (default benchmarks/out/...)")
     args = parser.parse_args()
     sitting = Sitting(("govwire", "governor"), part=variant(args))
-
-    work = out_dir() / "llamacpp"
-    binary = work / "build" / "bin" / "llama-server"
-    missing = llamacpp.missing_tools()
-    if not binary.exists() and missing:
-        print(f"skipped: {', '.join(missing)} not found (install CMake and a C++ compiler to build llama.cpp)")
-        return
-    work.mkdir(parents=True, exist_ok=True)
-    source = llamacpp.llama_source(work)
-    binary = llamacpp.llama_server(work, source)
-    model = llamacpp.gguf(work, source, ensure_model_dir(), "float32")
-    if pinning():
-        os.sched_setaffinity(0, {LOAD_CORE})  # the governor, started from here, inherits it
-    print(f"machine: {machine()}; openai {openai.__version__}; pinned: {pinning()}", flush=True)
-
-    llama, llama_port = start_llama_server(binary, model, args.parallel)
-    try:
-        completed, seconds = asyncio.run(
-            closed_loop(f"http://127.0.0.1:{llama_port}/v1", args.parallel, args.capacity_seconds, args.max_tokens)
-        )
-        capacity = completed / seconds
-        print(
-            f"capacity: {completed} requests in {seconds:.1f} s = {capacity:.2f} req/s; Poisson at"
-            f" {args.overload:g}x = {args.overload * capacity:.2f} req/s",
-            flush=True,
-        )
-        results = sitting_rounds(llama_port, capacity, args)
-    finally:
-        stop(llama)
+    with llama_sitting(args) as llama:
+        if llama is None:
+            return
+        capacity = llama.capacity
+        print(f"Poisson at {args.overload:g}x = {args.overload * capacity:.2f} req/s", flush=True)
+        results = sitting_rounds(llama.port, capacity, args)
 
     command = "python -m benchmarks.peers.sdk_overload " + " ".join(sys.argv[1:])
     print(f"\ncommand: `{command.strip()}`\nmachine: {machine()}\n")
