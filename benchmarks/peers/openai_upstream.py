@@ -36,10 +36,14 @@ governor and the client are reported so that the cost stays visible:
   bursts with `httpx.AsyncClient`.
 
 Configurations take turns within each round (the first rotating); one server and one governor per
-K serve the whole run. The tables give medians over rounds and medians of per-round ratios to the
-direct burst of the same round.
+K serve the whole run, or, with `--fresh-governor`, a new governor for every burst through it, so
+that each burst is the first its governor sees (a deploy, a restart, a scale-out: issue 60's target
+is that burst's requests/s >= 0.8x direct at K=1 with `--promise-horizon-ms 30000`; only the
+server is warmed up then). The tables give medians over rounds and medians of per-round ratios to
+the direct burst of the same round.
 
     python -m benchmarks.peers.openai_upstream [--rounds 3] [--burst 64] [--max-tokens 32] [--concurrency 1 2 4]
+                                               [--fresh-governor] [--governor-args "--promise-horizon-ms 30000"]
 """
 
 from __future__ import annotations
@@ -605,7 +609,68 @@ def variant(args: argparse.Namespace) -> str | None:
     """The result file's part: a run with other governor flags, a global cap or the httpx client is a
     sitting of its own beside the default one (the sittings report fixed hints apart)."""
     words = [args.governor_args, "global cap" if args.global_cap else "", "" if args.client == "raw" else args.client]
+    words.append("fresh governor" if args.fresh_governor else "")
     return re.sub(r"[^a-z0-9]+", "-", " ".join(words).lower()).strip("-") or None
+
+
+@dataclass
+class Governors:
+    """The governor of each K in front of the server: started when first asked for and kept for the
+    whole run, or (`fresh`) retired after each burst, so that every burst meets a governor that has
+    seen no stream of its endpoint (a deploy, a restart, a scale-out). What each governor counted
+    is printed as it retires; the returns to `endpoint_inflight` appointments add up over the run."""
+
+    server: Server
+    args: argparse.Namespace
+    running: dict[str, tuple[Popen[bytes], int, int]] = field(default_factory=dict)
+    returns: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> outcome -> count
+
+    def target(self, name: str) -> tuple[str, dict[str, int]]:
+        """The completions URL of `name`'s governor (started if it is not running) and the pids to charge."""
+        if name not in self.running:
+            k = int(name.removeprefix("governor K="))
+            http_port = free_port()
+            worker = f"{self.server.base_url},model={self.server.model},concurrency={k}"
+            flags = ["--worker", worker, "--http-port", str(http_port), "--integrity", "optional"]
+            if self.args.global_cap:
+                flags += ["--max-inflight", str(k)]
+            flags += self.args.governor_args.split()
+            proc, port = start_governor(*flags, log=out_dir() / f"openai_upstream_k{k}.log", timeout=60)
+            self.running[name] = (proc, port, http_port)
+        proc, _, http_port = self.running[name]
+        assert self.server.pid is not None
+        return f"http://127.0.0.1:{http_port}/v1/completions", {"server": self.server.pid, "governor": proc.pid}
+
+    def retire(self, name: str) -> None:
+        proc, port, _ = self.running.pop(name)
+        try:
+            s = stats(port)
+        finally:
+            stop(proc)
+        outcomes = s["retry_hints"]["outcomes"].get("endpoint_inflight", {})
+        total = self.returns.setdefault(name, {})
+        for outcome, n in outcomes.items():
+            total[outcome] = total.get(outcome, 0) + n
+        yielded = {k: v for k, v in s["yielded_by_reason"].items() if v}
+        failed = {k: v for k, v in s["failed_by_reason"].items() if v}
+        print(
+            f"{name} accounting: received={s['received_total']} executed={s['executed_total']}"
+            f" yielded={s['yielded_total']} {yielded} failed={s['failed_total']} {failed}"
+            f" rejected={s['rejected_total']}; endpoint_inflight returns {outcomes}",
+            flush=True,
+        )
+
+    def close(self) -> None:
+        for name in list(self.running):
+            self.retire(name)
+
+    def on_time(self) -> dict[str, float | None]:
+        """Per governor: the share of its returns to an `endpoint_inflight` appointment admitted on time."""
+        shares: dict[str, float | None] = {}
+        for name, outcomes in self.returns.items():
+            returns = sum(outcomes.get(o, 0) for o in ("on_time", "early", "late", "yielded_again"))
+            shares[name] = outcomes.get("on_time", 0) / returns if returns else None
+        return shares
 
 
 def main() -> None:
@@ -623,41 +688,34 @@ def main() -> None:
     parser.add_argument(
         "--governor-args", default="", help="more governor flags, e.g. '--retry-hint fixed --retry-hint-ms 20'"
     )
+    parser.add_argument(
+        "--fresh-governor",
+        action="store_true",
+        help="a new governor for every burst through it: each burst is its first",
+    )
     args = parser.parse_args()
     sitting = Sitting(("govwire", "governor"), part=variant(args))
     command = "python -m benchmarks.peers.openai_upstream " + " ".join(sys.argv[1:])
+    configs = [DIRECT, *(f"governor K={k}" for k in args.concurrency)]
     with tempfile.TemporaryDirectory(prefix="openai-upstream-") as tmp:
         model_dir = save_tiny_gpt2(Path(tmp) / "tiny-gpt2")
         server = Server(model_dir, args.server_threads).start()
-        governors: dict[str, tuple[Popen[bytes], int, int]] = {}
+        governors = Governors(server, args)
         try:
             assert server.pid is not None
-            for k in args.concurrency:
-                http_port = free_port()
-                worker = f"{server.base_url},model={server.model},concurrency={k}"
-                flags = ["--worker", worker, "--http-port", str(http_port), "--integrity", "optional"]
-                if args.global_cap:
-                    flags += ["--max-inflight", str(k)]
-                flags += args.governor_args.split()
-                proc, port = start_governor(*flags, log=out_dir() / f"openai_upstream_k{k}.log", timeout=60)
-                governors[f"governor K={k}"] = (proc, port, http_port)
             # The front door serves an OpenAI endpoint under that endpoint's model name (--served-model
             # names the worker endpoints), so clients send the same `model` both ways.
-            targets = {DIRECT: f"{server.base_url}/completions"}
-            pids = {DIRECT: {"server": server.pid}}
-            for name, (proc, _, http_port) in governors.items():
-                targets[name] = f"http://127.0.0.1:{http_port}/v1/completions"
-                pids[name] = {"server": server.pid, "governor": proc.pid}
-            configs = list(targets)
+            direct = (f"{server.base_url}/completions", {"server": server.pid})
             warm = argparse.Namespace(**{**vars(args), "burst": 4})
-            for url in targets.values():  # the server's first requests are slow; each path once
-                uvloop.run(burst(url, server.model, warm, 0))
+            # The server's first requests are slow: each path once (a fresh governor's only through the server).
+            for name in configs if not args.fresh_governor else [DIRECT]:
+                uvloop.run(burst(direct[0] if name == DIRECT else governors.target(name)[0], server.model, warm, 0))
             rounds: list[dict[str, Burst]] = []
             for i in range(args.rounds):
                 results: dict[str, Burst] = {}
                 for name in order(i, configs, rotate=True):
-                    run = partial(uvloop.run, burst(targets[name], server.model, args, i + 1))
-                    b = measured(run, pids[name])
+                    url, pids = direct if name == DIRECT else governors.target(name)
+                    b = measured(partial(uvloop.run, burst(url, server.model, args, i + 1)), pids)
                     results[name] = b
                     print(
                         f"round {i + 1} {name}: {b.completed}/{args.burst} completed, {b.n_errors} errors,"
@@ -667,23 +725,12 @@ def main() -> None:
                         f" CPU s server/governor/client {b.cpu_cell()}",
                         flush=True,
                     )
+                    if args.fresh_governor and name != DIRECT:
+                        governors.retire(name)
                 rounds.append(results)
-            on_time: dict[str, float | None] = {}
-            for name, (_, port, _) in governors.items():
-                s = stats(port)
-                outcomes = s["retry_hints"]["outcomes"].get("endpoint_inflight", {})
-                returns = sum(outcomes.get(o, 0) for o in ("on_time", "early", "late", "yielded_again"))
-                on_time[name] = outcomes.get("on_time", 0) / returns if returns else None
-                yielded = {k: v for k, v in s["yielded_by_reason"].items() if v}
-                failed = {k: v for k, v in s["failed_by_reason"].items() if v}
-                print(
-                    f"{name} accounting: received={s['received_total']} executed={s['executed_total']}"
-                    f" yielded={s['yielded_total']} {yielded} failed={s['failed_total']} {failed}"
-                    f" rejected={s['rejected_total']}; endpoint_inflight returns {outcomes}",
-                    flush=True,
-                )
+            governors.close()
         finally:
-            for proc, _, _ in governors.values():
+            for proc, _, _ in governors.running.values():
                 stop(proc)
             server.stop()
     print(f"\ncommand: `{command.strip()}`\nmachine: {machine()}\n")
@@ -691,10 +738,11 @@ def main() -> None:
         f"`transformers serve` (its defaults, CPU, torch threads: {args.server_threads or 'default'}) serving the tiny"
         " GPT-2 of benchmarks/harness/fixtures/tiny_gpt2.py; bursts of"
         f" {args.burst} streaming requests, max_tokens {args.max_tokens}, {args.client} client; {args.rounds} rounds;"
-        f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}\n"
+        f" {'--max-inflight K' if args.global_cap else 'default --max-inflight (32)'}"
+        f"{'; a fresh governor for every burst through it' if args.fresh_governor else ''}\n"
     )
     print(tables(rounds, configs, args))
-    record(sitting, rounds, configs, args, on_time)
+    record(sitting, rounds, configs, args, governors.on_time())
     sitting.write()
 
 

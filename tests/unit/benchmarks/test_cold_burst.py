@@ -99,6 +99,10 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
     assert k2.bar == "ratio >= 0.9" and k2.met is True
     before = figures["cold burst, wall time as a share of the server alone's, before abc1234: K=1, horizon 60 s"]
     assert before.ratio == pytest.approx(1.3 / 21.6) and before.bar is None and not before.headline
+    assert (
+        k1.headline
+        and not figures["cold burst, wall time as a share of the server alone's, K=1, default horizon"].headline
+    )
     refused = figures["cold burst, requests refused for good, K=1, default horizon"]
     assert (refused.value, refused.baseline_value, refused.difference) == (27, 11, 16)
     assert (refused.bar, refused.met) == ("<= the third burst + 4.8", False)
