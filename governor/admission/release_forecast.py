@@ -598,3 +598,21 @@ class ReleaseForecast:
             return None
         rounds, index = divmod(k - 1, len(times))
         return times[index] + rounds * self._round_s
+
+    def service_of(self, max_new_tokens: int) -> float | None:
+        """How long a request of `max_new_tokens` admitted now would hold its slot, on the slowest
+        endpoint whose speed was learnt (where it runs is chosen after the caps are checked): its
+        time to a first token and its expected tokens at the learnt step, and its end gap. None
+        until a stream has ended somewhere: a prior is a guess, and what reads this (a backfill,
+        appointments/books.py) lends capacity only on what was seen."""
+        longest: float | None = None
+        for model in self.models.values():
+            step = model.step_s
+            if step is None:
+                continue
+            tokens = max_new_tokens * self.length_ratio
+            first = step if model.first_token_s is None else model.first_token_s
+            service = first + (tokens - 1.0 if tokens > 1.0 else 0.0) * step + model.end_gap_s
+            if longest is None or service > longest:
+                longest = service
+        return longest
