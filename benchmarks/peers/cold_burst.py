@@ -251,7 +251,8 @@ def record(sitting: Sitting, rounds: list[Round], settings: list[Setting], args:
     the later bursts' ratios as details; the baseline tree's figures beside them, without bars."""
     alone = med(rounds, ALONE, 0, lambda b: b.wall_s)
     slack = REFUSAL_SLACK * args.clients
-    for s in settings[1:]:
+    # this checkout's first, the 60 s horizon's before the default's: the first headline is the page's row
+    for s in sorted(settings[1:], key=lambda s: (bool(s.tree), s.horizon == DEFAULT, s.k)):
         mine = not s.tree
         cold = statistics.median(ratios(rounds, s.name, 0))
         bar = COLD_RATIO_BAR.get(s.k) if mine and s.horizon_ms() == TARGET_HORIZON_MS else None

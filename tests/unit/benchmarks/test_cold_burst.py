@@ -92,6 +92,8 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
         rounds.append(r)
     sitting = Sitting(("governor",), name="peers.cold_burst", command="python -m benchmarks.peers.cold_burst")
     record(sitting, rounds, settings, args)
+    headlines = [f.name for f in sitting.figures if f.headline]
+    assert headlines[0] == "cold burst, wall time as a share of the server alone's, K=1, horizon 60 s"
     figures = {f.name: f for f in sitting.figures}
     k1 = figures["cold burst, wall time as a share of the server alone's, K=1, horizon 60 s"]
     assert k1.ratio == pytest.approx(1.3 / 1.44) and (k1.bar, k1.met) == ("ratio >= 0.8", True)
