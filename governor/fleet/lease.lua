@@ -14,12 +14,14 @@
 -- ARGV     member id, renewal number (rising: a renewal the replica gave up on that reaches Redis
 --          after a later one changes nothing), the number of the last renewal whose reply it
 --          applied (0 if none), lease TTL (ms), hold (ms after the expiry), release (ms after
---          the hold), resource count k, then per resource six numbers: limit (0 = not limited), usage (what
+--          the hold), resource count k, then per resource seven numbers: limit (0 = not limited), usage (what
 --          it holds now: requests or tokens; 0 for rates), want (its demand), applied (the share
 --          it enforces until this reply reaches it), held (1 for a held resource whose grants are
 --          whole numbers, 0 for a rate), least (the smallest useful share: one request; a replica
 --          that wants any gets at least this much while it is free, or a proportional part under
---          1 would starve it).
+--          1 would starve it), kept (for a held resource: what it holds and the appointments due
+--          soon that its refusals promised under the share it applies count on; its new share is
+--          never less, up to what it applies, which is reserved for it already).
 -- Returns  {-1} for a renewal older than the last one run (the replica gave up on it), else
 --          the live replica count, its renewal number, the lapsed replicas whose reservations stand, then per
 --          resource six strings (Lua numbers would be truncated to integers on the way out): its
@@ -79,16 +81,17 @@ if stored_seq < applied_seq then
 end
 local frozen = now < frozen_until
 
-local limit, usage, want, applied, whole, least = {}, {}, {}, {}, {}, {}
+local limit, usage, want, applied, whole, least, kept = {}, {}, {}, {}, {}, {}, {}
 local wants, others_held, usages = {}, {}, {}
 for r = 1, k do
-  local at = 7 + (r - 1) * 6
+  local at = 7 + (r - 1) * 7
   limit[r] = tonumber(ARGV[at + 1])
   usage[r] = tonumber(ARGV[at + 2])
   want[r] = tonumber(ARGV[at + 3])
   applied[r] = tonumber(ARGV[at + 4])
   whole[r] = ARGV[at + 5] == '1'
   least[r] = tonumber(ARGV[at + 6])
+  kept[r] = tonumber(ARGV[at + 7])
   wants[r], others_held[r], usages[r] = want[r], 0, usage[r]
 end
 
@@ -150,6 +153,10 @@ for r = 1, k do
     if whole[r] then free = math.floor(free) end
     share = math.min(target, free)
     if frozen then share = math.min(share, math.max(applied[r], whole[r] and usage[r] or 0)) end
+    -- A promise made under the share it applies survives the renewal: no smaller than what its
+    -- appointments due soon count on. Within what it applies (reserved for it already, so the
+    -- grants still never sum over the limit) and what the others leave free.
+    if whole[r] then share = math.max(share, math.min(kept[r], applied[r], free)) end
     if share < 0 then share = 0 end
     -- Still reserved for this replica: what it enforces until the reply reaches it, and, for a
     -- held resource, what it holds now (requests admitted under an earlier, larger share).

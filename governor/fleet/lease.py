@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import resources
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from governor.admission.caps import Caps
 from governor.admission.cost import Ask
@@ -22,11 +22,17 @@ from governor.admission.limits import Grant, Refusal, hint_of, over_budget
 from governor.fleet.shares import HeldShare, RateShare, Share
 from govwire.vocab import YieldReason
 
+if TYPE_CHECKING:
+    from governor.admission.appointments.books import AppointmentBook
+
 LEASE_SCRIPT = resources.files("governor.fleet").joinpath("lease.lua").read_text(encoding="utf-8")
 """The allocation, run atomically in Redis for each renewal."""
 
 RESOURCES = ("inflight", "qps", "tokens", "token_rate")
 """The fleet limits, in the order a renewal reports them (the script's resource index)."""
+
+EARLY_FRACTION = 4
+"""An early renewal (member.py) comes at most every renew_s / EARLY_FRACTION."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,9 @@ class FleetLease:
         room = math.inf
         if self.inflight.limit:
             room = self.inflight.share - self.inflight.holding
+            book = self.inflight.book
+            if book is not None and book.entries:
+                room -= book.held(now, None, grant.ask.rank)
         if self.tokens.limit:
             room = min(room, (self.tokens.share - self.tokens.holding) // max(1, grant.ask.cost))
         return room
@@ -235,10 +244,16 @@ class FleetLease:
         held = self.inflight
         if held.limit:
             cap = held.share * ask.ceiling
-            if held.holding + 1 > cap:
-                # Its slots free as this replica's requests end: the replica's release timeline
-                # (hints.RetryHintEstimator, shared with --max-inflight, which books refused
-                # clients one after another), scaled from its capacity to the share; with
+            book = held.book
+            if book is not None:
+                if held.holding + 1 > cap or (
+                    book.entries and held.holding + 1 + book.held(now, ask.appointment, ask.rank) > cap
+                ):
+                    return self._promise(now, ask, cap, book)
+            elif held.holding + 1 > cap:
+                # Nothing kept (--retry-hint fixed, or a lease admission did not join): its slots
+                # free as this replica's requests end: the replica's release timeline
+                # (hints.RetryHintEstimator), scaled from its capacity to the share; with
                 # --retry-hint fixed, the base hint. With nothing held here to drain (or, adaptive,
                 # no service time yet), the next renewal. (Inline: this refuses every frame while
                 # the share is full.)
@@ -253,13 +268,52 @@ class FleetLease:
                 return refusal
         return None
 
+    def _promise(self, now: float, ask: Ask, cap: float, book: AppointmentBook) -> Refusal:
+        """A refusal of the in-flight share, booked (appointments.AppointmentBook): the k-th
+        refused client is promised the k-th slot nobody was promised yet, first those a renewal
+        can grow the share by (`growth`), then this replica's releases (build.fleet_book). Counted
+        against the share the fleet's demand gives it when that is smaller (its releases above
+        it go back to the fleet first), so that the promise survives the shrink."""
+        held = self.inflight
+        keeping = cap
+        if 0 < held.target * ask.ceiling < cap:
+            keeping = held.target * ask.ceiling
+        hint_ms, appointment = book.refuse(now, ask, held.holding + 1 - math.floor(keeping), 1.0)
+        refusal = held.refuse(now, 1, hint_ms)
+        refusal.appointment = appointment
+        return refusal
+
+    def keep(self, book: AppointmentBook) -> None:
+        """Book the clients the in-flight share refuses in `book` (admission's, build.fleet_book),
+        and report what it promised with each renewal (shares.HeldShare.report)."""
+        self.inflight.book = book
+
+    def growth(self, now: float) -> tuple[int, float]:
+        """How many slots a renewal can grow the in-flight share by (what the fleet left free as
+        of the last reply: the script grants a replica that wants more up to that), and when its
+        reply is due: the next early renewal's while one could bring more (member.py sends it
+        an early period after the last, once the last reply is in), else the next one's. No
+        slots without a lease in force."""
+        if self.state is not FleetState.LEASED:
+            return 0, now
+        held = self.inflight
+        free = max(0, math.floor(held.limit - held.fleet_granted + 1e-9))
+        renew_s, rtt = self.policy.renew_s, self.rtt_s
+        due = self.next_renewal
+        if self.could_grow:
+            due = min(due, self.next_renewal - renew_s + rtt + renew_s / EARLY_FRACTION)
+        return free, max(now, due) + rtt
+
     def renewal_hint(self, now: float) -> int:
         """Until the next renewal's reply may change the share."""
         return hint_of(max(0.0, self.next_renewal - now) + self.rtt_s)
 
     def charge(self, grant: Grant, now: float) -> None:
         cost = grant.ask.cost
-        self.inflight.take(1)
+        held = self.inflight
+        held.take(1)
+        if held.book is not None and held.book.entries:
+            held.book.redeem(grant.ask.appointment, now)
         self.tokens.take(cost)
         for rate, amount in ((self.qps, 1.0), (self.token_rate, float(cost))):
             rate.admitted += amount
@@ -292,13 +346,17 @@ class FleetLease:
     def report(self, now: float) -> list[float]:
         """The renewal's per-resource numbers (the script's ARGV after its header). A new
         measurement period starts unless the last one began under half a renewal period ago (a
-        confirmation right after a reply): rates measured over a few milliseconds are noise."""
+        confirmation right after a reply): rates measured over a few milliseconds are noise.
+        What the share must keep counts the appointments due before the renewal after next
+        could change it (two periods and a round trip): each is reported by one renewal at least
+        before its time."""
         elapsed = now - self._reported_at
         if elapsed < self.policy.renew_s / 2:
             elapsed = 0.0
         else:
             self._reported_at = now
-        return [x for share in self.shares for x in share.report(now, elapsed)]
+        soon_s = 2 * self.policy.renew_s + self.rtt_s
+        return [x for share in self.shares for x in share.report(now, elapsed, soon_s)]
 
     def apply(self, reply: LeaseReply, sent_at: float, now: float, durable: bool = True) -> bool:
         """Apply a renewal's reply, and return whether a share shrank (the member then confirms at
@@ -330,6 +388,8 @@ class FleetLease:
             shrank = shrank or granted < share.share
             could_grow = could_grow or (share.limit > 0 and (granted < target * 0.99 or want < share.limit))
             share.set_share(granted, now)
+            if isinstance(share, HeldShare):
+                share.target = target
             share.fleet_usage, share.fleet_want, share.fleet_granted = usage, want, others + granted
         self.could_grow = could_grow
         return shrank

@@ -41,14 +41,13 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from governor.fleet.lease import LEASE_SCRIPT, FleetLease, FleetState, LeaseReply
+from governor.fleet.lease import EARLY_FRACTION, LEASE_SCRIPT, FleetLease, FleetState, LeaseReply
 from governor.fleet.redis_url import FleetRedis
 from governor.latency import Histogram
 
 log = logging.getLogger("governor.fleet")
 
 RENEWAL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-EARLY_FRACTION = 4  # an early renewal comes at most every renew_s / EARLY_FRACTION
 ERROR_LOG_INTERVAL_S = 10.0  # a Redis that stays unreachable is logged this often, not per renewal
 KEY_SUFFIX = "leases:v2"
 """The fleet's hash is NAME:leases:v2: its entries carry the reservations' ends since v2, which

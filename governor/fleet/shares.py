@@ -4,19 +4,25 @@ A `Share` is what the lease lets this replica use of one fleet limit: it refuses
 it (`over`), and each refusal counts the client it told to wait for as long as the hint says
 (`WaitLedger`), so that a renewal reports what waited here on average over the period (`report`),
 whatever the hints were computed from. `HeldShare`: what running requests hold (slots, token
-cost); `RateShare`: a limit per second, run as a local token bucket. The lease (lease.py) holds
+cost), and for the in-flight share the appointments it promised (lease.py books them): reported
+as wanted, and those due before the renewal after next as capacity the share must keep
+(`kept`); `RateShare`: a limit per second, run as a local token bucket. The lease (lease.py) holds
 one per fleet limit (two of each) and sets them from each reply; the design is the package's
 docstring.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from bisect import bisect_right
+from typing import TYPE_CHECKING, Protocol
 
 from governor.admission.buckets import TokenBucket
 from governor.admission.hints import DrainHint, RetryHintEstimator
 from governor.admission.limits import Refusal, hint_of
 from govwire.vocab import YieldReason
+
+if TYPE_CHECKING:
+    from governor.admission.appointments.books import AppointmentBook
 
 HELD_HORIZON_S = 30.0
 RATE_HORIZON_S = 1.0
@@ -121,6 +127,7 @@ class Share:
             self.largest = amount
         refusal = self.refusal
         refusal.hint_ms = hint_ms
+        refusal.appointment = None
         return refusal
 
     def waiting(self, now: float, elapsed_s: float) -> float:
@@ -128,9 +135,10 @@ class Share:
         self.refusals, self.largest = 0, 1.0
         return self.ledger.take_area(now) / elapsed_s
 
-    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
-        """The script's six numbers (limit, usage, want, applied, held kind, least share); a new
-        measurement period starts when `elapsed_s` (the one that ends) is not 0."""
+    def report(self, now: float, elapsed_s: float, soon_s: float) -> tuple[float, ...]:
+        """The script's seven numbers (limit, usage, want, applied, held kind, least share, kept:
+        what the appointments due within `soon_s` count on); a new measurement period starts
+        when `elapsed_s` (the one that ends) is not 0."""
         raise NotImplementedError
 
     def set_share(self, share: float, now: float) -> None:
@@ -150,7 +158,7 @@ class HeldShare(Share):
     """A fleet limit on what running requests hold (requests or token cost): the share is a
     whole number of them."""
 
-    __slots__ = ("holding", "want", "drain", "reported")
+    __slots__ = ("holding", "want", "drain", "reported", "target", "book")
 
     def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
         # A client waits as long as the release timeline says (a long request, a long wait),
@@ -160,6 +168,10 @@ class HeldShare(Share):
         self.want = 0.0  # as of the last measured period
         self.drain = DrainHint(hints)
         self.reported = 0  # what it held at the last report (Redis keeps at least that reserved)
+        self.target = 0.0  # as of the last reply: the share the fleet's demand gives it
+        # The appointments its refusals promised (the in-flight share's, lease.FleetLease.keep);
+        # None: nothing is kept (--retry-hint fixed, or a token share).
+        self.book: AppointmentBook | None = None
 
     def giving_back(self, now: float) -> bool:
         """Whether a renewal now would free capacity other replicas wait for: the fleet wanted
@@ -197,14 +209,21 @@ class HeldShare(Share):
         excess = self.holding + amount - self.share * ceiling
         return self.refuse(now, amount, self.drain.hint_ms(now, excess, amount, self.holding))
 
-    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
-        """It wants what it holds plus what waited for it; its least share holds the largest
-        request it refused."""
+    def report(self, now: float, elapsed_s: float, soon_s: float) -> tuple[float, ...]:
+        """It wants what it holds plus what waited for it, and at least what it holds plus what
+        it promised; its least share holds the largest request it refused. It keeps (the share
+        may not shrink below, up to what it applies) what it holds plus the appointments due
+        within `soon_s`, which were promised this replica's releases under the share in force."""
         least = self.largest
         if elapsed_s > 0:
             self.want = self.holding + self.waiting(now, elapsed_s)
         self.reported = self.holding
-        return self.limit, self.holding, self.want, self.share, 1, least
+        want, kept = self.want, 0.0
+        book = self.book
+        if book is not None and book.entries:
+            want = max(want, self.holding + book.promised)
+            kept = min(self.share, self.holding + bisect_right(book.times, now + soon_s))
+        return self.limit, self.holding, want, self.share, 1, least, kept
 
 
 class RateShare(Share):
@@ -237,7 +256,7 @@ class RateShare(Share):
             return self.refuse(now, amount, hint_of(bucket.appointment_s(now, amount + floor)))
         return None
 
-    def report(self, now: float, elapsed_s: float) -> tuple[float, ...]:
+    def report(self, now: float, elapsed_s: float, soon_s: float) -> tuple[float, ...]:
         """It wants, per second, what it admitted plus what waited for it, to be served within a
         period; its least share has a burst that holds the largest request it refused."""
         least = self.limit * self.largest / self.burst if self.burst else 0.0
@@ -245,7 +264,7 @@ class RateShare(Share):
             self.rate = max(0.0, self.admitted) / elapsed_s
             self.want = self.rate + self.waiting(now, elapsed_s) / elapsed_s
             self.admitted = 0.0
-        return self.limit, 0.0, self.want, self.share, 0, least
+        return self.limit, 0.0, self.want, self.share, 0, least, 0.0
 
     def set_share(self, share: float, now: float) -> None:
         """Its bucket refills at `share` per second and banks the same fraction of the fleet burst;
