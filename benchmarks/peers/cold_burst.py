@@ -193,8 +193,9 @@ def start_governor(setting: Setting, server: SerialOpenAI, tree: Path) -> tuple[
 
 def run_setting(
     setting: Setting, server: SerialOpenAI, trees: dict[str, Path], args: argparse.Namespace
-) -> list[Burst]:
-    """One setting's bursts (a fresh governor's, or the server alone's), printed as they end."""
+) -> tuple[list[Burst], int]:
+    """One setting's bursts (a fresh governor's, or the server alone's), printed as they end, and
+    the completions the server served that no client asked for (a governor's probes)."""
     before = server.get("/stats") or {}
     counts: dict[str, Any] = {}
     if not setting.k:
@@ -215,10 +216,10 @@ def run_setting(
             f" {b.failures or ''}, {b.retries} retries ({b.refusals_429} 429s)",
             flush=True,
         )
-    extra = served - args.clients * args.bursts
-    print(f"  {setting.name}: the server served {served} completions ({extra:+d} beyond the bursts'); {counts}")
+    unasked = served - sum(b.completed for b in result)
+    print(f"  {setting.name}: the server served {served} completions, {unasked} that no client asked for; {counts}")
     time.sleep(SETTLE_S)
-    return result
+    return result, unasked
 
 
 # -- figures ----------------------------------------------------------------------------------------
@@ -244,13 +245,16 @@ def settings_of(args: argparse.Namespace, baseline: str | None) -> list[Setting]
     return [Setting(), *governed]
 
 
-def record(sitting: Sitting, rounds: list[Round], settings: list[Setting], args: argparse.Namespace) -> None:
+def record(
+    sitting: Sitting, rounds: list[Round], settings: list[Setting], unasked: dict[str, list[int]], clients: int
+) -> None:
     """Per governor setting: the cold burst's ratio to the server alone (with the issue's bar at
     the 60 s horizon, for this checkout; a headline past the default horizon, where every request
     is served) and its refusals beside the third burst's (with the bar at the default horizon);
-    the later bursts' ratios as details; the baseline tree's figures beside them, without bars."""
+    the later bursts' ratios and what the governor asked of the server itself (its probes) as
+    details; the baseline tree's figures beside them, without bars."""
     alone = med(rounds, ALONE, 0, lambda b: b.wall_s)
-    slack = REFUSAL_SLACK * args.clients
+    slack = REFUSAL_SLACK * clients
     # this checkout's first, the 60 s horizon's before the default's: the first headline is the page's row
     for s in sorted(settings[1:], key=lambda s: (bool(s.tree), s.horizon == DEFAULT, s.k)):
         mine = not s.tree
@@ -297,6 +301,13 @@ def record(sitting: Sitting, rounds: list[Round], settings: list[Setting], args:
                 ratio=statistics.median(ratios(rounds, s.name, b)),
                 headline=False,
             )
+        sitting.figure(
+            f"completions no client asked for (the governor's probes), per fresh governor, {s.name}",
+            statistics.median(unasked[s.name]),
+            "completions",
+            headline=False,
+            note="what the server served beyond the bursts' completions, median over rounds",
+        )
     sitting.details = {
         "settings": [asdict(s) | {"name": s.name} for s in settings],
         "rounds": [{name: [b.row() for b in bs] for name, bs in r.items()} for r in rounds],
@@ -352,11 +363,16 @@ def main() -> None:
     settings = settings_of(args, baseline[0] if baseline else None)
     sitting = Sitting(("govwire", "governor"))
     rounds: list[Round] = []
+    unasked: dict[str, list[int]] = {s.name: [] for s in settings}
     with SerialOpenAI(Pace(args.token_ms / 1000, args.server_slots, MODEL)) as server:
         asyncio.run(bursts(server.base_url, 4, 1, args.tokens, "warm-up"))  # imports, first connections
         for i in range(args.rounds):
             print(f"round {i + 1}", flush=True)
-            rounds.append({s.name: run_setting(s, server, trees, args) for s in order(i, settings, rotate=True)})
+            this: Round = {}
+            for s in order(i, settings, rotate=True):
+                this[s.name], probes = run_setting(s, server, trees, args)
+                unasked[s.name].append(probes)
+            rounds.append(this)
     print(f"\ncommand: `{sitting.command}`\nmachine: {machine()}")
     if baseline:
         print(f"baseline tree: {baseline[1]} ({baseline[0]})")
@@ -367,7 +383,7 @@ def main() -> None:
         " wall time over the setting's, median of per-round ratios\n"
     )
     print(table(rounds, settings))
-    record(sitting, rounds, settings, args)
+    record(sitting, rounds, settings, unasked, args.clients)
     raw = args.json or out_dir() / "cold_burst.json"
     requests = [{n: [[asdict(q) for q in b.requests] for b in bs] for n, bs in r.items()} for r in rounds]
     raw.write_bytes(orjson.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rounds": requests}))

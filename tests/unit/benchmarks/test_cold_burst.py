@@ -78,7 +78,7 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(RESULTS_ENV, str(tmp_path))
-    args = argparse.Namespace(concurrency=[1, 2], horizons=["default", "60000"], clients=48)
+    args = argparse.Namespace(concurrency=[1, 2], horizons=["default", "60000"])
     settings = settings_of(args, "before abc1234")
     alone = [burst(1.3)] * 3
     slow = [burst(21.6), burst(2.75), burst(1.4)]  # overload-sitting-3 §3, at 60 s
@@ -91,7 +91,7 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
             r[s.name] = refusing if s.horizon == "default" else (slow if s.tree else fast)
         rounds.append(r)
     sitting = Sitting(("governor",), name="peers.cold_burst", command="python -m benchmarks.peers.cold_burst")
-    record(sitting, rounds, settings, args)
+    record(sitting, rounds, settings, {s.name: [2, 3, 2] for s in settings}, clients=48)
     headlines = [f.name for f in sitting.figures if f.headline]
     assert headlines[0] == "cold burst, wall time as a share of the server alone's, K=1, horizon 60 s"
     figures = {f.name: f for f in sitting.figures}
@@ -108,4 +108,8 @@ def test_record_holds_this_checkout_to_the_issue_s_bars_and_the_baseline_to_none
     refused = figures["cold burst, requests refused for good, K=1, default horizon"]
     assert (refused.value, refused.baseline_value, refused.difference) == (27, 11, 16)
     assert (refused.bar, refused.met) == ("<= the third burst + 4.8", False)
+    assert (
+        figures["completions no client asked for (the governor's probes), per fresh governor, K=2, horizon 60 s"].value
+        == 2
+    )
     assert len(sitting.details["rounds"]) == 3 and "requests" not in sitting.details["rounds"][0][ALONE][0]
