@@ -290,7 +290,9 @@ class FleetLease:
 
     def growth(self, now: float) -> tuple[int, float]:
         """How many slots a renewal can grow the in-flight share by (what the fleet left free as
-        of the last reply: the script grants a replica that wants more up to that), and when its
+        of the last reply: the script grants a replica that wants more up to that; while others
+        want some too, its part of it as the script would split it, by what each wants: this
+        replica's demand now against the others' last), and when its
         reply is due: the next early renewal's while one could bring more (member.py sends it
         an early period after the last, once the last reply is in), else the next one's. No
         slots without a lease in force."""
@@ -298,6 +300,10 @@ class FleetLease:
             return 0, now
         held = self.inflight
         free = max(0, math.floor(held.limit - held.fleet_granted + 1e-9))
+        others = held.fleet_want - held.asked  # what the others wanted (the script splits by want)
+        if free and others > 0:
+            mine = held.holding + 1 + (held.book.promised if held.book is not None else 0)
+            free = math.floor(free * mine / (mine + others))
         renew_s, rtt = self.policy.renew_s, self.rtt_s
         due = self.next_renewal
         if self.could_grow:

@@ -158,7 +158,7 @@ class HeldShare(Share):
     """A fleet limit on what running requests hold (requests or token cost): the share is a
     whole number of them."""
 
-    __slots__ = ("holding", "want", "drain", "reported", "target", "book")
+    __slots__ = ("holding", "want", "asked", "drain", "reported", "target", "book")
 
     def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
         # A client waits as long as the release timeline says (a long request, a long wait),
@@ -166,6 +166,7 @@ class HeldShare(Share):
         super().__init__(reason, HELD_HORIZON_S)
         self.holding = 0
         self.want = 0.0  # as of the last measured period
+        self.asked = 0.0  # what the last report wanted (its promises included)
         self.drain = DrainHint(hints)
         self.reported = 0  # what it held at the last report (Redis keeps at least that reserved)
         self.target = 0.0  # as of the last reply: the share the fleet's demand gives it
@@ -222,7 +223,10 @@ class HeldShare(Share):
         book = self.book
         if book is not None and book.entries:
             want = max(want, self.holding + book.promised)
-            kept = min(self.share, self.holding + bisect_right(book.times, now + soon_s))
+            due = bisect_right(book.times, now + soon_s)
+            if due:  # (with none due, what it holds keeps no share: it gives back as its requests end)
+                kept = min(self.share, self.holding + due)
+        self.asked = want
         return self.limit, self.holding, want, self.share, 1, least, kept
 
 
