@@ -52,11 +52,18 @@ callback like any other limit, with no network round trip; member.py renews the 
   new burst), so the fleet admits at most burst + limit x T over any window of T seconds. A share
   whose burst is under one request admits nothing until it grows.
 
-Hints: the in-flight share, the replica's release timeline scaled to the share; the token share,
-the time what this replica holds takes to drain enough (hints.DrainHint); with `--retry-hint
-fixed`, both the base value. A rate, the bucket's exact refill; with nothing held or no lease, the
-next renewal (exact waits, in either mode). What the hints told clients to wait is also how each
-replica measures its waiting demand (shares.py).
+Appointments: the in-flight share's refusals are booked (build.fleet_book), the k-th refused
+promised the k-th slot nobody was promised yet: the fleet's free slots (this replica's part of
+them) for the reply of the renewal that will grow its share, then this replica's releases,
+counted against the share the fleet's demand gives it when that is smaller. A renewal reports
+its promises as wanted, and what it holds plus the appointments due within two periods as
+`kept`: the script never shrinks the share below that, up to what it applies (reserved already).
+
+Hints of what is not booked: the token share, the time what this replica holds takes to drain
+enough (hints.DrainHint); with `--retry-hint fixed` (no book), both held shares the base value. A
+rate, the bucket's exact refill; with nothing held or no lease, the next renewal (exact waits, in
+either mode). What the hints told clients to wait is also how each replica measures its waiting
+demand (shares.py).
 
 May import: govwire, admission/ and latency.py. Admission knows the lease only as a
 `SharedLimit` (admission/limits.py).

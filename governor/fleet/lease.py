@@ -1,8 +1,9 @@
 """This replica's lease on the fleet's caps: their values and timing (`FleetPolicy`), the reply
 of a renewal (`LeaseReply`), and `FleetLease`, the admission `Limit` that enforces this replica's
-shares (`check`, `charge`, `refund`, `release`) and the state machine of its renewals (`report`
-when one is sent, `apply` with its reply, `lapse` when none came, and the fallback). Pure logic:
-the clock is passed in. The shares and the demand they measure are shares.py; why it all works
+shares (`check`, `charge`, `refund`, `release`; the in-flight share books the clients it refuses
+in admission's book, `keep`, `growth`) and the state machine of its renewals (`report` when one is
+sent, `apply` with its reply, `lapse` when none came, and the fallback). Pure logic: the clock is
+passed in. The shares and the demand they measure are shares.py; why it all works
 as it does, the package's docstring.
 """
 
@@ -292,10 +293,10 @@ class FleetLease:
         """How many slots a renewal can grow the in-flight share by (what the fleet left free as
         of the last reply: the script grants a replica that wants more up to that; while others
         want some too, its part of it as the script would split it, by what each wants: this
-        replica's demand now against the others' last), and when its
-        reply is due: the next early renewal's while one could bring more (member.py sends it
-        an early period after the last, once the last reply is in), else the next one's. No
-        slots without a lease in force."""
+        replica's demand now against the others' last), and when that renewal's reply is due:
+        the next early renewal's while one could bring more (member.py sends it an early period
+        after the last, once the last reply is in), else the next one's. No slots without a
+        lease in force."""
         if self.state is not FleetState.LEASED:
             return 0, now
         held = self.inflight
