@@ -282,6 +282,42 @@ def burst(record: Record) -> Figure:
     return fig
 
 
+def hint_policies(record: Record) -> Figure:
+    """Each retry-hint policy per load: the share of the requests sent served within the SLO
+    (medians over rounds, a dot per round), at the default horizon's SLO and at the long
+    horizon's. Every policy is sent the same requests in a round, so the shares compare."""
+    rounds = items(record, "details", "rounds")
+    loads = list(need(record, "details", "rounds", 0))
+    names = list(need(record, "details", "rounds", 0, loads[0]))
+    slo_s = number(record, "details", "slo_ms") / 1000
+    horizon_s = number(record, "details", "horizon_ms") / 1000
+    title = f"openai SDK (max_retries=2) against llama-server, each hint policy, {len(rounds)} rounds"
+    fig, axes = figure(record, 2, title)
+    fig.set_size_inches(12.0, 4.6)
+    width = 0.8 / len(names)
+
+    def served(r: int, load: str, name: str, key: str) -> float:
+        return (
+            100
+            * number(record, "details", "rounds", r, load, name, key)
+            / number(record, "details", "rounds", r, load, name, "sent")
+        )
+
+    for ax, key, slo in zip(axes, ("within_slo", "within_horizon"), (slo_s, horizon_s), strict=True):
+        for k, name in enumerate(names):
+            xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(loads))]
+            values = [[served(r, load, name, key) for r in rounds] for load in loads]
+            colour = GOVERNOR if name == "ours" else BASELINE if name == "server alone" else f"C{k + 1}"
+            ax.bar(xs, [statistics.median(v) for v in values], width, color=colour, alpha=0.85, label=name)
+            for x, v in zip(xs, values, strict=True):
+                ax.plot([x] * len(v), v, "o", color="black", ms=2, zorder=3)
+        sent = [number(record, "details", "rounds", 0, load, names[0], "sent") for load in loads]
+        ax.set_xticks(range(len(loads)), [label(load, [n], record) for load, n in zip(loads, sent, strict=True)])
+        ax.set(ylabel="% of requests sent", ylim=(0, 110), title=f"served with TTFT ≤ {slo:g} s from the first attempt")
+    axes[0].legend(fontsize="x-small", loc="upper right", ncols=2)
+    return fig
+
+
 def counts(record: Record, pairs: range, name: str, *keys: str) -> str:
     """A run's count (the sum of `keys`) over the repeats: one number where they agree, else their range."""
     found = sorted({sum(int(number(record, "details", "pairs", i, name, key)) for key in keys) for i in pairs})
@@ -320,5 +356,13 @@ PICTURES = (
         "python -m benchmarks.admission.burst --repeats 3",
         "TTFT distribution under a burst, with and without the cap",
         burst,
+    ),
+    Picture(
+        "bench-hint-policies",
+        "peers.hint_policies",
+        None,
+        "python -m benchmarks.peers.hint_policies --rounds 3",
+        "Goodput of the governor's retry hint beside rival rules (constant 1 s, llm-d's, none, refusing at once)",
+        hint_policies,
     ),
 )

@@ -6,6 +6,9 @@
   builds llama-server once).
 - `sdk_overload`: the openai SDK at its defaults against llama-server overloaded (bursts, Poisson at
   2.5x its capacity), directly and through the governor's front door (`make bench-sdk-overload`).
+- `hint_policies`: sdk_overload's sitting with the governor's retry hint swapped for rival rules
+  (a constant 1 s, llm-d's proposed Retry-After, none, refusing at once) by a proxy that rewrites
+  each 429 (`make bench-hint-policies`).
 - `openai_upstream`: bursts straight at `transformers serve` and through the governor's front door.
 - `load_generators`: aiperf and guidellm at their defaults against the front door (`make
   bench-aiperf`, `make bench-guidellm`).

@@ -89,11 +89,24 @@ def burst() -> dict[str, Any]:
     return record("admission.burst", {"pairs": pairs})
 
 
+def hint_policies() -> dict[str, Any]:
+    def run(sent: int, within: int, within_horizon: int) -> dict[str, Any]:
+        return {"sent": sent, "within_slo": within, "within_horizon": within_horizon}
+
+    one = {
+        load: {"server alone": run(sent, 4, 30), "ours": run(sent, 16, 16), "no hint": run(sent, 14, 15)}
+        for load, sent in (("burst cold", 32), ("poisson", 130))
+    }
+    details = {"slo_ms": 2000.0, "horizon_ms": 10000.0, "poisson_rate_per_s": 8.7, "rounds": [one, copy.deepcopy(one)]}
+    return record("peers.hint_policies", details)
+
+
 RECORDS = {
     "admission.load_sweep": load_sweep,
     "peers.sdk_overload": sdk_overload,
     "peers.llamacpp": llamacpp,
     "admission.burst": burst,
+    "peers.hint_policies": hint_policies,
 }
 
 
@@ -117,6 +130,9 @@ def test_the_pictures_show_what_the_record_holds() -> None:
     assert "1.76×" in tok_s, "a case without rounds in its details still has its ratio"
     ttft = plots.svg(plots.PICTURES[3], burst()).decode()
     assert "--max-inflight 64: 64 served, 192 yielded at once" in ttft
+    hints = plots.svg(plots.PICTURES[4], hint_policies()).decode()
+    assert "TTFT ≤ 2 s" in hints and "TTFT ≤ 10 s" in hints, "a panel per SLO"
+    assert "burst cold" in hints and "32 at once" in hints and "8.7 req/s" in hints and "no hint" in hints
 
 
 @pytest.mark.parametrize(
