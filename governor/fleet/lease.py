@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib import resources
@@ -139,6 +140,7 @@ class FleetLease:
         "_others",
         "_reported_at",
         "_unavailable",
+        "nudge",
     )
 
     def __init__(self, policy: FleetPolicy, hints: RetryHintEstimator, now: float) -> None:
@@ -168,6 +170,9 @@ class FleetLease:
         self._others: tuple[tuple[Share, bool], ...] = ()  # the limited shares but in-flight: (share, by cost)
         self._reported_at = now
         self._unavailable = Refusal(YieldReason.FLEET_UNAVAILABLE)
+        # Wakes the member's renewals (member.py): the in-flight share's first refusal of a period
+        # promised what the next renewal brings, which it sends as soon as an early one may go.
+        self.nudge: Callable[[], None] = _nothing
         self.policy = policy
         self.set_policy(policy, now)
 
@@ -276,6 +281,8 @@ class FleetLease:
         against the share the fleet's demand gives it when that is smaller (its releases above
         it go back to the fleet first), so that the promise survives the shrink."""
         held = self.inflight
+        if not held.refusals:
+            self.nudge()
         keeping = cap
         if 0 < held.target * ask.ceiling < cap:
             keeping = held.target * ask.ceiling
@@ -295,7 +302,7 @@ class FleetLease:
         want some too, its part of it as the script would split it, by what each wants: this
         replica's demand now against the others' last), and when that renewal's reply is due:
         the next early renewal's while one could bring more (member.py sends it an early period
-        after the last, once the last reply is in), else the next one's. No slots without a
+        after the last, nudged by the first refusal), else the next one's. No slots without a
         lease in force."""
         if self.state is not FleetState.LEASED:
             return 0, now
@@ -305,11 +312,11 @@ class FleetLease:
         if free and others > 0:
             mine = held.holding + 1 + (held.book.promised if held.book is not None else 0)
             free = math.floor(free * mine / (mine + others))
-        renew_s, rtt = self.policy.renew_s, self.rtt_s
+        renew_s = self.policy.renew_s
         due = self.next_renewal
         if self.could_grow:
-            due = min(due, self.next_renewal - renew_s + rtt + renew_s / EARLY_FRACTION)
-        return free, max(now, due) + rtt
+            due = min(due, self.next_renewal - renew_s + renew_s / EARLY_FRACTION)
+        return free, max(now, due) + self.rtt_s
 
     def renewal_hint(self, now: float) -> int:
         """Until the next renewal's reply may change the share."""
@@ -459,3 +466,7 @@ class FleetLease:
             self.state = FleetState.CLOSED
         for closing in self.shares:
             closing.set_share(0.0, now)
+
+
+def _nothing() -> None:
+    """No member renews this lease (its tests): nothing to nudge."""

@@ -27,6 +27,7 @@ deletes its entry so its share returns to the others at once instead of at its e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -93,6 +94,7 @@ class FleetMember:
         member_id: str = "",
         clock: Callable[[], float] = time.monotonic,
         on_cut: Callable[[], int] = lambda: 0,
+        on_grown: Callable[[], None] = lambda: None,
         acks: int = 0,
     ) -> None:
         where = FleetRedis.parse(url)
@@ -113,6 +115,7 @@ class FleetMember:
         self.renewals = {"ok": 0, "error": 0}
         self.cuts = 0  # times the lease's reservation ran out here with requests cancelled
         self._on_cut = on_cut
+        self._on_grown = on_grown  # the in-flight share grew: a client held for its slot may go in
         self._cut_timer: asyncio.TimerHandle | None = None
         self._seq = 0  # renewals sent: the script ignores one that reaches it after a later one
         self.renewal_seconds = Histogram(RENEWAL_BUCKETS)
@@ -222,24 +225,33 @@ class FleetMember:
         lease = self.lease
         renew_s = lease.policy.renew_s
         early_s = renew_s / EARLY_FRACTION
+        nudged = asyncio.Event()
+        lease.nudge = nudged.set
         confirm = False
         while True:
             if confirm:
                 confirm = False
                 await self.renew()
                 continue
-            # Sleep until the period ends, waking every early_s to renew early while the fleet
-            # caps refuse frames here and a renewal could bring more, or while this replica has
-            # capacity to give back to a fleet that waits for it.
+            # Sleep until the period ends, and renew early (an early period after the last
+            # renewal) while the fleet caps refuse frames here and a renewal could bring more, or
+            # while this replica has capacity to give back to a fleet that waits for it: checked
+            # every early period, and at once when the lease nudges (its in-flight share's first
+            # refusal of a period: it has promised the slots that renewal brings, FleetLease.growth).
             while True:
                 now = self._clock()
-                wait = lease.next_renewal - now
-                wanted = (lease.refusing and lease.could_grow) or lease.giving_back(now)
-                early = wanted and now - (lease.next_renewal - renew_s) >= early_s
-                if wait <= 0 or early:
+                due = lease.next_renewal
+                if (lease.refusing and lease.could_grow) or lease.giving_back(now):
+                    due = min(due, lease.next_renewal - renew_s + early_s)
+                if now >= due:
                     break
-                await asyncio.sleep(min(wait, early_s))
+                nudged.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(nudged.wait(), min(due - now, early_s))
+            before = lease.inflight.share
             confirm = await self.renew()
+            if lease.inflight.share > before:
+                self._on_grown()
 
     async def join(self, timeout_s: float) -> bool:
         """The first renewal, before the listener opens, so the first frames find a lease."""

@@ -446,7 +446,12 @@ class Server:
         lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
         state.admission.join_fleet(lease)
         member = FleetMember(
-            config.fleet, config.fleet_name, lease, on_cut=lambda: _cut_fleet(state), acks=config.fleet_replica_acks
+            config.fleet,
+            config.fleet_name,
+            lease,
+            on_cut=lambda: _cut_fleet(state),
+            on_grown=state.lobby.freed,  # a client held for a slot its growth brings may go in
+            acks=config.fleet_replica_acks,
         )
         stack.push_async_callback(member.close)
         if not await member.join(lease.policy.lease_s):
