@@ -22,7 +22,8 @@ serves in 1.3 s, at a 60 s horizon). This measures that, the issue's set-up:
 Per burst: its wall time, from the release to the last completion; the ratio of the server alone's
 wall time for the same burst of the same round to it (1.0: as fast as the server alone; the
 issue's "0.06x"); the requests refused for good; the SDK's retries (attempts past each request's
-first). Settings (each K of `--concurrency` at each horizon of `--horizons`, and the server alone)
+first). Per fresh governor: the completions the server served that no client asked for (what
+probing the endpoint cost it). Settings (each K of `--concurrency` at each horizon of `--horizons`, and the server alone)
 take turns within each round, the first rotating; figures are medians over rounds, ratios
 medians of per-round ratios. Issue 60's targets: the cold burst at a 60 s horizon >= 0.8x the server
 alone at K=1 and >= 0.9x at K=2; at the default horizon the cold burst refuses no more than the
