@@ -4,10 +4,13 @@ governor's own count of kept promises."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from benchmarks.peers.hint_policies import (
     Returns,
+    good,
     kept_by_governor,
     outcomes,
     policies,
@@ -87,3 +90,14 @@ def test_every_rival_runs_behind_a_plain_cap_and_ours_at_both_horizons_and_witho
     assert every["ours, no proxy"].rule is None and every["ours, no proxy"].ours
     rivals = [p for p in every.values() if not p.ours and p.governor_args is not None]
     assert len(rivals) == 4 and all(p.governor_args == "--retry-hint fixed" and p.rule for p in rivals)
+
+
+def test_a_burst_counts_requests_within_the_slo_and_poisson_divides_by_its_arrival_seconds() -> None:
+    def rnd(ttfts: list[float]) -> dict[str, Run]:
+        return {"ours": Run("x", "ours", [call([200], [], [0.0], [0.1], ttft=t) for t in ttfts], 2.0)}
+
+    rounds = [rnd([0.5, 1.0, 3.0]), rnd([0.5, 3.0, 3.0]), rnd([0.1, 0.2, 0.3])]  # 2, 1, 3 within 2 s
+    args = argparse.Namespace(seconds=4.0)
+    assert good(rounds, "ours", 2.0, "burst cold", args) == 2
+    assert good(rounds, "ours", 2.0, "poisson", args) == pytest.approx(2 / 4.0)
+    assert good(rounds, "ours", 10.0, "poisson", args) == pytest.approx(3 / 4.0)
