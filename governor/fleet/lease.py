@@ -279,7 +279,10 @@ class FleetLease:
         refused client is promised the k-th slot nobody was promised yet, first those a renewal
         can grow the share by (`growth`), then this replica's releases (build.fleet_book). Counted
         against the share the fleet's demand gives it when that is smaller (its releases above
-        it go back to the fleet first), so that the promise survives the shrink."""
+        it go back to the fleet first), so that the promise survives the shrink. What it cannot
+        promise within the horizon is no final refusal while a renewal could bring the share
+        more (the fleet wants less than the cap, or this replica is owed more): the next renewal,
+        nothing kept, as before a share is known."""
         held = self.inflight
         if not held.refusals:
             self.nudge()
@@ -287,6 +290,8 @@ class FleetLease:
         if 0 < held.target * ask.ceiling < cap:
             keeping = held.target * ask.ceiling
         hint_ms, appointment = book.refuse(now, ask, held.holding + 1 - math.floor(keeping), 1.0)
+        if appointment is None and self.could_grow and hint_ms >= self._hints.policy.horizon_ms:
+            hint_ms = self.renewal_hint(now)
         refusal = held.refuse(now, 1, hint_ms)
         refusal.appointment = appointment
         return refusal
@@ -296,27 +301,35 @@ class FleetLease:
         and report what it promised with each renewal (shares.HeldShare.report)."""
         self.inflight.book = book
 
-    def growth(self, now: float) -> tuple[int, float]:
-        """How many slots a renewal can grow the in-flight share by (what the fleet left free as
-        of the last reply: the script grants a replica that wants more up to that; while others
-        want some too, its part of it as the script would split it, by what each wants: this
-        replica's demand now against the others' last), and when that renewal's reply is due:
-        the next early renewal's while one could bring more (member.py sends it an early period
-        after the last, nudged by the first refusal), else the next one's. No slots without a
-        lease in force."""
+    def growth(self, now: float) -> tuple[tuple[int, float], ...]:
+        """The slots renewals can grow the in-flight share by, and when each comes: (how many,
+        when), in order. First what the fleet left free as of the last reply (the script grants
+        a replica that wants more up to that), at the reply of the next renewal: the next early
+        one's while one could bring more (member.py sends it an early period after the last,
+        nudged by the first refusal), else the next one's. While the others wanted nothing, then
+        what they were granted and did not use: they give it back once that renewal shows the
+        fleet wants more than the cap (an early renewal of theirs), and it comes with the reply
+        of this replica's renewal after, two early periods later. While others want some too,
+        only its part of the free slots, as the script would split them by what each wants (this
+        replica's demand now against the others' last). Nothing without a lease in force."""
         if self.state is not FleetState.LEASED:
-            return 0, now
+            return ()
         held = self.inflight
         free = max(0, math.floor(held.limit - held.fleet_granted + 1e-9))
         others = held.fleet_want - held.asked  # what the others wanted (the script splits by want)
-        if free and others > 0:
+        idle = 0
+        if others > 0:
             mine = held.holding + 1 + (held.book.promised if held.book is not None else 0)
             free = math.floor(free * mine / (mine + others))
+        else:  # granted to the others, less what they used
+            idle = max(0, math.floor(held.fleet_granted - held.share - (held.fleet_usage - held.reported) + 1e-9))
         renew_s = self.policy.renew_s
+        early_s = renew_s / EARLY_FRACTION
         due = self.next_renewal
         if self.could_grow:
-            due = min(due, self.next_renewal - renew_s + renew_s / EARLY_FRACTION)
-        return free, max(now, due) + self.rtt_s
+            due = min(due, self.next_renewal - renew_s + early_s)
+        due = max(now, due) + self.rtt_s
+        return (free, due), (idle, due + 2 * early_s)
 
     def renewal_hint(self, now: float) -> int:
         """Until the next renewal's reply may change the share."""
@@ -404,6 +417,10 @@ class FleetLease:
             share.set_share(granted, now)
             if isinstance(share, HeldShare):
                 share.target = target
+                if target >= granted:
+                    share.shrinking_since = None
+                elif share.shrinking_since is None:
+                    share.shrinking_since = now
             share.fleet_usage, share.fleet_want, share.fleet_granted = usage, want, others + granted
         self.could_grow = could_grow
         return shrank

@@ -13,9 +13,9 @@ docstring.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from typing import TYPE_CHECKING, Protocol
 
+from governor.admission.appointments.books import MIN_TRUST
 from governor.admission.buckets import TokenBucket
 from governor.admission.hints import DrainHint, RetryHintEstimator
 from governor.admission.limits import Refusal, hint_of
@@ -158,7 +158,7 @@ class HeldShare(Share):
     """A fleet limit on what running requests hold (requests or token cost): the share is a
     whole number of them."""
 
-    __slots__ = ("holding", "want", "asked", "drain", "reported", "target", "book")
+    __slots__ = ("holding", "want", "asked", "drain", "reported", "target", "shrinking_since", "book")
 
     def __init__(self, reason: YieldReason, hints: RetryHintEstimator) -> None:
         # A client waits as long as the release timeline says (a long request, a long wait),
@@ -170,6 +170,9 @@ class HeldShare(Share):
         self.drain = DrainHint(hints)
         self.reported = 0  # what it held at the last report (Redis keeps at least that reserved)
         self.target = 0.0  # as of the last reply: the share the fleet's demand gives it
+        # Since when the fleet's demand gives it less than its share (None: not now): what it
+        # promised since was counted against that smaller share (lease.FleetLease._promise).
+        self.shrinking_since: float | None = None
         # The appointments its refusals promised (the in-flight share's, lease.FleetLease.keep);
         # None: nothing is kept (--retry-hint fixed, or a token share).
         self.book: AppointmentBook | None = None
@@ -222,8 +225,17 @@ class HeldShare(Share):
         want, kept = self.want, 0.0
         book = self.book
         if book is not None and book.entries:
-            want = max(want, self.holding + book.promised)
-            due = bisect_right(book.times, now + soon_s)
+            # Only the appointments that keep their slots (those of ranks whose clients come back:
+            # books.MIN_TRUST): a flood that never comes back asks for nothing it would not use.
+            trust = book.trust
+            promised = [e for e in book.entries if trust[e.rank] >= MIN_TRUST]
+            want = max(want, self.holding + len(promised))
+            # Kept: those due soon that were promised under the share in force, not those promised
+            # since the demand gave it less (counted against that already), or the share would
+            # never move while its clients keep coming.
+            since = self.shrinking_since
+            soon = now + soon_s
+            due = sum(1 for e in promised if e.at <= soon and (since is None or e.booked_at < since))
             if due:  # (with none due, what it holds keeps no share: it gives back as its requests end)
                 kept = min(self.share, self.holding + due)
         self.asked = want
