@@ -14,7 +14,7 @@ TORCH_SPEC ?= torch==2.13.0
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
 	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-llamacpp-sampled bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
-	bench-tenants bench-fleet bench-fleet-faults bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-hint-policies bench-small-host \
+	bench-tenants bench-fleet bench-fleet-faults bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-hint-policies bench-cold-burst bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
 	image image-cuda image-governor clean
 
@@ -145,6 +145,9 @@ bench-sdk-overload: $(STAMP)  ## the openai SDK at its defaults against llama-se
 bench-hint-policies: $(STAMP)  ## the governor's retry hint against rival rules (constant 1 s, llm-d's, none, refuse at once) in sdk_overload's llama-server sitting
 	$(PY) -m benchmarks.peers.hint_policies
 
+bench-cold-burst: $(STAMP)  ## a cold governor's first bursts in front of a fast serial server, beside the server alone (openai SDK, K=1 and 2, horizons 1 s and 60 s)
+	$(PY) -m benchmarks.peers.cold_burst
+
 bench-aiperf: $(STAMP) load-tools  ## aiperf at its defaults against the front door: a light rate, then 2.5x capacity
 	$(PY) -m benchmarks.peers.load_generators aiperf
 
@@ -230,7 +233,7 @@ soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor
 	$(PY) -m benchmarks.robustness.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 # By folder (benchmarks/<folder>/); bench-experiments is the numbered experiments of the sittings.
-bench-all-peers: bench-anchors bench-llamacpp bench-llamacpp-sampled bench-sdk-overload bench-hint-policies bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
+bench-all-peers: bench-anchors bench-llamacpp bench-llamacpp-sampled bench-sdk-overload bench-hint-policies bench-cold-burst bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
 bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
 	$(PY) -m benchmarks.cost.memory
 bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-echo-burst bench-sdk-retries  ## every benchmark of benchmarks/admission/
