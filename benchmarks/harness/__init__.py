@@ -13,7 +13,10 @@ this package and never each other (tests/unit/benchmarks/test_imports.py).
 - `yield_path`: frames/s refused by a governor whose only slot is held (the cost benchmarks' and
   the fleet's yield-path runs).
 - `fixtures/`: what the tests start too (a tiny GPT-2, redis-server, a fault proxy, the fleet's
-  probes, `transformers serve`), kept here so that no benchmark imports tests/.
+  probes, `transformers serve`, a serial OpenAI-compatible server), kept here so that no benchmark
+  imports tests/.
+- `sse_burst_client`: one streamed completion retried at each 429's hint, as an asyncio protocol
+  or with httpx (openai_upstream's clients).
 - Load tools started as processes: `yield_client` (pipelined NDJSON frames), `http_yield_client`
   (the same over HTTP), `storm_client` (a refusal storm at a set rate), `burn` (a CPU burner at a
   duty cycle, the storm's control), `bare_server` (the least an NDJSON server can do per frame).

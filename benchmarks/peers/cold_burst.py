@@ -23,11 +23,12 @@ Per burst: its wall time, from the release to the last completion; the ratio of 
 wall time for the same burst of the same round to it (1.0: as fast as the server alone; the
 issue's "0.06x"); the requests refused for good; the SDK's retries (attempts past each request's
 first). Per fresh governor: the completions the server served that no client asked for (what
-probing the endpoint cost it). Settings (each K of `--concurrency` at each horizon of `--horizons`, and the server alone)
-take turns within each round, the first rotating; figures are medians over rounds, ratios
-medians of per-round ratios. Issue 60's targets: the cold burst at a 60 s horizon >= 0.8x the server
-alone at K=1 and >= 0.9x at K=2; at the default horizon the cold burst refuses no more than the
-third burst + 10% of the burst (the median of per-round differences).
+probing the endpoint cost it). Settings (each K of `--concurrency` at each horizon of
+`--horizons`, and the server alone) take turns within each round, the first rotating; figures are
+medians over rounds, ratios medians of per-round ratios. Issue 60's targets: the cold burst at a
+60 s horizon >= 0.8x the server alone at K=1 and >= 0.9x at K=2; at the default horizon the cold
+burst refuses no more than the third burst + 10% of the burst (the median of per-round
+differences).
 
 `--baseline-tree DIR` (a checkout of an earlier commit, e.g. a `git worktree`) runs every
 governor setting from that tree too, in the same rounds, so that a change is measured against what

@@ -81,7 +81,7 @@ from benchmarks.harness.fixtures.openai_server import TransformersServe
 from benchmarks.harness.fixtures.tiny_gpt2 import save_tiny_gpt2
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.rounds import order
-from benchmarks.peers.openai_upstream_clients import REFUSED_FOR_GOOD, Sample, one_httpx, one_raw
+from benchmarks.harness.sse_burst_client import REFUSED_FOR_GOOD, Sample, one_httpx, one_raw
 from governor.bench.stats import percentile
 from governor.shell.config import GovernorConfig
 
