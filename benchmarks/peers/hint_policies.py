@@ -247,7 +247,7 @@ def policy_runs(llama: LlamaSitting, policy: Policy, round_: int, args: argparse
 
 def sitting_rounds(llama: LlamaSitting, args: argparse.Namespace) -> Rounds:
     results: Rounds = {load: [] for load in LOADS}
-    every = policies(args.horizon_ms)
+    every = [p for p in policies(args.horizon_ms) if not args.only or p.name in args.only]
     for r in range(args.rounds):
         by_policy = {p.name: policy_runs(llama, p, r, args) for p in alternating.order(r, every, rotate=True)}
         for load in LOADS:
@@ -407,7 +407,7 @@ def write_raw(results: Rounds, args: argparse.Namespace, capacity: float) -> str
     return str(raw.relative_to(ROOT))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--overload", type=float, default=2.5, help="Poisson rate, x the measured capacity")
@@ -418,7 +418,40 @@ def main() -> None:
     parser.add_argument("--horizon-ms", type=float, default=10000.0, help="ours' long promise horizon, and its SLO")
     parser.add_argument("--parallel", type=int, default=8, help="llama-server's slots, the governor's cap")
     parser.add_argument("--capacity-seconds", type=float, default=10.0, help="the closed loop measuring capacity")
+    parser.add_argument(
+        "--only",
+        type=lambda text: [name.strip() for name in text.split(";")],
+        default=[],
+        help="these policies alone, by name ('ours; no hint'): a trial, that writes no result file",
+    )
     args = parser.parse_args()
+    unknown = set(args.only) - {p.name for p in policies(args.horizon_ms)}
+    if unknown:
+        parser.error(f"--only: no policy {', '.join(sorted(unknown))}")
+    return args
+
+
+def details(results: Rounds, args: argparse.Namespace, capacity: float, raw: str) -> dict[str, Any]:
+    """The result's details: what the figures page's picture reads, and every run's summary."""
+    horizon_s = args.horizon_ms / 1000
+    return {
+        "openai": openai.__version__,
+        "llama_cpp": llamacpp.SDIST,
+        "capacity_per_s": capacity,
+        "poisson_rate_per_s": args.overload * capacity,
+        "slo_ms": args.slo_ms,
+        "horizon_ms": args.horizon_ms,
+        "policies": {p.name: {"rule": p.rule, "governor_args": p.governor_args} for p in policies(args.horizon_ms)},
+        "raw": raw,
+        "rounds": [
+            {load: {p: summary(run, horizon_s) for p, run in results[load][i].items()} for load in LOADS}
+            for i in range(args.rounds)
+        ],
+    }
+
+
+def main() -> None:
+    args = parse_args()
     sitting = Sitting(("govwire", "governor"))
     with llama_sitting(args) as llama:
         if llama is None:
@@ -434,22 +467,11 @@ def main() -> None:
     )
     print("\n\n".join(table(load, results[load], args) for load in LOADS))
     raw = write_raw(results, args, capacity)
+    if args.only:
+        print("a trial of some policies: no result file written")
+        return
     record(sitting, results, capacity, args)
-    horizon_s = args.horizon_ms / 1000
-    sitting.details = {
-        "openai": openai.__version__,
-        "llama_cpp": llamacpp.SDIST,
-        "capacity_per_s": capacity,
-        "poisson_rate_per_s": args.overload * capacity,
-        "slo_ms": args.slo_ms,
-        "horizon_ms": args.horizon_ms,
-        "policies": {p.name: {"rule": p.rule, "governor_args": p.governor_args} for p in policies(args.horizon_ms)},
-        "raw": raw,
-        "rounds": [
-            {load: {p: summary(run, horizon_s) for p, run in results[load][i].items()} for load in LOADS}
-            for i in range(args.rounds)
-        ],
-    }
+    sitting.details = details(results, args, capacity, raw)
     sitting.write()
 
 
