@@ -141,6 +141,7 @@ class FleetLease:
         "_reported_at",
         "_unavailable",
         "nudge",
+        "_booking",
     )
 
     def __init__(self, policy: FleetPolicy, hints: RetryHintEstimator, now: float) -> None:
@@ -173,6 +174,9 @@ class FleetLease:
         # Wakes the member's renewals (member.py): the in-flight share's first refusal of a period
         # promised what the next renewal brings, which it sends as soon as an early one may go.
         self.nudge: Callable[[], None] = _nothing
+        # The in-flight share's book while it promises (`keep`, and no other replica's clients
+        # wait as of the last reply: `apply`); None: its refusals hint without booking.
+        self._booking: AppointmentBook | None = None
         self.policy = policy
         self.set_policy(policy, now)
 
@@ -250,7 +254,7 @@ class FleetLease:
         held = self.inflight
         if held.limit:
             cap = held.share * ask.ceiling
-            book = held.book
+            book = self._booking
             if book is not None:
                 if held.holding + 1 > cap or (
                     book.entries and held.holding + 1 + book.held(now, ask.appointment, ask.rank) > cap
@@ -299,7 +303,7 @@ class FleetLease:
     def keep(self, book: AppointmentBook) -> None:
         """Book the clients the in-flight share refuses in `book` (admission's, build.fleet_book),
         and report what it promised with each renewal (shares.HeldShare.report)."""
-        self.inflight.book = book
+        self.inflight.book = self._booking = book
 
     def growth(self, now: float) -> tuple[tuple[int, float], ...]:
         """The slots renewals can grow the in-flight share by, and when each comes: (how many,
@@ -423,6 +427,13 @@ class FleetLease:
                     share.shrinking_since = now
             share.fleet_usage, share.fleet_want, share.fleet_granted = usage, want, others + granted
         self.could_grow = could_grow
+        # Promises are made while only this replica's clients wait: under contention the shares
+        # move at every renewal (each replica's part follows every one's demand) and nobody can
+        # tell which replica a release of the fleet will go to, so its refusals hint without
+        # booking, as a share did before it kept appointments.
+        held = self.inflight
+        others_waiting = (held.fleet_want - held.asked) - (held.fleet_usage - held.reported)
+        self._booking = held.book if others_waiting < 1 else None
         return shrank
 
     @property
