@@ -17,7 +17,7 @@ those were admitted (the target: >= 99%), the requests completed, and the peak i
 target: never over 8). Rounds alternate the trees (`--before`: a checkout of the baseline, e.g.
 `git worktree add /tmp/wt-fleet-before <commit>`, with a .venv beside it); a fresh fleet key per run.
 
-    python -m benchmarks.admission.fleet_sdk --before /tmp/wt-fleet-before [--rounds 3]
+    python -m benchmarks.admission.fleet_sdk --before /tmp/wt-fleet-before [--after TREE] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -235,10 +235,11 @@ def row(name: str, runs: list[dict[str, Any]]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", type=Path, required=True, help="the baseline tree (a checkout with a .venv)")
+    parser.add_argument("--after", type=Path, default=ROOT, help="the tree measured (default: this one)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of the two trees")
     args = parser.parse_args()
     sitting = Sitting(measures=("governor",))
-    trees = {"before": args.before.resolve(), "after": ROOT}
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     with RedisServer() as redis:
         for i in range(args.rounds):
@@ -261,7 +262,7 @@ def main() -> None:
         f"peak in flight under a fleet cap of {CAP}, SDK burst", peak["after"], "requests",
         baseline=("before", peak["before"]), bar=f"<= {CAP}", met=peak["after"] <= CAP, headline=False,
     )  # fmt: skip
-    sitting.details = {"runs": runs, "before_tree": str(args.before)}
+    sitting.details = {"runs": runs, "before_tree": str(args.before), "after_tree": str(args.after)}
     sitting.write()
 
 
