@@ -58,6 +58,8 @@ them) for the reply of the renewal that will grow its share, then this replica's
 counted against the share the fleet's demand gives it when that is smaller. A renewal reports
 its promises as wanted, and what it holds plus the appointments due within two periods as
 `kept`: the script never shrinks the share below that, up to what it applies (reserved already).
+Promises are made while no other replica's clients wait: under contention every renewal moves
+every share, and the share hints without booking.
 
 Hints of what is not booked: the token share, the time what this replica holds takes to drain
 enough (hints.DrainHint); with `--retry-hint fixed` (no book), both held shares the base value. A
