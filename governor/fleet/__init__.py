@@ -61,7 +61,8 @@ its promises as wanted, and what it holds plus the appointments due within two p
 Promises are made while no other replica's clients wait: under contention every renewal moves
 every share, and the share hints without booking.
 
-Hints of what is not booked: the token share, the time what this replica holds takes to drain
+Hints of what is not booked: the in-flight share under contention, the replica's release
+timeline scaled to the share; the token share, the time what this replica holds takes to drain
 enough (hints.DrainHint); with `--retry-hint fixed` (no book), both held shares the base value. A
 rate, the bucket's exact refill; with nothing held or no lease, the next renewal (exact waits, in
 either mode). What the hints told clients to wait is also how each replica measures its waiting
