@@ -123,6 +123,33 @@ class FairShare:
         refusal.hint_ms, refusal.appointment = book.refuse(now, ask, gap, ask.cost / tenant.limits.weight)
         return refusal
 
+    def lends(self, now: float, ask: Ask) -> bool:
+        """Whether the full in-flight cap lends `ask` a slot past it (limits.InflightLimiter.lend):
+        its tenant is at or below the lowest contending counter (under its share: served least for
+        its weight, so VTC would admit it first) and the contending tenants over their shares hold
+        at least what would then be past the cap (their guaranteed_inflight apart: a guarantee is
+        its tenant's whatever the cap, not a flood's to pay back). A quiet tenant's arrival is thus not refused to
+        wait for a flood's next release (nor for the flood's appointments, which rank below it:
+        books.AppointmentBook.held): it is admitted at once, and the flood pays the loan back, its
+        next admissions refused and its held returns waiting until in-flight is back under the cap
+        (within their promise horizon, else refused for good). What is lent stays within what the
+        tenants over their shares hold (so in-flight under twice the cap, guarantees and the
+        critical allowance apart), and one tenant never holds more than the cap."""
+        tenant = ask.tenant
+        if tenant is None:
+            return False
+        lowest, _, weight = self.floor(now)
+        if tenant.service > lowest or lowest == math.inf:  # over its share, or nobody contends
+            return False
+        inflight = self._inflight
+        if tenant.inflight >= inflight.max_inflight:
+            return False
+        held = 0  # what the tenants over their shares hold, but for their guarantees (theirs whatever the cap)
+        for other in self.tenants:
+            if other is not tenant and other.contending_until > now and other.service > lowest:
+                held += max(0, other.inflight - other.limits.guaranteed_inflight)
+        return inflight.inflight + 1 - inflight.max_inflight <= held
+
     def _turn_at(self, at: float, need: float, deficit: float, ahead: int) -> float | None:
         """A share book's `FreeAt`: when the other contending tenants' counters will have caught up
         by `need` (how far the tenant's is past the lowest, and what its appointments before this

@@ -167,6 +167,26 @@ class AppointmentBook:
             return float(opened)
         return self.cumulative()[opened - 1]
 
+    def due(self, now: float, appointment: Appointment | None, rank: int, free: int) -> float:
+        """When the `free` units free now are all wanted (a slot book's): the time of the `free`-th
+        appointment, in the book's order, among those that hold from the asker (`held`'s rule:
+        window open, of its rank and above, of a rank whose appointments keep capacity). A unit
+        lent now and given back by then breaks no promise (a backfill: limits.InflightLimiter);
+        math.inf when fewer hold."""
+        if free <= 0:
+            return now
+        own = self.own(appointment)
+        if own is not None and own.opened(now):
+            rank = own.rank + 1
+        opened = bisect_right(self.times, now + self.registry.half_grace_s)
+        trust = self.trust
+        for entry in self.entries[:opened]:
+            if entry.rank >= rank and trust[entry.rank] >= MIN_TRUST and entry is not own:
+                free -= 1
+                if not free:
+                    return entry.at
+        return math.inf
+
     def book(self, at: float, ask: Asker, amount: float, first: float, displaced: bool) -> Appointment | None:
         """Promise `amount` at `at` to the client of `ask`, first refused at `first`; None when the
         book is full."""
