@@ -87,6 +87,9 @@ def _hint_lines(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
             f"refused for good (past the promise horizon): {final:.0f}; lobby: {lobby.get('held', 0)} held now,"
             f" {answered:.0f} returning clients held and answered"
         )
+    backfilled = _delta(before.get("retry_hints") or {}, after.get("retry_hints") or {}, "backfilled_total")
+    if backfilled:
+        lines.append(f"backfilled: {backfilled:.0f} admitted into slots kept for appointments due after they end")
     error = (after.get("retry_hints") or {}).get("forecast_relative_error_p50")
     if lines and error is not None:
         lines.append(f"release forecast: median error {error:.1%} of a service time")

@@ -349,3 +349,14 @@ def test_retry_hint_outcomes_show_over_the_interval_only_when_clients_came_back(
     text = render_status(before, after, 1.0)
     assert "retry hints (inflight): never 2, on_time 18, yielded_again 2; 10.0% of returns refused again" in text
     assert "release forecast: median error 5.0% of a service time" in text
+
+
+def test_backfills_show_over_the_interval_only_when_some_were_made() -> None:
+    before = snapshot()
+    before["retry_hints"] = {"outcomes": {}, "backfilled_total": 4}
+    after = copy.deepcopy(before)
+    assert "backfilled" not in render_status(before, after, 1.0)
+    after["retry_hints"]["backfilled_total"] = 7
+    assert "backfilled: 3 admitted into slots kept for appointments due after they end" in render_status(
+        before, after, 1.0
+    )
