@@ -258,6 +258,16 @@ def main() -> None:
         "%", baseline=(f"before ({args.before.name})", 100 * share["before"]), bar=">= 99%",
         met=share["after"] >= 0.99,
     )  # fmt: skip
+    done = {name: statistics.median(r["completed"] for r in rs) for name, rs in runs.items()}
+    final = {name: statistics.median(r["final_refusals"] for r in rs) for name, rs in runs.items()}
+    sitting.figure(
+        f"SDK calls completed of a burst of {CLIENTS} on one of 2 replicas (fleet cap {CAP})", done["after"],
+        "calls", baseline=("before", done["before"]), headline=False,
+    )  # fmt: skip
+    sitting.figure(
+        "fleet_* refusals final (x-should-retry: false), SDK burst", final["after"], "refusals",
+        baseline=("before", final["before"]), headline=False,
+    )  # fmt: skip
     sitting.figure(
         f"peak in flight under a fleet cap of {CAP}, SDK burst", peak["after"], "requests",
         baseline=("before", peak["before"]), bar=f"<= {CAP}", met=peak["after"] <= CAP, headline=False,
