@@ -22,9 +22,10 @@ TRAITS: dict[R, tuple[bool, bool]] = {
     R.TENANT_TOKENS: (False, True),
     R.TENANT_TOKEN_RATE: (False, True),
     R.TENANT_SHARE: (False, True),
-    # shared, but promised by others: the endpoint's own Retry-After, the fleet's lease
+    # this replica's share of the fleet's in-flight cap (fleet/lease.py, build.fleet_book)
+    R.FLEET_INFLIGHT: (True, True),
+    # shared, but promised by others: the endpoint's own Retry-After, the fleet's other shares
     R.ENDPOINT_BUSY: (True, False),
-    R.FLEET_INFLIGHT: (True, False),
     R.FLEET_QPS: (True, False),
     R.FLEET_TOKENS: (True, False),
     R.FLEET_TOKEN_RATE: (True, False),
