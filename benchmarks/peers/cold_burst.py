@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import subprocess
 import sys
@@ -360,6 +361,8 @@ def main() -> None:
     parser.add_argument("--baseline-tree", help="a checkout whose governor runs beside this one's")
     parser.add_argument("--json", type=Path, help="per-request records (default benchmarks/out/cold_burst.json)")
     args = parser.parse_args()
+    # `timeout` and a stopped job send SIGTERM: exit through the finally clauses that stop the governor
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     baseline = baseline_tree(args.baseline_tree)
     trees = {"": ROOT, **({baseline[0]: baseline[1]} if baseline else {})}
     settings = settings_of(args, baseline[0] if baseline else None)

@@ -1,6 +1,7 @@
 """benchmarks/harness/fixtures/serial_openai.py on loopback, driven by the openai SDK: one request
-generates at a time and the rest wait their turn (two slots: two at once); streams end with usage and [DONE] as
-OpenAI's do; a client that goes frees its slot."""
+generates at a time and the rest wait their turn (two slots: two at once); streams end with usage
+and [DONE] as OpenAI's do; a client that goes frees its slot; the server's process ends with its
+parent's pipe."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import openai
 
-from benchmarks.harness.fixtures.serial_openai import Engine, Pace, listen
+from benchmarks.harness.fixtures.serial_openai import Engine, Pace, SerialOpenAI, listen
 
 Scenario = Callable[[openai.AsyncOpenAI, str, Engine], Awaitable[None]]
 
@@ -91,3 +92,13 @@ def test_a_client_that_goes_frees_its_slot_for_the_next() -> None:
         assert times[-1] - started < 1.0 and engine.stats()["completions"] == 1
 
     served(scenario)
+
+
+def test_the_server_process_ends_when_its_parent_s_pipe_closes() -> None:
+    server = SerialOpenAI(Pace()).start()
+    try:
+        assert server.proc is not None and server.proc.stdin is not None and server.get("/health") == {"status": "ok"}
+        server.proc.stdin.close()  # what the parent's death does to it
+        assert server.proc.wait(5) == 0
+    finally:
+        server.stop()
