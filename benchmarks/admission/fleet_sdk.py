@@ -164,11 +164,12 @@ def burst(tree: Path, redis: RedisServer, key: str, name: str) -> dict[str, Any]
     try:
         (_, first, http), (_, second, _) = replicas
         wait_until(lambda: all(stats(p)["fleet"]["replicas"] == 2 for p in (first, second)), 10)
+        time.sleep(1.5)  # a new fleet grows no share for its first lease
         for i in range(4):
             warm = complete(http, f"warm-up {i} of {key}", None)
             if warm.error:
                 raise RuntimeError(f"warm-up failed: {warm.error}")
-        time.sleep(2.0)  # a new fleet's first lease is over; the shares settled idle
+        time.sleep(1.0)  # the shares settled idle
         sampler = Sampler([first, second])
         barrier = threading.Barrier(CLIENTS)
         with ThreadPoolExecutor(CLIENTS) as pool:
