@@ -95,7 +95,7 @@ def build_parts(
     registry = Appointments(grace_s, hints, lobby=served)
     booking = hints.policy.adaptive
     slots = AppointmentBook(_INFLIGHT, registry, True, _slots_free_at(forecast, hints, registry, lambda: slots))
-    inflight = InflightLimiter(caps.max_inflight, hints, slots if booking else None)
+    inflight = InflightLimiter(caps.max_inflight, hints, slots if booking else None, forecast.service_of)
     qps_book = PrepaidBook(YieldReason.QPS.value, registry, True, lambda: rate.bucket)
     rate = RateLimit(caps.max_qps, caps.qps_burst, now, qps_book if booking else None)
     tokens_book = AppointmentBook(
@@ -154,6 +154,28 @@ def own_books(forecast: ReleaseForecast, hints: RetryHintEstimator, registry: Ap
         return book
 
     return own_book
+
+
+def fleet_book(
+    forecast: ReleaseForecast,
+    hints: RetryHintEstimator,
+    registry: Appointments,
+    growth: Callable[[float], tuple[tuple[int, float], ...]],
+) -> AppointmentBook:
+    """The book of this replica's share of the fleet's in-flight cap (fleet/lease.py): the first
+    slots nobody was promised are those renewals can grow the share by (`growth(at)`: how many,
+    and when each comes, in order), the rest this replica's releases, as for the global cap."""
+    releases = _slots_free_at(forecast, hints, registry, lambda: book)
+
+    def free_at(at: float, need: float, deficit: float, ahead: int) -> float | None:
+        for grow, due in growth(at):
+            if need <= grow:
+                return due
+            need -= grow
+        return releases(at, need, deficit, ahead)
+
+    book = AppointmentBook(YieldReason.FLEET_INFLIGHT.value, registry, True, free_at)
+    return book
 
 
 def _slots_free_at(

@@ -37,7 +37,7 @@ from governor.admission.adaptive_limit import AdaptiveMode, AdaptivePolicy
 from governor.admission.appointments.appointment import Appointment
 from governor.admission.appointments.books import HOLD, PrepaidBook
 from governor.admission.appointments.registry import identity_of
-from governor.admission.build import build_parts
+from governor.admission.build import build_parts, fleet_book
 from governor.admission.caps import Caps
 from governor.admission.cost import NO_ASK, Ask
 from governor.admission.displacement import Displace
@@ -176,6 +176,7 @@ class Admission:
         self.appointments.standings += 1
         if self._sharing:
             checked.append(self.fair)
+        self.inflight.lend = self.fair.lends if self._sharing else None
         checked += (self.pool, self.deadline)
         charged = [limit for limit in (self.tenant_caps, self.tokens) if limit not in checked] + checked
         self._classes = self.ceilings.classes_seen
@@ -213,8 +214,11 @@ class Admission:
 
     def join_fleet(self, fleet: SharedLimit) -> None:
         """Enforce this replica's share of the fleet caps (fleet/lease.py) from now on (at start,
-        before any frame)."""
+        before any frame); its in-flight share books the clients it refuses, unless hints are
+        fixed."""
         self.fleet = fleet
+        if self.hints.policy.adaptive:
+            fleet.keep(fleet_book(self.forecast, self.hints, self.appointments, fleet.growth))
         self._every = (*self._every, fleet)
         self._activate()
 

@@ -18,6 +18,7 @@ class may fill (priority.py).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from governor.admission.buckets import TokenBucket, make_bucket, updated_bucket
@@ -171,6 +172,12 @@ class SharedLimit(Limit, Roomy, Protocol):
     def fits(self, ask: Ask) -> None:
         """OverBudget for a request larger than a whole budget: no wait would let it in."""
 
+    def keep(self, book: AppointmentBook) -> None:
+        """Book the clients its in-flight share refuses in `book` (build.fleet_book)."""
+
+    def growth(self, now: float) -> tuple[tuple[int, float], ...]:
+        """The slots its renewals can add to its in-flight share, and when each comes, in order."""
+
 
 class Draining:
     """While the governor drains for shutdown, every new request yields."""
@@ -204,19 +211,53 @@ class InflightLimiter:
     past the cap (and past what appointments keep), by at most the sum of all guarantees
     (`guaranteed`): a bursty tenant finds room at once whatever the others hold, at the price of
     a larger batch for everyone while it does. A critical frame is admitted past the cap too while
-    fewer than cap + `allowance` are in flight (`--class-allowance critical=D`, priority.py). So
-    in-flight never exceeds the cap + the larger of the two. Everyone else waits until in-flight
-    is back under the cap."""
+    fewer than cap + `allowance` are in flight (`--class-allowance critical=D`, priority.py). A
+    tenant under its fair share is lent a slot past the cap while the tenants over theirs hold
+    more than their shares by as much (`lend`: fair_share.FairShare.lends). So in-flight never
+    exceeds the cap + the largest of the three. Everyone else waits until in-flight is back under
+    the cap.
 
-    __slots__ = ("max_inflight", "inflight", "guaranteed", "allowance", "_hints", "_refusal", "book")
+    A slot kept for an appointment (its window open) is lent to a newcomer whose forecast service
+    time ends before that appointment (a backfill, `governor_backfilled_total`): the slot is due
+    back before its holder, and a borrower that overruns its forecast leaves the holder in the
+    lobby until a slot frees (the holder's appointment stays in the book and keeps the next
+    release from everyone else), never past the cap."""
 
-    def __init__(self, max_inflight: int, hints: RetryHintEstimator, book: AppointmentBook | None = None) -> None:
+    __slots__ = (
+        "max_inflight",
+        "inflight",
+        "guaranteed",
+        "allowance",
+        "lend",
+        "backfilled",
+        "_service_of",
+        "_lent",
+        "_hints",
+        "_refusal",
+        "book",
+    )
+
+    def __init__(
+        self,
+        max_inflight: int,
+        hints: RetryHintEstimator,
+        book: AppointmentBook | None = None,
+        service_of: Callable[[int], float | None] | None = None,
+    ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
         self.max_inflight = max_inflight
         self.inflight = 0
         self.guaranteed = 0  # the sum of the tenants' guaranteed_inflight
         self.allowance = 0  # how far past the cap critical frames are admitted
+        # Whether a frame refused by the full cap is lent a slot past it (its tenant under its fair
+        # share: fair_share.FairShare.lends); None while fair shares do not apply.
+        self.lend: Callable[[float, Ask], bool] | None = None
+        self.backfilled = 0  # admissions into a slot kept for an appointment due later (a backfill)
+        # How long a request of N new tokens would hold its slot (release_forecast.service_of);
+        # None: no backfill.
+        self._service_of = service_of
+        self._lent: Ask | None = None  # the ask its last check lent a kept slot to (counted at charge)
         self._hints = hints
         self._refusal = Refusal(YieldReason.INFLIGHT)
         self.book = book  # None: the estimator's hints, nothing kept (--retry-hint fixed)
@@ -229,16 +270,20 @@ class InflightLimiter:
     def check(self, now: float, ask: Ask) -> Refusal | None:
         cap = self.max_inflight * ask.ceiling
         book = self.book
-        if self.inflight + 1 <= cap and (
-            book is None or not book.entries or self.inflight + 1 + book.held(now, ask.appointment, ask.rank) <= cap
-        ):
-            return None  # (at the cap, what appointments hold cannot matter: not looked at)
+        if self.inflight + 1 <= cap:
+            if book is None or not book.entries or self.inflight + 1 + book.held(now, ask.appointment, ask.rank) <= cap:
+                return None  # (at the cap, what appointments hold cannot matter: not looked at)
+            if self._backfills(now, ask, book, int(cap) - self.inflight):
+                return None
         if self.guaranteed and self.inflight < self.max_inflight + self.guaranteed:
             tenant = ask.tenant
             if tenant is not None and tenant.inflight < tenant.limits.guaranteed_inflight:
                 return None  # within its guarantee
         if self.allowance and ask.priority is _CRITICAL and self.inflight < self.max_inflight + self.allowance:
             return None  # within the critical allowance
+        lend = self.lend
+        if lend is not None and lend(now, ask):
+            return None  # a tenant under its share, lent a slot the tenants over theirs hold
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0
         if book is None:
@@ -247,9 +292,24 @@ class InflightLimiter:
         refusal.hint_ms, refusal.appointment = book.refuse(now, ask, deficit, 1.0)
         return refusal
 
+    def _backfills(self, now: float, ask: Ask, book: AppointmentBook, free: int) -> bool:
+        """Whether the frame may borrow one of the `free` slots the open appointments keep: its
+        forecast service time (release_forecast.service_of) ends before the appointment that
+        would go without (`AppointmentBook.due`). Nothing is lent before a stream has taught the
+        forecast its speed."""
+        service_of = self._service_of
+        service_s = None if service_of is None else service_of(ask.max_new_tokens)
+        if service_s is None or now + service_s > book.due(now, ask.appointment, ask.rank, free):
+            return False
+        self._lent = ask
+        return True
+
     def charge(self, grant: Grant, now: float) -> None:
         self.inflight += 1
         grant.concurrency = self.inflight
+        if grant.ask is self._lent:
+            self.backfilled += 1
+            self._lent = None
         book = self.book
         if book is not None and book.entries:
             book.redeem(grant.ask.appointment, now)
