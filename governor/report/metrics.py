@@ -390,6 +390,12 @@ def _lobby_families(snap: Snapshot) -> Iterator[Family]:
         labels=["reason"],
     )
     yield _by_label(final, snap.counts.final)
+    yield CounterMetricFamily(
+        "governor_backfilled",
+        "Admissions into a slot kept for an appointment whose time is after the newcomer's forecast end"
+        " (the slot is due back before its holder; one that overruns leaves the holder in the lobby).",
+        snap.hints.backfilled,
+    )
     yield GaugeMetricFamily(
         "governor_lobby_held",
         "Returning clients held for the capacity kept for them (at most the open appointments).",

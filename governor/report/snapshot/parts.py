@@ -321,6 +321,7 @@ class Hints:
     forecast_error_p50: float | None  # relative to a service time
     forecast_samples: int
     forecast_error: HistogramReading  # seconds, signed
+    backfilled: int  # admissions into a slot kept for an appointment due after they end
 
     @classmethod
     def of(cls, admission: Admission) -> Hints:
@@ -333,6 +334,7 @@ class Hints:
             errors[len(errors) // 2] if errors else None,
             len(errors),
             HistogramReading.of(admission.forecast.error),
+            admission.inflight.backfilled,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -347,6 +349,7 @@ class Hints:
             # the share of recent appointments their clients kept: below 0.5 they keep no capacity
             "trust": {reason: round(v, 4) for reason, v in self.trust.items()},
             "forecast_samples": self.forecast_samples,
+            "backfilled_total": self.backfilled,
         }
 
 
