@@ -17,7 +17,7 @@ import pytest
 from benchmarks.harness.fixtures.fault_proxy import FaultProxy
 from benchmarks.harness.fixtures.redis_server import RedisServer
 from governor.client import AsyncClient, Yielded
-from governor.client.retry import NO_RETRY
+from governor.client.retry import NO_RETRY, RetryPolicy
 from tests.integration.conftest import Governor, Worker
 
 pytestmark = pytest.mark.integration
@@ -32,7 +32,9 @@ LEASE_MS = 1000
 
 class Load:
     """Closed-loop clients in a background thread: each sends a generate, waits for its end, and
-    after a yield sleeps for the hint before trying again. Counts outcomes by reason."""
+    after a yield sleeps for the hint before trying again, with the yield's ticket (the capacity
+    booked for it: a client that came back as a stranger would find it kept for itself). Counts
+    outcomes by reason."""
 
     def __init__(self, port: int, clients: int, max_new_tokens: int) -> None:
         self.port, self.clients, self.max_new_tokens = port, clients, max_new_tokens
@@ -55,12 +57,16 @@ class Load:
 
     async def _client(self) -> None:
         async with AsyncClient(port=self.port, retry=NO_RETRY, timeout=30) as client:
+            ticket: str | None = None
             while not self._stop.is_set():
                 try:
-                    await client.generate("fleet", max_new_tokens=self.max_new_tokens)
+                    async for _ in client.stream("fleet", max_new_tokens=self.max_new_tokens, retry_ticket=ticket):
+                        pass
+                    ticket = None
                     self.done += 1
                 except Yielded as exc:
                     self.yielded[exc.reason] += 1
+                    ticket = exc.retry_ticket
                     await asyncio.sleep(exc.retry_hint_ms / 1000)
                 except Exception as exc:  # every failure is reported by the test
                     self.errors.append(repr(exc))
@@ -294,13 +300,16 @@ def test_a_slow_redis_never_delays_the_request_path(
         assert governor.stats()["fleet"]["renewal_ms"] >= 200
         admitted_ms = sorted(round_trip_ms(governor, 40))
         deadline, i = time.monotonic() + 5, 0  # two long requests hold the cap, each on its connection,
-        while inflight_of(governor) < 2 and time.monotonic() < deadline:  # retried at the hint: an idle
-            holder = governor.conn()  # replica's share is a request of headroom until it renews
-            holder.send(f"long{i}", max_new_tokens=1000, stop_on_eos=False)
+        ticket: dict[str, str] = {}  # retried at the hint with its ticket: an idle replica's share is
+        while inflight_of(governor) < 2 and time.monotonic() < deadline:  # a request of headroom until
+            holder = governor.conn()  # it renews
+            holder.send(f"long{i}", max_new_tokens=1000, stop_on_eos=False, **ticket)
             reply = holder.recv()
             if reply["status"] == "yield":
+                ticket = {"retry_ticket": reply["retry_ticket"]} if reply.get("retry_ticket") else {}
                 time.sleep(reply["retry_hint_ms"] / 1000)
-            i += 1
+            else:
+                i, ticket = i + 1, {}
         assert inflight_of(governor) == 2
         conn = governor.conn()
         yielded_ms = []
@@ -314,3 +323,50 @@ def test_a_slow_redis_never_delays_the_request_path(
         assert fleet["state"] == "leased", (fleet, governor.log.read_text()[-3000:])
     assert admitted_ms[-2] < 100, admitted_ms  # the worst but one: far under one 200 ms round trip
     assert sorted(yielded_ms)[-2] < 100, yielded_ms
+
+
+def test_a_burst_on_one_replica_is_promised_the_fleets_slots_and_kept(
+    redis_server: RedisServer, start_governor: Callable[..., Governor], start_worker: Callable[..., Worker]
+) -> None:
+    """Two replicas under a fleet cap of 8, the other one idle; a burst of 24 one-request clients
+    on the first, each retrying at its hint with its ticket (twice at most, as the openai SDK):
+    the share's refusals book appointments (first the slots the fleet has free, for the renewal
+    that grows the share, then the replica's releases), every client back in its window is
+    admitted, and the fleet never holds more than 8."""
+    governors = start_fleet(start_governor, start_worker, redis_server.url, 2, "--fleet-max-inflight", "8")
+    first = governors[0]
+
+    async def burst(clients: int) -> list[str]:
+        async def one(i: int) -> str:
+            retry = RetryPolicy(max_attempts=3, budget_reserve=float(clients))
+            async with AsyncClient(port=first.port, retry=retry, timeout=30) as client:
+                try:
+                    await client.generate(f"burst {i}", max_new_tokens=8)
+                    return "done"
+                except Yielded as exc:
+                    return "final" if exc.final else exc.reason
+
+        return await asyncio.gather(*(one(i) for i in range(clients)))
+
+    asyncio.run(burst(2))  # the release forecast has seen a service time
+    time.sleep(4 * RENEW_MS / 1000)  # the shares settled idle
+    peaks: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peaks.append(sum(s["inflight"] for s in sample(governors)))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        answers = Counter(asyncio.run(burst(24)))
+    finally:
+        done.set()
+        watcher.join(10)
+    outcomes = first.stats()["retry_hints"]["outcomes"]["fleet_inflight"]
+    assert max(peaks) <= 8
+    assert outcomes.get("on_time", 0) >= 8, (outcomes, answers)
+    assert outcomes.get("yielded_again", 0) == 0, (outcomes, answers)
+    assert answers["done"] + answers["final"] == 24, answers
