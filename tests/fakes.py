@@ -175,6 +175,7 @@ def make_state(
     share_threshold: float = DEFAULT_SHARE_THRESHOLD,
     ceilings: CeilingPolicy | None = None,
     preempt: bool = True,
+    tenant_loan: int = 0,
     **token_caps: Any,
 ) -> ServerState:
     """A state over one endpoint that is up (or `endpoints`), with a seeded hint jitter;
@@ -195,7 +196,9 @@ def make_state(
     )
     admission = Admission(endpoints, caps, hints, clock(), served=True, **token_caps)
     implicit = auth.tenants if auth is not None else frozenset()
-    admission.set_tenancy(tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock(), preempt)
+    admission.set_tenancy(
+        tenants or {}, implicit, share_threshold, ceilings or CeilingPolicy(), clock(), preempt, tenant_loan
+    )
     return ServerState(
         limits=Limits(max_new_tokens=max_new_tokens, integrity=integrity),
         admission=admission,

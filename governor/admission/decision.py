@@ -235,6 +235,7 @@ class Admission:
         ceilings: CeilingPolicy,
         now: float,
         preempt: bool = True,
+        tenant_loan: int = 0,
     ) -> None:
         """The tenant table (those with limits, and the names the token file gives), the
         fair-share threshold, the class ceilings and whether higher classes displace requests
@@ -244,6 +245,7 @@ class Admission:
         self.fair.threshold = share_threshold
         self.ceilings.policy = ceilings
         self.inflight.allowance = ceilings.critical_allowance
+        self.inflight.loan = tenant_loan
         self.displacement.enabled = preempt
         self._activate()
 

@@ -212,9 +212,10 @@ class InflightLimiter:
     (`guaranteed`): a bursty tenant finds room at once whatever the others hold, at the price of
     a larger batch for everyone while it does. A critical frame is admitted past the cap too while
     fewer than cap + `allowance` are in flight (`--class-allowance critical=D`, priority.py). A
-    tenant under its fair share is lent a slot past the cap while the tenants over theirs hold
-    more than their shares by as much (`lend`: fair_share.FairShare.lends). So in-flight never
-    exceeds the cap + the largest of the three. Everyone else waits until in-flight is back under
+    tenant under its fair share is lent a slot past the cap, at most `loan` past it
+    (`--tenant-loan`, opt-in), while the tenants over theirs hold more than their shares by as
+    much (`lend`: fair_share.FairShare.lends). So in-flight never exceeds the cap + the largest
+    of the three. Everyone else waits until in-flight is back under
     the cap.
 
     A slot kept for an appointment (its window open) is lent to a newcomer whose forecast service
@@ -229,6 +230,7 @@ class InflightLimiter:
         "guaranteed",
         "allowance",
         "lend",
+        "loan",
         "backfilled",
         "_service_of",
         "_lent",
@@ -253,6 +255,7 @@ class InflightLimiter:
         # Whether a frame refused by the full cap is lent a slot past it (its tenant under its fair
         # share: fair_share.FairShare.lends); None while fair shares do not apply.
         self.lend: Callable[[float, Ask], bool] | None = None
+        self.loan = 0  # how far past the cap `lend` may admit (--tenant-loan; 0: never)
         self.backfilled = 0  # admissions into a slot kept for an appointment due later (a backfill)
         # How long a request of N new tokens would hold its slot (release_forecast.service_of);
         # None: no backfill.
@@ -282,7 +285,7 @@ class InflightLimiter:
         if self.allowance and ask.priority is _CRITICAL and self.inflight < self.max_inflight + self.allowance:
             return None  # within the critical allowance
         lend = self.lend
-        if lend is not None and lend(now, ask):
+        if lend is not None and self.inflight < self.max_inflight + self.loan and lend(now, ask):
             return None  # a tenant under its share, lent a slot the tenants over theirs hold
         refusal = self._refusal
         deficit = self.inflight + 1 - int(cap)  # int: floor of a cap > 0

@@ -141,6 +141,13 @@ class GovernorConfig:
         " batch up to D larger while they use it), so a critical burst is not refused before anything frees",
         metavar="CLASS=D",
     )
+    tenant_loan: int = option(
+        0,
+        "a tenant under its fair share that meets the full --max-inflight is lent up to N slots past it while"
+        " the tenants over their shares hold as many (a quiet tenant beside a flood; the flood pays them back);"
+        " 0: never, the cap is hard for every tenant",
+        metavar="N",
+    )
     priority_hold_s: float = option(
         1.0,
         "a class ceiling applies this long (at least one release gap) after a higher-class frame was"
@@ -316,6 +323,7 @@ class GovernorConfig:
         bound on them comes last: it compares the hint bounds checked just before it."""
         return [
             (self.max_inflight >= 1, "--max-inflight must be >= 1"),
+            (self.tenant_loan >= 0, "--tenant-loan must be >= 0"),
             (self.retry_hint_ms > 0, "--retry-hint-ms must be > 0"),
             (self.appointment_grace_ms > 0, "--appointment-grace-ms must be > 0"),
             (self.promise_horizon_ms > 0, "--promise-horizon-ms must be > 0"),

@@ -160,6 +160,7 @@ RELOADABLE = (
     "standard_ceiling",
     "priority_hold_s",
     "class_allowance",
+    "tenant_loan",
     "preempt",
     "shed_blind_retries",
     "fleet_max_inflight",
@@ -180,6 +181,7 @@ def apply_tenancy(admission: Admission, config: GovernorConfig, auth: TenantSecr
         config.ceiling_policy(),
         now,
         preempt=config.preempt == "on",
+        tenant_loan=config.tenant_loan,
     )
     admission.shed_blind_retries = config.shed_blind_retries
 

@@ -427,11 +427,13 @@ TestTenantMachine.settings = settings(max_examples=100, stateful_step_count=40, 
 
 
 class FloodMachine(RuleBasedStateMachine):
-    """Two tenants of weight 1 over a cap of 4, one of them flooding: frames, completions and time
-    passing in any order. Past the cap only by a loan (FairShare.lends) to a tenant under its
-    share, by no more than the other holds; never past twice the cap; every frame answered once."""
+    """Two tenants of weight 1 over a cap of 4 and `--tenant-loan 2`, one of them flooding:
+    frames, completions and time passing in any order. Past the cap only by a loan
+    (FairShare.lends) to a tenant under its share, by no more than the other holds; never past the
+    cap + the loan; every frame answered once."""
 
     CAP = 4
+    LOAN = 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -443,6 +445,7 @@ class FloodMachine(RuleBasedStateMachine):
             tenants={"a": TenantLimits(), "b": TenantLimits()},
             tenant_from_frame=True,
             share_threshold=0.5,
+            tenant_loan=self.LOAN,
         )
         self.ingress, self.writes = make_ingress(self.state)
         self.n = 0
@@ -475,7 +478,7 @@ class FloodMachine(RuleBasedStateMachine):
     @invariant()
     def bounded_and_answered_once(self) -> None:
         admission = self.state.admission
-        assert admission.inflight.inflight <= 2 * self.CAP
+        assert admission.inflight.inflight <= self.CAP + self.LOAN
         ids = [r["id"] for r in replies(self.writes) if r["status"] in ("yield", "error", "rejected")]
         assert len(ids) == len(set(ids))
         assert not set(ids) & set(self.ingress.active)
@@ -755,7 +758,9 @@ def test_guaranteed_inflight_parses_and_may_not_exceed_the_tenants_own_cap() -> 
         parse_tenant("b,guaranteed_inflight=-1")
 
 
-def test_a_tenant_below_its_share_is_lent_a_slot_past_the_cap_and_the_one_over_it_pays_it_back() -> None:
+@pytest.mark.parametrize("loan", [0, 4])
+def test_a_tenant_below_its_share_is_lent_a_slot_past_the_cap_and_the_one_over_it_pays_it_back(loan: int) -> None:
+    """With `--tenant-loan` (opt-in); without it, the cap is hard for the quiet tenant too."""
     clock = FakeClock()
     # No stream seen and the fake worker streams none: one token at the endpoint's prior step of
     # 0.5 s, so each request ends 0.5 s after its admission (its first token is a step on).
@@ -770,6 +775,7 @@ def test_a_tenant_below_its_share_is_lent_a_slot_past_the_cap_and_the_one_over_i
         share_threshold=0.5,
         hint_policy=RetryHintPolicy(jitter=0.0),
         timers=(timers := FakeTimers(clock)),
+        tenant_loan=loan,
     )
     state.admission.hints.observe_service_time(0.5)
     ingress, writes = make_ingress(state)
@@ -789,6 +795,9 @@ def test_a_tenant_below_its_share_is_lent_a_slot_past_the_cap_and_the_one_over_i
     )
     # b, under its share (2 of the 4 slots) while a holds all 4, is lent one past the cap at once
     ingress.receive_data(frame("b1", tenant="b", max_new_tokens=tokens))
+    if not loan:
+        assert "b1" not in ingress.active and state.admission.inflight.inflight == 4
+        return
     assert "b1" in ingress.active
     assert state.admission.inflight.inflight == 5
     # a pays it back: a5, told the next release (a1's), finds the cap still full then and is held
