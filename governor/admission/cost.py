@@ -60,6 +60,7 @@ class Ask:
         "appointment",
         "rank",
         "retry",
+        "to_length",
     )
 
     def __init__(
@@ -79,6 +80,10 @@ class Ask:
         self.max_new_tokens = max_new_tokens
         self.cost = cost  # what admission reserves: prompt_tokens + output_weight * max_new_tokens
         self.deadline_s = deadline_s  # time to first token the client waits for; None = no deadline
+        # It runs to `max_new_tokens`: its length is known, not forecast (release_forecast.py).
+        # A frame's ask (`CostModel.ask`) says so only for `stop_on_eos: false` (`ignore_eos`);
+        # an ask made otherwise is taken at its length.
+        self.to_length = True
         self.priority = priority
         self.tenant = tenant  # set by the ingress (who the connection or frame acts as); None = nobody's
         # The fraction of each cap this request may fill: its class's ceiling, set by admission.
@@ -156,7 +161,9 @@ class CostModel:
         cost = prompt_tokens + math.ceil(self.output_weight * n)
         claimed = obj.get("priority")
         priority = _PRIORITY.get(claimed, _STANDARD) if type(claimed) is str else _STANDARD
-        return Ask(prompt_bytes, prompt_tokens, is_declared, n, cost, deadline_s, priority)
+        ask = Ask(prompt_bytes, prompt_tokens, is_declared, n, cost, deadline_s, priority)
+        ask.to_length = obj.get("stop_on_eos") is False
+        return ask
 
     def cost_of(self, prompt_tokens: int, completion_tokens: int) -> int:
         """What a request with these real counts cost, on the scale of `Ask.cost`."""

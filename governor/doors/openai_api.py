@@ -70,6 +70,7 @@ def cost_view(body: dict[str, Any]) -> dict[str, Any]:
         "prompt_tokens": body.get("prompt_tokens"),
         "deadline_ms": body.get("deadline_ms"),
         "priority": body.get("priority"),
+        "stop_on_eos": body.get("ignore_eos") is not True,
     }
 
 

@@ -27,7 +27,7 @@ STEP_MS = 10.0  # the endpoint's prior: a token every 10 ms
 
 
 def frame(rid: str, tokens: int = 4, ticket: str | None = None) -> bytes:
-    obj = generate_frame(rid, "p-" + rid, max_new_tokens=tokens)
+    obj = generate_frame(rid, "p-" + rid, max_new_tokens=tokens, stop_on_eos=False)  # its length known
     if ticket is not None:
         obj["retry_ticket"] = ticket
     return encode(obj)
@@ -116,7 +116,7 @@ def test_a_tenants_own_cap_keeps_its_appointments_through_the_lobby() -> None:
     ingress, writes = make_ingress(state)
 
     def tenant_frame(rid: str, tenant: str, ticket: str | None = None) -> bytes:
-        obj = generate_frame(rid, "p-" + rid, max_new_tokens=4, tenant=tenant)
+        obj = generate_frame(rid, "p-" + rid, max_new_tokens=4, tenant=tenant, stop_on_eos=False)
         if ticket is not None:
             obj["retry_ticket"] = ticket
         return encode(obj)
@@ -331,7 +331,9 @@ def test_a_short_request_near_its_end_is_what_a_refused_critical_frame_is_told(s
     for rid in (("short",) if short_streamed else ()) + tuple(f"long{i}" for i in range(9)):
         worker_sends(state, encode_token(ingress.active[rid].uid, 0, 1, "x"))
     clock.advance(0.05)
-    ingress.receive_data(encode({**generate_frame("crit", "p", max_new_tokens=4), "priority": "critical"}))
+    ingress.receive_data(
+        encode({**generate_frame("crit", "p", max_new_tokens=4, stop_on_eos=False), "priority": "critical"})
+    )
     (told,) = replies(writes)
     # started: 3 tokens left at 50 ms from its first (at 0); not started: a first token and 3 more
     assert told["status"] == "yield" and 90 <= told["retry_hint_ms"] <= 160 + 50 * (not short_streamed)
@@ -339,7 +341,7 @@ def test_a_short_request_near_its_end_is_what_a_refused_critical_frame_is_told(s
     ingress.receive_data(
         encode(
             {
-                **generate_frame("crit", "p", max_new_tokens=4),
+                **generate_frame("crit", "p", max_new_tokens=4, stop_on_eos=False),
                 "priority": "critical",
                 "retry_ticket": told["retry_ticket"],
             }

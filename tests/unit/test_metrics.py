@@ -38,7 +38,9 @@ def test_histogram_buckets_are_cumulative_and_le_inclusive() -> None:
 def test_exposition_parses_and_matches_the_counters() -> None:
     state = make_state(max_inflight=1)
     ingress, _ = make_ingress(state)
-    ingress.receive_data(b"".join(encode(generate_frame(f"r{i}", "x")) for i in range(3)) + b"junk\n")
+    ingress.receive_data(
+        b"".join(encode(generate_frame(f"r{i}", "x", stop_on_eos=False)) for i in range(3)) + b"junk\n"
+    )
     samples = scrape(state)
     assert samples[("governor_inflight", ())] == 1
     assert samples[("governor_max_inflight", ())] == 1

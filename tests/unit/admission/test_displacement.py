@@ -277,7 +277,7 @@ def test_a_higher_class_books_ahead_even_when_the_last_appointment_and_a_gap_rea
     # above, goes before s1's appointment in the book: its turn is the same release, inside the
     # 1 s horizon (with horizon_ms=3000 it is told 799 and booked).
     state, clock, timers, ingress, writes = setup(max_inflight=1, preempt=False)
-    ingress.receive_data(frame("s0", priority="sheddable") + frame("s1", priority="sheddable"))
+    ingress.receive_data(frame("s0", priority="sheddable", stop_on_eos=False) + frame("s1", priority="sheddable"))
     ingress.receive_data(frame("c0", priority="critical"))
     told = {r["id"]: r for r in replies(writes)}
     assert told["s1"]["retry_hint_ms"] == 799 and told["s1"]["retry_ticket"]

@@ -582,11 +582,14 @@ def test_tenants_refused_at_the_cap_are_booked_in_turn_whoever_they_are() -> Non
     a, a_writes = make_ingress(state)
     b, b_writes = make_ingress(state)
     # 4 tokens each at the prior step (100 ms, no stream seen yet): each ends 0.4 s after its admission
-    a.receive_data(b"".join(frame(f"a{i}", tenant="a", max_new_tokens=4) for i in range(8)))
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a", max_new_tokens=4, stop_on_eos=False) for i in range(8)))
     # the four admitted together end together, 400 ms on: the four refused are told that, less the
     # millisecond by which a holder is told to come early (the lobby, appointments.early_s)
     assert [r["retry_hint_ms"] for r in replies(a_writes)] == [399, 399, 399, 399]
-    b.receive_data(frame("b0", tenant="b", max_new_tokens=4) + frame("b1", tenant="b", max_new_tokens=4))
+    b.receive_data(
+        frame("b0", tenant="b", max_new_tokens=4, stop_on_eos=False)
+        + frame("b1", tenant="b", max_new_tokens=4, stop_on_eos=False)
+    )
     # b's are the slots' next round: a's appointments (399 ms), 400 ms of service and the 1 ms a
     # holder starts after its appointment, told 1 ms early: 399 + 400 + 1 - 1
     b_replies = replies(b_writes)
@@ -604,7 +607,7 @@ def test_a_refusal_past_the_horizon_between_tenants_is_final_with_a_hint_past_th
     state.admission.hints.observe_service_time(0.4)
     a, a_writes = make_ingress(state)
     # 16 tokens each (the default) at the prior step (100 ms): they end 1.6 s on, past the horizon
-    a.receive_data(b"".join(frame(f"a{i}", tenant="a") for i in range(5)))
+    a.receive_data(b"".join(frame(f"a{i}", tenant="a", stop_on_eos=False) for i in range(5)))
     (reply,) = replies(a_writes)
     assert reply["final"] and reply["retry_hint_ms"] >= 1000 and "retry_ticket" not in reply
 

@@ -16,6 +16,7 @@ from governor.admission.cost import CostModel
 from governor.admission.endpoint import Endpoint, EndpointLimits
 from governor.admission.hints import RetryHintPolicy
 from governor.doors.ndjson import Ingress
+from governor.doors.openai_api import cost_view
 from governor.lifecycle import InflightRequest
 from governor.state import ServerState
 from govwire.codec import encode, encode_token, generate_frame
@@ -64,6 +65,20 @@ def test_the_bytes_per_token_ratio_is_calibrated_from_the_real_counts() -> None:
     assert costs.bytes_per_token == pytest.approx(3.0)
     assert costs.ask({"prompt": "y" * 300}).prompt_tokens == 100
     assert costs.accuracy["estimated"].count == 50 and costs.accuracy["declared"].count == 0
+
+
+def test_a_frame_runs_to_its_length_only_when_it_says_so() -> None:
+    """`stop_on_eos: false` (the front door's `ignore_eos: true`): its length is known, the release
+    forecast reads all of `max_new_tokens`; any other frame may end at an end of sequence."""
+    costs = CostModel(bytes_per_token=4.0, output_weight=1.0, max_new_tokens_limit=100)
+    assert costs.ask({"prompt": "x", "stop_on_eos": False}).to_length
+    assert not costs.ask({"prompt": "x"}).to_length and not costs.ask({"prompt": "x", "stop_on_eos": True}).to_length
+    assert not costs.ask({"prompt": "x", "stop_on_eos": 0}).to_length  # not a boolean: the default
+    body = {"model": "m", "prompt": "x", "max_tokens": 4}
+    assert costs.ask(cost_view({**body, "ignore_eos": True})).to_length
+    assert (
+        not costs.ask(cost_view(body)).to_length and not costs.ask(cost_view({**body, "ignore_eos": "yes"})).to_length
+    )
 
 
 def test_a_request_larger_than_a_whole_budget_gets_an_error_not_a_yield() -> None:
@@ -134,7 +149,9 @@ def test_token_yields_hint_when_the_budget_will_have_drained_or_refilled() -> No
     )
     state.admission.hints.observe_service_time(2.0)  # observed, but no request's own end is read from it
     ingress, writes = make_ingress(state)
-    ingress.receive_data(frame("a", "x" * 40, max_new_tokens=70) + frame("b", "x" * 40, max_new_tokens=30))
+    ingress.receive_data(
+        frame("a", "x" * 40, max_new_tokens=70, stop_on_eos=False) + frame("b", "x" * 40, max_new_tokens=30)
+    )
     # a holds its 80 until it ends, its 70 tokens a step (10 ms) apart from its first, a step after
     # its admission: 70 x 10 ms = 0.7 s on. b's deficit of 20 is free then, not sooner
     # (release_forecast.py), and b is booked for it (appointments.py), told to be there 1 ms early
@@ -178,7 +195,9 @@ def test_an_endpoint_budget_books_the_release_of_its_own_requests_cost_and_keeps
         endpoints=[endpoint],
     )
     ingress, writes = make_ingress(state)
-    ingress.receive_data(frame("a", "x" * 40, max_new_tokens=50) + frame("b", "x" * 40, max_new_tokens=40))
+    ingress.receive_data(
+        frame("a", "x" * 40, max_new_tokens=50, stop_on_eos=False) + frame("b", "x" * 40, max_new_tokens=40)
+    )
     # a holds 60 (10 of prompt, 50 out) until its 50 tokens are out, 10 ms apart from a step after
     # its admission: 0.5 s on; b needs 50 of the 40 left
     (reply,) = replies(writes)

@@ -111,7 +111,7 @@ def test_a_yield_is_a_429_with_both_retry_headers_and_the_reason() -> None:
     )
     # admitted: its response comes with its completion. 15 tokens at the prior 0.1 s a token (a
     # first token a step after admission, 14 steps more): forecast to end 1.5 s after admission
-    assert Client(state).send(post(completion(max_tokens=15))) == []
+    assert Client(state).send(post(completion(max_tokens=15, ignore_eos=True))) == []  # its length known
     (refused,) = Client(state).send(post(completion()))
     assert refused.status == 429
     # told to be back by 1 ms before that release (the lobby's "be here by": lateness 0 + 1 ms),
@@ -139,7 +139,7 @@ def test_a_final_refusal_is_a_429_that_says_not_to_retry_and_names_no_wait() -> 
     state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0))
     # 16 tokens at the prior 0.1 s a token: forecast to end 1.6 s after admission, past the 1 s
     # promise horizon: the refusal is final
-    assert Client(state).send(post(completion(max_tokens=16))) == []
+    assert Client(state).send(post(completion(max_tokens=16, ignore_eos=True))) == []  # its length known
     (refused,) = Client(state).send(post(completion()))
     assert refused.status == 429 and refused.headers["x-should-retry"] == "false"
     assert not {"retry-after-ms", "retry-after", "retry-ticket"} & set(refused.headers)
@@ -542,7 +542,7 @@ def test_a_429_carries_the_appointments_ticket_and_the_retry_is_let_in_by_it_or_
         clock=clock, upstream=upstream,
     )  # fmt: skip
     # holds the slot, forecast to end at 0.5 s: 5 tokens at the prior 0.1 s a token
-    assert Client(state).send(post(completion("hold", max_tokens=5))) == []
+    assert Client(state).send(post(completion("hold", max_tokens=5, ignore_eos=True))) == []
     refused_by_body = Client(state).send(post(completion("mine")))[0]
     # told to be back by 1 ms before the release (the lobby's "be here by": lateness 0 + 1 ms)
     assert refused_by_body.status == 429 and refused_by_body.headers["retry-after-ms"] == "499"
@@ -570,7 +570,7 @@ def test_every_refusal_says_why_in_llm_ds_words_beside_the_governors_reason() ->
     assert yielded.status == 429 and yielded.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"
     assert orjson.loads(yielded.body)["error"]["code"] == "inflight"  # the governor's own reason stays
     final_state = make_state(max_inflight=1, integrity=IntegrityMode.OFF, hint_policy=RetryHintPolicy(jitter=0.0))
-    assert Client(final_state).send(post(completion(max_tokens=16))) == []  # past the 1 s horizon
+    assert Client(final_state).send(post(completion(max_tokens=16, ignore_eos=True))) == []  # past the 1 s horizon
     (final,) = Client(final_state).send(post(completion()))
     assert final.headers["x-should-retry"] == "false"
     assert final.headers["x-llm-d-request-dropped-reason"] == "rejected-saturated"

@@ -31,10 +31,10 @@ def replies(writes: Any) -> list[dict[str, Any]]:
 def test_yield_is_written_in_the_same_call_and_byte_exact() -> None:
     state = make_state(max_inflight=1, hint_policy=RetryHintPolicy(jitter=0.0))
     ingress, writes = make_ingress(state)
-    ingress.receive_data(frame("a") + frame("b"))
-    # a's release is forecast from its own 16 tokens (the frame's default max_new_tokens) at the
-    # prior 0.1 s a token: a first token a step after admission, 15 steps more = 1.6 s, past the
-    # 1 s promise horizon: b is refused for good (no ticket, `"final":true`).
+    ingress.receive_data(frame("a", stop_on_eos=False) + frame("b"))
+    # a's release is forecast from its own 16 tokens (the frame's default max_new_tokens, all of
+    # them: it runs to its length) at the prior 0.1 s a token: a first token a step after
+    # admission, 15 steps more = 1.6 s, past the 1 s promise horizon: b is refused for good (no ticket, `"final":true`).
     assert writes.chunks == [b'{"id":"b","status":"yield","retry_hint_ms":1600,"reason":"inflight","final":true}\n']
     assert state.admission.inflight.inflight == 1
     assert state.accounting.yielded["inflight"] == 1 and state.accounting.final["inflight"] == 1
@@ -422,9 +422,9 @@ def test_a_retry_ticket_of_any_shape_is_no_ticket_never_an_error(junk: Any) -> N
     upstream = FakeUpstream()
     state = make_state(max_inflight=1, upstream=upstream, clock=clock, hint_policy=RetryHintPolicy(jitter=0.0))
     ingress, writes = make_ingress(state)
-    # 2 tokens at the prior 0.1 s a token: forecast to end 0.2 s after its admission (b's slot;
-    # c's is the round after, 0.4 s: both within the 1 s horizon, both booked)
-    ingress.receive_data(frame("hold", max_new_tokens=2))
+    # 2 tokens (all: it runs to its length) at the prior 0.1 s a token: forecast to end 0.2 s
+    # after its admission (b's slot; c's is the round after, 0.4 s: both within the 1 s horizon, both booked)
+    ingress.receive_data(frame("hold", max_new_tokens=2, stop_on_eos=False))
     ingress.receive_data(frame("b") + frame("c", "other", retry_ticket=junk))
     b, c = replies(writes)
     # told to be back by 1 ms before the release (the lobby's "be here by": lateness 0 + 1 ms)
@@ -447,7 +447,7 @@ def test_a_frame_with_a_retry_ticket_is_a_retry_and_blind_without_its_appointmen
     upstream = FakeUpstream()
     state = make_state(max_inflight=1, upstream=upstream, clock=clock, hint_policy=RetryHintPolicy(jitter=0.0))
     ingress, writes = make_ingress(state)
-    ingress.receive_data(frame("hold", max_new_tokens=2) + frame("b"))
+    ingress.receive_data(frame("hold", max_new_tokens=2, stop_on_eos=False) + frame("b"))
     (b,) = replies(writes)
     assert b["status"] == "yield" and b["retry_ticket"]
     ingress.receive_data(frame("stale", "other", retry_ticket="t-unknown"))  # a ticket nobody booked
