@@ -12,9 +12,9 @@ admitted together end together, and wrong for a long stream that holds its slot 
 - **Tokens left**: `max_new_tokens` (all of it for a request that runs to its length:
   `stop_on_eos: false`, `ignore_eos`), else `max_new_tokens` x the share of it that requests
   really generate (learnt from the requests that could end at an end of sequence and did end:
-  early end-of-sequence makes `max_new_tokens` an upper bound; while fewer than
-  `CONFIDENT_AFTER` ended, at most `OPTIMISTIC_LENGTH`: the optimistic side, as for the step),
-  less what it has streamed; at least one.
+  early end-of-sequence makes `max_new_tokens` an upper bound; 1 before any ended: a length is
+  not guessed short, since a promise made on a length too short is one the horizon may not
+  keep), less what it has streamed; at least one.
 - **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
   to its latest token (which already carries the batch it runs in and its endpoint's speed);
   before that, by its endpoint's `EngineModel`: the gaps of the requests that ended there, and
@@ -81,15 +81,6 @@ SMOOTHING = 0.2
 CONFIDENT_AFTER = 8
 """Ended streams of an endpoint after which its step estimate is its learnt average; before, the
 fastest of what it has (learnt, streaming now, probed or told): the optimistic side."""
-
-OPTIMISTIC_LENGTH = 0.5
-"""The share of `max_new_tokens` a request that may end at an end of sequence is forecast to
-generate while fewer than `CONFIDENT_AFTER` such requests ended (at most: less if those that
-ended generated less). A cold forecast of every request running to its `max_tokens` booked a
-burst's appointments two or three times too late in front of a model that ends early (the tiny
-GPT-2 behind `transformers serve` ends after 10-17 of 32: 0.38x of the server alone on a fresh
-governor's first burst), the server idle between sleeping clients; one too early costs its
-holder a wait in the lobby."""
 
 OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
@@ -250,8 +241,6 @@ class ReleaseForecast:
 
     __slots__ = (
         "length_ratio",
-        "lengths",
-        "_length_share",
         "models",
         "error",
         "relative_errors",
@@ -269,10 +258,8 @@ class ReleaseForecast:
 
     def __init__(self) -> None:
         # Generated tokens / max_new_tokens, over the requests that ended that could end early
-        # (`Ask.to_length` false): `lengths` of them; what a forecast uses is `_length_share`.
+        # (`Ask.to_length` false: one that runs to its length says nothing of the others).
         self.length_ratio = 1.0
-        self.lengths = 0
-        self._length_share = OPTIMISTIC_LENGTH
         self.models: dict[Endpoint | None, EngineModel] = {}
         self.error = Histogram(FORECAST_ERROR_BUCKETS)
         self.relative_errors: deque[float] = deque(maxlen=2048)
@@ -337,11 +324,7 @@ class ReleaseForecast:
             self._learn_batch(model, grant, first, progress.t_last_token)
             asked = grant.ask.max_new_tokens
             if asked > 0 and not grant.ask.to_length:
-                share = min(1.0, tokens / asked)
-                self.length_ratio = share if not self.lengths else _ewma(self.length_ratio, share)
-                self.lengths += 1
-                confident = self.lengths >= CONFIDENT_AFTER
-                self._length_share = self.length_ratio if confident else min(self.length_ratio, OPTIMISTIC_LENGTH)
+                self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
         forecast = grant.forecast_s
         if forecast is not None and executed:
             error = forecast - now
@@ -396,7 +379,7 @@ class ReleaseForecast:
         seen = 0 if progress is None else progress.tokens_seen
         first = None if progress is None else progress.t_first_token
         ask = grant.ask
-        expected = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self._length_share
+        expected = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self.length_ratio
         left = expected - seen if expected - seen >= 1.0 else 1.0
         if (
             progress is not None

@@ -12,7 +12,6 @@ from governor.admission.endpoint import Endpoint, EndpointLimits, Probed
 from governor.admission.limits import Grant
 from governor.admission.release_forecast import (
     CONFIDENT_AFTER,
-    OPTIMISTIC_LENGTH,
     PRIOR_STEP_S,
     EngineModel,
     ReleaseForecast,
@@ -196,27 +195,24 @@ def test_an_early_end_of_sequence_is_learnt_as_a_length_ratio() -> None:
     assert forecast.models[ENDPOINT].step_s == pytest.approx((0.19 - 0.1) / 9)
 
 
-def test_a_cold_forecast_takes_the_optimistic_side_of_a_length_only_for_requests_that_may_end_early() -> None:
-    """Before `CONFIDENT_AFTER` requests that may end at an end of sequence ended, such a request
-    is forecast to generate at most `OPTIMISTIC_LENGTH` of its `max_new_tokens` (less if those
-    that ended did); one that runs to its length (`ignore_eos`) all of it, and it teaches nothing
-    of the share."""
+def test_a_request_that_runs_to_its_length_is_forecast_at_all_of_it_and_teaches_no_share() -> None:
+    """`ignore_eos` (`Ask.to_length`): its length is known; the share learnt from requests that
+    may end at an end of sequence is not applied to it, nor taught by it."""
     endpoint = Endpoint("e", EndpointLimits(step_ms=10), now=0.0)
     forecast = ReleaseForecast()
-    may_end, _ = admitted(forecast, 0.0, 20, endpoint=endpoint)
-    may_end.ask.to_length = False
-    to_length, _ = admitted(forecast, 0.0, 20, endpoint=endpoint)
-    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(20 * OPTIMISTIC_LENGTH * 0.01)
-    assert forecast.slot_free_at(0.0, 2, None) == pytest.approx(20 * 0.01)
-    _stream(forecast, to_length, to_length.progress, [0.01 * (i + 1) for i in range(20)])  # type: ignore[arg-type]
-    assert forecast.lengths == 0
-    for k in range(CONFIDENT_AFTER):  # requests that may end early run to 90% of theirs
-        grant, stream = admitted(forecast, 1.0 + k, 20, endpoint=endpoint)
+    for k in range(20):  # requests that may end early run to half of theirs
+        grant, stream = admitted(forecast, k, 20, endpoint=endpoint)
         grant.ask.to_length = False
-        _stream(forecast, grant, stream, [1.0 + k + 0.01 * (i + 1) for i in range(18)])
-        expected_share = OPTIMISTIC_LENGTH if k < CONFIDENT_AFTER - 1 else pytest.approx(0.9)
-        assert forecast._length_share == expected_share, k
-    forecast.release(may_end, True)
+        _stream(forecast, grant, stream, [k + 0.01 * (i + 1) for i in range(10)])
+    share = forecast.length_ratio
+    assert share < 0.6
+    to_length, stream = admitted(forecast, 100.0, 20, endpoint=endpoint)
+    may_end, _ = admitted(forecast, 100.0, 20, endpoint=endpoint)
+    may_end.ask.to_length = False
+    ends = sorted(forecast.slot_free_at(100.0, k, None) or 0.0 for k in (1, 2))
+    assert ends == pytest.approx([100.0 + 20 * share * 0.01, 100.0 + 20 * 0.01])
+    _stream(forecast, to_length, stream, [100.0 + 0.01 * (i + 1) for i in range(20)])
+    assert forecast.length_ratio == share
 
 
 def test_the_step_is_learnt_from_the_first_to_the_last_token_not_to_the_end() -> None:
