@@ -82,6 +82,7 @@ from benchmarks.peers.sdk_overload import (
     LlamaSitting,
     Request,
     Run,
+    add_sitting_arguments,
     arrivals_of,
     drive,
     fmt_ms,
@@ -409,15 +410,9 @@ def write_raw(results: Rounds, args: argparse.Namespace, capacity: float) -> str
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--overload", type=float, default=2.5, help="Poisson rate, x the measured capacity")
-    parser.add_argument("--seconds", type=float, default=20.0, help="how long Poisson arrivals last")
-    parser.add_argument("--burst", type=int, default=32, help="requests released at once")
-    parser.add_argument("--max-tokens", type=int, default=16, help="per request (ignore_eos: exactly that many)")
+    add_sitting_arguments(parser)
     parser.add_argument("--slo-ms", type=float, default=2000.0, help="the TTFT goodput counts at the default horizon")
     parser.add_argument("--horizon-ms", type=float, default=10000.0, help="ours' long promise horizon, and its SLO")
-    parser.add_argument("--parallel", type=int, default=8, help="llama-server's slots, the governor's cap")
-    parser.add_argument("--capacity-seconds", type=float, default=10.0, help="the closed loop measuring capacity")
     parser.add_argument(
         "--only",
         type=lambda text: [name.strip() for name in text.split(";")],

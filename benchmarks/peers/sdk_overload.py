@@ -705,16 +705,22 @@ def variant(args: argparse.Namespace) -> str | None:
     return re.sub(r"[^a-z0-9]+", "-", args.governor_args.lower()).strip("-") or None
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_sitting_arguments(parser: argparse.ArgumentParser) -> None:
+    """The llama-server sitting's flags (this script's and hint_policies'): rounds, the loads, the
+    requests, the server's slots and the capacity measurement."""
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--overload", type=float, default=2.5, help="Poisson rate, x the measured capacity")
     parser.add_argument("--seconds", type=float, default=20.0, help="how long Poisson arrivals last")
     parser.add_argument("--burst", type=int, default=32, help="requests released at once")
     parser.add_argument("--max-tokens", type=int, default=16, help="per request (ignore_eos: exactly that many)")
-    parser.add_argument("--slo-ms", type=float, default=2000.0, help="the TTFT that counts toward goodput")
     parser.add_argument("--parallel", type=int, default=8, help="llama-server's slots, the governor's concurrency")
     parser.add_argument("--capacity-seconds", type=float, default=10.0, help="the closed loop measuring capacity")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sitting_arguments(parser)
+    parser.add_argument("--slo-ms", type=float, default=2000.0, help="the TTFT that counts toward goodput")
     parser.add_argument("--governor-args", default="", help="more governor flags, e.g. '--promise-horizon-ms 1000'")
     parser.add_argument("--json", type=Path, default=None, help="per-request records (default benchmarks/out/...)")
     args = parser.parse_args()
