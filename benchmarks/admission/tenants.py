@@ -376,17 +376,22 @@ def record_neighbour(
             met=None if bar is None or ratio is None else ratio >= bar,
             headline=bar is not None and side == tenants,
         )
-    ratio = paired_ratio(rounds, guaranteed, tenants, a_rate)
-    sitting.figure(
-        f"A completed/s, B guaranteed_inflight={guarantee}",
-        measured[guaranteed]["a_completed_rps"],
-        "req/s",
-        baseline=("tenants 1:1, no guarantee", measured[tenants]["a_completed_rps"]),
-        ratio=ratio,
-        bar="ratio >= 0.9",
-        met=None if ratio is None else ratio >= 0.9,
-        headline=False,
-    )
+
+    def a_figure(label: str, side: str, baseline: str) -> None:
+        """A's throughput in `side` against the tenants 1:1 run (bar: >= 0.9x)."""
+        ratio = paired_ratio(rounds, side, tenants, a_rate)
+        sitting.figure(
+            label,
+            measured[side]["a_completed_rps"],
+            "req/s",
+            baseline=(baseline, measured[tenants]["a_completed_rps"]),
+            ratio=ratio,
+            bar="ratio >= 0.9",
+            met=None if ratio is None else ratio >= 0.9,
+            headline=False,
+        )
+
+    a_figure(f"A completed/s, B guaranteed_inflight={guarantee}", guaranteed, "tenants 1:1, no guarantee")
     sitting.figure("B added wait p95, tenants 1:1", onset["b_added_wait_p95_ms"], "ms", headline=False)
     # The quiet tenant lent slots past the cap (issue 60's bars: B steady <= 2x alone, A >= 0.9x).
     loaned = f"A + B, tenants 1:1, --tenant-loan {MAX_INFLIGHT}"
@@ -398,17 +403,7 @@ def record_neighbour(
         2.0,
         True,
     )
-    ratio = paired_ratio(rounds, loaned, tenants, a_rate)
-    sitting.figure(
-        f"A completed/s, --tenant-loan {MAX_INFLIGHT}",
-        measured[loaned]["a_completed_rps"],
-        "req/s",
-        baseline=("tenants 1:1, no loan", measured[tenants]["a_completed_rps"]),
-        ratio=ratio,
-        bar="ratio >= 0.9",
-        met=None if ratio is None else ratio >= 0.9,
-        headline=False,
-    )
+    a_figure(f"A completed/s, --tenant-loan {MAX_INFLIGHT}", loaned, "tenants 1:1, no loan")
 
 
 # -- weights ---------------------------------------------------------------------------------------
