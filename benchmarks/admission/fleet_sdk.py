@@ -99,10 +99,13 @@ def start_replica(tree: Path, redis_url: str, key: str, name: str) -> tuple[Pope
     """A governor of `tree` (its own interpreter, its spawned echo worker), sharing the fleet cap:
     (process, NDJSON port, HTTP port), once its worker is up and its door listens."""
     port, http = free_port(), free_port()
+    # Its fleet share books its refusals where the tree has the switch (`--fleet-promises on`, opt-in).
+    config = (tree / "governor" / "shell" / "config.py").read_text()
+    promises = ("--fleet-promises", "on") if "fleet_promises" in config else ()
     argv = [
         *("-m", "governor", "serve", "--port", str(port), "--metrics-port", "0", "--log-level", "warning"),
         *("--http-port", str(http), "--integrity", "optional", "--max-inflight", "64"),
-        *("--fleet", redis_url, "--fleet-name", key, "--fleet-max-inflight", str(CAP)),
+        *("--fleet", redis_url, "--fleet-name", key, "--fleet-max-inflight", str(CAP), *promises),
         *("--", "--engine", "echo", "--token-delay-ms", str(TOKEN_DELAY_MS)),
     ]
     python = tree / ".venv" / "bin" / "python"

@@ -212,12 +212,12 @@ class Admission:
         self.adaptive.set_ceiling(caps.max_inflight)
         self._activate()
 
-    def join_fleet(self, fleet: SharedLimit) -> None:
+    def join_fleet(self, fleet: SharedLimit, promises: bool = False) -> None:
         """Enforce this replica's share of the fleet caps (fleet/lease.py) from now on (at start,
-        before any frame); its in-flight share books the clients it refuses, unless hints are
-        fixed."""
+        before any frame); with `promises` (`--fleet-promises on`), its in-flight share books the
+        clients it refuses, unless hints are fixed."""
         self.fleet = fleet
-        if self.hints.policy.adaptive:
+        if promises and self.hints.policy.adaptive:
             fleet.keep(fleet_book(self.forecast, self.hints, self.appointments, fleet.growth))
         self._every = (*self._every, fleet)
         self._activate()

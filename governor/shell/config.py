@@ -168,6 +168,12 @@ class GovernorConfig:
     fleet_name: str = option("governor", "the fleet's key prefix in Redis: replicas with the same name share caps")
     fleet_max_inflight: int = option(0, "hard cap on admitted, unfinished requests over the whole fleet; 0 = none")
     fleet_max_qps: float = option(0.0, "hard cap on admissions per second over the whole fleet; 0 = none")
+    fleet_promises: Literal["on", "off"] = option(
+        "off",
+        "on: this replica's share of --fleet-max-inflight books the clients it refuses (their slot kept, a"
+        " renewal never shrinks the share below what they count on); off: its hints are estimates. Opt-in: a"
+        " replica cut off and healed may wait for a share while the others' are kept for their promises",
+    )
     fleet_qps_burst: float = option(0.0, "admissions the fleet's --fleet-max-qps can bank; 0 = one second's")
     fleet_max_inflight_tokens: int = option(
         0, "hard cap on the token cost held by admitted requests over the whole fleet; 0 = none"

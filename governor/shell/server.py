@@ -446,7 +446,7 @@ class Server:
         if not config.fleet:
             return
         lease = FleetLease(config.fleet_policy(), state.admission.hints, time.monotonic())
-        state.admission.join_fleet(lease)
+        state.admission.join_fleet(lease, promises=config.fleet_promises == "on")
         member = FleetMember(
             config.fleet,
             config.fleet_name,

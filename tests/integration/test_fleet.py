@@ -333,7 +333,9 @@ def test_a_burst_on_one_replica_is_promised_the_fleets_slots_and_kept(
     the share's refusals book appointments (first the slots the fleet has free, for the renewal
     that grows the share, then the replica's releases), every client back in its window is
     admitted, and the fleet never holds more than 8."""
-    governors = start_fleet(start_governor, start_worker, redis_server.url, 2, "--fleet-max-inflight", "8")
+    governors = start_fleet(
+        start_governor, start_worker, redis_server.url, 2, "--fleet-max-inflight", "8", "--fleet-promises", "on"
+    )
     first = governors[0]
 
     async def burst(clients: int) -> list[str]:

@@ -26,7 +26,7 @@ def replica(redis: LuaRedis) -> tuple[Admission, Engine, FleetLease]:
     redis.now = 0.0
     admission, engine, _ = governor(cap=64, first_s=0.1, step_s=0.02, tokens=11)
     lease = FleetLease(POLICY, admission.hints, redis.now)
-    admission.join_fleet(lease)
+    admission.join_fleet(lease, promises=True)
     return admission, engine, lease
 
 
