@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 from governor.admission.endpoint import Endpoint
-from governor.admission.limits import Grant
+from governor.admission.limits import Grant, Progress
 from governor.latency import Histogram
 
 STALE_S = 0.02
@@ -231,6 +231,16 @@ def _admitted_at(grant: Grant) -> float:
     return grant.t_admitted
 
 
+def _pace(progress: Progress) -> float | None:
+    """A stream's time between two tokens, from its first to its latest; None before two tokens
+    came apart (tokens read at once tell no pace)."""
+    first = progress.t_first_token
+    seen = progress.tokens_seen
+    if first is None or seen < 2 or progress.t_last_token <= first:
+        return None
+    return (progress.t_last_token - first) / (seen - 1)
+
+
 def _ewma(old: float | None, sample: float) -> float:
     return sample if old is None else old + SMOOTHING * (sample - old)
 
@@ -369,7 +379,7 @@ class ReleaseForecast:
 
     def _release_at(self, grant: Grant, now: float, starts_at: float | None = None) -> float:
         """When this request will give back what it was charged: its tokens left at its own pace,
-        else its endpoint's step (learnt, else the prior). `starts_at`: it waits in its server's
+        else its endpoint's estimate (`EngineModel.estimate`). `starts_at`: it waits in its server's
         queue until then (the FIFO of an endpoint running a bounded batch), and its first token
         comes a step after."""
         model = self.model(grant.endpoint)
@@ -381,14 +391,10 @@ class ReleaseForecast:
         ask = grant.ask
         expected = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self.length_ratio
         left = expected - seen if expected - seen >= 1.0 else 1.0
-        if (
-            progress is not None
-            and first is not None
-            and seen >= 2
-            and progress.t_last_token > first  # tokens that came in one read tell no pace
-            and (seen >= OWN_RATE_AFTER or learnt is None)
-        ):
-            step = (progress.t_last_token - first) / (seen - 1)  # its own pace
+        if progress is not None and (seen >= OWN_RATE_AFTER or learnt is None):
+            own = _pace(progress)
+            if own is not None:
+                step = own
         if progress is not None and first is not None:
             at = progress.t_last_token + left * step
         elif starts_at is not None:
@@ -432,11 +438,8 @@ class ReleaseForecast:
         paces: dict[Endpoint | None, list[float]] = {}
         for grant in self._live.values():
             progress = grant.progress
-            if progress is None or progress.tokens_seen < 2:
-                continue
-            first = progress.t_first_token
-            if first is not None and progress.t_last_token > first:  # tokens read at once tell no pace
-                pace = (progress.t_last_token - first) / (progress.tokens_seen - 1)
+            pace = None if progress is None else _pace(progress)
+            if pace is not None:
                 paces.setdefault(grant.endpoint, []).append(pace)
         for endpoint, model in self.models.items():
             seen = paces.get(endpoint)
