@@ -153,17 +153,22 @@ class OpenAILink:
         pool = self._pool
         if pool is None:
             raise BadFrame("endpoint not started", generate.id)  # only before `maintain` runs
-        payload = orjson.dumps(body)
+        exchange = self._streamed_post(path.encode(), orjson.dumps(body))
+        self.inflight[uid] = request
+        relay = self._relays[uid] = Relay(self, self.lifecycle, uid, request)
+        relay.call = pool.start(exchange, relay)
+
+    def _streamed_post(self, path: bytes, payload: bytes) -> bytes:
+        """A JSON `POST {base}{path}` that asks for an event stream, head and body, with the
+        headers every request carries (the API key's)."""
         head = request_head(
             b"POST",
-            self._base_path + path.encode(),
+            self._base_path + path,
             self._host_header,
             b"content-type: application/json\r\naccept: text/event-stream\r\n" + self._headers,
             len(payload),
         )
-        self.inflight[uid] = request
-        relay = self._relays[uid] = Relay(self, self.lifecycle, uid, request)
-        relay.call = pool.start(head + payload, relay)
+        return head + payload
 
     def cancel(self, uid: str) -> None:
         relay = self._relays.get(uid)
@@ -284,15 +289,7 @@ class OpenAILink:
     def _send_probe(self, handler: ResponseHandler) -> Callable[[], None]:
         """One probe request (endpoint_probe.Send): a short streamed completion on the pool."""
         assert self._pool is not None
-        body = probe_body(self.target)
-        head = request_head(
-            b"POST",
-            self._base_path + b"/completions",
-            self._host_header,
-            b"content-type: application/json\r\naccept: text/event-stream\r\n" + self._headers,
-            len(body),
-        )
-        return self._pool.start(head + body, handler).abort
+        return self._pool.start(self._streamed_post(b"/completions", probe_body(self.target)), handler).abort
 
     async def _watch(self, health: HealthPolicy) -> None:
         failures_logged = 0
