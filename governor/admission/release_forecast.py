@@ -231,9 +231,10 @@ def _admitted_at(grant: Grant) -> float:
     return grant.t_admitted
 
 
-def _pace(progress: Progress) -> float | None:
+def stream_pace(progress: Progress) -> float | None:
     """A stream's time between two tokens, from its first to its latest; None before two tokens
-    came apart (tokens read at once tell no pace)."""
+    came apart (tokens read at once tell no pace). A request's, and a probe's
+    (links/endpoint_probe.py)."""
     first = progress.t_first_token
     seen = progress.tokens_seen
     if first is None or seen < 2 or progress.t_last_token <= first:
@@ -392,7 +393,7 @@ class ReleaseForecast:
         expected = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self.length_ratio
         left = expected - seen if expected - seen >= 1.0 else 1.0
         if progress is not None and (seen >= OWN_RATE_AFTER or learnt is None):
-            own = _pace(progress)
+            own = stream_pace(progress)
             if own is not None:
                 step = own
         if progress is not None and first is not None:
@@ -438,7 +439,7 @@ class ReleaseForecast:
         paces: dict[Endpoint | None, list[float]] = {}
         for grant in self._live.values():
             progress = grant.progress
-            pace = None if progress is None else _pace(progress)
+            pace = None if progress is None else stream_pace(progress)
             if pace is not None:
                 paces.setdefault(grant.endpoint, []).append(pace)
         for endpoint, model in self.models.items():

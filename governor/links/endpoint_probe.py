@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import orjson
 
 from governor.admission.endpoint import OpenAITarget, Probed
+from governor.admission.release_forecast import stream_pace
 from governor.links.http_client import HttpClientError, ResponseHandler
 from governor.links.openai_stream import UpstreamProtocolError, read_chunk
 from governor.links.sse import SseDecoder, SseError
@@ -74,28 +75,31 @@ def probe_body(target: OpenAITarget) -> bytes:
 
 class ProbeStream:
     """One probe's response (http_client.ResponseHandler): when it was sent, when its first and
-    last tokens came (a chunk with text is a token), and why it failed, if it did."""
+    last tokens came (a chunk with text is a token: read as a request's stream is,
+    limits.Progress), and why it failed, if it did."""
 
-    __slots__ = ("sent_at", "first_at", "last_at", "tokens", "error", "ended", "_clock", "_decoder", "_ok")
+    __slots__ = (
+        "sent_at",
+        "t_first_token",
+        "t_last_token",
+        "tokens_seen",
+        "error",
+        "ended",
+        "_clock",
+        "_decoder",
+        "_ok",
+    )
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self.sent_at = clock()
-        self.first_at: float | None = None
-        self.last_at = 0.0
-        self.tokens = 0
+        self.t_first_token: float | None = None
+        self.t_last_token = 0.0
+        self.tokens_seen = 0
         self.error = ""
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._decoder = SseDecoder()
         self._ok = False
-
-    @property
-    def pace_s(self) -> float | None:
-        """Its time between two tokens; None when fewer than two came apart."""
-        first = self.first_at
-        if first is None or self.tokens < 2 or self.last_at <= first:
-            return None
-        return (self.last_at - first) / (self.tokens - 1)
 
     def _end(self, error: str = "") -> None:
         if not self.ended.done():
@@ -117,10 +121,10 @@ class ProbeStream:
                     return self._end()
                 if read_chunk(event).text:
                     now = self._clock()
-                    self.tokens += 1
-                    self.last_at = now
-                    if self.first_at is None:
-                        self.first_at = now
+                    self.tokens_seen += 1
+                    self.t_last_token = now
+                    if self.t_first_token is None:
+                        self.t_first_token = now
         except (UpstreamProtocolError, SseError) as exc:
             self._end(str(exc))
 
@@ -137,7 +141,7 @@ class ProbeStream:
 def _most_at_once(streams: list[ProbeStream]) -> int:
     """The most of these streams that were streaming at one moment (first to last token)."""
     edges = sorted(
-        edge for s in streams if s.first_at is not None for edge in ((s.first_at, 1), (s.last_at, 0))
+        edge for s in streams if s.t_first_token is not None for edge in ((s.t_first_token, 1), (s.t_last_token, 0))
     )  # at a tie, an end before a start: a stream that starts as another ends did not overlap it
     most = now = 0
     for _, start in edges:
@@ -148,18 +152,21 @@ def _most_at_once(streams: list[ProbeStream]) -> int:
 
 def _queued(streams: list[ProbeStream]) -> bool:
     """Whether a stream's first token came only after another had ended: it waited in the server's queue."""
-    ends = [s.last_at for s in streams if s.first_at is not None]
-    return any(s.first_at is not None and s.first_at >= min(ends) for s in streams if len(ends) > 1)
+    ends = [s.t_last_token for s in streams if s.t_first_token is not None]
+    if len(ends) < 2:
+        return False
+    first_end = min(ends)
+    return any(s.t_first_token is not None and s.t_first_token >= first_end for s in streams)
 
 
 def read_probes(lone: ProbeStream | None, round_: list[ProbeStream]) -> Probed | None:
     """What the probes measured (see the module's docstring); None when no probe streamed a token."""
     for streams in (round_, [lone] if lone is not None else []):
-        started = [s for s in streams if s.first_at is not None]
+        started = [s for s in streams if s.t_first_token is not None]
         if not started:
             continue
-        paces = [pace for s in started if (pace := s.pace_s) is not None]
-        first_token_s = min(s.first_at - s.sent_at for s in started if s.first_at is not None)
+        paces = [pace for s in started if (pace := stream_pace(s)) is not None]
+        first_token_s = min(s.t_first_token - s.sent_at for s in started if s.t_first_token is not None)
         batch = 0
         if len(streams) > 1 and _queued(started):
             batch = _most_at_once(started)
