@@ -93,6 +93,7 @@ def build_parts(
     and displacement is carried out."""
     forecast = ReleaseForecast()
     registry = Appointments(grace_s, hints, lobby=served)
+    registry.stretch = forecast.stretch
     booking = hints.policy.adaptive
     slots = AppointmentBook(_INFLIGHT, registry, True, _slots_free_at(forecast, hints, registry, lambda: slots))
     inflight = InflightLimiter(caps.max_inflight, hints, slots if booking else None, forecast.service_of)

@@ -244,7 +244,7 @@ class InflightLimiter:
         max_inflight: int,
         hints: RetryHintEstimator,
         book: AppointmentBook | None = None,
-        service_of: Callable[[int], float | None] | None = None,
+        service_of: Callable[[Ask], float | None] | None = None,
     ) -> None:
         if max_inflight < 1:
             raise ValueError("max_inflight must be >= 1")
@@ -301,7 +301,7 @@ class InflightLimiter:
         would go without (`AppointmentBook.due`). Nothing is lent before a stream has taught the
         forecast its speed."""
         service_of = self._service_of
-        service_s = None if service_of is None else service_of(ask.max_new_tokens)
+        service_s = None if service_of is None else service_of(ask)
         if service_s is None or now + service_s > book.due(now, ask.appointment, ask.rank, free):
             return False
         self._lent = ask

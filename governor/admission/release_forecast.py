@@ -11,10 +11,15 @@ admitted together end together, and wrong for a long stream that holds its slot 
 
 - **Tokens left**: `max_new_tokens` (all of it for a request that runs to its length:
   `stop_on_eos: false`, `ignore_eos`), else `max_new_tokens` x the share of it that requests
-  really generate (learnt from the requests that could end at an end of sequence and did end:
-  early end-of-sequence makes `max_new_tokens` an upper bound; 1 before any ended: a length is
-  not guessed short, since a promise made on a length too short is one the horizon may not
-  keep), less what it has streamed; at least one.
+  really generate, less what it has streamed; at least one. The share is learnt from the
+  requests that could end at an end of sequence and did end (early end-of-sequence makes
+  `max_new_tokens` an upper bound). Two shares are kept while fewer than `CONFIDENT_AFTER` of
+  them ended. The forecast, which every hint and appointment time is read from, takes the
+  optimistic one (`OPTIMISTIC_SHARE`, or what ended if less): a hint too early costs its client
+  a hold in the lobby, one too late idles the server while the client sleeps. Whether a promise
+  fits the horizon is judged on the conservative one (all of `max_new_tokens` before any ended,
+  then the learnt average), by stretching the wait by their ratio (`stretch`): a promise made on
+  a length too short is one the horizon may not keep.
 - **Step time**: a request that has streamed a few tokens is timed by its own pace, from its first
   to its latest token (which already carries the batch it runs in and its endpoint's speed);
   before that, by its endpoint's `EngineModel`: the gaps of the requests that ended there, and
@@ -61,6 +66,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
+from governor.admission.cost import Ask
 from governor.admission.endpoint import Endpoint
 from governor.admission.limits import Grant, Progress
 from governor.latency import Histogram
@@ -80,7 +86,16 @@ SMOOTHING = 0.2
 
 CONFIDENT_AFTER = 8
 """Ended streams of an endpoint after which its step estimate is its learnt average; before, the
-fastest of what it has (learnt, streaming now, probed or told): the optimistic side."""
+fastest of what it has (learnt, streaming now, probed or told): the optimistic side. The same
+for the share of `max_new_tokens` generated, over the requests that could end early."""
+
+OPTIMISTIC_SHARE = 0.25
+"""The share of `max_new_tokens` a request that may end early is forecast to generate while fewer
+than `CONFIDENT_AFTER` such requests ended (less if those that ended generated less): the
+optimistic side of a length nobody has seen yet (clients ask for far more than they get: the
+tiny GPT-2 of the benchmarks ends at 0.3 to 0.55 of 32, a chat answer at a few hundred of
+thousands). A cold burst's clients are told times that come before their capacity rather than
+after it, and are held in the lobby for the difference."""
 
 OWN_RATE_AFTER = 4
 """A request that has streamed this many tokens is timed by its own inter-token gap."""
@@ -252,6 +267,11 @@ class ReleaseForecast:
 
     __slots__ = (
         "length_ratio",
+        "lengths",
+        "_length_sum",
+        "_share",
+        "_stretch",
+        "_spans",
         "models",
         "error",
         "relative_errors",
@@ -270,7 +290,14 @@ class ReleaseForecast:
     def __init__(self) -> None:
         # Generated tokens / max_new_tokens, over the requests that ended that could end early
         # (`Ask.to_length` false: one that runs to its length says nothing of the others).
-        self.length_ratio = 1.0
+        self.length_ratio = 1.0  # the conservative share: 1 before any ended
+        self.lengths = 0  # how many it was learnt from
+        self._length_sum = 0.0  # their sum (their mean is the optimistic share's bound)
+        self._share = OPTIMISTIC_SHARE  # the share forecasts take (`_learn_length`)
+        # The time left of the requests in flight, summed as forecast (optimistic lengths) and
+        # as the conservative share would have it: `stretch` is their ratio (at each compute).
+        self._spans = [0.0, 0.0]
+        self._stretch = 1.0
         self.models: dict[Endpoint | None, EngineModel] = {}
         self.error = Histogram(FORECAST_ERROR_BUCKETS)
         self.relative_errors: deque[float] = deque(maxlen=2048)
@@ -335,7 +362,7 @@ class ReleaseForecast:
             self._learn_batch(model, grant, first, progress.t_last_token)
             asked = grant.ask.max_new_tokens
             if asked > 0 and not grant.ask.to_length:
-                self.length_ratio = _ewma(self.length_ratio, min(1.0, tokens / asked))
+                self._learn_length(min(1.0, tokens / asked))
         forecast = grant.forecast_s
         if forecast is not None and executed:
             error = forecast - now
@@ -343,6 +370,31 @@ class ReleaseForecast:
             service = now - grant.t_admitted
             if service > 0:
                 self.relative_errors.append(abs(error) / service)
+
+    def _learn_length(self, share: float) -> None:
+        """A request that could end early generated `share` of its `max_new_tokens`: the
+        conservative share moves towards it from 1; the optimistic one, while fewer than
+        `CONFIDENT_AFTER` ended, is the least of it, their mean and `OPTIMISTIC_SHARE`. At
+        `CONFIDENT_AFTER` both become their mean (the average moves on from there), not what is
+        left of the 1 the conservative one started from."""
+        self.lengths += 1
+        self._length_sum += share
+        if self.lengths == CONFIDENT_AFTER:
+            self.length_ratio = self._length_sum / self.lengths
+        else:
+            self.length_ratio = _ewma(self.length_ratio, share)
+        if self.lengths >= CONFIDENT_AFTER:
+            self._share = self.length_ratio
+        else:
+            self._share = min(self.length_ratio, self._length_sum / self.lengths, OPTIMISTIC_SHARE)
+
+    def stretch(self) -> float:
+        """How much longer than forecast the requests in flight may run, by what ended so far: the
+        time they have left at the conservative share over the time the forecast gives them (at
+        the optimistic share), summed over them as of the last compute. 1 once `CONFIDENT_AFTER`
+        ended, or while every request in flight runs to its length. A wait read from the
+        forecast, stretched by it, is what a promise is judged on (appointments/books.py)."""
+        return self._stretch
 
     def _learn_batch(self, model: EngineModel, grant: Grant, first: float, last: float) -> None:
         """A request streamed from `first` to `last`. Was a request admitted to its
@@ -390,8 +442,15 @@ class ReleaseForecast:
         seen = 0 if progress is None else progress.tokens_seen
         first = None if progress is None else progress.t_first_token
         ask = grant.ask
-        expected = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self.length_ratio
-        left = expected - seen if expected - seen >= 1.0 else 1.0
+        asked = float(ask.max_new_tokens)
+        left = (asked if ask.to_length else asked * self._share) - seen
+        if left < 1.0:
+            left = 1.0
+        longer = 0.0  # how many more its tokens left are at the conservative share
+        if not ask.to_length:
+            longer = asked * self.length_ratio - seen - left
+            if longer < 0.0:
+                longer = 0.0
         if progress is not None and (seen >= OWN_RATE_AFTER or learnt is None):
             own = stream_pace(progress)
             if own is not None:
@@ -406,9 +465,13 @@ class ReleaseForecast:
                 at = now + step
             at += (left - 1.0) * step
         at += model.end_gap_s  # its last token is not its end
-        if at > now:
-            return at
-        return now + (step if step > MIN_REMAINING_S else MIN_REMAINING_S)  # overdue: no sooner than its next token
+        if at <= now:  # overdue: no sooner than its next token
+            at = now + (step if step > MIN_REMAINING_S else MIN_REMAINING_S)
+        # Its own time left (a queued one's from its start: the wait is others' time, counted there).
+        spans = self._spans
+        spans[0] += at - (starts_at if starts_at is not None and starts_at > now else now)
+        spans[1] += longer * step
+        return at
 
     def _queue_releases(self, grants: list[Grant], batch: int, now: float) -> list[tuple[float, Grant]]:
         """The releases of one endpoint's requests when it runs `batch` at once and queues the
@@ -448,6 +511,8 @@ class ReleaseForecast:
 
     def _compute(self, now: float, service_s: float | None) -> None:
         self._estimate_steps()
+        spans = self._spans
+        spans[0] = spans[1] = 0.0
         pairs = []
         groups: dict[object, list[float]] = {}
         costs: dict[object, list[tuple[float, int]]] = {}
@@ -476,6 +541,7 @@ class ReleaseForecast:
             self._round_s = service_s
         else:
             self._round_s = self._times[-1] - now if self._times else 0.0
+        self._stretch = 1.0 + spans[1] / spans[0] if spans[1] > 0.0 else 1.0
         self._computed_at = now
         self._dirty = False
 
@@ -609,10 +675,12 @@ class ReleaseForecast:
         rounds, index = divmod(k - 1, len(times))
         return times[index] + rounds * self._round_s
 
-    def service_of(self, max_new_tokens: int) -> float | None:
-        """How long a request of `max_new_tokens` admitted now would hold its slot, on the slowest
+    def service_of(self, ask: Ask) -> float | None:
+        """How long the request of `ask` admitted now would hold its slot, on the slowest
         endpoint whose speed was learnt (where it runs is chosen after the caps are checked): its
-        time to a first token and its expected tokens at the learnt step, and its end gap. None
+        time to a first token and its tokens at the learnt step, and its end gap. Its tokens are
+        all of `max_new_tokens` for a request that runs to its length, else the conservative share
+        of them (`length_ratio`: a slot is lent only on a length that will not overrun). None
         until a stream has ended somewhere: a prior is a guess, and what reads this (a backfill,
         appointments/books.py) lends capacity only on what was seen."""
         longest: float | None = None
@@ -620,7 +688,7 @@ class ReleaseForecast:
             step = model.step_s
             if step is None:
                 continue
-            tokens = max_new_tokens * self.length_ratio
+            tokens = ask.max_new_tokens if ask.to_length else ask.max_new_tokens * self.length_ratio
             first = step if model.first_token_s is None else model.first_token_s
             service = first + (tokens - 1.0 if tokens > 1.0 else 0.0) * step + model.end_gap_s
             if longest is None or service > longest:

@@ -99,6 +99,7 @@ class Appointment:
         "phase",
         "came_at",
         "booked_at",
+        "due",
     )
 
     def __init__(
@@ -123,6 +124,10 @@ class Appointment:
         self.phase = Phase.BOOKED
         self.came_at = 0.0  # when its holder came back, if it was held
         self.booked_at = at  # when its client was first refused (its promise horizon counts from then)
+        # When its capacity is due free at the latest, as the promise was judged (`at`, or later
+        # while the forecast it was told from is optimistic: ReleaseForecast.stretch): how late a
+        # release comes is counted from here, not from a time told early on purpose.
+        self.due = at
 
     def __repr__(self) -> str:
         return f"Appointment({self.book.reason}, at={self.at:.3f}, {self.phase.value})"
@@ -184,7 +189,7 @@ class Appointment:
     def rebook(self, at: float) -> None:
         """Given back to be booked again at `at`, with its ticket and identity (the book inserts it)."""
         self._expect(_GIVEN_BACK, Phase.BOOKED)
-        self.at = at
+        self.at = self.due = at
 
 
 _BOOKED = frozenset({Phase.BOOKED})

@@ -282,7 +282,7 @@ class AppointmentBook:
             late = (own.came_at if own.in_lobby else now) - own.at  # when it came, held or not
             registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
             # Held, it got its capacity when that freed; not held, the capacity was free already.
-            registry.learn_release(now - own.at if own.in_lobby else 0.0)
+            registry.learn_release(now - own.due if own.in_lobby else 0.0)
         else:
             registry.count(self, own.rank, EARLY)
         self.remove(own, redeemed=True)
@@ -398,7 +398,7 @@ class AppointmentBook:
         if not own.last_call:
             return HOLD, own
         registry.count(self, own.rank, YIELDED_AGAIN)
-        registry.learn_release(now - own.at)  # at least this late: it has not freed yet
+        registry.learn_release(now - own.due)  # at least this late: it has not freed yet
         self.remove(own)
         return max(math.ceil(registry.hints.policy.horizon_ms), 1), None
 
@@ -427,14 +427,23 @@ class AppointmentBook:
         # Past the horizon, counting what releases have recently come after their time told (a
         # server whose prefills stall its batch ends requests later than their pace says): no
         # promise that would be kept soon. The hint as told is what is promised: a wait a
-        # fraction of a millisecond inside the horizon, rounded up to it, is past it.
-        if reaches(hint_ms + (now - first + registry.release_lateness_s) * 1000.0, policy.horizon_ms):
-            return math.ceil(max(policy.horizon_ms, min(wait_ms, policy.max_ms))), None  # final
+        # fraction of a millisecond inside the horizon, rounded up to it, is past it. While the
+        # forecast is optimistic on lengths (few requests ended), the wait is judged stretched to
+        # the conservative ones: told early, its holder is held in the lobby for the difference.
+        stretch = registry.stretch()
+        promised_ms = hint_ms * stretch
+        if reaches(promised_ms + (now - first + registry.release_lateness_s) * 1000.0, policy.horizon_ms):
+            return math.ceil(max(policy.horizon_ms, min(wait_ms * stretch, policy.max_ms))), None  # final
         at = now + hint_ms / 1000.0
-        if own is not None:
-            self.move(own, at)
-            return hint_ms, own
-        return hint_ms, self.book(at, ask, amount, first, displaced)
+        appointment = own
+        if appointment is not None:
+            self.move(appointment, at)
+        else:
+            appointment = self.book(at, ask, amount, first, displaced)
+            if appointment is None:
+                return hint_ms, None
+        appointment.due = now + promised_ms / 1000.0
+        return hint_ms, appointment
 
 
 class PrepaidBook(AppointmentBook):

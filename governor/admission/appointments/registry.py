@@ -111,6 +111,7 @@ class Appointments:
         "reasons",
         "standing",
         "standings",
+        "stretch",
     )
 
     def __init__(
@@ -146,6 +147,10 @@ class Appointments:
         # Counts the changes of the tenants' standings (who is over its share): a book re-ranks
         # its appointments when consulted after one, not on every frame.
         self.standings = 0
+        # How much longer than forecast the capacity promised may take to free
+        # (ReleaseForecast.stretch, set by admission: its forecast is optimistic on lengths while
+        # few requests ended); whether a promise fits the horizon is judged on the wait stretched.
+        self.stretch: Callable[[], float] = _unstretched
 
     @property
     def round_delay_s(self) -> float:
@@ -155,8 +160,8 @@ class Appointments:
         return self.lateness_s + HINT_RESOLUTION_S
 
     def learn_release(self, late_s: float) -> None:
-        """A holder's capacity came free `late_s` after its appointment (0: it was free when the
-        holder came)."""
+        """A holder's capacity came free `late_s` after it was due (`Appointment.due`; 0: it was
+        free when the holder came)."""
         late_s = min(max(late_s, 0.0), self.hints.policy.horizon_ms / 1000.0)
         self.release_lateness_s += LATENESS_SMOOTHING * (late_s - self.release_lateness_s)
 
@@ -300,3 +305,8 @@ class Appointments:
                 self.count(record.book, record.rank, LATE)
                 break
         return None
+
+
+def _unstretched() -> float:
+    """A registry's `stretch` before admission sets its forecast's: the forecast is taken as it is."""
+    return 1.0

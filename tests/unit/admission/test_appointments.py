@@ -120,6 +120,26 @@ def test_the_hint_is_the_slots_release_and_the_slot_is_kept_for_its_holder() -> 
     assert admission.appointments.outcomes == {("inflight", "on_time"): 1}
 
 
+def test_a_cold_forecast_hints_early_and_promises_only_what_its_conservative_side_keeps() -> None:
+    """No request that may end early has ended: the hint is read from the optimistic length (a
+    quarter of 40: 0.1 s to the first token, 9 steps of 20 ms), whether it is a promise from all
+    40 (0.1 s + 39 steps: 0.88 s, inside the 1 s horizon: booked, due then); the next one, a
+    service time later, would be due past the horizon: refused for good at once."""
+    admission, _, _ = governor(cap=1, first_s=0.1, step_s=0.02, tokens=11)
+
+    def may_end(identity: int) -> Ask:
+        a = ask(40, identity)
+        a.to_length = False
+        return a
+
+    assert isinstance(admission.decide(0.0, may_end(1)), Grant)
+    told = admission.decide(0.0, may_end(2))
+    assert isinstance(told, Refusal) and told.hint_ms == 280 and told.appointment is not None
+    assert told.appointment.due == pytest.approx(0.88)
+    final = admission.decide(0.0, may_end(3))
+    assert isinstance(final, Refusal) and final.appointment is None and final.hint_ms >= 1000
+
+
 def test_an_early_holder_is_told_the_time_left_and_keeps_its_appointment() -> None:
     admission, engine = one_running()
     refused = admission.decide(0.0, ask(11, 2))

@@ -78,7 +78,7 @@ def test_nothing_is_lent_before_a_stream_taught_the_forecast_its_speed() -> None
     made, _, _ = kept_slot()
     for model in made.forecast.models.values():
         model.step_s = None  # (as if no stream had ended: the speed is the prior's guess)
-    assert made.forecast.service_of(4) is None
+    assert made.forecast.service_of(ask(4, 10)) is None
     assert isinstance(made.decide(0.22, ask(4, 10)), Refusal)
 
 

@@ -12,6 +12,7 @@ from governor.admission.endpoint import Endpoint, EndpointLimits, Probed
 from governor.admission.limits import Grant
 from governor.admission.release_forecast import (
     CONFIDENT_AFTER,
+    OPTIMISTIC_SHARE,
     PRIOR_STEP_S,
     EngineModel,
     ReleaseForecast,
@@ -213,6 +214,47 @@ def test_a_request_that_runs_to_its_length_is_forecast_at_all_of_it_and_teaches_
     assert ends == pytest.approx([100.0 + 20 * share * 0.01, 100.0 + 20 * 0.01])
     _stream(forecast, to_length, stream, [100.0 + 0.01 * (i + 1) for i in range(20)])
     assert forecast.length_ratio == share
+
+
+def test_a_length_nobody_has_seen_is_forecast_short_and_the_promise_judged_on_all_of_it() -> None:
+    """Before any request that may end early ended, it is forecast at `OPTIMISTIC_SHARE` of its
+    `max_new_tokens` (hints come early: a hold in the lobby, not an idle server), and `stretch`
+    says how much longer its time left is at the conservative share (all of it, before any end)."""
+    endpoint = Endpoint("e", EndpointLimits(step_ms=10), now=0.0)
+    forecast = ReleaseForecast()
+    grant, _ = admitted(forecast, 0.0, 40, endpoint=endpoint)
+    grant.ask.to_length = False
+    tokens = 40 * OPTIMISTIC_SHARE
+    # its first token a step on, then the rest a step each
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(tokens * 0.01)
+    assert forecast.stretch() == pytest.approx(40 / tokens)
+    # a request that runs to its length is forecast at all of it, and stretches nothing
+    forecast = ReleaseForecast()
+    admitted(forecast, 0.0, 40, endpoint=endpoint)
+    assert forecast.slot_free_at(0.0, 1, None) == pytest.approx(0.4)
+    assert forecast.stretch() == 1.0
+
+
+def test_the_two_shares_meet_at_their_mean_once_enough_requests_ended() -> None:
+    """While few ended, the forecast takes the least of their mean and `OPTIMISTIC_SHARE`, the
+    promise the average moving from 1; at `CONFIDENT_AFTER` both are their mean: no stretch."""
+    endpoint = Endpoint("e", EndpointLimits(step_ms=10), now=0.0)
+    forecast = ReleaseForecast()
+    for k in range(CONFIDENT_AFTER):
+        grant, stream = admitted(forecast, k, 20, endpoint=endpoint)
+        grant.ask.to_length = False
+        _stream(forecast, grant, stream, [k + 0.01 * (i + 1) for i in range(12)])  # 0.6 of 20
+        waiting, _ = admitted(forecast, k + 0.5, 20, endpoint=endpoint)
+        waiting.ask.to_length = False
+        forecast.slot_free_at(k + 0.5, 1, None)
+        if k < CONFIDENT_AFTER - 1:
+            assert forecast.stretch() > 1.0
+            assert forecast.length_ratio > 0.6  # the conservative one, from 1
+        forecast.release(waiting, executed=False)
+    assert forecast.length_ratio == pytest.approx(0.6)
+    admitted(forecast, 100.0, 20, endpoint=endpoint)[0].ask.to_length = False
+    assert forecast.slot_free_at(100.0, 1, None) == pytest.approx(100.0 + 12 * 0.01)
+    assert forecast.stretch() == 1.0
 
 
 def test_the_step_is_learnt_from_the_first_to_the_last_token_not_to_the_end() -> None:
