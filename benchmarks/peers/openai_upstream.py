@@ -457,12 +457,13 @@ class Governors:
         total = self.returns.setdefault(name, {})
         for outcome, n in outcomes.items():
             total[outcome] = total.get(outcome, 0) + n
+        probes = [w.get("probe") for w in s.get("workers", []) if w.get("probe")]
         yielded = {k: v for k, v in s["yielded_by_reason"].items() if v}
         failed = {k: v for k, v in s["failed_by_reason"].items() if v}
         print(
             f"{name} accounting: received={s['received_total']} executed={s['executed_total']}"
             f" yielded={s['yielded_total']} {yielded} failed={s['failed_total']} {failed}"
-            f" rejected={s['rejected_total']}; endpoint_inflight returns {outcomes}",
+            f" rejected={s['rejected_total']}; endpoint_inflight returns {outcomes}; probe {probes}",
             flush=True,
         )
 

@@ -12,7 +12,9 @@ streams a few short completions and measures:
   its times are read only when the round below gives none;
 - **then** a round of `count` probes at once (the endpoint's `concurrency`, at most
   `MAX_PROBES`): the time from sending to the first token (the least of the round: a prefill
-  at that load), the time between two tokens (the median of each stream's own pace), and, when some
+  at that load), the time between two tokens (the median of each stream's own pace, spread over
+  the tokens its chunks carried: a server may send several tokens in one chunk, as `transformers
+  serve` sends words, and `max_tokens` counts tokens), and, when some
   of them waited for their first token until another had ended while the others streamed, how
   many the server runs at once (`Probed.batch`: the forecast models the rest as its queue).
 
@@ -43,9 +45,11 @@ from governor.admission.release_forecast import stream_pace
 from governor.links.http_client import HttpClientError, ResponseHandler
 from governor.links.openai_stream import UpstreamProtocolError, read_chunk
 from governor.links.sse import SseDecoder, SseError
+from govwire.vocab import FinishReason
 
-PROBE_TOKENS = 8
-"""Tokens each probe asks for: enough for a pace (seven gaps), few enough to cost the server little."""
+PROBE_TOKENS = 16
+"""Tokens each probe asks for: enough for a pace (fifteen gaps: with eight, one slow step moved a
+serial server's pace threefold from one start to the next), few enough to cost the server little."""
 
 PROBE_PROMPT = "The governor measures how fast this endpoint streams."
 """A short prompt: its prefill is near the least a request pays."""
@@ -65,24 +69,33 @@ _DONE = b"[DONE]"
 
 
 def probe_body(target: OpenAITarget) -> bytes:
-    """A probe's request body: a short greedy streamed completion with only the fields every
-    OpenAI-compatible server takes (`ignore_eos` is not one: `transformers serve` answers 422;
-    an end of sequence within `PROBE_TOKENS` leaves fewer gaps to time, not none)."""
+    """A probe's request body: a short greedy streamed completion with the fields an admitted
+    request's has (`ignore_eos` is not one: `transformers serve` answers 422; an end of sequence
+    within `PROBE_TOKENS` leaves fewer gaps to time, not none), usage asked for: how many tokens
+    its chunks carried."""
     return orjson.dumps(
-        {"model": target.model, "prompt": PROBE_PROMPT, "max_tokens": PROBE_TOKENS, "temperature": 0.0, "stream": True}
+        {
+            "model": target.model,
+            "prompt": PROBE_PROMPT,
+            "max_tokens": PROBE_TOKENS,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
     )
 
 
 class ProbeStream:
     """One probe's response (http_client.ResponseHandler): when it was sent, when its first and
     last tokens came (a chunk with text is a token: read as a request's stream is,
-    limits.Progress), and why it failed, if it did."""
+    limits.Progress), how many tokens those chunks carried, and why it failed, if it did."""
 
     __slots__ = (
         "sent_at",
         "t_first_token",
         "t_last_token",
         "tokens_seen",
+        "generated",
         "error",
         "ended",
         "_clock",
@@ -96,6 +109,9 @@ class ProbeStream:
         self.t_first_token: float | None = None
         self.t_last_token = 0.0
         self.tokens_seen = 0
+        # Tokens generated, as its usage says (else all of `PROBE_TOKENS` when it finished for
+        # length); 0: not said (each chunk is taken for a token).
+        self.generated = 0
         self.error = ""
         self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._decoder = SseDecoder()
@@ -119,7 +135,12 @@ class ProbeStream:
             for event in events:
                 if event == _DONE:
                     return self._end()
-                if read_chunk(event).text:
+                chunk = read_chunk(event)
+                if chunk.usage is not None:
+                    self.generated = chunk.usage.completion_tokens
+                elif chunk.finish_reason is FinishReason.LENGTH and not self.generated:
+                    self.generated = PROBE_TOKENS
+                if chunk.text:
                     now = self._clock()
                     self.tokens_seen += 1
                     self.t_last_token = now
@@ -159,13 +180,23 @@ def _queued(streams: list[ProbeStream]) -> bool:
     return any(s.t_first_token is not None and s.t_first_token >= first_end for s in streams)
 
 
+def _token_pace(stream: ProbeStream) -> float | None:
+    """A probe's time between two tokens: its chunks' pace (`stream_pace`), spread over the tokens
+    they carried when the server said more than one a chunk."""
+    pace = stream_pace(stream)
+    chunks = stream.tokens_seen
+    if pace is None or stream.generated <= chunks:
+        return pace
+    return pace * (chunks - 1) / (stream.generated - 1)
+
+
 def read_probes(lone: ProbeStream | None, round_: list[ProbeStream]) -> Probed | None:
     """What the probes measured (see the module's docstring); None when no probe streamed a token."""
     for streams in (round_, [lone] if lone is not None else []):
         started = [s for s in streams if s.t_first_token is not None]
         if not started:
             continue
-        paces = [pace for s in started if (pace := stream_pace(s)) is not None]
+        paces = [pace for s in started if (pace := _token_pace(s)) is not None]
         first_token_s = min(s.t_first_token - s.sent_at for s in started if s.t_first_token is not None)
         batch = 0
         if len(streams) > 1 and _queued(started):

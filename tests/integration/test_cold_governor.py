@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from benchmarks.harness.fixtures.serial_openai import Pace, SerialOpenAI
+from governor.links.endpoint_probe import PROBE_TOKENS
 from tests.integration.conftest import Governor
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def test_a_cold_burst_is_told_times_from_the_probe_and_every_return_gets_in(
     probe = worker["probe"]
     # Probed before any traffic: a lone probe, then two at once, the second queued behind the first.
     assert probe["outcome"] == "ok" and 1 <= probe["step_ms"] <= 30 and probe["batch"] == 1, probe
-    assert serial.get("/stats") == {"completions": 3, "tokens": 3 * 8}  # the probes' cost, and no more
+    assert serial.get("/stats") == {"completions": 3, "tokens": 3 * PROBE_TOKENS}  # the probes' cost, and no more
     hints: list[int] = []
     with ThreadPoolExecutor(BURST) as pool:
         finals = list(pool.map(lambda i: _client(gov, f"r{i}", hints), range(BURST)))

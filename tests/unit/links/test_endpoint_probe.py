@@ -176,3 +176,26 @@ def test_the_reading_takes_the_median_pace_the_least_first_token_and_a_queue_onl
     # nothing streamed in the round: the lone probe's reading; nothing at all: None
     assert _measured((0.0, []), lone=(0.0, [0.2, 0.25])).step_s == pytest.approx(0.05)
     assert _read((0.0, [])) is None
+
+
+def test_a_pace_is_spread_over_the_tokens_the_chunks_carried() -> None:
+    """A server that sends several tokens a chunk (`transformers serve` sends words): its usage,
+    else a finish for length (all of `PROBE_TOKENS`), says how many; the time between two tokens
+    is the chunks' span over them, as `max_tokens` counts tokens. A server that says nothing is
+    taken at a token a chunk."""
+
+    async def made(tail: bytes) -> Probed | None:
+        stream = _stream(0.0, [0.05, 0.1, 0.15, 0.2])  # 4 chunks over 0.15 s
+        stream.response_body(tail)
+        return read_probes(None, [stream])
+
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":16}}\n\n'
+    length = b'data: {"choices":[{"text":"","finish_reason":"length"}]}\n\n'
+    for tail, tokens in ((usage, 16), (length, PROBE_TOKENS), (b"data: [DONE]\n\n", 4)):
+        probed = asyncio.run(made(tail))
+        assert probed is not None and probed.step_s == pytest.approx(0.15 / (tokens - 1))
+
+
+def test_a_probe_asks_for_usage_as_an_admitted_request_does() -> None:
+    body = orjson.loads(endpoint_probe.probe_body(OpenAITarget("http://127.0.0.1:1/v1", "m")))
+    assert body["stream_options"] == {"include_usage": True} and body["max_tokens"] == PROBE_TOKENS
