@@ -7,7 +7,8 @@ rule for its own state machine: what affects the state lives in the file that ho
       │  ├─redeem─▶ REDEEMED     (from BOOKED, HELD, LAST_CALL: its holder was admitted)
       │  ├─lapse──▶ LAPSED       (from BOOKED: its window closed without its holder)
       │  └─give_back─▶ GIVEN_BACK (from any live phase: out of its book otherwise)
-      └──────rebook──────┘       (GIVEN_BACK → BOOKED: moved to a new time, ticket and identity kept)
+      └──────rebook──────┘       (GIVEN_BACK → BOOKED: moved to a new time, ticket and identity
+                                  kept; LAPSED → BOOKED: its holder came a little late, kept)
 
 A live appointment (BOOKED, HELD, LAST_CALL) is in its book and found by its ticket and identity;
 the others are in no book. The book (books.py) and the registry (registry.py) keep the indexes;
@@ -45,6 +46,8 @@ class Book(Protocol):
     def regrace(self) -> None: ...
 
     def remove(self, appointment: Appointment, redeemed: bool = False) -> None: ...
+
+    def move(self, appointment: Appointment, at: float) -> None: ...
 
     def refused_elsewhere(self, own: Appointment) -> None: ...
 
@@ -100,6 +103,7 @@ class Appointment:
         "came_at",
         "booked_at",
         "due",
+        "late",
     )
 
     def __init__(
@@ -128,6 +132,7 @@ class Appointment:
         # while the forecast it was told from is optimistic: ReleaseForecast.stretch): how late a
         # release comes is counted from here, not from a time told early on purpose.
         self.due = at
+        self.late = False  # its holder came after its window closed and was kept (registry.Appointments._late)
 
     def __repr__(self) -> str:
         return f"Appointment({self.book.reason}, at={self.at:.3f}, {self.phase.value})"
@@ -187,10 +192,11 @@ class Appointment:
         self._expect(_LIVE, Phase.GIVEN_BACK)
 
     def rebook(self, at: float) -> None:
-        """Given back to be booked again at `at`, with its ticket and identity (the book inserts it)."""
-        self._expect(_GIVEN_BACK, Phase.BOOKED)
+        """Given back, or lapsed and its holder back a little late, to be booked again at `at`,
+        with its ticket and identity (the book inserts it)."""
+        self._expect(_REBOOKABLE, Phase.BOOKED)
         self.at = self.due = at
 
 
 _BOOKED = frozenset({Phase.BOOKED})
-_GIVEN_BACK = frozenset({Phase.GIVEN_BACK})
+_REBOOKABLE = frozenset({Phase.GIVEN_BACK, Phase.LAPSED})

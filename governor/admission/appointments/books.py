@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from governor.admission.appointments.appointment import Appointment, Asker, Phase
 from governor.admission.appointments.registry import (
     EARLY,
+    LATE,
     LATENESS_SMOOTHING,
     ON_TIME,
     REFUSED_ELSEWHERE,
@@ -277,7 +278,9 @@ class AppointmentBook:
         if own is None:
             return
         registry = self.registry
-        if own.opened(now):
+        if own.late:  # back after its window closed, kept all the same (registry.find): no lateness to learn
+            registry.count(self, own.rank, LATE)
+        elif own.opened(now):
             registry.count(self, own.rank, ON_TIME)
             late = (own.came_at if own.in_lobby else now) - own.at  # when it came, held or not
             registry.lateness_s += LATENESS_SMOOTHING * ((late if late > 0 else 0.0) - registry.lateness_s)
@@ -424,15 +427,15 @@ class AppointmentBook:
         hint_ms = math.ceil(wait_ms - 1e-6)
         if hint_ms < policy.min_ms:
             hint_ms = math.ceil(policy.min_ms)
-        # Past the horizon, counting what releases have recently come after their time told (a
-        # server whose prefills stall its batch ends requests later than their pace says): no
+        # Past the horizon, counting how late releases have recently come after their time told
+        # (a server whose prefills stall its batch ends requests later than their pace says): no
         # promise that would be kept soon. The hint as told is what is promised: a wait a
         # fraction of a millisecond inside the horizon, rounded up to it, is past it. While the
         # forecast is optimistic on lengths (few requests ended), the wait is judged stretched to
         # the conservative ones: told early, its holder is held in the lobby for the difference.
         stretch = registry.stretch()
         promised_ms = hint_ms * stretch
-        if reaches(promised_ms + (now - first + registry.release_lateness_s) * 1000.0, policy.horizon_ms):
+        if reaches(promised_ms + (now - first + registry.release_margin_s) * 1000.0, policy.horizon_ms):
             return math.ceil(max(policy.horizon_ms, min(wait_ms * stretch, policy.max_ms))), None  # final
         at = now + hint_ms / 1000.0
         appointment = own

@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[Phase]] = {
     "redeem": LIVE,
     "lapse": {Phase.BOOKED},
     "give_back": LIVE,
-    "rebook": {Phase.GIVEN_BACK},
+    "rebook": {Phase.GIVEN_BACK, Phase.LAPSED},
 }
 AFTER = {
     "hold": Phase.HELD,

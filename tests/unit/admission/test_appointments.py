@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from governor.admission.appointments.appointment import Appointment
 from governor.admission.appointments.books import MIN_TRUST, PROBE_EVERY, AppointmentBook
-from governor.admission.appointments.registry import LAPSED_MEMORY_S, TRUST_WEIGHT, Appointments
+from governor.admission.appointments.registry import LAPSED_MEMORY_S, LATE_KEPT_S, TRUST_WEIGHT, Appointments
 from governor.admission.caps import Caps
 from governor.admission.cost import Ask
 from governor.admission.decision import Admission
@@ -247,6 +247,29 @@ def test_a_late_return_is_counted_and_treated_as_a_new_client() -> None:
     engine.run_until(1.0)
     assert isinstance(admission.decide(1.0, ask(11, 2)), Grant)
     assert admission.appointments.outcomes == {("inflight", "late"): 1}
+
+
+def test_a_holder_back_a_little_late_keeps_its_promise() -> None:
+    """Back within LATE_KEPT_S of its window's close (its timer fired late), inside its horizon:
+    its appointment is booked again from then, with its ticket and its first refusal's horizon,
+    and its return is counted `late` once, when it is admitted."""
+    admission, engine = one_running()
+    refused = admission.decide(0.0, ask(11, 2))
+    assert isinstance(refused, Refusal) and refused.appointment is not None
+    appointment, ticket = refused.appointment, refused.appointment.ticket
+    engine.run_until(0.3)
+    closes = appointment.closes
+    newcomer = admission.decide(closes + 0.01, ask(11, 3))  # the window lapsed: the slot is anyone's
+    assert isinstance(newcomer, Grant)
+    engine.start(newcomer, closes + 0.01)
+    engine.run_until(closes + LATE_KEPT_S / 2)
+    back = admission.decide(closes + LATE_KEPT_S / 2, ask(11, 2, ticket=ticket))
+    # no lobby here: told the next release (the newcomer's end), its appointment and horizon kept
+    assert isinstance(back, Refusal) and back.appointment is appointment and appointment.booked_at == 0.0
+    assert back.hint_ms == pytest.approx((closes + 0.01 + 0.3 - closes - LATE_KEPT_S / 2) * 1000, abs=2)
+    engine.run_until(closes + 0.31)
+    assert isinstance(admission.decide(appointment.at, ask(11, 2, ticket=appointment.ticket)), Grant)
+    assert admission.appointments.outcomes == {("inflight", "yielded_again"): 1, ("inflight", "late"): 1}
 
 
 def test_a_full_book_makes_no_promise() -> None:
