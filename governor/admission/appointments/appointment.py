@@ -33,6 +33,7 @@ class Book(Protocol):
     which imports this module: the Protocol keeps the imports one way)."""
 
     reason: str
+    keeps_late: bool
     entries: list[Appointment]
     trust: list[float]
     used: list[int]

@@ -84,6 +84,11 @@ class AppointmentBook:
     """Whether its refusals read the ranks as they stand now (a capacity book's do: ranks decide
     who goes ahead; a rate book's promises are paid for already)."""
 
+    keeps_late = True
+    """Whether a holder back a little after its window closed is still owed its promise
+    (registry.Appointments._late): a capacity book's lapse gave its capacity back, which the
+    holder takes again; a rate book's lapse spent what it paid, and a late holder pays anew."""
+
     def __init__(
         self, reason: str, registry: Appointments, unit: bool, free_at: FreeAt, max_entries: int = 4096
     ) -> None:
@@ -435,7 +440,7 @@ class AppointmentBook:
         # the conservative ones: told early, its holder is held in the lobby for the difference.
         stretch = registry.stretch()
         promised_ms = hint_ms * stretch
-        if reaches(promised_ms + (now - first + registry.release_margin_s) * 1000.0, policy.horizon_ms):
+        if reaches(promised_ms + (now - first + registry.release_lateness_s) * 1000.0, policy.horizon_ms):
             return math.ceil(max(policy.horizon_ms, min(wait_ms * stretch, policy.max_ms))), None  # final
         at = now + hint_ms / 1000.0
         appointment = own
@@ -467,6 +472,7 @@ class PrepaidBook(AppointmentBook):
     __slots__ = ("bucket",)
 
     reranks = False
+    keeps_late = False
 
     def __init__(
         self, reason: str, registry: Appointments, unit: bool, bucket: Callable[[], TokenBucket | None]

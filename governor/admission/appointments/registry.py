@@ -43,9 +43,6 @@ newest delay of a release after its time told."""
 
 HINT_RESOLUTION_S = 0.001
 
-SPREADS = 4
-"""Mean deviations of the release lateness added to its mean in `release_margin_s` (RFC 6298's K)."""
-
 TRUST_WEIGHT = 0.05
 """EWMA weight of the newest appointment's fate (kept by its client: 1; lapsed: 0) in the trust."""
 
@@ -107,7 +104,6 @@ class Appointments:
         "half_grace_s",
         "lateness_s",
         "release_lateness_s",
-        "release_spread_s",
         "hints",
         "books",
         "by_ticket",
@@ -133,11 +129,9 @@ class Appointments:
         # How long after its appointment a holder comes, on average (its timers, its network).
         self.lateness_s = 0.0
         # How long after the time told the capacity promised comes free, on average (releases
-        # later than forecast: a server whose prefills stall its batch), and how far from that
-        # average it comes, on average (its mean deviation). Learnt from the holders held for
-        # it; whether a promise fits the horizon counts both (`release_margin_s`).
+        # later than forecast: a server whose prefills stall its batch). Learnt from the holders
+        # held for it; whether a promise fits the horizon counts it.
         self.release_lateness_s = 0.0
-        self.release_spread_s = 0.0
         self.hints = hints  # the clamps, and the hint when nothing can be forecast
         self.books: list[Book] = []
         # The limits that book appointments (none with --retry-hint fixed): reported from the start.
@@ -173,18 +167,7 @@ class Appointments:
         """A holder's capacity came free `late_s` after it was due (`Appointment.due`; 0: it was
         free when the holder came)."""
         late_s = min(max(late_s, 0.0), self.hints.policy.horizon_ms / 1000.0)
-        error = late_s - self.release_lateness_s
-        self.release_lateness_s += LATENESS_SMOOTHING * error
-        self.release_spread_s += LATENESS_SMOOTHING * (abs(error) - self.release_spread_s)
-
-    @property
-    def release_margin_s(self) -> float:
-        """How late the capacity promised may come free, as releases have come lately: their mean
-        lateness and `SPREADS` mean deviations (TCP's retransmission timeout, RFC 6298, from its
-        smoothed round trip and variation). A promise is made only when it fits the horizon with
-        this margin: one held to the horizon and refused there is a broken promise, where one
-        refused at once is a final answer."""
-        return self.release_lateness_s + SPREADS * self.release_spread_s
+        self.release_lateness_s += LATENESS_SMOOTHING * (late_s - self.release_lateness_s)
 
     @property
     def early_s(self) -> float:
@@ -328,14 +311,19 @@ class Appointments:
 
     def _late(self, lapsed: Appointment, now: float) -> Appointment | None:
         """Its holder came after its window closed. Within `LATE_KEPT_S` of the close and inside
-        its promise horizon, it is still owed the promise: booked again from now, so it goes
+        its promise horizon, a capacity book's holder is still owed the promise (`keeps_late`): booked again from now, so it goes
         ahead of whoever was promised later (it is counted `late` when admitted); later than
         that, counted `late` here and taken for a new client."""
-        if now - lapsed.closes <= LATE_KEPT_S and (now - lapsed.booked_at) * 1000.0 < self.hints.policy.horizon_ms:
+        book = lapsed.book
+        if (
+            book.keeps_late
+            and now - lapsed.closes <= LATE_KEPT_S
+            and (now - lapsed.booked_at) * 1000.0 < self.hints.policy.horizon_ms
+        ):
             lapsed.late = True
-            lapsed.book.move(lapsed, now)
+            book.move(lapsed, now)
             return lapsed
-        self.count(lapsed.book, lapsed.rank, LATE)
+        self.count(book, lapsed.rank, LATE)
         return None
 
 
