@@ -311,9 +311,9 @@ class Appointments:
 
     def _late(self, lapsed: Appointment, now: float) -> Appointment | None:
         """Its holder came after its window closed. Within `LATE_KEPT_S` of the close and inside
-        its promise horizon, a capacity book's holder is still owed the promise (`keeps_late`): booked again from now, so it goes
-        ahead of whoever was promised later (it is counted `late` when admitted); later than
-        that, counted `late` here and taken for a new client."""
+        its promise horizon, a capacity book's holder is still owed the promise (`keeps_late`):
+        booked again from now, so it goes ahead of whoever was promised later (it is counted
+        `late` when admitted); later than that, counted `late` here and taken for a new client."""
         book = lapsed.book
         if (
             book.keeps_late
