@@ -267,7 +267,7 @@ class ReleaseForecast:
 
     __slots__ = (
         "length_ratio",
-        "lengths",
+        "_lengths",
         "_length_sum",
         "_share",
         "_stretch",
@@ -291,7 +291,7 @@ class ReleaseForecast:
         # Generated tokens / max_new_tokens, over the requests that ended that could end early
         # (`Ask.to_length` false: one that runs to its length says nothing of the others).
         self.length_ratio = 1.0  # the conservative share: 1 before any ended
-        self.lengths = 0  # how many it was learnt from
+        self._lengths = 0  # how many it was learnt from
         self._length_sum = 0.0  # their sum (their mean is the optimistic share's bound)
         self._share = OPTIMISTIC_SHARE  # the share forecasts take (`_learn_length`)
         # The time left of the requests in flight, summed as forecast (optimistic lengths) and
@@ -377,16 +377,16 @@ class ReleaseForecast:
         `CONFIDENT_AFTER` ended, is the least of it, their mean and `OPTIMISTIC_SHARE`. At
         `CONFIDENT_AFTER` both become their mean (the average moves on from there), not what is
         left of the 1 the conservative one started from."""
-        self.lengths += 1
+        self._lengths += 1
         self._length_sum += share
-        if self.lengths == CONFIDENT_AFTER:
-            self.length_ratio = self._length_sum / self.lengths
+        if self._lengths == CONFIDENT_AFTER:
+            self.length_ratio = self._length_sum / self._lengths
         else:
             self.length_ratio = _ewma(self.length_ratio, share)
-        if self.lengths >= CONFIDENT_AFTER:
+        if self._lengths >= CONFIDENT_AFTER:
             self._share = self.length_ratio
         else:
-            self._share = min(self.length_ratio, self._length_sum / self.lengths, OPTIMISTIC_SHARE)
+            self._share = min(self.length_ratio, self._length_sum / self._lengths, OPTIMISTIC_SHARE)
 
     def stretch(self) -> float:
         """How much longer than forecast the requests in flight may run, by what ended so far: the
