@@ -266,10 +266,11 @@ class Appointments:
         never came back. Run on each frame while any is remembered, and before each report."""
         lapsed = self.lapsed
         while lapsed:
-            oldest = lapsed[next(iter(lapsed))].appointment
+            record = lapsed[next(iter(lapsed))]
+            oldest = record.appointment
             if now - oldest.closes < LAPSED_MEMORY_S and len(lapsed) < 65536:
                 return
-            self._drop(lapsed[next(iter(lapsed))])
+            self._drop(record)
             self.count(oldest.book, oldest.rank, NEVER)
 
     def _drop(self, record: Lapsed) -> None:
