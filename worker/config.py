@@ -35,6 +35,12 @@ class WorkerConfig:
         "gpt2: weights and KV cache type; auto = bfloat16 on cuda, and on a cpu that runs it natively"
         " (AVX512-BF16 or AMX), else float32",
     )
+    quantize: Literal["none", "int8"] = option(
+        "none",
+        "gpt2: int8 = the linear layers' weights in int8 (per output channel; activations quantized per row"
+        " each step), the LM head, embeddings and KV cache in float32; cpu only, with --dtype float32 or auto;"
+        " refused at start on a CPU whose int8 GEMM needs VNNI and lacks it",
+    )
     max_batch_size: int = option(32, "gpt2: the decode batch: most decoding sequences in one step")
     max_running: int = option(
         0, "gpt2: most admitted requests (holding KV); above --max-batch-size they take turns; 0 = --max-batch-size"

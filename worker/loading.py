@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from worker import int8
 from worker.config import RANDOM_GPT2, RANDOM_MODELS
 from worker.errors import ModelLoadError
 from worker.model import GPT2, can_pack_for_cpu
@@ -100,7 +101,14 @@ def unsupported_options(config: Any) -> list[str]:
     ]
 
 
-def load(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+def load(spec: str, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LoadedModel:
+    """The model of `spec` on `device` in `dtype`; `quantize="int8"`: its linear layers' weights in
+    int8 (worker/int8.py), refused where they cannot run (a GPU, a dtype other than float32, a CPU
+    whose int8 GEMM is wrong without VNNI): never a quiet fallback to float32."""
+    if quantize == "int8":
+        why = int8_refusal(device, dtype)
+        if why:
+            raise ModelLoadError(f"--quantize int8: {why}")
     hf_model, tokenizer = load_hf_model(spec)
     shape = GPT2Shape.from_config(hf_model.config)
     if tokenizer.vocab_size > shape.vocab_size:
@@ -114,6 +122,8 @@ def load(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     del hf_model
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if quantize == "int8":
+        model.quantize_int8()
     if device.type == "cpu" and can_pack_for_cpu(dtype):
         model.pack_for_cpu(PACK_BATCH_HINT)
     return LoadedModel(model, tokenizer, shape)
@@ -127,14 +137,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+def int8_refusal(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why int8 linear layers cannot run here (None: they can)."""
+    if device.type != "cpu":
+        return f"int8 weights run on the cpu, not {device.type}"
+    if dtype != torch.float32:
+        return f"int8 weights run with --dtype float32 (or auto), not {str(dtype).removeprefix('torch.')}"
+    return int8.unsupported()
+
+
+def resolve_dtype(name: str, device: torch.device, quantize: str = "none") -> torch.dtype:
     """`auto`: bfloat16 on CUDA (float16 on GPUs without it); on a CPU, bfloat16 where the CPU runs
     it natively, else float32. Where bfloat16 is only emulated (AVX2 machines) it is not a little
     slower but about a hundred times (docs/benchmarks/sittings.md), and float16 on CPUs is native only on
     the same AMX parts that run bfloat16, which keeps float32's range; so auto picks bfloat16 or
-    float32. The accuracy check behind that choice is in docs/benchmarks/sittings.md (benchmarks/engine/dtypes.py)."""
+    float32. The accuracy check behind that choice is in docs/benchmarks/sittings.md (benchmarks/engine/dtypes.py).
+    With `--quantize int8`, auto is float32: the int8 layers take and give float32."""
     if name != "auto":
         return DTYPES[name]
+    if quantize == "int8":
+        return torch.float32
     if device.type == "cuda":
         chosen, why = (
             (torch.bfloat16, "cuda") if torch.cuda.is_bf16_supported() else (torch.float16, "cuda without bf16")

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from worker import int8
 from worker.attention import DecodeAttention, Segment, causal_masks, prefill_attention
 from worker.kv_cache import KVCache
 from worker.model_shape import GPT2Shape
@@ -72,26 +73,36 @@ def _packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None, gelu: bool = 
 
 class Conv1D(nn.Module):
     """HF GPT-2's linear layer: weight stored [in, out]; y = x @ W + b. After `pack_for_cpu` the
-    weight lives only in oneDNN's layout."""
+    weight lives only in oneDNN's layout; after `quantize_int8`, only as int8 (worker/int8.py)."""
 
     def __init__(self, n_in: int, n_out: int) -> None:
         super().__init__()
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.empty(n_out))
         self.packed: Tensor | None = None
+        self.int8: int8.Int8Weight | None = None
 
     def forward(self, x: Tensor, gelu: bool = False) -> Tensor:
         """`gelu`: followed by GPT-2's GELU (its tanh approximation), fused where oneDNN runs it."""
         if self.packed is not None:
             return _packed_linear(x, self.packed, self.bias, gelu)
-        assert self.weight is not None  # one of the two is always set
-        y = torch.addmm(self.bias, x, self.weight)
+        if self.int8 is not None:
+            y = int8.linear(x, self.int8, self.bias)
+        else:
+            assert self.weight is not None  # one of the three is always set
+            y = torch.addmm(self.bias, x, self.weight)
         return F.gelu(y, approximate="tanh") if gelu else y
 
     def pack_for_cpu(self, batch_hint: int) -> None:
-        assert self.weight is not None
+        if self.weight is None:  # quantized: nothing dense to pack
+            return
         self.packed = _packed(self.weight.t(), batch_hint)
         self.weight = None  # the dense copy would double the memory
+
+    def quantize_int8(self) -> None:
+        assert self.weight is not None
+        self.int8 = int8.Int8Weight.of(self.weight.detach())
+        self.weight = None
 
 
 class Attention(nn.Module):
@@ -199,6 +210,13 @@ class GPT2(nn.Module):
             if isinstance(module, Conv1D):
                 module.pack_for_cpu(batch_hint)
         self.lm_head_packed = _packed(self.transformer.wte.weight, batch_hint)
+
+    def quantize_int8(self) -> None:
+        """Every linear layer's weight to int8 (worker/int8.py; the LM head stays as it is, tied to
+        the embedding). Before `pack_for_cpu`, which then packs only the LM head."""
+        for module in self.modules():
+            if isinstance(module, Conv1D):
+                module.quantize_int8()
 
     def load_hf_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Copy weights from a `GPT2LMHeadModel` state dict (shapes checked, nothing left over)."""

@@ -135,10 +135,13 @@ class GPT2Backend:
         self._tokenizer_thread.start()
         config = self.config
         log.info(
-            "event=engine_ready model=%s device=%s dtype=%s layers=%d kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
+            "event=engine_ready model=%s device=%s dtype=%s quantize=%s cpu_capability=%s layers=%d"
+            " kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
             config.model,
             engine.runner.device,
             str(engine.runner.dtype).removeprefix("torch."),
+            config.quantize,
+            torch.backends.cpu.get_cpu_capability(),
             engine.runner.model.shape.n_layer,
             config.kv_cache_tokens,
             engine.runner.cache.nbytes / 2**20,
@@ -154,7 +157,7 @@ class GPT2Backend:
             torch.set_num_threads(config.threads)
         self._threads = torch.get_num_threads()
         device = resolve_device(config.device)
-        loaded = load(config.model, device, resolve_dtype(config.dtype, device))
+        loaded = load(config.model, device, resolve_dtype(config.dtype, device, config.quantize), config.quantize)
         scheduling = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,
