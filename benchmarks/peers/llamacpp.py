@@ -1,6 +1,6 @@
 """llama.cpp's server beside the governor's served GPT-2: same CPU, model, dtype, threads, workloads.
 
-    python -m benchmarks.peers.llamacpp [--dtypes float32,bfloat16] [--workloads uniform,mixed] [--rounds 3]
+    python -m benchmarks.peers.llamacpp [--dtypes float32,bfloat16,int8] [--workloads uniform,mixed] [--rounds 3]
         [--sampling greedy,nucleus] [--model random|trained]
     make bench-llamacpp
 
@@ -67,7 +67,9 @@ from benchmarks.harness.results import Sitting
 from benchmarks.harness.workloads import Workload, make_workload
 
 SDIST = "llama-cpp-python==0.3.36"  # vendors llama.cpp 0c1e570 (release b11312)
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "int8": "q8_0"}
+"""The GGUF type llama-server runs for each dtype: `int8` is the worker's `--quantize int8`
+(float32 otherwise) against Q8_0, the int8 format CPU users run (the converter writes it)."""
 # Each side's request fields for a way of sampling (on top of greedy's, in `drive`).
 SAMPLING: dict[str, dict[str, dict[str, Any]]] = {
     "greedy": {"llama-server": {}, "governor": {}},
@@ -193,7 +195,8 @@ STATS_INTERVAL_S = 0.2  # the served worker pushes its engine's counters this of
 
 def start_served(model_dir: Path, dtype: str, threads: int) -> tuple[Popen[bytes], int, int]:
     """The governor with its worker: (process, HTTP port, NDJSON port for `stats`)."""
-    worker = ("--engine", "gpt2", "--model", str(model_dir), "--dtype", dtype, "--threads", str(threads))
+    dtypes = ("--dtype", "float32", "--quantize", "int8") if dtype == "int8" else ("--dtype", dtype)
+    worker = ("--engine", "gpt2", "--model", str(model_dir), *dtypes, "--threads", str(threads))
     worker += ("--max-batch-size", "32", "--no-prefix-caching", "--stats-interval-s", str(STATS_INTERVAL_S))
     log = out_dir() / "llamacpp" / "governor.log"
     gov, port, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
@@ -217,6 +220,8 @@ def main() -> None:
     # The default run keeps its own result file; another model or sampling writes a part beside it.
     default = (a.model, a.sampling) == ("random", "greedy")
     part = None if default else f"{a.model}-{a.sampling.replace(',', '-')}"
+    if "int8" in a.dtypes.split(","):  # the int8 sitting keeps its own file beside the float one
+        part = "int8" if part is None else f"{part}-int8"
     sitting = Sitting(("govwire", "governor", "worker"), part=part)
     missing = missing_tools()
     if missing:
