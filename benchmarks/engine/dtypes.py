@@ -1,6 +1,9 @@
 """Every dtype on the machine at hand: what `--dtype auto` picks, speed, and accuracy against float32.
 
-    python -m benchmarks.engine.dtypes [--dtypes float32,bfloat16,float16] [--device cpu]
+    python -m benchmarks.engine.dtypes [--dtypes float32,bfloat16,float16,int8] [--device cpu]
+
+`int8` is the worker's `--quantize int8` (float32 activations, int8 linear weights: worker/int8.py),
+run as a dtype here: its speed, and its accuracy against float32 by the same check.
 
 1. The CPU's features and what `--dtype auto` resolves to.
 2. Speed, in each dtype: one GPT-2 small linear layer ([M, 768] @ [768, 3072], the engine's own
@@ -41,6 +44,12 @@ from worker.loading import DTYPES, LoadedModel, cpu_runs_bfloat16_natively, load
 from worker.model import PackedBatch, can_pack_for_cpu
 from worker.scheduler import SchedulerConfig
 
+PRECISIONS: dict[str, tuple[torch.dtype, str]] = {
+    **{name: (dtype, "none") for name, dtype in DTYPES.items()},
+    "int8": (torch.float32, "int8"),
+}
+"""What each name here loads: the torch dtype and the worker's `--quantize`."""
+
 PASS_AGREEMENT = 0.99
 PROMPT_TOKENS = 64  # prompts are cut to this: emulated dtypes run a hundred times slower
 
@@ -55,8 +64,9 @@ def cpu_features() -> dict[str, Any]:
 
 
 @torch.inference_mode()
-def speed(dtype: torch.dtype, device: torch.device, repeats: int) -> dict[str, float]:
-    loaded = load("random-gpt2", device, dtype)
+def speed(precision: str, device: torch.device, repeats: int) -> dict[str, float]:
+    dtype, quantize = PRECISIONS[precision]
+    loaded = load("random-gpt2", device, dtype, quantize)
     layer = loaded.model.transformer.h[0].mlp.c_fc  # [768] -> [3072], packed where oneDNN can
     out: dict[str, float] = {}
     for m in (1, 32, 512):
@@ -90,9 +100,7 @@ def teacher_forced_logits(loaded: LoadedModel, sequences: list[list[int]]) -> li
     return out
 
 
-def accuracy(
-    model: str, dtypes: list[torch.dtype], device: torch.device, n_seq: int, new_tokens: int
-) -> dict[str, Any]:
+def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int, new_tokens: int) -> dict[str, Any]:
     reference = load(model, device, torch.float32)
     limit = min(PROMPT_TOKENS, reference.shape.n_positions - new_tokens)
     prompts = [p for name in ("uniform", "mixed") for p in make_workload(name, 0).prompts][::4][:n_seq]
@@ -103,10 +111,10 @@ def accuracy(
     sequences = [p + g for p, g in zip(prompt_ids, greedy, strict=True)]
     ref_logits = teacher_forced_logits(reference, sequences)
     report: dict[str, Any] = {"model": model, "sequences": len(sequences), "new_tokens": new_tokens}
-    for dtype in dtypes:
-        if dtype == torch.float32:
+    for name in precisions:
+        if name == "float32":
             continue
-        loaded = load(model, device, dtype)
+        loaded = load(model, device, *PRECISIONS[name])
         logits = teacher_forced_logits(loaded, sequences)
         agree = total = 0
         max_diff, scale, flip_margins = 0.0, 0.0, []
@@ -121,7 +129,6 @@ def accuracy(
             top2 = r.topk(2, dim=-1).values
             flip_margins += (top2[:, 0] - top2[:, 1])[~same].tolist()
         streams = run_engine(LLMEngine.for_model(loaded, config), prompts, [new_tokens] * len(prompts))
-        name = str(dtype).removeprefix("torch.")
         report[name] = {
             "top1_agreement": agree / total,
             "positions": total,
@@ -197,7 +204,10 @@ def main() -> None:
     args = parser.parse_args()
     sitting = Sitting(("worker",))
     device = torch.device(args.device)
-    dtypes = [DTYPES[name] for name in args.dtypes.split(",")]
+    precisions = args.dtypes.split(",")
+    unknown = set(precisions) - set(PRECISIONS)
+    if unknown:
+        parser.error(f"--dtypes: no {', '.join(sorted(unknown))} (one of {', '.join(PRECISIONS)})")
     report: dict[str, Any] = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads()}
     print(f"machine: {report['machine']}; torch {torch.__version__}, threads {report['threads']}, device {device}")
     if device.type == "cpu":
@@ -209,9 +219,8 @@ def main() -> None:
     if not args.skip_speed:
         print("\n== speed (median of", args.repeats, "runs; ms)")
         report["speed"] = {}
-        for dtype in dtypes:
-            name = str(dtype).removeprefix("torch.")
-            row = report["speed"][name] = speed(dtype, device, args.repeats)
+        for name in precisions:
+            row = report["speed"][name] = speed(name, device, args.repeats)
             print(
                 f"  {name:<9} linear M=1/32/512: {row['linear_m1_ms']:.2f} / {row['linear_m32_ms']:.2f} / "
                 f"{row['linear_m512_ms']:.1f} ms ({row['linear_m32_gflops']:.1f} GFLOP/s at M=32)   "
@@ -226,7 +235,7 @@ def main() -> None:
     models = args.accuracy_models.split(",")
     for spec in models:
         model = str(model_dir.ensure_trained()) if spec == "trained" else spec
-        result = accuracy(model, dtypes, device, args.sequences, args.new_tokens)
+        result = accuracy(model, precisions, device, args.sequences, args.new_tokens)
         report["accuracy"].append(result)
         for name, row in result.items():
             if isinstance(row, dict):
