@@ -202,7 +202,9 @@ def main() -> None:
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    sitting = Sitting(("worker",))
+    # The default run keeps its own result file; another set of dtypes writes a part beside it.
+    default = args.dtypes == parser.get_default("dtypes")
+    sitting = Sitting(("worker",), part=None if default else args.dtypes.replace(",", "-"))
     device = torch.device(args.device)
     precisions = args.dtypes.split(",")
     unknown = set(precisions) - set(PRECISIONS)
