@@ -15,7 +15,9 @@ run as a dtype here: its speed, and its accuracy against float32 by the same che
    greedy continuations, in each dtype, and the logits at the continuation positions are compared
    with float32's: top-1 agreement, the largest logit difference, and float32's top-1 margin at
    every position where the argmax flips (a flip at a near-tie is rounding, not damage), then
-   free-running greedy streams in each dtype against float32's. The check passes at >= 99% top-1
+   free-running greedy streams in each dtype against float32's; and each dtype's perplexity on
+   held-out text (`PERPLEXITY_WINDOWS` windows of the trained model's context from the corpus
+   past what it learnt from, benchmarks/harness/model_dir.py), against float32's. The check passes at >= 99% top-1
    agreement on the trained model (benchmarks/harness/model_dir.py --trained: random weights give
    near-flat logits on which any rounding flips the argmax; they are reported too).
 
@@ -27,10 +29,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, run_engine, timed_median_ms
 from benchmarks.harness import model_dir
@@ -51,6 +55,8 @@ PRECISIONS: dict[str, tuple[torch.dtype, str]] = {
 """What each name here loads: the torch dtype and the worker's `--quantize`."""
 
 PASS_AGREEMENT = 0.99
+PERPLEXITY_WITHIN = 0.01  # a dtype's held-out perplexity within 1% of float32's
+PERPLEXITY_WINDOWS = 16
 PROMPT_TOKENS = 64  # prompts are cut to this: emulated dtypes run a hundred times slower
 
 
@@ -100,6 +106,25 @@ def teacher_forced_logits(loaded: LoadedModel, sequences: list[list[int]]) -> li
     return out
 
 
+def held_out_windows(loaded: LoadedModel) -> list[list[int]]:
+    """`PERPLEXITY_WINDOWS` consecutive windows of held-out text, each as long as the trained model's
+    context (and at most the model's own)."""
+    size = min(model_dir.TRAINED_CONTEXT, loaded.shape.n_positions)
+    ids = [i for text in model_dir.held_out() for i in loaded.tokenizer.encode(text)]
+    if len(ids) < size * PERPLEXITY_WINDOWS:
+        raise SystemExit(f"held-out text: {len(ids)} tokens, fewer than {size * PERPLEXITY_WINDOWS}")
+    return [ids[k * size : (k + 1) * size] for k in range(PERPLEXITY_WINDOWS)]
+
+
+def perplexity(loaded: LoadedModel, windows: list[list[int]]) -> float:
+    """exp of the mean negative log-likelihood of each window's next tokens, teacher-forced."""
+    nll, count = 0.0, 0
+    for ids, logits in zip(windows, teacher_forced_logits(loaded, windows), strict=True):
+        nll += float(F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="sum"))
+        count += len(ids) - 1
+    return math.exp(nll / count)
+
+
 def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int, new_tokens: int) -> dict[str, Any]:
     reference = load(model, device, torch.float32)
     limit = min(PROMPT_TOKENS, reference.shape.n_positions - new_tokens)
@@ -110,7 +135,15 @@ def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int
     prompt_ids = [reference.tokenizer.encode(p) for p in prompts]
     sequences = [p + g for p, g in zip(prompt_ids, greedy, strict=True)]
     ref_logits = teacher_forced_logits(reference, sequences)
-    report: dict[str, Any] = {"model": model, "sequences": len(sequences), "new_tokens": new_tokens}
+    windows = held_out_windows(reference)
+    reference_perplexity = perplexity(reference, windows)
+    report: dict[str, Any] = {
+        "model": model,
+        "sequences": len(sequences),
+        "new_tokens": new_tokens,
+        "perplexity_tokens": sum(len(w) - 1 for w in windows),
+        "float32_perplexity": reference_perplexity,
+    }
     for name in precisions:
         if name == "float32":
             continue
@@ -129,7 +162,10 @@ def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int
             top2 = r.topk(2, dim=-1).values
             flip_margins += (top2[:, 0] - top2[:, 1])[~same].tolist()
         streams = run_engine(LLMEngine.for_model(loaded, config), prompts, [new_tokens] * len(prompts))
+        held_out = perplexity(loaded, windows)
         report[name] = {
+            "perplexity": held_out,
+            "perplexity_vs_float32": held_out / reference_perplexity,
             "top1_agreement": agree / total,
             "positions": total,
             "max_logit_diff": max_diff,
@@ -187,6 +223,16 @@ def record(sitting: Sitting, report: dict[str, Any], models: list[str]) -> None:
                 note=f"{flips} flips of {row['positions']}; max |dlogit| {row['max_logit_diff']:.3f}, largest"
                 f" float32 margin at a flip {row['largest_fp32_margin_at_a_flip']:.3f}; greedy streams identical"
                 f" {row['greedy_streams_identical']}/{result['sequences']}",
+            )
+            sitting.figure(
+                f"held-out perplexity, {name}, {spec} model",
+                row["perplexity"],
+                "",
+                baseline=("float32", result["float32_perplexity"]),
+                bar=f"within {PERPLEXITY_WITHIN:.0%}",
+                met=abs(row["perplexity_vs_float32"] - 1.0) <= PERPLEXITY_WITHIN,
+                headline=False,
+                note=f"{result['perplexity_tokens']} held-out tokens (the corpus past what the trained model learnt)",
             )
     sitting.details = report
 
@@ -246,7 +292,9 @@ def main() -> None:
                     f"max |dlogit| {row['max_logit_diff']:.3f} ({row['max_logit_diff_over_logit_std']:.2f} std)   "
                     f"largest fp32 margin at a flip {row['largest_fp32_margin_at_a_flip']:.3f}   "
                     f"greedy streams identical {row['greedy_streams_identical']}/{result['sequences']}   "
-                    f"{'PASS' if row['passes'] else 'FAIL'}",
+                    f"{'PASS' if row['passes'] else 'FAIL'}   held-out perplexity {row['perplexity']:.3f}"
+                    f" ({row['perplexity_vs_float32']:.4f}x float32's {result['float32_perplexity']:.3f},"
+                    f" {result['perplexity_tokens']} tokens)",
                     flush=True,
                 )
     if args.json:

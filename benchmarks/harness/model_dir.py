@@ -32,6 +32,10 @@ TRAINED_CONTEXT = 128
 EOS = "<|endoftext|>"
 
 
+TRAINING_BYTES = 8 << 20
+"""What the trained model learns from: the corpus's first files, up to 8 MiB."""
+
+
 def corpus(limit_bytes: int = 64 << 20) -> Iterator[str]:
     """Text from the standard library's sources, up to `limit_bytes`."""
     total = 0
@@ -44,6 +48,16 @@ def corpus(limit_bytes: int = 64 << 20) -> Iterator[str]:
         yield text
         if total >= limit_bytes:
             return
+
+
+def held_out(limit_bytes: int = 64 << 10) -> Iterator[str]:
+    """Corpus text the trained model never learnt from: the files after its `TRAINING_BYTES`, up to
+    `limit_bytes` more (its perplexity's text, benchmarks/engine/dtypes.py)."""
+    seen = 0
+    for text in corpus(TRAINING_BYTES + limit_bytes):
+        if seen >= TRAINING_BYTES:
+            yield text
+        seen += len(text)
 
 
 def bpe_tokenizer(vocab_size: int) -> Any:
@@ -85,7 +99,7 @@ def train(path: Path, seconds: float, seed: int = 0) -> Path:
 
     tokenizer = bpe_tokenizer(TRAINED_VOCAB_SIZE)
     eos_id = tokenizer.convert_tokens_to_ids(EOS)
-    ids = torch.tensor([i for text in corpus(8 << 20) for i in [*tokenizer.encode(text), eos_id]])
+    ids = torch.tensor([i for text in corpus(TRAINING_BYTES) for i in [*tokenizer.encode(text), eos_id]])
     config = GPT2Config(
         vocab_size=len(tokenizer), n_positions=TRAINED_CONTEXT, n_embd=256, n_layer=4, n_head=4,
         bos_token_id=eos_id, eos_token_id=eos_id,
