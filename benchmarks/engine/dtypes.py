@@ -16,8 +16,7 @@ run as a dtype here: its speed, and its accuracy against float32 by the same che
    with float32's: top-1 agreement, the largest logit difference, and float32's top-1 margin at
    every position where the argmax flips (a flip at a near-tie is rounding, not damage), then
    free-running greedy streams in each dtype against float32's; and each dtype's perplexity on
-   held-out text (`PERPLEXITY_WINDOWS` windows of the trained model's context from the corpus
-   past what it learnt from, benchmarks/harness/model_dir.py), against float32's. The check passes at >= 99% top-1
+   held-out text (benchmarks/harness/perplexity.py), against float32's. The check passes at >= 99% top-1
    agreement on the trained model (benchmarks/harness/model_dir.py --trained: random weights give
    near-flat logits on which any rounding flips the argmax; they are reported too).
 
@@ -29,23 +28,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, run_engine, timed_median_ms
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine
+from benchmarks.harness.perplexity import PERPLEXITY_WITHIN, held_out_windows, perplexity, teacher_forced_logits
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.workloads import make_workload
-from worker.attention import Segment
 from worker.engine import LLMEngine
-from worker.kv_cache import KVCache
-from worker.loading import DTYPES, LoadedModel, cpu_runs_bfloat16_natively, load, resolve_dtype
-from worker.model import PackedBatch, can_pack_for_cpu
+from worker.loading import DTYPES, cpu_runs_bfloat16_natively, load, resolve_dtype
+from worker.model import can_pack_for_cpu
 from worker.scheduler import SchedulerConfig
 
 PRECISIONS: dict[str, tuple[torch.dtype, str]] = {
@@ -55,8 +51,6 @@ PRECISIONS: dict[str, tuple[torch.dtype, str]] = {
 """What each name here loads: the torch dtype and the worker's `--quantize`."""
 
 PASS_AGREEMENT = 0.99
-PERPLEXITY_WITHIN = 0.01  # a dtype's held-out perplexity within 1% of float32's
-PERPLEXITY_WINDOWS = 16
 PROMPT_TOKENS = 64  # prompts are cut to this: emulated dtypes run a hundred times slower
 
 
@@ -90,39 +84,6 @@ def speed(precision: str, device: torch.device, repeats: int) -> dict[str, float
         loaded, config, 32, steps=repeats, prompt_tokens=8, temperature=1.0, top_p=0.9
     )
     return out
-
-
-@torch.inference_mode()
-def teacher_forced_logits(loaded: LoadedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """Float32 logits [L, V] at every position of each sequence, from one causal forward each."""
-    param = next(loaded.model.parameters())
-    cache = KVCache(loaded.shape, max(map(len, sequences)), 1, param.dtype, param.device)  # blocks of one row
-    out = []
-    for ids in sequences:
-        n = len(ids)
-        rows = torch.arange(n, device=param.device)
-        batch = PackedBatch(torch.tensor(ids, device=param.device), rows, rows, None, [Segment(0, n, 0, n)], None, None)
-        out.append(loaded.model(batch, cache).float().cpu())
-    return out
-
-
-def held_out_windows(loaded: LoadedModel) -> list[list[int]]:
-    """`PERPLEXITY_WINDOWS` consecutive windows of held-out text, each as long as the trained model's
-    context (and at most the model's own)."""
-    size = min(model_dir.TRAINED_CONTEXT, loaded.shape.n_positions)
-    ids = [i for text in model_dir.held_out() for i in loaded.tokenizer.encode(text)]
-    if len(ids) < size * PERPLEXITY_WINDOWS:
-        raise SystemExit(f"held-out text: {len(ids)} tokens, fewer than {size * PERPLEXITY_WINDOWS}")
-    return [ids[k * size : (k + 1) * size] for k in range(PERPLEXITY_WINDOWS)]
-
-
-def perplexity(loaded: LoadedModel, windows: list[list[int]]) -> float:
-    """exp of the mean negative log-likelihood of each window's next tokens, teacher-forced."""
-    nll, count = 0.0, 0
-    for ids, logits in zip(windows, teacher_forced_logits(loaded, windows), strict=True):
-        nll += float(F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="sum"))
-        count += len(ids) - 1
-    return math.exp(nll / count)
 
 
 def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int, new_tokens: int) -> dict[str, Any]:

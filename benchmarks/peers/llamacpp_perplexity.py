@@ -5,8 +5,8 @@
 The trained model (benchmarks/harness/model_dir.py --trained) on its held-out text (the corpus
 past what it learnt from: `model_dir.held_out`):
 - ours: the engine's teacher-forced perplexity in float32 and with `--quantize int8`
-  (benchmarks/engine/dtypes.py's `perplexity`, over `--chunks` windows of the model's 128-token
-  context, every position scored);
+  (benchmarks/harness/perplexity.py, over `--chunks` windows of the model's 128-token context,
+  every position scored);
 - llama.cpp: `llama-perplexity` (built beside llama-server, benchmarks/peers/llamacpp.py) on the
   same text converted by its own converter to f32 and Q8_0 GGUF, `--chunks` windows of 128
   tokens (it scores the second half of each window).
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine.dtypes import PERPLEXITY_WITHIN, perplexity
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine, markdown_table, out_dir
+from benchmarks.harness.perplexity import PERPLEXITY_WITHIN, held_out_windows, perplexity
 from benchmarks.harness.results import Sitting
 from benchmarks.peers.llamacpp import GGUF_TYPES, gguf, llama_server, llama_source, missing_tools
 from worker.loading import load
@@ -57,11 +57,7 @@ def theirs(binary: Path, model: Path, text: Path, chunks: int, threads: int) -> 
 
 def ours(trained: Path, quantize: str, chunks: int) -> float:
     loaded = load(str(trained), torch.device("cpu"), torch.float32, quantize)
-    ids = [i for text in model_dir.held_out() for i in loaded.tokenizer.encode(text)]
-    windows = [ids[k * CONTEXT : (k + 1) * CONTEXT] for k in range(chunks)]
-    if len(windows[-1]) < CONTEXT:
-        raise SystemExit(f"held-out text: {len(ids)} tokens, fewer than {chunks} windows of {CONTEXT}")
-    return perplexity(loaded, windows)
+    return perplexity(loaded, held_out_windows(loaded, chunks))
 
 
 def main() -> None:
