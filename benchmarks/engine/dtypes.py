@@ -36,7 +36,7 @@ import torch
 from benchmarks.engine.engine_vs_hf import bare_matmuls_ms, decode_step_ms, run_engine, timed_median_ms
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine
-from benchmarks.harness.perplexity import PERPLEXITY_WITHIN, held_out_windows, perplexity, teacher_forced_logits
+from benchmarks.harness.perplexity import held_out_windows, perplexity, perplexity_figure, teacher_forced_logits
 from benchmarks.harness.results import Sitting
 from benchmarks.harness.workloads import make_workload
 from worker.engine import LLMEngine
@@ -185,14 +185,11 @@ def record(sitting: Sitting, report: dict[str, Any], models: list[str]) -> None:
                 f" float32 margin at a flip {row['largest_fp32_margin_at_a_flip']:.3f}; greedy streams identical"
                 f" {row['greedy_streams_identical']}/{result['sequences']}",
             )
-            sitting.figure(
+            perplexity_figure(
+                sitting,
                 f"held-out perplexity, {name}, {spec} model",
                 row["perplexity"],
-                "",
-                baseline=("float32", result["float32_perplexity"]),
-                bar=f"within {PERPLEXITY_WITHIN:.0%}",
-                met=abs(row["perplexity_vs_float32"] - 1.0) <= PERPLEXITY_WITHIN,
-                headline=False,
+                result["float32_perplexity"],
                 note=f"{result['perplexity_tokens']} held-out tokens (the corpus past what the trained model learnt)",
             )
     sitting.details = report

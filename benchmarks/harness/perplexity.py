@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.harness import model_dir
+from benchmarks.harness.results import Sitting
 from worker.attention import Segment
 from worker.kv_cache import KVCache
 from worker.loading import LoadedModel
@@ -52,3 +53,17 @@ def perplexity(loaded: LoadedModel, windows: list[list[int]]) -> float:
         nll += float(F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="sum"))
         count += len(ids) - 1
     return math.exp(nll / count)
+
+
+def perplexity_figure(sitting: Sitting, name: str, value: float, float32: float, note: str = "") -> None:
+    """A held-out perplexity as a figure against float32's, held within `PERPLEXITY_WITHIN`."""
+    sitting.figure(
+        name,
+        value,
+        "",
+        baseline=("float32", float32),
+        bar=f"within {PERPLEXITY_WITHIN:.0%}",
+        met=abs(value / float32 - 1.0) <= PERPLEXITY_WITHIN,
+        headline=False,
+        note=note,
+    )

@@ -28,7 +28,7 @@ import torch
 
 from benchmarks.harness import model_dir
 from benchmarks.harness.common import machine, markdown_table, out_dir
-from benchmarks.harness.perplexity import PERPLEXITY_WITHIN, held_out_windows, perplexity
+from benchmarks.harness.perplexity import held_out_windows, perplexity, perplexity_figure
 from benchmarks.harness.results import Sitting
 from benchmarks.peers.llamacpp import GGUF_TYPES, gguf, llama_server, llama_source, missing_tools
 from worker.loading import load
@@ -87,15 +87,7 @@ def main() -> None:
     for side, ppl, quantized in (("governor's engine", mine, "int8"), ("llama.cpp", llama, GGUF_TYPES["int8"])):
         ratio = ppl["int8"] / ppl["float32"]
         rows.append([side, f"{ppl['float32']:.4f}", f"{quantized}: {ppl['int8']:.4f}", f"{ratio:.5f}x"])
-        sitting.figure(
-            f"held-out perplexity, {quantized} vs float32, {side}",
-            ppl["int8"],
-            "",
-            baseline=("float32", ppl["float32"]),
-            bar=f"within {PERPLEXITY_WITHIN:.0%}",
-            met=abs(ratio - 1.0) <= PERPLEXITY_WITHIN,
-            headline=False,
-        )
+        perplexity_figure(sitting, f"held-out perplexity, {quantized} vs float32, {side}", ppl["int8"], ppl["float32"])
     closer = abs(mine["int8"] / mine["float32"] - 1.0) <= abs(llama["int8"] / llama["float32"] - 1.0)
     sitting.figure(
         "int8 as close to float32 as llama.cpp's Q8_0 (held-out perplexity)",
