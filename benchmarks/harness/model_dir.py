@@ -52,7 +52,7 @@ def corpus(limit_bytes: int = 64 << 20) -> Iterator[str]:
 
 def held_out(limit_bytes: int = 64 << 10) -> Iterator[str]:
     """Corpus text the trained model never learnt from: the files after its `TRAINING_BYTES`, up to
-    `limit_bytes` more (its perplexity's text, benchmarks/engine/dtypes.py)."""
+    `limit_bytes` more (its perplexity's text, benchmarks/harness/perplexity.py)."""
     seen = 0
     for text in corpus(TRAINING_BYTES + limit_bytes):
         if seen >= TRAINING_BYTES:

@@ -257,8 +257,8 @@ class InflightLimiter:
         self.lend: Callable[[float, Ask], bool] | None = None
         self.loan = 0  # how far past the cap `lend` may admit (--tenant-loan; 0: never)
         self.backfilled = 0  # admissions into a slot kept for an appointment due later (a backfill)
-        # How long a request of N new tokens would hold its slot (release_forecast.service_of);
-        # None: no backfill.
+        # How long the request of an ask would hold its slot (release_forecast.service_of); None:
+        # no backfill.
         self._service_of = service_of
         self._lent: Ask | None = None  # the ask its last check lent a kept slot to (counted at charge)
         self._hints = hints
