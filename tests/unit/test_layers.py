@@ -15,6 +15,7 @@ and under TYPE_CHECKING): who may import whom.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -68,11 +69,18 @@ def imports_of(path: Path) -> Iterator[Import]:
                 yield Import(module, f"{target}.{alias.name}" if is_module else target, where)
 
 
+# What the benchmarks write (built trees, other projects' venvs): not this project's code, and not walked.
+GENERATED = (ROOT / "benchmarks" / "out",)
+
+
 def imports_under(*packages: str) -> list[Import]:
     found: list[Import] = []
     for package in packages:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            found.extend(imports_of(path))
+        for folder, dirs, files in os.walk(ROOT / package):
+            dirs[:] = sorted(d for d in dirs if Path(folder, d) not in GENERATED)
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    found.extend(imports_of(Path(folder, name)))
     return found
 
 
