@@ -37,9 +37,9 @@ class WorkerConfig:
     )
     quantize: Literal["none", "int8"] = option(
         "none",
-        "gpt2: int8 = the linear layers' weights in int8 (per output channel; activations quantized per row"
-        " each step), the LM head, embeddings and KV cache in float32; cpu only, with --dtype float32 or auto;"
-        " refused at start on a CPU whose int8 GEMM needs VNNI and lacks it",
+        "gpt2: int8 = the linear layers' and the LM head's weights in int8 (per output channel; activations"
+        " quantized per row each call) in a C kernel built for the CPU; embeddings, layer norms and KV cache in"
+        " float32; cpu only, with --dtype float32 or auto; refused at start where the kernel cannot be built",
     )
     max_batch_size: int = option(32, "gpt2: the decode batch: most decoding sequences in one step")
     max_running: int = option(

@@ -103,8 +103,8 @@ def unsupported_options(config: Any) -> list[str]:
 
 def load(spec: str, device: torch.device, dtype: torch.dtype, quantize: str = "none") -> LoadedModel:
     """The model of `spec` on `device` in `dtype`; `quantize="int8"`: its linear layers' weights in
-    int8 (worker/int8.py), refused where they cannot run (a GPU, a dtype other than float32, a CPU
-    whose int8 GEMM is wrong without VNNI): never a quiet fallback to float32."""
+    int8 (worker/int8.py), refused where they cannot run (a GPU, a dtype other than float32, no C
+    compiler for the kernel): never a quiet fallback to float32."""
     if quantize == "int8":
         why = int8_refusal(device, dtype)
         if why:

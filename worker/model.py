@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from worker import int8
 from worker.attention import DecodeAttention, Segment, causal_masks, prefill_attention
+from worker.kernels.int8_linear import PackedInt8
 from worker.kv_cache import KVCache
 from worker.model_shape import GPT2Shape
 
@@ -80,14 +81,14 @@ class Conv1D(nn.Module):
         self.weight: nn.Parameter | None = nn.Parameter(torch.empty(n_in, n_out))
         self.bias = nn.Parameter(torch.empty(n_out))
         self.packed: Tensor | None = None
-        self.int8: int8.Int8Weight | None = None
+        self.int8: PackedInt8 | None = None
 
     def forward(self, x: Tensor, gelu: bool = False) -> Tensor:
         """`gelu`: followed by GPT-2's GELU (its tanh approximation), fused where oneDNN runs it."""
         if self.packed is not None:
             return _packed_linear(x, self.packed, self.bias, gelu)
         if self.int8 is not None:
-            y = int8.linear(x, self.int8, self.bias)
+            y = self.int8(x)
         else:
             assert self.weight is not None  # one of the three is always set
             y = torch.addmm(self.bias, x, self.weight)
@@ -101,7 +102,7 @@ class Conv1D(nn.Module):
 
     def quantize_int8(self) -> None:
         assert self.weight is not None
-        self.int8 = int8.Int8Weight.of(self.weight.detach())
+        self.int8 = int8.pack(self.weight, self.bias)
         self.weight = None
 
 
@@ -183,6 +184,7 @@ class GPT2(nn.Module):
         self.shape = shape
         self.transformer = Transformer(shape)
         self.lm_head_packed: Tensor | None = None  # the tied LM head in oneDNN's layout, after pack_for_cpu
+        self.lm_head_int8: PackedInt8 | None = None  # its int8 copy, after quantize_int8
 
     @torch.inference_mode()
     def forward(self, batch: PackedBatch, cache: KVCache) -> Tensor:
@@ -199,6 +201,8 @@ class GPT2(nn.Module):
 
     def lm_head(self, x: Tensor) -> Tensor:
         """Logits [n, V] of final hidden states [n, C] (the LM head is tied to the embedding)."""
+        if self.lm_head_int8 is not None:
+            return self.lm_head_int8(x)
         if self.lm_head_packed is not None:
             return _packed_linear(x, self.lm_head_packed, None)
         return F.linear(x, self.transformer.wte.weight)
@@ -209,14 +213,17 @@ class GPT2(nn.Module):
         for module in self.modules():
             if isinstance(module, Conv1D):
                 module.pack_for_cpu(batch_hint)
-        self.lm_head_packed = _packed(self.transformer.wte.weight, batch_hint)
+        if self.lm_head_int8 is None:
+            self.lm_head_packed = _packed(self.transformer.wte.weight, batch_hint)
 
     def quantize_int8(self) -> None:
-        """Every linear layer's weight to int8 (worker/int8.py; the LM head stays as it is, tied to
-        the embedding). Before `pack_for_cpu`, which then packs only the LM head."""
+        """Every linear layer's weight and the LM head to int8 (worker/int8.py; the head from a copy
+        of the embedding it is tied to, which stays float32 for the inputs). Before `pack_for_cpu`,
+        which then has nothing left to pack."""
         for module in self.modules():
             if isinstance(module, Conv1D):
                 module.quantize_int8()
+        self.lm_head_int8 = int8.pack(self.transformer.wte.weight.t(), None)
 
     def load_hf_state_dict(self, state: Mapping[str, Tensor]) -> None:
         """Copy weights from a `GPT2LMHeadModel` state dict (shapes checked, nothing left over)."""

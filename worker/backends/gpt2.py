@@ -40,6 +40,7 @@ from govwire.errors import GovernorError, InternalError, RequestRejected
 from govwire.messages import Completion, EngineStats
 from govwire.request import GenerateRequest
 from govwire.vocab import FinishReason
+from worker import int8
 from worker.allocator import keep_freed_memory
 from worker.backends.base import RequestSink
 from worker.config import WorkerConfig
@@ -135,12 +136,13 @@ class GPT2Backend:
         self._tokenizer_thread.start()
         config = self.config
         log.info(
-            "event=engine_ready model=%s device=%s dtype=%s quantize=%s cpu_capability=%s layers=%d"
+            "event=engine_ready model=%s device=%s dtype=%s quantize=%s int8_kernel=%s cpu_capability=%s layers=%d"
             " kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
             config.model,
             engine.runner.device,
             str(engine.runner.dtype).removeprefix("torch."),
             config.quantize,
+            int8.isa() if config.quantize == "int8" else "-",
             torch.backends.cpu.get_cpu_capability(),
             engine.runner.model.shape.n_layer,
             config.kv_cache_tokens,

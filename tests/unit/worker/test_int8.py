@@ -1,10 +1,9 @@
-"""int8 weights (worker/int8.py, `--quantize int8`): the weight's quantization, the int8 linear
-against float32, the start-up probe that refuses a CPU whose int8 GEMM is wrong, the refusals of
-`load`, and the engine serving every request with them."""
+"""int8 weights (worker/int8.py, `--quantize int8`): the weight's quantization, a packed layer
+against float32, the refusal where the kernel cannot be built, the refusals of `load`, and the
+engine serving every request with them (the kernel itself: test_int8_kernel.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,7 @@ from worker import int8
 from worker.errors import ModelLoadError
 from worker.loading import LoadedModel, load, resolve_dtype
 
-needs_int8 = pytest.mark.skipif(int8.unsupported() is not None, reason=f"int8 GEMM: {int8.unsupported()}")
-
-
-@pytest.fixture
-def fresh_probe() -> Iterator[None]:
-    int8.unsupported.cache_clear()
-    yield
-    int8.unsupported.cache_clear()
+needs_int8 = pytest.mark.skipif(int8.unsupported() is not None, reason=f"int8: {int8.unsupported()}")
 
 
 def test_a_weight_is_quantized_per_output_column_within_half_a_step() -> None:
@@ -39,35 +31,26 @@ def test_a_weight_is_quantized_per_output_column_within_half_a_step() -> None:
 
 
 @needs_int8
-def test_the_int8_linear_is_within_a_percent_or_two_of_float32() -> None:
+def test_a_packed_layer_is_within_a_percent_or_two_of_float32() -> None:
     torch.manual_seed(1)
     for rows in (1, 7, 32):
         x = torch.randn(rows, 96)
         weight, bias = torch.randn(96, 40) * 0.05, torch.randn(40)
         reference = x @ weight + bias
-        got = int8.linear(x, int8.Int8Weight.of(weight), bias)
+        got = int8.pack(weight, bias)(x)
         assert got.dtype == torch.float32 and got.shape == reference.shape
         assert float((got - reference).abs().max()) <= 0.02 * float(reference.abs().max())
-        unbiased = int8.linear(x, int8.Int8Weight.of(weight), None)
+        unbiased = int8.pack(weight, None)(x)
         assert torch.allclose(unbiased + bias, got, atol=1e-5)
 
 
-def test_a_gemm_that_overflows_without_vnni_is_refused_naming_it(
-    fresh_probe: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """What oneDNN's int8 GEMM does without VNNI: the activations shifted to unsigned (+128), pairs of
-    products summed by `vpmaddubsw` into int16, saturated, the shift taken off after. (The probe
-    itself refuses the real thing: ONEDNN_MAX_CPU_ISA=AVX2 on a VNNI machine.)"""
-
-    def int16_pairs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        shifted = a.int() + 128
-        products = shifted.unsqueeze(2) * b.int().unsqueeze(0)  # [M, K, N]
-        pairs = products.view(a.shape[0], -1, 2, b.shape[1]).sum(2).clamp(-32768, 32767)
-        return (pairs.sum(1) - 128 * b.int().sum(0)).int()
-
-    monkeypatch.setattr(torch, "_int_mm", int16_pairs)
+def test_without_a_kernel_int8_is_unsupported_naming_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int8, "cpu_int8_linear", lambda: None)
     why = int8.unsupported()
-    assert why is not None and "VNNI" in why
+    assert why is not None and "C compiler" in why
+    assert int8.isa() == "none"
+    with pytest.raises(RuntimeError, match="C compiler"):
+        int8.pack(torch.zeros(4, 4), None)
 
 
 def test_load_refuses_int8_where_it_cannot_run_never_falling_back(
@@ -77,8 +60,8 @@ def test_load_refuses_int8_where_it_cannot_run_never_falling_back(
         load(str(tiny_gpt2_dir), CPU, torch.bfloat16, "int8")
     with pytest.raises(ModelLoadError, match="--quantize int8: .*cpu, not cuda"):
         load(str(tiny_gpt2_dir), torch.device("cuda"), torch.float32, "int8")
-    monkeypatch.setattr(int8, "unsupported", lambda: "no VNNI here")
-    with pytest.raises(ModelLoadError, match="--quantize int8: no VNNI here"):
+    monkeypatch.setattr(int8, "unsupported", lambda: "no kernel here")
+    with pytest.raises(ModelLoadError, match="--quantize int8: no kernel here"):
         load(str(tiny_gpt2_dir), CPU, torch.float32, "int8")
     assert resolve_dtype("auto", CPU, "int8") == torch.float32
 
@@ -93,6 +76,7 @@ def test_the_engine_serves_every_request_with_int8_weights_and_starts_as_float32
     quantized = load(str(tiny_gpt2_dir), CPU, torch.float32, "int8")
     layer = quantized.model.transformer.blocks[0].mlp.c_fc
     assert layer.int8 is not None and layer.weight is None and layer.packed is None
+    assert quantized.model.lm_head_int8 is not None and quantized.model.lm_head_packed is None
     finished = run_with_late_arrivals(make_engine(quantized))
     for rid, _, n in PROMPTS:
         ours, theirs = finished[rid].seq.output_ids, reference[rid].seq.output_ids
