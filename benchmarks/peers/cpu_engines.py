@@ -76,7 +76,7 @@ SIDES = {
         Side("governor float32", "governor", "float32"),
         Side("governor bfloat16", "governor", "bfloat16"),
         Side("governor int8", "governor", "int8"),
-        Side("governor int8, 1 thread", "governor", "int8", threads=1),
+        Side("governor int8 on 1 thread", "governor", "int8", threads=1),
         Side("llama-server f32", "llama-server", "float32"),
         Side("llama-server Q8_0", "llama-server", "int8"),
         Side("vLLM float32", "vllm", "float32"),
@@ -84,7 +84,7 @@ SIDES = {
     )
 }
 DEFAULT_SIDES = (
-    "governor float32,governor bfloat16,governor int8,governor int8, 1 thread,llama-server f32,llama-server Q8_0,"
+    "governor float32,governor bfloat16,governor int8,governor int8 on 1 thread,llama-server f32,llama-server Q8_0,"
     "vLLM float32,vLLM bfloat16"
 )
 
