@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from subprocess import Popen
 from typing import Any
@@ -70,13 +71,24 @@ class Side:
         return self.server != "governor"
 
 
+THREADS_SUFFIX = re.compile(r" on (\d+) threads?$")
+
+
+def side_named(name: str) -> Side:
+    """A side by its name in SIDES, optionally with " on N threads" (else it runs on --threads)."""
+    suffix = THREADS_SUFFIX.search(name)
+    base = SIDES.get(name[: suffix.start()] if suffix else name)
+    if base is None:
+        raise SystemExit(f"unknown side {name!r}; expected one of {list(SIDES)}, optionally + ' on N threads'")
+    return replace(base, name=name, threads=int(suffix.group(1))) if suffix else base
+
+
 SIDES = {
     side.name: side
     for side in (
         Side("governor float32", "governor", "float32"),
         Side("governor bfloat16", "governor", "bfloat16"),
         Side("governor int8", "governor", "int8"),
-        Side("governor int8 on 1 thread", "governor", "int8", threads=1),
         Side("llama-server f32", "llama-server", "float32"),
         Side("llama-server Q8_0", "llama-server", "int8"),
         Side("vLLM float32", "vllm", "float32"),
@@ -245,17 +257,16 @@ def record(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sides", default=DEFAULT_SIDES, help=f"comma-separated, of: {', '.join(SIDES)}")
+    p.add_argument(
+        "--sides", default=DEFAULT_SIDES, help=f"comma-separated, of: {', '.join(SIDES)}; any + ' on N threads'"
+    )
     p.add_argument("--workloads", default="uniform,mixed")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", choices=("random", "trained"), default="random")
     a = p.parse_args()
-    unknown = [s for s in a.sides.split(",") if s not in SIDES]
-    if unknown:
-        raise SystemExit(f"unknown sides {unknown}; expected some of {list(SIDES)}")
     model_dir = ensure_model_dir() if a.model == "random" else ensure_trained()
-    starters, sides = prepare([SIDES[s] for s in a.sides.split(",")], model_dir, a.threads)
+    starters, sides = prepare([side_named(s) for s in a.sides.split(",")], model_dir, a.threads)
     workloads = a.workloads.split(",")
     sitting = Sitting(("govwire", "governor", "worker"), part=None if a.model == "random" else a.model)
     names = ", ".join(s.name for s in sides)
