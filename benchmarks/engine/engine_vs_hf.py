@@ -160,14 +160,16 @@ class Served:
     first request. `run` sends every request at once over one connection and collects the streamed
     token ids."""
 
-    def __init__(self, args: argparse.Namespace, config: SchedulerConfig, *extra_worker_args: str) -> None:
+    def __init__(
+        self, args: argparse.Namespace, config: SchedulerConfig, *extra_worker_args: str, threads: int = 0
+    ) -> None:
         worker_args = (
             "--engine", "gpt2", "--model", args.model, "--device", args.device, "--dtype", args.dtype,
             "--max-batch-size", str(config.max_batch_size),
             "--prefill-max-batch-size", str(config.prefill_max_batch_size),
             "--max-prefill-tokens", str(config.max_prefill_tokens),
             "--kv-cache-tokens", str(config.kv_cache_tokens),
-            "--threads", str(args.threads),
+            "--threads", str(threads or args.threads),
             *extra_worker_args,
         )  # fmt: skip
         self.proc, self.port = start_governor(
@@ -327,6 +329,13 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=1, help="run the methods this many times, in alternation")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--served-threads",
+        type=int,
+        default=0,
+        help="the served worker's --threads (0: --threads); 1 leaves a core to its event loop, the governor"
+        " and the client, which a model too small to split across cores needs more",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--max-prefill-tokens", type=int, default=2048)
@@ -348,6 +357,8 @@ def main() -> None:
     # One file per workload set, and per dtype and device off the defaults: `make bench-engine` runs
     # uniform and mixed separately, and the bfloat16 runs sit beside the float32 ones.
     off_default = [v for v, default in ((args.dtype, "float32"), (args.device, "cpu")) if v != default]
+    if args.served_threads:
+        off_default.append(f"served-threads-{args.served_threads}")
     part = "-".join([*workloads, *off_default])
     sitting = Sitting(("govwire", "governor", "worker") if "served" in methods else ("worker",), part=part)
 
@@ -372,7 +383,7 @@ def main() -> None:
     # Warm-up: first calls allocate and pick kernels.
     run_engine(LLMEngine.for_model(loaded, config), ["warm up"], [2])
     hf.static([tokenizer.encode("warm up")], [2], batch_size=1)
-    served = Served(args, config) if "served" in methods else None
+    served = Served(args, config, threads=args.served_threads) if "served" in methods else None
 
     report: dict[str, Any] = {
         "machine": machine(),
