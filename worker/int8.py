@@ -8,8 +8,11 @@ AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` with the sign moved onto the weights s
 saturates, or portable C), on a weight packed at load in the order its vector loop reads it.
 
 The LM head is int8 too, from its own copy of the tied embedding (the embedding the inputs look up
-stays float32): at batch 32 on a 2-core Zen 4 it was the largest matmul of a step, and in int8 it
-reads a quarter of the bytes.
+stays float32). Measured both ways on a 2-core Zen 4, GPT-2 small at batch 32: the decode step
+took 18.1 ms with it against 27.3 ms with it in float32 (32 x 768 x 50,257: 3.9 against 13.6 ms).
+The cost, on the trained model's held-out text: perplexity 0.9994x float32's with it, 1.0001x
+without (llama.cpp's Q8_0, whose activation scales cover 32 values rather than a row: 1.0001x);
+teacher-forced top-1 agreement with float32 99.6% either way.
 
 Why a kernel of our own rather than a library (measured on that CPU, batch 32, 2 threads; the
 figures are in docs/BENCHMARKS.md): `torch._int_mm` (what torchao's
