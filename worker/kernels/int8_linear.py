@@ -25,8 +25,8 @@ _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
 class Int8LinearKernel:
-    """The library's two entry points; `isa` names the vector code it was compiled to
-    (avx512_vnni, avx2 or portable)."""
+    """The library: `pack` a weight once, then call the `PackedInt8` it returns; `isa` names the
+    vector code it was compiled to (avx512_vnni, avx2 or portable)."""
 
     def __init__(self, library: Path) -> None:
         lib = ctypes.CDLL(str(library))
@@ -73,8 +73,9 @@ class PackedInt8:
         scales: Tensor,
         bias: Tensor | None,
     ) -> None:
-        self._kernel, self.k, self.n = kernel, k, n
-        self._packed, self._corr, self._scales, self._bias = packed, corr, scales, bias  # kept alive
+        self.k, self.n = k, n
+        # Kept alive: the library, and the tensors whose addresses the calls pass.
+        self._kernel, self._packed, self._corr, self._scales, self._bias = kernel, packed, corr, scales, bias
         self._fn = kernel._lib.int8_linear
         bias_ptr = None if bias is None else bias.data_ptr()
         self._args = (packed.data_ptr(), corr.data_ptr(), scales.data_ptr(), bias_ptr, n)
@@ -93,10 +94,6 @@ class PackedInt8:
         ):
             raise MemoryError("int8 linear: no memory for the quantized rows")
         return out
-
-    @property
-    def nbytes(self) -> int:
-        return self._packed.numel() + 4 * self._corr.numel()
 
 
 @functools.cache
