@@ -66,6 +66,11 @@ class WorkerConfig:
         "gpt2: paged = blocks as a sequence grows, preempting the newest when the cache runs dry;"
         " worst-case = blocks for prompt + max_new_tokens at admission, never preempted",
     )
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto",
+        "gpt2: the KV cache's dtype (attention reads and computes in it); auto = the model's, except with"
+        " --quantize int8 on a CPU with native bfloat16, where it is bfloat16: half the bytes each decode step reads",
+    )
     threads: int = option(0, "gpt2: torch CPU threads; 0 = torch's default (the physical cores)")
     cuda_graphs: bool = option(
         True, "gpt2: on cuda, replay decode steps from CUDA graphs captured at start; --no-cuda-graphs: all eager"

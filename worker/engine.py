@@ -118,11 +118,12 @@ class LLMEngine:
         CUDA, decode steps replay graphs captured now unless `cuda_graphs` is False, and steps
         overlap unless `overlap` is False (None: on CUDA only); `learned_prefill`: beside decoding
         streams, a prompt budget that follows the batch (prefill_budget.py), or its floor where
-        steps overlap (their timing holds each other's host work)."""
+        steps overlap (their timing holds each other's host work). The KV cache is in the loaded
+        model's `kv_dtype`."""
         on_cuda = next(loaded.model.parameters()).device.type == "cuda"
         capture = CudaGraphCapture() if on_cuda and cuda_graphs else None
         config = replace(config, max_model_len=config.max_model_len or loaded.shape.n_positions)
-        runner = ModelRunner(loaded.model, config, capture)
+        runner = ModelRunner(loaded.model, config, capture, kv_dtype=loaded.kv_dtype)
         overlap = on_cuda if overlap is None else overlap
         engine = cls(
             runner,

@@ -119,7 +119,10 @@ class Attention(nn.Module):
         self, x: Tensor, batch: PackedBatch, masks: list[Tensor | None], keys: Tensor, values: Tensor
     ) -> Tensor:
         n, c = x.shape
-        q, k, v = self.c_attn.forward(x).view(n, 3, self.n_head, self.head_dim).unbind(1)  # each [N, H, D]
+        qkv = self.c_attn.forward(x)
+        if qkv.dtype != keys.dtype:  # a KV cache in another dtype (--kv-cache-dtype): attention runs in it
+            qkv = qkv.to(keys.dtype)
+        q, k, v = qkv.view(n, 3, self.n_head, self.head_dim).unbind(1)  # each [N, H, D]
         decode = batch.decode
         if decode is not None and decode.writes_kv:  # it writes the single-token rows' own
             for seg in batch.segments:
@@ -134,7 +137,7 @@ class Attention(nn.Module):
             decode(q, k, v, keys, values, out)
         if batch.segments:
             prefill_attention(q, keys, values, batch.segments, masks, batch.gather, out, self.scale)
-        return self.c_proj.forward(out.view(n, c))
+        return self.c_proj.forward(out.view(n, c).to(x.dtype))
 
 
 class MLP(nn.Module):

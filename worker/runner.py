@@ -192,15 +192,18 @@ class ModelRunner:
         config: SchedulerConfig,
         capture: Capture | None = None,
         launcher: Launcher | None = None,
+        kv_dtype: torch.dtype | None = None,
     ) -> None:
-        """A KV cache of the config's blocks; `capture` records decode graphs (cuda_graphs.py),
-        None runs every step eagerly; `launcher` puts steps on the device (default: the device's)."""
+        """A KV cache of the config's blocks, in `kv_dtype` (None: the model's); `capture` records
+        decode graphs (cuda_graphs.py), None runs every step eagerly; `launcher` puts steps on the
+        device (default: the device's)."""
         param = next(model.parameters())
         self.model = model
         self.device = param.device
         self.dtype = param.dtype
         self.block_size = config.kv_block_size
-        self.cache = KVCache(model.shape, config.num_blocks, config.kv_block_size, param.dtype, param.device)
+        kv_dtype = kv_dtype or param.dtype
+        self.cache = KVCache(model.shape, config.num_blocks, config.kv_block_size, kv_dtype, param.device)
         self.scale = model.shape.head_dim**-0.5
         # A sequence's last sampled token, by slot; the last entry is the padding rows' scratch.
         self.token_buf = torch.zeros(config.running_cap + 1, dtype=torch.long, device=self.device)

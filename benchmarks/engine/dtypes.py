@@ -64,11 +64,11 @@ def cpu_features() -> dict[str, Any]:
 
 
 @torch.inference_mode()
-def speed(precision: str, device: torch.device, repeats: int) -> dict[str, float]:
+def speed(precision: str, device: torch.device, repeats: int) -> dict[str, Any]:
     dtype, quantize = PRECISIONS[precision]
     loaded = load("random-gpt2", device, dtype, quantize)
     layer = loaded.model.transformer.h[0].mlp.c_fc  # [768] -> [3072], packed where oneDNN can
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {"kv_dtype": str(loaded.kv_dtype).removeprefix("torch.")}
     for m in (1, 32, 512):
         x = torch.randn(m, 768, dtype=dtype, device=device)
         ms = timed_median_ms(lambda x=x: layer(x), repeats)
@@ -125,6 +125,7 @@ def accuracy(model: str, precisions: list[str], device: torch.device, n_seq: int
         streams = run_engine(LLMEngine.for_model(loaded, config), prompts, [new_tokens] * len(prompts))
         held_out = perplexity(loaded, windows)
         report[name] = {
+            "kv_dtype": str(loaded.kv_dtype).removeprefix("torch."),
             "perplexity": held_out,
             "perplexity_vs_float32": held_out / reference_perplexity,
             "top1_agreement": agree / total,
@@ -168,6 +169,7 @@ def record(sitting: Sitting, report: dict[str, Any], models: list[str]) -> None:
                 row["decode_step_b32_ms"],
                 "ms",
                 baseline=("float32", speed["float32"]["decode_step_b32_ms"]),
+                note=f"KV cache in {row['kv_dtype']} (the worker's default for it)",
             )
     for spec, result in zip(models, report["accuracy"], strict=True):
         for name, row in result.items():
@@ -232,7 +234,7 @@ def main() -> None:
                 f"{row['linear_m512_ms']:.1f} ms ({row['linear_m32_gflops']:.1f} GFLOP/s at M=32)   "
                 f"decode step b1 {row['decode_step_b1_ms']:.1f} (bare {row['bare_matmuls_b1_ms']:.1f})   "
                 f"b32 {row['decode_step_b32_ms']:.1f} (bare {row['bare_matmuls_b32_ms']:.1f}, "
-                f"sampled {row['decode_step_b32_sampled_ms']:.1f})",
+                f"sampled {row['decode_step_b32_sampled_ms']:.1f}; KV cache {row['kv_dtype']})",
                 flush=True,
             )
 
@@ -252,7 +254,7 @@ def main() -> None:
                     f"greedy streams identical {row['greedy_streams_identical']}/{result['sequences']}   "
                     f"{'PASS' if row['passes'] else 'FAIL'}   held-out perplexity {row['perplexity']:.3f}"
                     f" ({row['perplexity_vs_float32']:.4f}x float32's {result['float32_perplexity']:.3f},"
-                    f" {result['perplexity_tokens']} tokens)",
+                    f" {result['perplexity_tokens']} tokens; KV cache {row['kv_dtype']})",
                     flush=True,
                 )
     if args.json:

@@ -24,9 +24,10 @@ PERPLEXITY_WINDOWS = 16
 
 @torch.inference_mode()
 def teacher_forced_logits(loaded: LoadedModel, sequences: list[list[int]]) -> list[torch.Tensor]:
-    """Float32 logits [L, V] at every position of each sequence, from one causal forward each."""
+    """Float32 logits [L, V] at every position of each sequence, from one causal forward each (the
+    KV cache in the loaded model's `kv_dtype`, as the worker keeps it)."""
     param = next(loaded.model.parameters())
-    cache = KVCache(loaded.shape, max(map(len, sequences)), 1, param.dtype, param.device)  # blocks of one row
+    cache = KVCache(loaded.shape, max(map(len, sequences)), 1, loaded.kv_dtype, param.device)  # blocks of one row
     out = []
     for ids in sequences:
         n = len(ids)

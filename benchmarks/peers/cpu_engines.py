@@ -66,22 +66,30 @@ class Side:
     server: str  # "governor", "llama-server" or "vllm"
     precision: str
     threads: int | None = None  # None: --threads
+    kv_dtype: str | None = None  # the governor's --kv-cache-dtype; None: its auto
 
     @property
     def peer(self) -> bool:
         return self.server != "governor"
 
 
-THREADS_SUFFIX = re.compile(r" on (\d+) threads?$")
+SUFFIXES = re.compile(
+    r"^(?P<base>.+?)(?: with KV (?P<kv>float32|bfloat16|float16))?(?: on (?P<threads>\d+) threads?)?$"
+)
 
 
 def side_named(name: str) -> Side:
-    """A side by its name in SIDES, optionally with " on N threads" (else it runs on --threads)."""
-    suffix = THREADS_SUFFIX.search(name)
-    base = SIDES.get(name[: suffix.start()] if suffix else name)
-    if base is None:
-        raise SystemExit(f"unknown side {name!r}; expected one of {list(SIDES)}, optionally + ' on N threads'")
-    return replace(base, name=name, threads=int(suffix.group(1))) if suffix else base
+    """A side by its name in SIDES, optionally with " with KV <dtype>" (a governor's
+    --kv-cache-dtype) and then " on N threads" (else it runs on --threads)."""
+    match = SUFFIXES.match(name)
+    base = SIDES.get(match["base"]) if match else None
+    if base is None or (match and match["kv"] and base.peer):
+        raise SystemExit(
+            f"unknown side {name!r}; expected one of {list(SIDES)}, optionally + ' with KV <dtype>' (governor)"
+            " + ' on N threads'"
+        )
+    threads = int(match["threads"]) if match["threads"] else None
+    return replace(base, name=name, threads=threads, kv_dtype=match["kv"])
 
 
 SIDES = {
@@ -97,7 +105,8 @@ SIDES = {
     )
 }
 DEFAULT_SIDES = (
-    "governor float32,governor bfloat16,governor int8,governor int8 on 1 thread,llama-server f32,llama-server Q8_0,"
+    "governor float32,governor bfloat16,governor int8,governor int8 with KV float32,governor int8 on 1 thread,"
+    "llama-server f32,llama-server Q8_0,"
     "vLLM float32,vLLM bfloat16"
 )
 
@@ -151,7 +160,8 @@ class Starters:
         """(process, HTTP port, extra request fields) for one side, started."""
         threads = side.threads or self.threads
         if side.server == "governor":
-            proc, port, _ = llamacpp.start_served(self.model_dir, side.precision, threads)
+            kv = ("--kv-cache-dtype", side.kv_dtype) if side.kv_dtype else ()
+            proc, port, _ = llamacpp.start_served(self.model_dir, side.precision, threads, *kv)
             return proc, port, {}
         if side.server == "llama-server":
             assert self.llama_binary is not None
@@ -241,7 +251,7 @@ def record(
                 )
                 continue
             target, bar, least = BARS.get(side.precision, ("fastest", None, 0.0))
-            if side.threads is not None:  # a thread count off --threads: for comparison, no bar
+            if side.threads is not None or side.kv_dtype:  # off the defaults: for comparison, no bar
                 target, bar = "fastest", None
             peer = next((p for p in peers if p.name == target), None)
             if peer is None:  # the fastest peer, or the target's peer is not in this sitting: no bar

@@ -137,7 +137,7 @@ class GPT2Backend:
         config = self.config
         log.info(
             "event=engine_ready model=%s device=%s dtype=%s quantize=%s int8_kernel=%s cpu_capability=%s layers=%d"
-            " kv_cache_tokens=%d kv_cache_mib=%.1f threads=%d",
+            " kv_cache_tokens=%d kv_cache_dtype=%s kv_cache_mib=%.1f threads=%d",
             config.model,
             engine.runner.device,
             str(engine.runner.dtype).removeprefix("torch."),
@@ -146,6 +146,7 @@ class GPT2Backend:
             torch.backends.cpu.get_cpu_capability(),
             engine.runner.model.shape.n_layer,
             config.kv_cache_tokens,
+            str(engine.runner.cache.keys.dtype).removeprefix("torch."),
             engine.runner.cache.nbytes / 2**20,
             self._threads,
         )
@@ -159,7 +160,8 @@ class GPT2Backend:
             torch.set_num_threads(config.threads)
         self._threads = torch.get_num_threads()
         device = resolve_device(config.device)
-        loaded = load(config.model, device, resolve_dtype(config.dtype, device, config.quantize), config.quantize)
+        dtype = resolve_dtype(config.dtype, device, config.quantize)
+        loaded = load(config.model, device, dtype, config.quantize, config.kv_cache_dtype)
         scheduling = SchedulerConfig(
             max_batch_size=config.max_batch_size,
             prefill_max_batch_size=config.prefill_max_batch_size or config.max_batch_size,

@@ -14,7 +14,7 @@ from govwire.errors import BadFrame
 from tests.engine_run import PROMPTS, drain, request, run_with_late_arrivals
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.errors import ModelLoadError
-from worker.loading import LoadedModel, load
+from worker.loading import DTYPES, LoadedModel, load
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
 
@@ -198,7 +198,24 @@ def test_low_precision_on_the_cpu_runs_every_request_and_starts_as_float32_does(
     low = load(str(tiny_gpt2_dir), CPU, dtype)
     engine = make_engine(low)
     assert engine.runner.kernel is not None and engine.runner.cache.keys.dtype == dtype
-    finished = run_with_late_arrivals(engine)
+    assert_starts_alike(run_with_late_arrivals(engine), reference)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
+def test_a_float32_model_over_a_16_bit_kv_cache_runs_every_request_and_starts_as_float32_does(
+    tiny_gpt2_dir: Path, loaded: LoadedModel, kv_dtype: str
+) -> None:
+    """--kv-cache-dtype: float32 layers, attention (prefill and the decode kernel) in the cache's dtype."""
+    reference = run_with_late_arrivals(make_engine(loaded))
+    mixed = load(str(tiny_gpt2_dir), CPU, torch.float32, kv_cache_dtype=kv_dtype)
+    engine = make_engine(mixed)
+    assert engine.runner.kernel is not None and engine.runner.dtype == torch.float32
+    assert engine.runner.cache.keys.dtype == DTYPES[kv_dtype]
+    assert_starts_alike(run_with_late_arrivals(engine), reference)
+
+
+def assert_starts_alike(finished: dict[str, Any], reference: dict[str, Any]) -> None:
+    """Every request ran to its length (or end of sequence) and began with the reference's token."""
     for rid, _, n in PROMPTS:
         ours, theirs = finished[rid].seq.output_ids, reference[rid].seq.output_ids
         assert ours[0] == theirs[0], rid

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import worker.loading as loading
-from worker.loading import resolve_dtype
+from worker.loading import resolve_dtype, resolve_kv_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -47,3 +47,16 @@ def test_auto_on_cuda_is_bfloat16_or_float16(
 ) -> None:
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
     assert resolve_dtype("auto", CUDA) == expected
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_the_kv_cache_follows_the_model_unless_int8_weights_run_on_a_cpu_with_native_bfloat16(
+    monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    monkeypatch.setattr(loading, "cpu_runs_bfloat16_natively", lambda: native)
+    assert resolve_kv_dtype("auto", CPU, torch.float32) == torch.float32
+    assert resolve_kv_dtype("auto", CPU, torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_dtype("auto", CPU, torch.float32, "int8") == (torch.bfloat16 if native else torch.float32)
+    assert resolve_kv_dtype("auto", CUDA, torch.float16) == torch.float16
+    for name, dtype in loading.DTYPES.items():  # named: as named, whatever the model
+        assert resolve_kv_dtype(name, CPU, torch.float32, "int8") == dtype
