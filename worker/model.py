@@ -84,14 +84,14 @@ class Conv1D(nn.Module):
         self.int8: PackedInt8 | None = None
 
     def forward(self, x: Tensor, gelu: bool = False) -> Tensor:
-        """`gelu`: followed by GPT-2's GELU (its tanh approximation), fused where oneDNN runs it."""
+        """`gelu`: followed by GPT-2's GELU (its tanh approximation), fused where oneDNN or the int8
+        kernel runs it."""
         if self.packed is not None:
             return _packed_linear(x, self.packed, self.bias, gelu)
         if self.int8 is not None:
-            y = self.int8(x)
-        else:
-            assert self.weight is not None  # one of the three is always set
-            y = torch.addmm(self.bias, x, self.weight)
+            return self.int8(x, gelu)
+        assert self.weight is not None  # one of the three is always set
+        y = torch.addmm(self.bias, x, self.weight)
         return F.gelu(y, approximate="tanh") if gelu else y
 
     def pack_for_cpu(self, batch_hint: int) -> None:

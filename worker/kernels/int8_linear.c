@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vector.h" /* float vectors for the GELU: vf_exp (its own ISA choice, independent of the GEMM's) */
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define INT8_VNNI 1
@@ -194,6 +196,31 @@ static void tile_product(const uint8_t *a, int64_t k_pad, const int8_t *b, int32
 #endif
 }
 
+/* GPT-2's GELU (its tanh approximation) over y[0, n), in place, as the layer's post-op: the row
+ * segment is still in L1, where a separate torch op would read and write the whole output again.
+ * 0.5 y (1 + tanh(z)) = y sigmoid(2z), z = sqrt(2/pi) (y + 0.044715 y^3); with e = exp(-2|z|) in
+ * (0, 1] (where vf_exp is exact to 2 ulp and cannot overflow), sigmoid(2z) = 1 / (1 + e) for z >= 0
+ * and e / (1 + e) below. */
+static inline float gelu_scalar(float y) {
+    const float z = 0.7978845608f * (y + 0.044715f * y * y * y);
+    return 0.5f * y * (1.f + tanhf(z));
+}
+
+static void gelu_inplace(float *y, int64_t n) {
+    int64_t i = 0;
+#if LANES > 1
+    const vf c = vf_set1(0.7978845608f), k = vf_set1(0.044715f), one = vf_set1(1.f);
+    for (; i + LANES <= n; i += LANES) {
+        const vf v = vf_loadu(y + i);
+        const vf z = vf_mul(c, vf_fma(vf_mul(k, v), vf_mul(v, v), v));
+        const vf e = vf_exp(vf_mul(vf_set1(-2.f), vf_max(z, vf_mul(z, vf_set1(-1.f)))));
+        const vf below = vf_zero_where(vf_lt(vf_zero(), z), vf_add(e, vf_set1(-1.f))); /* e - 1 where z <= 0 */
+        vf_storeu(y + i, vf_mul(v, vf_div(vf_add(one, below), vf_add(one, e))));
+    }
+#endif
+    for (; i < n; i++) y[i] = gelu_scalar(y[i]);
+}
+
 /* The quantized rows' buffer: one per calling thread, grown as needed and kept (a decode step
  * calls this dozens of times with the same sizes; fresh memory each time would fault its pages in).
  * Its size is the largest call's rows x inner size: a prefill of 8,192 tokens into a 3,072-wide
@@ -203,10 +230,11 @@ static _Thread_local uint8_t *rows_buffer = NULL;
 static _Thread_local int64_t rows_capacity = 0;
 
 /* out [m, n] (rows `out_stride` apart) = x [m, k] (rows `x_stride` apart) @ W + bias, W packed by
- * int8_pack with its col_corr and col_scales [n]; bias [n] or NULL. 0, or -1 where the buffer
- * cannot be had. */
+ * int8_pack with its col_corr and col_scales [n]; bias [n] or NULL; `gelu`: GPT-2's GELU applied to
+ * it. 0, or -1 where the buffer cannot be had. */
 int int8_linear(const float *x, int64_t m, int64_t k, int64_t x_stride, const int8_t *packed, const int32_t *col_corr,
-                const float *col_scales, const float *bias, int64_t n, float *out, int64_t out_stride, int nthreads) {
+                const float *col_scales, const float *bias, int64_t n, float *out, int64_t out_stride, int gelu,
+                int nthreads) {
     const int64_t k_pad = round_up(k, 4), m_pad = round_up(m, ROWS), tiles = round_up(n, TILE) / TILE;
     const int64_t need = m_pad * k_pad + m_pad * (int64_t)sizeof(float);
     if (need > rows_capacity) {
@@ -249,6 +277,7 @@ int int8_linear(const float *x, int64_t m, int64_t k, int64_t x_stride, const in
 #endif
                         y[c] = v * (rs * col_scales[j0 + c]) + (bias ? bias[j0 + c] : 0.f);
                     }
+                    if (gelu) gelu_inplace(y, cols);
                 }
             }
         }

@@ -38,7 +38,11 @@ class Int8LinearKernel:
         lib.int8_packed_bytes.restype = _i64
         lib.int8_pack.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr]
         lib.int8_pack.restype = None
-        lib.int8_linear.argtypes = [_ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _ptr, _i64, ctypes.c_int]
+        lib.int8_linear.argtypes = [
+            *(_ptr, _i64, _i64, _i64),  # x, its rows, inner size, row stride
+            *(_ptr, _ptr, _ptr, _ptr, _i64),  # the packed weight, its column corrections, scales, bias, columns
+            *(_ptr, _i64, ctypes.c_int, ctypes.c_int),  # out, its row stride, GELU, threads
+        ]
         lib.int8_linear.restype = ctypes.c_int
         self._lib = lib
 
@@ -59,7 +63,8 @@ class Int8LinearKernel:
 
 
 class PackedInt8:
-    """One layer's weight in the kernel's order: `layer(x)` = x [m, k] float32 @ W + bias."""
+    """One layer's weight in the kernel's order: `layer(x)` = x [m, k] float32 @ W + bias, and
+    `layer(x, gelu=True)` GPT-2's GELU of it (its tanh approximation), applied in the same call."""
 
     __slots__ = ("_kernel", "k", "n", "_packed", "_corr", "_scales", "_bias", "_fn", "_args")
 
@@ -80,7 +85,7 @@ class PackedInt8:
         bias_ptr = None if bias is None else bias.data_ptr()
         self._args = (packed.data_ptr(), corr.data_ptr(), scales.data_ptr(), bias_ptr, n)
 
-    def __call__(self, x: Tensor) -> Tensor:
+    def __call__(self, x: Tensor, gelu: bool = False) -> Tensor:
         if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != self.k or not x.is_cpu:
             raise ValueError(
                 f"int8 linear: float32 [m, {self.k}] on the CPU, not {x.dtype} {tuple(x.shape)} {x.device}"
@@ -90,7 +95,7 @@ class PackedInt8:
         m = x.shape[0]
         out = torch.empty(m, self.n, dtype=torch.float32)
         if m and self._fn(
-            x.data_ptr(), m, self.k, x.stride(0), *self._args, out.data_ptr(), self.n, torch.get_num_threads()
+            x.data_ptr(), m, self.k, x.stride(0), *self._args, out.data_ptr(), self.n, gelu, torch.get_num_threads()
         ):
             raise MemoryError("int8 linear: no memory for the quantized rows")
         return out

@@ -4,7 +4,7 @@
  * preprocessor picks the widest code its features allow: AVX-512 with BW and VL (16 lanes; the
  * macro ISA_AVX512), AVX2 with FMA and F16C (8 lanes; ISA_AVX2), else portable C (1 lane, plain
  * floats). The same names work in each, so a kernel is written once:
- *   vf_zero() vf_set1(x) vf_add vf_mul vf_fma(a, b, c) = a * b + c, vf_max(a, b) (b where either is
+ *   vf_zero() vf_set1(x) vf_add vf_mul vf_div vf_fma(a, b, c) = a * b + c, vf_max(a, b) (b where either is
  *   NaN, as x86's max), vf_loadu(p) vf_storeu(p, v), vf_hsum(v) vf_hmax(v) across lanes, and
  *   vf_exp(x): e^x in each lane.
  * build.py's cache key covers this file, so a kernel is rebuilt when it changes.
@@ -23,6 +23,7 @@ typedef __m512 vf;
 #define vf_set1(x) _mm512_set1_ps(x)
 #define vf_add(a, b) _mm512_add_ps(a, b)
 #define vf_mul(a, b) _mm512_mul_ps(a, b)
+#define vf_div(a, b) _mm512_div_ps(a, b)
 #define vf_fma(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define vf_max(a, b) _mm512_max_ps(a, b)
 #define vf_loadu(p) _mm512_loadu_ps(p)
@@ -42,6 +43,7 @@ typedef __m256 vf;
 #define vf_set1(x) _mm256_set1_ps(x)
 #define vf_add(a, b) _mm256_add_ps(a, b)
 #define vf_mul(a, b) _mm256_mul_ps(a, b)
+#define vf_div(a, b) _mm256_div_ps(a, b)
 #define vf_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define vf_max(a, b) _mm256_max_ps(a, b)
 #define vf_loadu(p) _mm256_loadu_ps(p)
@@ -69,6 +71,7 @@ typedef float vf;
 #define vf_set1(x) (x)
 #define vf_add(a, b) ((a) + (b))
 #define vf_mul(a, b) ((a) * (b))
+#define vf_div(a, b) ((a) / (b))
 #define vf_fma(a, b, c) ((a) * (b) + (c))
 #define vf_max(a, b) ((a) > (b) ? (a) : (b))
 #define vf_loadu(p) (*(p))

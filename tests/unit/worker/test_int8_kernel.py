@@ -96,3 +96,20 @@ def test_the_kernel_refuses_what_it_cannot_take() -> None:
     for bad in (torch.zeros(2, 15), torch.zeros(2, 16, dtype=torch.float64), torch.zeros(16)):
         with pytest.raises(ValueError, match="int8 linear"):
             layer(bad)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_the_fused_gelu_is_gpt2s_gelu_of_the_product(name: str) -> None:
+    """Outputs across GELU's whole range (large negative, near zero, large positive) and a row tail
+    shorter than a vector: as torch's tanh-approximated GELU of the plain product, to float32 rounding."""
+    kernel = variant(name)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 96, generator=g) * 3
+    weight = Int8Weight.of(torch.randn(96, 77, generator=g))
+    bias = torch.linspace(-40, 40, 77)
+    layer = kernel.pack(weight.values, weight.scales, bias)
+    plain = layer(x)
+    fused = layer(x, gelu=True)
+    expected = torch.nn.functional.gelu(plain.double(), approximate="tanh")
+    assert torch.allclose(fused.double(), expected, rtol=1e-5, atol=1e-5)
+    assert float(plain.min()) < -10 and float(plain.max()) > 10  # the range is covered
