@@ -3,9 +3,10 @@
 Each weight is stored once as int8, symmetric per output channel (its own scale: the column's
 largest magnitude over 127); each call's activations are quantized per row on the fly (dynamic
 quantization, as llama.cpp quantizes a Q8_0 matmul's activations), multiplied in int32 and scaled
-back to float32 with the bias added, all in one call of the C kernel (worker/kernels/int8_linear.c:
-AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` with the sign moved onto the weights so that no pair
-saturates, or portable C), on a weight packed at load in the order its vector loop reads it.
+back to float32 with the bias added (and the MLP's GELU after it), all in one call of the C kernel
+(worker/kernels/int8_linear.c: AVX512-VNNI `vpdpbusd`, AVX2 `vpmaddubsw` with the sign moved onto
+the weights so that no pair saturates, or portable C), on a weight packed at load in the order its
+vector loop reads it.
 
 The LM head is int8 too, from its own copy of the tied embedding (the embedding the inputs look up
 stays float32). Measured both ways on a 2-core Zen 4, GPT-2 small at batch 32: the decode step

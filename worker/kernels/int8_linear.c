@@ -1,5 +1,7 @@
 /* int8 linear layers: y = x @ W + b with W stored as int8 (one scale per output column) and x
- * quantized per row on the fly, in one call: quantize, integer GEMM, scale back (worker/int8.py).
+ * quantized per row on the fly, in one call: quantize, integer GEMM, scale back, and for the MLP's
+ * first layer GPT-2's GELU (worker/int8.py). The GELU as a post-op: 0.24 against 0.37 ms for a
+ * separate torch op after the layer at 32 x 768 -> 3,072, 4.0 against 6.0 ms at 512 rows (2-core Zen 4).
  *
  * Why a kernel of its own: torch's `_int_mm` takes W as a plain tensor, so oneDNN reorders it on
  * every call, and the quantization and the scale-back around it are separate passes: at batch 32
