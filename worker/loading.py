@@ -176,8 +176,9 @@ def resolve_kv_dtype(name: str, device: torch.device, dtype: torch.dtype, quanti
     """`auto`: the model's dtype, except with `--quantize int8` on a CPU that runs bfloat16
     natively: bfloat16. A decode step reads every cached key and value; with int8 layers that was a
     fifth of GPT-2 small's served step (float32 KV, batch 32, a 2-core Zen 4), and in bfloat16 it
-    reads half the bytes: served tok/s 1.045x (uniform) and 1.125x (mixed) the float32 cache's
-    there, held-out perplexity unchanged (benchmarks.peers.cpu_engines, benchmarks.engine.dtypes).
+    reads half the bytes: served tok/s 1.05x (uniform) and 1.13-1.17x (mixed) the float32 cache's
+    there in two sittings, held-out perplexity unchanged (benchmarks.peers.cpu_engines,
+    benchmarks.engine.dtypes).
     Elsewhere the KV cache stays in the dtype its attention has been measured in."""
     if name != "auto":
         return DTYPES[name]
