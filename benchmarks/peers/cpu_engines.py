@@ -139,7 +139,7 @@ def start_vllm(python: Path, model_dir: Path, dtype: str, threads: int) -> tuple
     argv += ["--max-model-len", "1024", "--max-num-seqs", "32", "--served-model-name", "gpt2"]
     argv += ["--no-enable-prefix-caching"]
     log = out_dir() / "vllm" / f"vllm-{dtype}.log"
-    return llamacpp.launch_llama_server(argv, log, env=env, name="vLLM")
+    return llamacpp.launch_openai_server(argv, log, env=env, name="vLLM")
 
 
 def has_bf16() -> bool:
@@ -236,6 +236,7 @@ def record(
 
         median: dict[str, float] = {s.name: rounds.median(results, s.name, tok_s) or 0.0 for s in sides}
         peers = [s for s in sides if s.peer]
+        peer_named = {p.name: p for p in peers}
         fastest = max(peers, key=lambda s: median[s.name]) if peers else None
         for side in sides:
             paired = {
@@ -253,9 +254,9 @@ def record(
             target, bar, least = BARS.get(side.precision, ("fastest", None, 0.0))
             if side.threads is not None or side.kv_dtype:  # off the defaults: for comparison, no bar
                 target, bar = "fastest", None
-            peer = next((p for p in peers if p.name == target), None)
-            if peer is None:  # the fastest peer, or the target's peer is not in this sitting: no bar
-                peer, bar = fastest, None if target != "fastest" else bar
+            peer = fastest if target == "fastest" else peer_named.get(target)
+            if peer is None:  # the target's peer is not in this sitting: the fastest, without a bar
+                peer, bar = fastest, None
             ratio = paired[peer.name]
             label = "the fastest peer" if peer is fastest else peer.name
             sitting.figure(
@@ -275,7 +276,9 @@ def record(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
-        "--sides", default=DEFAULT_SIDES, help=f"comma-separated, of: {', '.join(SIDES)}; any + ' on N threads'"
+        "--sides",
+        default=DEFAULT_SIDES,
+        help=f"comma-separated, of: {', '.join(SIDES)}; a governor's + ' with KV <dtype>', any + ' on N threads'",
     )
     p.add_argument("--workloads", default="uniform,mixed")
     p.add_argument("--rounds", type=int, default=3)

@@ -163,7 +163,7 @@ async def drive(url: str, workload: Workload, extra: dict[str, Any]) -> tuple[in
         return sum(tokens), time.perf_counter() - start
 
 
-def launch_llama_server(
+def launch_openai_server(
     argv: list[str],
     log: Path,
     prefix: Sequence[str] = (),
@@ -198,7 +198,7 @@ def launch_llama_server(
 def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], int]:
     argv = [str(binary), "-m", str(model), "-t", str(threads), "-tb", str(threads), "--parallel", "32"]
     argv += ["--cont-batching", "-c", str(32 * 1024)]
-    return launch_llama_server(argv, out_dir() / "llamacpp" / "llama-server.log")
+    return launch_openai_server(argv, out_dir() / "llamacpp" / "llama-server.log")
 
 
 STATS_INTERVAL_S = 0.2  # the served worker pushes its engine's counters this often

@@ -92,14 +92,14 @@ def main() -> None:
         ratio = ppl["int8"] / ppl["float32"]
         rows.append([side, f"{ppl['float32']:.4f}", f"{quantized}: {ppl['int8']:.4f}", f"{ratio:.5f}x"])
         perplexity_figure(sitting, f"held-out perplexity, {quantized} vs float32, {side}", ppl["int8"], ppl["float32"])
-    closer = abs(mine["int8"] / mine["float32"] - 1.0) <= abs(llama["int8"] / llama["float32"] - 1.0)
+    ours_off, theirs_off = (abs(ppl["int8"] / ppl["float32"] - 1.0) * 100 for ppl in (mine, llama))
     sitting.figure(
         "int8 as close to float32 as llama.cpp's Q8_0 (held-out perplexity)",
-        abs(mine["int8"] / mine["float32"] - 1.0) * 100,
+        ours_off,
         "%",
-        baseline=("Q8_0", abs(llama["int8"] / llama["float32"] - 1.0) * 100),
+        baseline=("Q8_0", theirs_off),
         bar="<= Q8_0's",
-        met=closer,
+        met=ours_off <= theirs_off,
     )
     print(markdown_table(["side", "float32", "quantized", "ratio"], rows))
     sitting.details = {"ours": mine, "llama_cpp": llama, "chunks": args.chunks, "context": CONTEXT}

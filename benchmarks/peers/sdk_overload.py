@@ -390,7 +390,7 @@ def start_llama_server(binary: Path, model: Path, parallel: int) -> tuple[Popen[
     argv = [str(binary), "-m", str(model), "--parallel", str(parallel), "--cont-batching"]
     argv += ["--threads", "1", "--threads-batch", "1", "--ctx-size", str(parallel * 512), "--no-webui"]
     prefix = ("taskset", "-c", str(SERVER_CORE)) if pinning() else ()
-    return llamacpp.launch_llama_server(argv, out_dir() / "sdk_overload_llama-server.log", prefix)
+    return llamacpp.launch_openai_server(argv, out_dir() / "sdk_overload_llama-server.log", prefix)
 
 
 def start_governor(llama_port: int, parallel: int, governor_args: str) -> tuple[Popen[bytes], int, int]:
