@@ -38,8 +38,9 @@ class WorkerConfig:
     quantize: Literal["none", "int8"] = option(
         "none",
         "gpt2: int8 = the linear layers' and the LM head's weights in int8 (per output channel; activations"
-        " quantized per row each call) in a C kernel built for the CPU; embeddings, layer norms and KV cache in"
-        " float32; cpu only, with --dtype float32 or auto; refused at start where the kernel cannot be built",
+        " quantized per row each call) in a C kernel built for the CPU; embeddings and layer norms in float32,"
+        " the KV cache as --kv-cache-dtype says; cpu only, with --dtype float32 or auto; refused at start where"
+        " the kernel cannot be built",
     )
     max_batch_size: int = option(32, "gpt2: the decode batch: most decoding sequences in one step")
     max_running: int = option(
