@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.engine_run import PROMPTS, run_with_late_arrivals
-from tests.unit.worker.test_engine import CPU, make_engine
+from tests.engine_run import run_with_late_arrivals
+from tests.unit.worker.test_engine import CPU, assert_starts_alike, make_engine
 from worker import int8
 from worker.errors import ModelLoadError
 from worker.loading import LoadedModel, load, resolve_dtype
@@ -77,8 +77,4 @@ def test_the_engine_serves_every_request_with_int8_weights_and_starts_as_float32
     layer = quantized.model.transformer.blocks[0].mlp.c_fc
     assert layer.int8 is not None and layer.weight is None and layer.packed is None
     assert quantized.model.lm_head_int8 is not None and quantized.model.lm_head_packed is None
-    finished = run_with_late_arrivals(make_engine(quantized))
-    for rid, _, n in PROMPTS:
-        ours, theirs = finished[rid].seq.output_ids, reference[rid].seq.output_ids
-        assert ours[0] == theirs[0], rid
-        assert len(ours) == n or finished[rid].completion.finish_reason == "eos"
+    assert_starts_alike(run_with_late_arrivals(make_engine(quantized)), reference)
