@@ -44,7 +44,8 @@
 
 #define MAX_HEAD_DIM 256
 #define TASK_COST 16 /* a (query, head) task's fixed cost, in keys, when tasks are split between threads */
-#define GROUP 16 /* keys scored, exponentiated and accumulated together */
+#define GROUP 16 /* keys scored, exponentiated and accumulated together: a multiple of LANES */
+#define CHAINS 4 /* independent sums in a group's weighted sum of values */
 
 #include "vector.h"
 
@@ -60,11 +61,6 @@ const char *decode_attention_isa(void) {
 #else
     return "portable";
 #endif
-}
-
-/* e^x of each of GROUP floats, in place (scores minus the running maximum: never above 0). */
-static inline void exp_group(float *x) {
-    for (int j = 0; j < GROUP; j += LANES) vf_storeu(x + j, vf_exp(vf_loadu(x + j)));
 }
 
 /* ------------------------------------------------------------- reading rows, per storage type -- */
@@ -185,28 +181,44 @@ static inline int any_nan(const float *x, int n) {
 
 /* -------------------------------------------------------------------------- the kernel, per type -- */
 #define DEFINE_DECODE_ATTENTION(TYPE, T)                                                                    \
-    static inline float dot_##TYPE(const vf *qv, const T *k, int64_t D) {                                   \
+    /* The QK dot product with key row k, its lanes not yet summed (vf_hsums sums a group's at once). */ \
+    static inline vf dot_##TYPE(const vf *qv, const T *k, int64_t D) {                                      \
         vf s = vf_zero();                                                                                   \
         for (int64_t c = 0, at = 0; at < D; c++, at += CHUNK_##TYPE) {                                      \
             vf kv[VECTORS_##TYPE];                                                                          \
             widen_##TYPE(k + at, (int)(D - at), kv);                                                        \
             for (int u = 0; u < VECTORS_##TYPE; u++) s = vf_fma(qv[c * VECTORS_##TYPE + u], kv[u], s);      \
         }                                                                                                   \
-        return vf_hsum(s);                                                                                  \
+        return s;                                                                                           \
     }                                                                                                       \
     /* acc += sum over j < count of p[j] * row j of V (rows D apart): chunk by chunk, so each           \
-     * chunk's accumulators stay in registers across the group. */                                      \
+     * chunk's accumulators stay in registers across the group, in CHAINS sums of every CHAINS-th row \
+     * so that the FMAs do not wait on each other (one chain is latency-bound at small head dims). */  \
     static inline void axpy_group_##TYPE(vf *acc, const float *p, const T *V, int count, int64_t D) {       \
         for (int64_t c = 0, at = 0; at < D; c++, at += CHUNK_##TYPE) {                                      \
-            vf a[VECTORS_##TYPE];                                                                           \
-            for (int u = 0; u < VECTORS_##TYPE; u++) a[u] = acc[c * VECTORS_##TYPE + u];                    \
-            for (int j = 0; j < count; j++) {                                                               \
+            vf a[CHAINS][VECTORS_##TYPE];                                                                   \
+            for (int u = 0; u < VECTORS_##TYPE; u++) {                                                      \
+                a[0][u] = acc[c * VECTORS_##TYPE + u];                                                      \
+                for (int r = 1; r < CHAINS; r++) a[r][u] = vf_zero();                                       \
+            }                                                                                               \
+            int j = 0;                                                                                      \
+            for (; j + CHAINS <= count; j += CHAINS) /* r unrolled: the chains stay in registers */        \
+                for (int r = 0; r < CHAINS; r++) {                                                          \
+                    vf vv[VECTORS_##TYPE];                                                                  \
+                    widen_##TYPE(V + (j + r) * D + at, (int)(D - at), vv);                                  \
+                    const vf pj = vf_set1(p[j + r]);                                                        \
+                    for (int u = 0; u < VECTORS_##TYPE; u++) a[r][u] = vf_fma(pj, vv[u], a[r][u]);          \
+                }                                                                                           \
+            for (; j < count; j++) {                                                                        \
                 vf vv[VECTORS_##TYPE];                                                                      \
                 widen_##TYPE(V + j * D + at, (int)(D - at), vv);                                            \
                 const vf pj = vf_set1(p[j]);                                                                \
-                for (int u = 0; u < VECTORS_##TYPE; u++) a[u] = vf_fma(pj, vv[u], a[u]);                    \
+                for (int u = 0; u < VECTORS_##TYPE; u++) a[0][u] = vf_fma(pj, vv[u], a[0][u]);              \
             }                                                                                               \
-            for (int u = 0; u < VECTORS_##TYPE; u++) acc[c * VECTORS_##TYPE + u] = a[u];                    \
+            for (int u = 0; u < VECTORS_##TYPE; u++) {                                                      \
+                for (int r = 1; r < CHAINS; r++) a[0][u] = vf_add(a[0][u], a[r][u]);                         \
+                acc[c * VECTORS_##TYPE + u] = a[0][u];                                                      \
+            }                                                                                               \
         }                                                                                                   \
     }                                                                                                       \
     static void attend_##TYPE(const T *qrow, const T *K0, const T *V0, const int64_t *table, int64_t len,    \
@@ -220,7 +232,8 @@ static inline int any_nan(const float *x, int n) {
             acc[u] = vf_zero();                                                                             \
         }                                                                                                   \
         DOT_SETUP_##TYPE                                                                                    \
-        float m = -INFINITY, sum = 0.f;                                                                     \
+        float m = -INFINITY;                                                                                \
+        vf sum = vf_zero(); /* the weights' sum, lane by lane */                                           \
         for (int64_t t0 = 0; t0 < len; t0 += block_size) {                                                  \
             const int64_t base = table[t0 / block_size] * block_size * D;                                   \
             const T *K = K0 + base, *V = V0 + base;                                                         \
@@ -231,26 +244,34 @@ static inline int any_nan(const float *x, int n) {
             for (int64_t g = 0; g < in_block; g += GROUP) {                                                 \
                 const int count = (int)(in_block - g < GROUP ? in_block - g : GROUP);                      \
                 float p[GROUP];                                                                             \
-                float top = -INFINITY;                                                                      \
-                for (int j = 0; j < count; j++) {                                                           \
-                    p[j] = DOT_##TYPE(K + (g + j) * D);                                                     \
-                    top = p[j] > top ? p[j] : top;                                                          \
+                vf part[GROUP], score[GROUP / LANES], most = vf_set1(-INFINITY);                            \
+                for (int j = 0; j < count; j++) part[j] = DOT_##TYPE(K + (g + j) * D);                     \
+                for (int j = count; j < GROUP; j++) part[j] = vf_zero();                                    \
+                for (int v = 0; v < GROUP / LANES; v++)                                                     \
+                    vf_storeu(p + v * LANES, vf_mul(vf_hsums(part + v * LANES), vf_set1(SCORE_SCALE_##TYPE))); \
+                for (int j = count; j < GROUP; j++) p[j] = -INFINITY; /* past the group's end: no weight */ \
+                for (int v = 0; v < GROUP / LANES; v++) {                                                   \
+                    score[v] = vf_loadu(p + v * LANES);                                                     \
+                    most = vf_max(score[v], most); /* a NaN score is passed over, as in a scalar max */      \
                 }                                                                                           \
+                const float top = vf_hmax(most);                                                            \
                 if (top == -INFINITY && m == -INFINITY && !any_nan(p, count))                               \
                     continue; /* every weight so far is 0 (scores of -inf): nothing to add, nor -inf - -inf */ \
                 if (top > m) { /* a new maximum: rescale what was summed under the old one */               \
-                    const float rescale = expf(m - top);                                                    \
-                    sum *= rescale;                                                                       \
-                    for (int u = 0; u < nv; u++) acc[u] = vf_mul(acc[u], vf_set1(rescale));                 \
+                    const vf rescale = vf_set1(expf(m - top));                                              \
+                    sum = vf_mul(sum, rescale);                                                             \
+                    for (int u = 0; u < nv; u++) acc[u] = vf_mul(acc[u], rescale);                          \
                     m = top;                                                                                \
                 }                                                                                           \
-                for (int j = 0; j < GROUP; j++) p[j] = j < count ? p[j] - m : -INFINITY;                    \
-                exp_group(p);                                                                               \
-                for (int j = 0; j < count; j++) sum += p[j];                                                \
+                for (int v = 0; v < GROUP / LANES; v++) {                                                   \
+                    const vf e = vf_exp(vf_sub(score[v], vf_set1(m)));                                      \
+                    sum = vf_add(sum, e);                                                                   \
+                    vf_storeu(p + v * LANES, e);                                                            \
+                }                                                                                           \
                 axpy_group_##TYPE(acc, p, V + g * D, count, D);                                             \
             }                                                                                               \
         }                                                                                                   \
-        const float inv = len > 0 ? 1.f / sum : 0.f;                                                        \
+        const float inv = len > 0 ? 1.f / vf_hsum(sum) : 0.f;                                               \
         float flat[MAX_VECTORS * LANES];                                                                    \
         for (int u = 0; u < nv; u++) vf_storeu(flat + u * LANES, vf_mul(acc[u], vf_set1(inv)));             \
         for (int64_t d = 0; d < D; d++) { /* undo the chunk order (see the top of the file) */              \
@@ -293,34 +314,39 @@ static inline int any_nan(const float *x, int n) {
         return 0;                                                                                           \
     }
 
-/* The QK dot product of the scaled, widened query with key row k. */
+/* The QK dot product of the scaled, widened query with key row k, lanes unsummed, and the factor
+ * that scales the summed scores (1: the query was scaled). */
 #define DOT_SETUP_float32
 #define DOT_float32(k) dot_float32(qv, k, D)
+#define SCORE_SCALE_float32 1.f
 #define DOT_SETUP_float16
 #define DOT_float16(k) dot_float16(qv, k, D)
+#define SCORE_SCALE_float16 1.f
 
 #if defined(ISA_AVX512) && defined(__AVX512BF16__)
 /* VDPBF16PS multiplies the stored bfloat16 pairs of q and k and sums each pair into a float32
  * lane: half the instructions of widening k. The scale is applied to the sum instead of q, so q
  * stays exactly as stored. */
-static inline float dot_bfloat16_pairs(const __m512bh *qb, const uint16_t *k, int64_t D) {
+static inline __m512 dot_bfloat16_pairs(const __m512bh *qb, const uint16_t *k, int64_t D) {
     __m512 s = _mm512_setzero_ps();
     for (int64_t c = 0, at = 0; at < D; c++, at += 32) {
         const __m512i x = D - at >= 32 ? _mm512_loadu_si512(k + at)
                                        : _mm512_maskz_loadu_epi16((__mmask32)((1ull << (D - at)) - 1), k + at);
         s = _mm512_dpbf16_ps(s, qb[c], (__m512bh)x);
     }
-    return _mm512_reduce_add_ps(s);
+    return s;
 }
 #define DOT_SETUP_bfloat16                                                                                 \
     __m512bh qb[MAX_HEAD_DIM / 32];                                                                         \
     for (int64_t c = 0, at = 0; at < D; c++, at += 32)                                                      \
         qb[c] = (__m512bh)(D - at >= 32 ? _mm512_loadu_si512(qrow + at)                                     \
                                         : _mm512_maskz_loadu_epi16((__mmask32)((1ull << (D - at)) - 1), qrow + at));
-#define DOT_bfloat16(k) (dot_bfloat16_pairs(qb, k, D) * scale)
+#define DOT_bfloat16(k) dot_bfloat16_pairs(qb, k, D)
+#define SCORE_SCALE_bfloat16 scale
 #else
 #define DOT_SETUP_bfloat16
 #define DOT_bfloat16(k) dot_bfloat16(qv, k, D)
+#define SCORE_SCALE_bfloat16 1.f
 #endif
 
 DEFINE_DECODE_ATTENTION(float32, float)
