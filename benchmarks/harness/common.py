@@ -73,10 +73,12 @@ def stats(port: int) -> dict[str, Any]:
         return client.stats()
 
 
-def start(argv: list[str], log: Path | None = None) -> Popen[bytes]:
+def start(argv: list[str], log: Path | None = None, cwd: Path = ROOT) -> Popen[bytes]:
+    """`python ARGV` from `cwd`, whose packages come first on the path (a baseline tree's, see
+    results.baseline_tree)."""
     out = log.open("wb") if log else subprocess.DEVNULL
     try:
-        return Popen([sys.executable, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        return Popen([sys.executable, *argv], cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log:
             out.close()  # type: ignore[union-attr]
@@ -98,16 +100,17 @@ def start_gpt2_worker(name: str, model: str, threads: int, dtype: str) -> tuple[
 
 
 def start_governor(
-    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
+    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0, cwd: Path = ROOT
 ) -> tuple[Popen[bytes], int]:
     """A governor on a free port (metrics off), once its worker is linked (`timeout` covers loading a
-    model): the one `flags` name with --worker, or a spawned one (echo unless `worker_args` choose)."""
+    model): the one `flags` name with --worker, or a spawned one (echo unless `worker_args` choose);
+    `cwd`: the tree it runs from."""
     port = free_port()
     argv = ["-m", "governor", "serve", "--port", str(port), "--metrics-port", "0", "--log-level", "warning", *flags]
     if "--worker" not in flags:
         engine = () if "--engine" in worker_args else ("--engine", "echo")
         argv += ["--", *engine, *worker_args]
-    proc = start(argv, log)
+    proc = start(argv, log, cwd)
     try:
         wait_for_port(port)
         wait_until(lambda: stats(port)["workers"][0]["up"], timeout)
@@ -118,13 +121,13 @@ def start_governor(
 
 
 def start_front_door(
-    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0
+    *flags: str, worker_args: tuple[str, ...] = (), log: Path | None = None, timeout: float = 20.0, cwd: Path = ROOT
 ) -> tuple[Popen[bytes], int, int]:
     """`start_governor` with its OpenAI-compatible front door on a free port too (`--integrity
     optional`: OpenAI clients send no digest), once that listens: (process, NDJSON port, HTTP port)."""
     http = free_port()
     flags = ("--http-port", str(http), "--integrity", "optional", *flags)
-    proc, port = start_governor(*flags, worker_args=worker_args, log=log, timeout=timeout)
+    proc, port = start_governor(*flags, worker_args=worker_args, log=log, timeout=timeout, cwd=cwd)
     try:
         wait_for_port(http)
     except BaseException:

@@ -168,6 +168,20 @@ def git(*args: str, cwd: Path = ROOT) -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def baseline_tree(path: str | None) -> tuple[str, Path] | None:
+    """A benchmark's `--baseline-tree` (a checkout of an earlier commit, e.g. a `git worktree`, whose
+    governor runs beside this one's as `python -m governor` from that directory): its label
+    (`before <commit>`, `(dirty)` where its code differs from the commit) and path, or None."""
+    if path is None:
+        return None
+    tree = Path(path).resolve()
+    if not (tree / "governor").is_dir():
+        raise SystemExit(f"--baseline-tree {path}: no governor/ there")
+    commit = git("rev-parse", "--short", "HEAD", cwd=tree) or "?"
+    dirty = " (dirty)" if git("status", "--porcelain", "--", "governor", "govwire", "worker", cwd=tree) else ""
+    return f"before {commit}{dirty}", tree
+
+
 def benchmark_name() -> str:
     """`folder.name` of the benchmark this process runs (`python -m benchmarks.folder.name`)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)

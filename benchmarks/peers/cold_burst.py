@@ -70,7 +70,7 @@ from benchmarks.harness.common import (
     wait_until,
 )
 from benchmarks.harness.fixtures.serial_openai import Pace, SerialOpenAI
-from benchmarks.harness.results import Sitting, git
+from benchmarks.harness.results import Sitting, baseline_tree
 from benchmarks.harness.rounds import order
 from benchmarks.peers.sdk_overload import MODEL, Request, governor_counts, on_response, one
 from governor.shell.config import GovernorConfig
@@ -334,18 +334,6 @@ def table(rounds: list[Round], settings: list[Setting]) -> str:
         rows.append(cells)
     headers = ["setting", *(f"burst {b + 1}{' (cold)' if b == 0 else ''}" for b in range(count))]
     return markdown_table(headers, rows)
-
-
-def baseline_tree(path: str | None) -> tuple[str, Path] | None:
-    """The baseline tree's label (`before <commit>`) and path, or None."""
-    if path is None:
-        return None
-    tree = Path(path).resolve()
-    if not (tree / "governor").is_dir():
-        raise SystemExit(f"--baseline-tree {path}: no governor/ there")
-    commit = git("rev-parse", "--short", "HEAD", cwd=tree) or "?"
-    dirty = " (dirty)" if git("status", "--porcelain", "--", "governor", "govwire", cwd=tree) else ""
-    return f"before {commit}{dirty}", tree
 
 
 def main() -> None:

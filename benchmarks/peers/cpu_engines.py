@@ -3,6 +3,7 @@
 
     python -m benchmarks.peers.cpu_engines [--sides "governor int8,llama-server Q8_0,vLLM float32"]
         [--workloads uniform,mixed] [--rounds 3] [--threads 2] [--model random|trained]
+        [--baseline-tree /tmp/wt-before --sides "governor float32,governor float32 at baseline,llama-server f32"]
     make bench-cpu-engines
 
 1. llama-server and its GGUFs as benchmarks/peers/llamacpp.py builds and converts them (once).
@@ -22,6 +23,10 @@
    its median over rounds, a ratio the median of the per-round ratios.
 4. The figures: each governor side against the fastest peer side of the same workload (the issue's
    "fastest peer at its best setting"), and against each peer.
+5. `--baseline-tree DIR` (a checkout of an earlier commit, e.g. a `git worktree`): a governor side
+   named with " at baseline" runs from that tree, in the same rounds, and each side of the same
+   name without it is set beside it (the change measured against what it replaced, in one sitting).
+   Its worker takes only the flags it had then (no " with KV", no int8 before `--quantize`).
 
 Missing CMake or a C++ compiler skips the llama-server sides; a failed vLLM install stops the run
 with pip's error. Never part of `make test`.
@@ -41,10 +46,10 @@ from subprocess import Popen
 from typing import Any
 
 from benchmarks.harness import rounds
-from benchmarks.harness.common import machine, markdown_table, out_dir, stop
+from benchmarks.harness.common import ROOT, machine, markdown_table, out_dir, stop
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
 from benchmarks.harness.model_dir import ensure_trained
-from benchmarks.harness.results import Machine, Sitting
+from benchmarks.harness.results import Machine, Sitting, baseline_tree
 from benchmarks.harness.workloads import make_workload
 from benchmarks.peers import llamacpp
 
@@ -67,6 +72,7 @@ class Side:
     precision: str
     threads: int | None = None  # None: --threads
     kv_dtype: str | None = None  # the governor's --kv-cache-dtype; None: its auto
+    at_baseline: bool = False  # a governor from --baseline-tree
 
     @property
     def peer(self) -> bool:
@@ -74,22 +80,24 @@ class Side:
 
 
 SUFFIXES = re.compile(
-    r"^(?P<base>.+?)(?: with KV (?P<kv>float32|bfloat16|float16))?(?: on (?P<threads>\d+) threads?)?$"
+    r"^(?P<base>.+?)(?: with KV (?P<kv>float32|bfloat16|float16))?(?: on (?P<threads>\d+) threads?)?"
+    r"(?P<baseline> at baseline)?$"
 )
 
 
 def side_named(name: str) -> Side:
     """A side by its name in SIDES, optionally with " with KV <dtype>" (a governor's
-    --kv-cache-dtype) and then " on N threads" (else it runs on --threads)."""
+    --kv-cache-dtype), then " on N threads" (else it runs on --threads), then " at baseline" (a
+    governor from --baseline-tree)."""
     match = SUFFIXES.match(name)
     base = SIDES.get(match["base"]) if match else None
-    if base is None or (match and match["kv"] and base.peer):
+    if base is None or (match and (match["kv"] or match["baseline"]) and base.peer):
         raise SystemExit(
             f"unknown side {name!r}; expected one of {list(SIDES)}, optionally + ' with KV <dtype>' (governor)"
-            " + ' on N threads'"
+            " + ' on N threads' + ' at baseline' (governor)"
         )
     threads = int(match["threads"]) if match["threads"] else None
-    return replace(base, name=name, threads=threads, kv_dtype=match["kv"])
+    return replace(base, name=name, threads=threads, kv_dtype=match["kv"], at_baseline=bool(match["baseline"]))
 
 
 SIDES = {
@@ -155,13 +163,16 @@ class Starters:
     llama_binary: Path | None
     ggufs: dict[str, Path]
     vllm: Path | None
+    baseline: Path | None = None  # --baseline-tree
 
     def start(self, side: Side) -> tuple[Popen[bytes], int, dict[str, Any]]:
         """(process, HTTP port, extra request fields) for one side, started."""
         threads = side.threads or self.threads
         if side.server == "governor":
             kv = ("--kv-cache-dtype", side.kv_dtype) if side.kv_dtype else ()
-            proc, port, _ = llamacpp.start_served(self.model_dir, side.precision, threads, *kv)
+            tree = self.baseline if side.at_baseline else ROOT
+            assert tree is not None  # main() refuses " at baseline" without --baseline-tree
+            proc, port, _ = llamacpp.start_served(self.model_dir, side.precision, threads, *kv, tree=tree)
             return proc, port, {}
         if side.server == "llama-server":
             assert self.llama_binary is not None
@@ -244,6 +255,9 @@ def record(
                 for peer in peers
                 if peer is not side
             }
+            twin = f"{side.name} at baseline"
+            if twin in median:  # the same side from --baseline-tree
+                paired[twin] = rounds.paired_ratio(results, side.name, twin, tok_s)
             against = ", ".join(f"{k} {v:.2f}x" for k, v in paired.items() if v is not None)
             rows.append([name, side.name, f"{median[side.name]:,.1f}", against])
             if side.peer or fastest is None:
@@ -252,7 +266,7 @@ def record(
                 )
                 continue
             target, bar, least = BARS.get(side.precision, ("fastest", None, 0.0))
-            if side.threads is not None or side.kv_dtype:  # off the defaults: for comparison, no bar
+            if side.threads is not None or side.kv_dtype or side.at_baseline:  # for comparison, no bar
                 target, bar = "fastest", None
             peer = fastest if target == "fastest" else peer_named.get(target)
             if peer is None:  # the target's peer is not in this sitting: the fastest, without a bar
@@ -284,13 +298,23 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--model", choices=("random", "trained"), default="random")
+    p.add_argument("--baseline-tree", help="a checkout whose governor runs the ' at baseline' sides")
     a = p.parse_args()
+    chosen = [side_named(s) for s in a.sides.split(",")]
+    baseline = baseline_tree(a.baseline_tree)
+    if any(s.at_baseline for s in chosen) != (baseline is not None):
+        p.error("' at baseline' sides and --baseline-tree go together")
     model_dir = ensure_model_dir() if a.model == "random" else ensure_trained()
-    starters, sides = prepare([side_named(s) for s in a.sides.split(",")], model_dir, a.threads)
+    starters, sides = prepare(chosen, model_dir, a.threads)
+    if baseline is not None:
+        starters.baseline = baseline[1]
     workloads = a.workloads.split(",")
     sitting = Sitting(("govwire", "governor", "worker"), part=None if a.model == "random" else a.model)
     names = ", ".join(s.name for s in sides)
     print(f"machine: {machine()}; {a.threads} threads each; model {model_dir.name}; sides: {names}")
+    if baseline is not None:
+        print(f"at baseline: the governor from {baseline[1]} ({baseline[0]})")
+        sitting.details["baseline"] = baseline[0]
     results = run_rounds(starters, sides, workloads, a.rounds)
     rows = record(sitting, sides, workloads, results)
     print()

@@ -53,6 +53,7 @@ import httpx
 from benchmarks.harness import rounds
 from benchmarks.harness.common import (
     HARNESS,
+    ROOT,
     free_port,
     machine,
     markdown_table,
@@ -204,13 +205,15 @@ def start_llama(binary: Path, model: Path, threads: int) -> tuple[Popen[bytes], 
 STATS_INTERVAL_S = 0.2  # the served worker pushes its engine's counters this often
 
 
-def start_served(model_dir: Path, dtype: str, threads: int, *extra_worker_args: str) -> tuple[Popen[bytes], int, int]:
-    """The governor with its worker: (process, HTTP port, NDJSON port for `stats`)."""
+def start_served(
+    model_dir: Path, dtype: str, threads: int, *extra_worker_args: str, tree: Path = ROOT
+) -> tuple[Popen[bytes], int, int]:
+    """The governor with its worker, from `tree`: (process, HTTP port, NDJSON port for `stats`)."""
     dtypes = ("--dtype", "float32", "--quantize", "int8") if dtype == "int8" else ("--dtype", dtype)
     worker = ("--engine", "gpt2", "--model", str(model_dir), *dtypes, "--threads", str(threads), *extra_worker_args)
     worker += ("--max-batch-size", "32", "--no-prefix-caching", "--stats-interval-s", str(STATS_INTERVAL_S))
     log = out_dir() / "llamacpp" / "governor.log"
-    gov, port, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600)
+    gov, port, http = start_front_door("--max-inflight", "1024", worker_args=worker, log=log, timeout=600, cwd=tree)
     return gov, http, port
 
 
