@@ -26,7 +26,8 @@
 5. `--baseline-tree DIR` (a checkout of an earlier commit, e.g. a `git worktree`): a governor side
    named with " at baseline" runs from that tree, in the same rounds, and each side of the same
    name without it is set beside it (the change measured against what it replaced, in one sitting).
-   Its worker takes only the flags it had then (no " with KV", no int8 before `--quantize`).
+   Its worker takes only the flags it had then (no " with KV", no int8 before `--quantize`). Such a
+   sitting writes its own part of the results (cpu_engines-baseline.json).
 
 Missing CMake or a C++ compiler skips the llama-server sides; a failed vLLM install stops the run
 with pip's error. Never part of `make test`.
@@ -309,7 +310,9 @@ def main() -> None:
     if baseline is not None:
         starters.baseline = baseline[1]
     workloads = a.workloads.split(",")
-    sitting = Sitting(("govwire", "governor", "worker"), part=None if a.model == "random" else a.model)
+    # Another model, or a sitting against a baseline tree, writes a part beside the default's file.
+    parts = [*([a.model] if a.model != "random" else []), *(["baseline"] if baseline else [])]
+    sitting = Sitting(("govwire", "governor", "worker"), part="-".join(parts) or None)
     names = ", ".join(s.name for s in sides)
     print(f"machine: {machine()}; {a.threads} threads each; model {model_dir.name}; sides: {names}")
     if baseline is not None:
