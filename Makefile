@@ -12,7 +12,7 @@ ARGS ?=
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: help run test test-unit test-integration test-prerequisites apt-tools redis-server deploy-tools lint typecheck bench bench-report \
-	bench-engine bench-dtypes bench-tokenize bench-gpu bench-llamacpp bench-llamacpp-sampled bench-cpu-engines bench-aiperf bench-guidellm load-tools bench-experiments \
+	bench-engine bench-dtypes bench-attention bench-tokenize bench-gpu bench-llamacpp bench-llamacpp-sampled bench-cpu-engines bench-aiperf bench-guidellm load-tools bench-experiments \
 	bench-anchors bench-link-clients bench-burst bench-prefill bench-schedule bench-overhead bench-sweep bench-kv bench-admission \
 	bench-tenants bench-fleet bench-fleet-faults bench-http bench-openai bench-pool bench-echo-burst bench-chunked-prefill bench-sdk-retries bench-sdk-overload bench-hint-policies bench-cold-burst bench-small-host \
 	bench-all-peers bench-all-cost bench-all-admission bench-all-engine bench-all-robustness fuzz soak \
@@ -125,6 +125,9 @@ bench-engine: $(STAMP)  ## experiment 5: the engine in-process and served vs tra
 
 bench-dtypes: $(STAMP)  ## every dtype on this machine: what --dtype auto picks, speed, accuracy against float32
 	$(PY) -m benchmarks.engine.dtypes
+
+bench-attention: $(STAMP)  ## the CPU decode-attention kernel per layer call at head dims 16 and 64, beside torch's gather + SDPA
+	$(PY) -m benchmarks.engine.decode_attention
 
 bench-tokenize: $(STAMP)  ## inter-token latency of 16 streams while a 1 MiB prompt is tokenized
 	$(PY) -m benchmarks.engine.tokenize_stall
@@ -240,7 +243,7 @@ bench-all-peers: bench-anchors bench-llamacpp bench-llamacpp-sampled bench-cpu-e
 bench-all-cost: bench-overhead bench-http  ## every benchmark of benchmarks/cost/
 	$(PY) -m benchmarks.cost.memory
 bench-all-admission: bench-burst bench-schedule bench-sweep bench-admission bench-tenants bench-fleet bench-pool bench-echo-burst bench-sdk-retries  ## every benchmark of benchmarks/admission/
-bench-all-engine: bench-engine bench-dtypes bench-chunked-prefill bench-kv bench-prefill bench-tokenize bench-small-host  ## every CPU benchmark of benchmarks/engine/ (bench-gpu needs CUDA)
+bench-all-engine: bench-engine bench-dtypes bench-attention bench-chunked-prefill bench-kv bench-prefill bench-tokenize bench-small-host  ## every CPU benchmark of benchmarks/engine/ (bench-gpu needs CUDA)
 bench-all-robustness: fuzz soak bench-fleet-faults  ## the fuzzer, the soak and the fleet through faults
 bench-experiments: bench-burst bench-prefill bench-schedule bench-overhead bench-engine bench-sweep bench-kv bench-admission bench-tenants bench-fleet bench-http bench-openai  ## experiments 1-11 of the sittings, one after another
 
