@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from worker.kernels.build import KernelUnavailable, build
-
-log = logging.getLogger("worker.kernels")
+from worker.kernels.build import build_or_none
 
 SOURCE = Path(__file__).with_name("argmax.c")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -47,8 +44,4 @@ class ArgmaxKernel:
 @functools.cache
 def cpu_argmax() -> ArgmaxKernel | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        return ArgmaxKernel(build(SOURCE))
-    except (KernelUnavailable, OSError) as exc:
-        log.warning("event=kernel_unavailable kernel=argmax fallback=torch reason=%r", str(exc))
-        return None
+    return build_or_none(SOURCE, ArgmaxKernel, "torch")

@@ -11,11 +11,17 @@ half-written file. Without a compiler the caller falls back to pure torch (see a
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+log = logging.getLogger("worker.kernels")
+T = TypeVar("T")
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 COMPILE_TIMEOUT_S = 120
@@ -24,6 +30,18 @@ CACHE_ENV = "GOVERNOR_KERNEL_CACHE"
 
 class KernelUnavailable(Exception):
     """A kernel cannot be built or loaded here (no compiler, a failed build, an unwritable cache)."""
+
+
+def build_or_none(source: Path, bind: Callable[[Path], T], fallback: str | None) -> T | None:
+    """`bind` over the library built from `source`, or None where it cannot be built or loaded here,
+    logged as `event=kernel_unavailable` with what runs instead (`fallback`; None: nothing, the
+    caller refuses what needs it)."""
+    try:
+        return bind(build(source))
+    except (KernelUnavailable, OSError) as exc:
+        instead = f" fallback={fallback}" if fallback else ""
+        log.warning("event=kernel_unavailable kernel=%s%s reason=%r", source.stem, instead, str(exc))
+        return None
 
 
 def build(source: Path, target: tuple[str, ...] = ()) -> Path:

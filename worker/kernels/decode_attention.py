@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from worker.kernels.build import KernelUnavailable, build
+from worker.kernels.build import build_or_none
 
 log = logging.getLogger("worker.kernels")
 
@@ -182,10 +182,8 @@ class StepAttention:
 @functools.cache
 def cpu_decode_attention() -> DecodeAttentionKernel | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        kernel = DecodeAttentionKernel(build(SOURCE))
-    except (KernelUnavailable, OSError) as exc:
-        log.warning("event=kernel_unavailable kernel=decode_attention fallback=gather reason=%r", str(exc))
+    kernel = build_or_none(SOURCE, DecodeAttentionKernel, "gather")
+    if kernel is None:
         return None
     log.info("event=kernel_loaded kernel=decode_attention isa=%s", kernel.isa)
     return kernel

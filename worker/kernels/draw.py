@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from worker.kernels.build import KernelUnavailable, build
-
-log = logging.getLogger("worker.kernels")
+from worker.kernels.build import build_or_none
 
 SOURCE = Path(__file__).with_name("draw.c")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -68,8 +65,4 @@ class DrawKernel:
 @functools.cache
 def cpu_draw() -> DrawKernel | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        return DrawKernel(build(SOURCE))
-    except (KernelUnavailable, OSError) as exc:
-        log.warning("event=kernel_unavailable kernel=draw fallback=torch reason=%r", str(exc))
-        return None
+    return build_or_none(SOURCE, DrawKernel, "torch")

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from worker.kernels.build import KernelUnavailable, build
-
-log = logging.getLogger("worker.kernels")
+from worker.kernels.build import build_or_none
 
 SOURCE = Path(__file__).with_name("int8_linear.c")
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -104,8 +101,4 @@ class PackedInt8:
 @functools.cache
 def cpu_int8_linear() -> Int8LinearKernel | None:
     """The kernel, built on first use; None (logged once) where it cannot be built here."""
-    try:
-        return Int8LinearKernel(build(SOURCE))
-    except (KernelUnavailable, OSError) as exc:
-        log.warning("event=kernel_unavailable kernel=int8_linear reason=%r", str(exc))
-        return None
+    return build_or_none(SOURCE, Int8LinearKernel, None)

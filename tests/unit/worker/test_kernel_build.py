@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from worker.kernels import build as kernel_build
-from worker.kernels.build import KernelUnavailable, build
+from worker.kernels.build import KernelUnavailable, build, build_or_none
 
 SOURCE = "int answer(void) { return 42; }\n"
 
@@ -40,6 +40,24 @@ def test_a_source_that_does_not_compile_is_unavailable_with_the_compiler_message
     with pytest.raises(KernelUnavailable, match="broken.c"):
         build(source)
     assert not list(cache.iterdir())
+
+
+def test_build_or_none_binds_a_library_or_logs_what_runs_instead(
+    tmp_path: Path, cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import ctypes
+
+    source = tmp_path / "answer.c"
+    source.write_text(SOURCE)
+    assert build_or_none(source, lambda path: ctypes.CDLL(str(path)).answer(), "torch") == 42
+    broken = tmp_path / "broken.c"
+    broken.write_text("int broken(void) { return }\n")
+    with caplog.at_level("WARNING", logger="worker.kernels"):
+        assert build_or_none(broken, ctypes.CDLL, "torch") is None
+        assert build_or_none(broken, ctypes.CDLL, None) is None
+    lines = [record.getMessage() for record in caplog.records]
+    assert lines[0].startswith("event=kernel_unavailable kernel=broken fallback=torch reason=")
+    assert lines[1].startswith("event=kernel_unavailable kernel=broken reason=")
 
 
 def test_no_compiler_is_unavailable(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
