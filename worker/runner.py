@@ -216,7 +216,8 @@ class ModelRunner:
             # memory-efficient and math instead, which need no plan (docs/benchmarks/sittings.md, 5).
             torch.backends.cuda.enable_cudnn_sdp(False)
         kernel = cpu_decode_attention() if self.device.type == "cpu" else None
-        self.kernel = kernel if kernel is not None and self.dtype in kernel.dtypes else None
+        # Attention runs in the cache's dtype (model.py), which may not be the model's.
+        self.kernel = kernel if kernel is not None and kv_dtype in kernel.dtypes else None
         self.graphs = None
         if capture is not None:
             self.graphs = DecodeGraphs(model, self.cache, self.token_buf, config.max_batch_size, capture)

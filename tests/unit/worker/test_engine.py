@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ import torch
 from benchmarks.harness.fixtures.tiny_gpt2 import N_POSITIONS, hf_greedy
 from govwire.errors import BadFrame
 from tests.engine_run import PROMPTS, drain, request, run_with_late_arrivals
+from worker import runner as runner_module
 from worker.engine import FinishEvent, LLMEngine, TokenEvent
 from worker.errors import ModelLoadError
+from worker.kernels.decode_attention import cpu_decode_attention
 from worker.loading import DTYPES, LoadedModel, load
 from worker.scheduler import SchedulerConfig
 from worker.sequence import Sequence
@@ -211,6 +214,22 @@ def test_a_float32_model_over_a_16_bit_kv_cache_runs_every_request_and_starts_as
     engine = make_engine(mixed)
     assert engine.runner.kernel is not None and engine.runner.dtype == torch.float32
     assert engine.runner.cache.keys.dtype == DTYPES[kv_dtype]
+    assert_starts_alike(run_with_late_arrivals(engine), reference)
+
+
+def test_a_kv_cache_dtype_the_kernel_was_not_built_for_decodes_through_torch(
+    tiny_gpt2_dir: Path, loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler without _Float16 builds the kernel with no float16 function: a float16 cache then
+    decodes through torch's GatherDecode, as attention runs in the cache's dtype, whatever the model's."""
+    kernel = cpu_decode_attention()
+    assert kernel is not None
+    without_float16 = copy.copy(kernel)
+    without_float16.dtypes = {dtype: f for dtype, f in kernel.dtypes.items() if dtype != torch.float16}
+    monkeypatch.setattr(runner_module, "cpu_decode_attention", lambda: without_float16)
+    reference = run_with_late_arrivals(make_engine(loaded))
+    engine = make_engine(load(str(tiny_gpt2_dir), CPU, torch.float32, kv_cache_dtype="float16"))
+    assert engine.runner.kernel is None and engine.runner.cache.keys.dtype == torch.float16
     assert_starts_alike(run_with_late_arrivals(engine), reference)
 
 
